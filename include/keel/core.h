@@ -1,0 +1,150 @@
+/* keel core: status codes, logging, the monotonic clock, crc32c, flag/env parsing,
+ * bounded buffers and the deterministic random stream. Every other layer builds on
+ * this one; it depends on nothing but libc and ISA-L. */
+#ifndef KEEL_CORE_H
+#define KEEL_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One table makes the enum, keel_strerror and keel_status_name (libuv's habit). */
+#define KEEL_STATUS_TABLE(X)                                                              \
+  X(OK, 0, "success")                                                                     \
+  X(EINVAL, -1, "invalid argument")                                                       \
+  X(ENOMEM, -2, "out of memory")                                                          \
+  X(ECLOSED, -3, "closed")                                                                \
+  X(ETIMEDOUT, -4, "deadline passed")                                                     \
+  X(EPROCFAILED, -5, "a member of the communicator failed")                               \
+  X(EREVOKED, -6, "the communicator was revoked")                                         \
+  X(EAUTH, -7, "authentication failed (wrong job token?)")                                \
+  X(ECORRUPT, -8, "data failed its checksum or is malformed")                             \
+  X(EPROTO, -9, "protocol error (unexpected frame)")                                      \
+  X(EIO, -10, "input/output error")                                                       \
+  X(ENOTFOUND, -11, "not found")                                                          \
+  X(EEXIST, -12, "already exists")                                                        \
+  X(EAGAIN, -13, "try again (would block)")                                               \
+  X(ECONNREFUSED, -14, "connection refused")                                              \
+  X(ERANGE, -15, "value out of range or too large")                                       \
+  X(ENOSPC, -16, "no space left on device")                                               \
+  X(ECONFLICT, -17, "compare-and-swap lost: the value changed")                           \
+  X(EEXCLUDED, -18, "this process was excluded from the job")                             \
+  X(ENOTSUP, -19, "not supported")                                                        \
+  X(ECANCELED, -20, "canceled")                                                           \
+  X(EJOBDONE, -21, "the job finished")
+
+typedef enum keel_status {
+#define KEEL_STATUS_ENUM(name, value, text) KEEL_##name = (value),
+  KEEL_STATUS_TABLE(KEEL_STATUS_ENUM)
+#undef KEEL_STATUS_ENUM
+} keel_status;
+
+/* Stable text for a status ("deadline passed"); never NULL, unknown values included. */
+const char *keel_strerror(keel_status status);
+/* The status's name ("KEEL_ETIMEDOUT"); never NULL. */
+const char *keel_status_name(keel_status status);
+/* Converts an errno value once, at the syscall that set it. */
+keel_status keel_status_from_errno(int error_number);
+
+/* ---- logging: to stderr only, never stdout. Level from KEEL_LOG (error, warn, info,
+ * debug); default warn. Thread-safe: one write per line. */
+typedef enum keel_log_level {
+  KEEL_LOG_ERROR = 0,
+  KEEL_LOG_WARN = 1,
+  KEEL_LOG_INFO = 2,
+  KEEL_LOG_DEBUG = 3,
+} keel_log_level;
+
+void keel_log(keel_log_level level, const char *module, const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+bool keel_log_enabled(keel_log_level level);
+/* Sets the prefix printed before each line of this process ("rank 3"); copied. */
+void keel_log_set_identity(const char *identity);
+
+#define KEEL_LOG_E(module, ...) keel_log(KEEL_LOG_ERROR, module, __VA_ARGS__)
+#define KEEL_LOG_W(module, ...) keel_log(KEEL_LOG_WARN, module, __VA_ARGS__)
+#define KEEL_LOG_I(module, ...) keel_log(KEEL_LOG_INFO, module, __VA_ARGS__)
+#define KEEL_LOG_D(module, ...)                                                           \
+  do {                                                                                    \
+    if (keel_log_enabled(KEEL_LOG_DEBUG)) keel_log(KEEL_LOG_DEBUG, module, __VA_ARGS__);  \
+  } while (0)
+
+/* ---- clock: CLOCK_MONOTONIC in nanoseconds; system-wide on Linux, so figures taken in
+ * two processes of one host can be subtracted. A deadline is an absolute time on this
+ * clock; KEEL_NO_DEADLINE means wait forever. */
+#define KEEL_NO_DEADLINE INT64_MAX
+int64_t keel_now_ns(void);
+/* Realtime clock in nanoseconds since the epoch, for event logs read by people. */
+int64_t keel_wall_ns(void);
+/* now + duration, saturating at KEEL_NO_DEADLINE; a negative duration means no deadline. */
+int64_t keel_deadline_after_ns(int64_t duration_ns);
+/* Milliseconds left until deadline, clamped to [0, INT32_MAX], for poll(). */
+int keel_poll_timeout_ms(int64_t deadline_ns);
+
+/* ---- crc32c (Castagnoli). keel_crc32c uses ISA-L's crc32_iscsi; the reference is the
+ * plain bitwise version the tests compare it with. Chained: pass the previous result as
+ * crc (0 to start). */
+uint32_t keel_crc32c(uint32_t crc, const void *data, size_t length);
+uint32_t keel_crc32c_reference(uint32_t crc, const void *data, size_t length);
+
+/* ---- parsing of flags and KEEL_* environment values. Each returns KEEL_EINVAL with no
+ * output written when the text is not a valid value. */
+/* "250ms", "2s", "1.5s", "100us", "3m", bare numbers are seconds. */
+keel_status keel_parse_duration_ns(const char *text, int64_t *duration_ns_p);
+/* "4096", "64KiB", "1MiB", "2GiB", "1k" (=1000), "1M" (=10^6). */
+keel_status keel_parse_size(const char *text, uint64_t *size_p);
+/* Decimal integer in [minimum, maximum], whole string. */
+keel_status keel_parse_int(const char *text, int64_t minimum, int64_t maximum, int64_t *value_p);
+/* Reads an environment variable with one of the parsers above; a missing variable leaves
+ * *value_p untouched and returns KEEL_OK; a malformed one logs and returns KEEL_EINVAL. */
+keel_status keel_env_duration_ns(const char *name, int64_t *duration_ns_p);
+keel_status keel_env_int(const char *name, int64_t minimum, int64_t maximum, int64_t *value_p);
+
+/* ---- bounded growable buffer (curl's dynbuf habit): every buffer has a hard maximum. */
+typedef struct keel_buffer {
+  uint8_t *data;
+  size_t length;
+  size_t capacity;
+  size_t maximum;
+} keel_buffer;
+
+void keel_buffer_init(keel_buffer *buffer, size_t maximum);
+/* Appends; KEEL_ERANGE past the maximum, KEEL_ENOMEM if allocation fails; the buffer is
+ * unchanged on error. */
+keel_status keel_buffer_append(keel_buffer *buffer, const void *data, size_t length);
+keel_status keel_buffer_appendf(keel_buffer *buffer, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+keel_status keel_buffer_reserve(keel_buffer *buffer, size_t capacity);
+void keel_buffer_reset(keel_buffer *buffer);
+void keel_buffer_free(keel_buffer *buffer);
+
+/* ---- deterministic random stream (splitmix64 seeding xoshiro256**): the same seed gives
+ * the same stream on every machine; the data shard and dropout of a rank at a step are
+ * functions of (seed, step, rank) through keel_random_seed_for. */
+typedef struct keel_random {
+  uint64_t state[4];
+} keel_random;
+
+void keel_random_seed(keel_random *random, uint64_t seed);
+uint64_t keel_random_seed_for(uint64_t seed, uint64_t step, uint64_t rank);
+uint64_t keel_random_next(keel_random *random);
+/* Uniform in [0, bound); bound > 0. */
+uint64_t keel_random_below(keel_random *random, uint64_t bound);
+/* Uniform double in [0, 1). */
+double keel_random_unit(keel_random *random);
+
+/* ---- hex helpers for tokens. */
+/* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */
+void keel_hex_encode(const uint8_t *bytes, size_t length, char *text);
+/* Decodes exactly length bytes from 2*length hex digits; KEEL_EINVAL otherwise. */
+keel_status keel_hex_decode(const char *text, uint8_t *bytes, size_t length);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

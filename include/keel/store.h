@@ -1,0 +1,91 @@
+/* keel store: the job's key-value store: put, get, compare-and-swap, delete, prefix list,
+ * leases that expire with their keys, and waiting for a change. Membership, addresses,
+ * liveness and recovery decisions live here. Backends fill keel_store_ops: the embedded
+ * server (a thread in the launcher, over keel net links) and, later, etcd. Depends on core
+ * and net. */
+#ifndef KEEL_STORE_H
+#define KEEL_STORE_H
+
+#include "keel/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bounds enforced by client and server alike (a request past them is KEEL_ERANGE). */
+#define KEEL_STORE_MAX_KEY 512
+#define KEEL_STORE_MAX_VALUE (1u << 20)
+#define KEEL_STORE_MAX_KEYS 65536
+
+/* ---- the embedded server. It runs on its own threads inside the process that starts it
+ * (the launcher), accepts only links that pass the job's handshake, and serves any number
+ * of clients; a client that sends a bad frame is disconnected without disturbing others.
+ * Revisions are global and increase by one with each change, as in etcd. */
+typedef struct keel_store_server keel_store_server;
+
+keel_status keel_store_server_start(const char *listen_address, const keel_auth *auth,
+                                    keel_store_server **server_p);
+/* "host:port" the server listens on; valid until stop. */
+const char *keel_store_server_address(const keel_store_server *server);
+/* Stops the threads, closes every client link and frees the server. NULL is allowed. */
+void keel_store_server_stop(keel_store_server *server);
+
+/* ---- the client. A handle is thread-safe (calls are serialised on its one link); a
+ * thread that waits long (keel_store_wait) should use a handle of its own. */
+typedef struct keel_store keel_store;
+
+typedef struct keel_store_entry {
+  char *key;
+  uint8_t *value; /* NUL-terminated for convenience; value_length excludes the NUL */
+  size_t value_length;
+  uint64_t revision; /* revision of the last change to this key */
+  int64_t lease;     /* 0 when the key has no lease */
+} keel_store_entry;
+
+/* endpoint: "host:port" of an embedded server (an "embedded://" prefix is accepted).
+ * Retries until deadline while the server is not yet listening. */
+keel_status keel_store_connect(const char *endpoint, const keel_auth *auth, int64_t deadline_ns,
+                               keel_store **store_p);
+/* Closes the link; leases the client held expire on their own (no implicit revoke). */
+void keel_store_close(keel_store *store);
+
+/* Sets key to value. lease 0: none; else the key is deleted when that lease expires or is
+ * revoked (KEEL_ENOTFOUND if the lease does not exist). *revision_p (optional) receives
+ * the revision of this change. */
+keel_status keel_store_put(keel_store *store, const char *key, const void *value, size_t length,
+                           int64_t lease, uint64_t *revision_p);
+/* Reads key into a new entry the caller frees with keel_store_entry_free; KEEL_ENOTFOUND
+ * when absent. */
+keel_status keel_store_get(keel_store *store, const char *key, keel_store_entry **entry_p);
+/* Writes value only if key's revision is expected_revision (0: only if key is absent).
+ * KEEL_ECONFLICT otherwise, with nothing changed. */
+keel_status keel_store_cas(keel_store *store, const char *key, uint64_t expected_revision,
+                           const void *value, size_t length, int64_t lease,
+                           uint64_t *revision_p);
+/* Deletes key; KEEL_ENOTFOUND when absent. */
+keel_status keel_store_delete(keel_store *store, const char *key);
+/* Every key starting with prefix ("" lists all), sorted by key; the caller frees the array
+ * with keel_store_entries_free. *revision_p (optional) is the store's current revision,
+ * read atomically with the list, to pass to keel_store_wait. */
+keel_status keel_store_list(keel_store *store, const char *prefix, keel_store_entry **entries_p,
+                            size_t *count_p, uint64_t *revision_p);
+/* Blocks until a key starting with prefix is created, changed or deleted (by a put, cas,
+ * delete or lease expiry) at a revision above after_revision, or until deadline
+ * (KEEL_ETIMEDOUT). Returns at once if such a change already happened. *revision_p
+ * receives the store's revision at the moment of return. */
+keel_status keel_store_wait(keel_store *store, const char *prefix, uint64_t after_revision,
+                            int64_t deadline_ns, uint64_t *revision_p);
+
+/* Leases: a lease lives ttl after its last keepalive; then it and its keys go, with one
+ * revision for all of them. */
+keel_status keel_store_lease_grant(keel_store *store, int64_t ttl_ns, int64_t *lease_p);
+keel_status keel_store_lease_keepalive(keel_store *store, int64_t lease);
+keel_status keel_store_lease_revoke(keel_store *store, int64_t lease);
+
+void keel_store_entry_free(keel_store_entry *entry);
+void keel_store_entries_free(keel_store_entry *entries, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages keel needs (DESIGN.md, Dependencies). Idempotent: a package
+# already present is not touched, and nothing runs apt-get when all are there.
+# Usage: scripts/deps.sh [--bench]   (--bench adds the peers the benchmarks compare with)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libcmocka-dev libisal-dev libsodium-dev
+  libcurl4-openssl-dev libjansson-dev
+  libopenblas-dev zlib1g-dev dataset-fashion-mnist
+  iproute2 procps
+)
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(libgloo-dev openmpi-bin libopenmpi-dev mpich libmpich-dev python3-torch)
+fi
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' ||
+    missing+=("$package")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+
+echo "deps: installing ${missing[*]}" >&2
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
