@@ -83,7 +83,8 @@ keel_status keel_listener_open(const char *address, keel_listener **listener_p);
 const char *keel_listener_address(const keel_listener *listener);
 int keel_listener_fd(const keel_listener *listener);
 /* Accepts one connection and runs the acceptor's side of the handshake. Returns
- * KEEL_EAGAIN if no connection is pending when deadline is 0 (a poll), KEEL_EAUTH when the
+ * KEEL_EAGAIN if no connection is pending when deadline is 0 (a poll; a connection that is
+ * pending then gets up to 2 s for its handshake), KEEL_EAUTH when the
  * connector failed authentication (its socket is closed; the listener stays usable),
  * KEEL_ETIMEDOUT when the handshake did not finish by handshake_deadline_ns. */
 keel_status keel_listener_accept(keel_listener *listener, const keel_auth *auth,

@@ -1,0 +1,183 @@
+/* Checks every collective under `keel run` (or alone): results against values computed
+ * here from every rank's deterministic inputs, for each dtype and operation, counts
+ * including 0, 1, odd and ring-sized, in place and out of place, every broadcast root.
+ * Integer-valued floats make sums exact whatever the order; a crc of results made from
+ * random floats is then allgathered to check every rank holds the same bits. Prints
+ * "comm-check ok ranks=N checks=K" and exits 0, or names the first mismatch and exits 1. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/comm.h"
+
+static int failures;
+static int checks;
+
+#define EXPECT(condition, ...)              \
+  do {                                      \
+    checks++;                               \
+    if (!(condition)) {                     \
+      failures++;                           \
+      fprintf(stderr, "comm-check: " __VA_ARGS__); \
+      fprintf(stderr, "\n");                \
+    }                                       \
+  } while (0)
+
+/* Input element i of rank r: small integers, so every sum is exact. */
+static double input_value(int rank, size_t i) { return (double)((rank * 7 + (int)(i % 13)) % 17) - 5; }
+
+static void fill(keel_dtype dtype, void *buffer, size_t count, int rank) {
+  for (size_t i = 0; i < count; i++) {
+    double value = input_value(rank, i);
+    switch (dtype) {
+      case KEEL_F32: ((float *)buffer)[i] = (float)value; break;
+      case KEEL_F64: ((double *)buffer)[i] = value; break;
+      case KEEL_I32: ((int32_t *)buffer)[i] = (int32_t)value; break;
+      case KEEL_I64: ((int64_t *)buffer)[i] = (int64_t)value; break;
+    }
+  }
+}
+
+static double element(keel_dtype dtype, const void *buffer, size_t i) {
+  switch (dtype) {
+    case KEEL_F32: return ((const float *)buffer)[i];
+    case KEEL_F64: return ((const double *)buffer)[i];
+    case KEEL_I32: return ((const int32_t *)buffer)[i];
+    case KEEL_I64: return (double)((const int64_t *)buffer)[i];
+  }
+  return 0;
+}
+
+static double expected(keel_dtype dtype, keel_reduce_op op, int size, size_t i) {
+  double sum = 0, maximum = -1e300;
+  for (int rank = 0; rank < size; rank++) {
+    double value = input_value(rank, i);
+    sum += value;
+    if (value > maximum) maximum = value;
+  }
+  if (op == KEEL_MAX) return maximum;
+  if (op == KEEL_SUM) return sum;
+  if (dtype == KEEL_I32 || dtype == KEEL_I64) return (double)((long long)sum / size);
+  return dtype == KEEL_F32 ? (double)((float)sum / (float)size) : sum / size;
+}
+
+static void check_allreduce(keel_comm *comm, keel_dtype dtype, keel_reduce_op op, size_t count,
+                            bool in_place) {
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
+  size_t bytes = count * keel_dtype_size(dtype);
+  void *send = malloc(bytes + 8), *recv = malloc(bytes + 8);
+  fill(dtype, send, count, rank);
+  if (in_place) memcpy(recv, send, bytes);
+  keel_status status = keel_comm_allreduce(comm, in_place ? recv : send, recv, count, dtype, op);
+  EXPECT(status == KEEL_OK, "allreduce dtype %d op %d count %zu: %s", dtype, op, count,
+         keel_strerror(status));
+  for (size_t i = 0; i < count && status == KEEL_OK; i++) {
+    double want = expected(dtype, op, size, i), got = element(dtype, recv, i);
+    if (got != want) {
+      EXPECT(false, "allreduce dtype %d op %d count %zu in_place %d: [%zu] = %g, want %g", dtype,
+             op, count, in_place, i, got, want);
+      break;
+    }
+  }
+  if (!in_place) {
+    void *again = malloc(bytes + 8);
+    fill(dtype, again, count, rank);
+    EXPECT(memcmp(again, send, bytes) == 0, "allreduce wrote into its send buffer");
+    free(again);
+  }
+  free(send);
+  free(recv);
+}
+
+static void check_same_bits_everywhere(keel_comm *comm, size_t count) {
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
+  float *send = malloc(count * sizeof(float) + 4), *recv = malloc(count * sizeof(float) + 4);
+  keel_random random;
+  keel_random_seed(&random, 1000 + (uint64_t)rank);
+  for (size_t i = 0; i < count; i++) send[i] = (float)(keel_random_unit(&random) * 2 - 1);
+  EXPECT(keel_comm_allreduce(comm, send, recv, count, KEEL_F32, KEEL_SUM) == KEEL_OK,
+         "random allreduce");
+  uint32_t crc = keel_crc32c(0, recv, count * sizeof(float));
+  uint32_t *all = calloc((size_t)size, sizeof(uint32_t));
+  EXPECT(keel_comm_allgather(comm, &crc, all, sizeof crc) == KEEL_OK, "allgather of crcs");
+  for (int r = 0; r < size; r++)
+    EXPECT(all[r] == crc, "rank %d holds other bits than rank %d for count %zu", r, rank, count);
+  free(all);
+  free(send);
+  free(recv);
+}
+
+static void check_broadcast(keel_comm *comm, size_t bytes) {
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
+  uint8_t *buffer = malloc(bytes + 1);
+  for (int root = 0; root < size; root++) {
+    for (size_t i = 0; i < bytes; i++) buffer[i] = rank == root ? (uint8_t)(i * 31 + (size_t)root) : 0;
+    EXPECT(keel_comm_broadcast(comm, buffer, bytes, root) == KEEL_OK, "broadcast");
+    for (size_t i = 0; i < bytes; i++) {
+      if (buffer[i] != (uint8_t)(i * 31 + (size_t)root)) {
+        EXPECT(false, "broadcast from %d of %zu bytes: byte %zu wrong", root, bytes, i);
+        break;
+      }
+    }
+  }
+  free(buffer);
+}
+
+static void check_allgather_and_reduce_scatter(keel_comm *comm, size_t per_rank) {
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
+  int32_t *mine = malloc(per_rank * sizeof(int32_t) + 4);
+  int32_t *all = malloc(per_rank * sizeof(int32_t) * (size_t)size + 4);
+  for (size_t i = 0; i < per_rank; i++) mine[i] = rank * 1000 + (int32_t)i;
+  EXPECT(keel_comm_allgather(comm, mine, all, per_rank * sizeof(int32_t)) == KEEL_OK, "allgather");
+  for (int r = 0; r < size; r++) {
+    for (size_t i = 0; i < per_rank; i++) {
+      if (all[(size_t)r * per_rank + i] != r * 1000 + (int32_t)i) {
+        EXPECT(false, "allgather block %d element %zu wrong", r, i);
+        r = size;
+        break;
+      }
+    }
+  }
+  /* reduce_scatter: rank r's input block b is b*100 + r + i; block b sums over ranks. */
+  for (int b = 0; b < size; b++)
+    for (size_t i = 0; i < per_rank; i++) all[(size_t)b * per_rank + i] = b * 100 + rank + (int32_t)i;
+  EXPECT(keel_comm_reduce_scatter(comm, all, mine, per_rank, KEEL_I32, KEEL_SUM) == KEEL_OK,
+         "reduce_scatter");
+  for (size_t i = 0; i < per_rank; i++) {
+    int32_t want = size * (rank * 100 + (int32_t)i) + size * (size - 1) / 2;
+    if (mine[i] != want) {
+      EXPECT(false, "reduce_scatter element %zu = %d, want %d", i, mine[i], want);
+      break;
+    }
+  }
+  free(mine);
+  free(all);
+}
+
+int main(void) {
+  keel_ctx *ctx = NULL;
+  keel_status status = keel_init(&ctx);
+  if (status != KEEL_OK) return 2;
+  keel_comm *comm = keel_world(ctx);
+  static const size_t counts[] = {0, 1, 2, 7, 1000, 8191, 100003, (size_t)1 << 20};
+  static const keel_dtype dtypes[] = {KEEL_F32, KEEL_F64, KEEL_I32, KEEL_I64};
+  static const keel_reduce_op ops[] = {KEEL_SUM, KEEL_AVG, KEEL_MAX};
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+    for (size_t d = 0; d < 4; d++)
+      for (size_t o = 0; o < 3; o++)
+        for (int in_place = 0; in_place < 2; in_place++)
+          check_allreduce(comm, dtypes[d], ops[o], counts[c], in_place);
+  check_same_bits_everywhere(comm, 1001);
+  check_same_bits_everywhere(comm, 3 << 20);
+  check_broadcast(comm, 0);
+  check_broadcast(comm, 5);
+  check_broadcast(comm, (3u << 20) + 17);
+  check_allgather_and_reduce_scatter(comm, 0);
+  check_allgather_and_reduce_scatter(comm, 3);
+  check_allgather_and_reduce_scatter(comm, 300001);
+  EXPECT(keel_comm_barrier(comm) == KEEL_OK, "barrier");
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
+  if (failures == 0 && rank == 0) printf("comm-check ok ranks=%d checks=%d\n", size, checks);
+  keel_finalize(ctx);
+  return failures == 0 ? 0 : 1;
+}
