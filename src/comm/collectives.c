@@ -66,12 +66,14 @@ static keel_status drive(keel_comm *comm, int64_t deadline_ns, ready_fn ready, v
                          const int *sends_pending) {
   keel_ctx *ctx = comm->ctx;
   for (;;) {
+    /* Done counts before health: a peer may finish this operation, leave and close its
+     * link, and that is no failure of an operation that got everything it needed. */
+    if (ready(state) && *sends_pending == 0) return KEEL_OK;
     keel_status health = keel__comm_health(comm);
     if (health != KEEL_OK) {
       keel__abandon_operation(ctx);
       return health;
     }
-    if (ready(state) && *sends_pending == 0) return KEEL_OK;
     if (keel_now_ns() >= deadline_ns) {
       KEEL_LOG_W(MODULE, "operation %llu of epoch %llu passed its deadline",
                  (unsigned long long)comm->op_seq, (unsigned long long)comm->epoch);

@@ -299,7 +299,9 @@ static void ctx_defaults(keel_ctx *ctx) {
   ctx->status_fd = -1;
   ctx->wake_fd = -1;
   ctx->timeout_ns = 30 * (int64_t)1000000000;
-  ctx->heartbeat_ns = 1000000000;
+  /* Two seconds: a lease must survive a process not being scheduled for a while on a
+   * loaded machine, or a slow process is taken for a hung one. */
+  ctx->heartbeat_ns = 2000000000;
   ctx->replace_wait_ns = 10 * (int64_t)1000000000;
   ctx->initial_world = 1;
   ctx->max_world = 1;
@@ -383,23 +385,41 @@ keel_status keel_state_register(keel_ctx *ctx, const char *name, void *data, siz
   return KEEL_OK;
 }
 
-/* A spare connects ahead of time to the workers so that taking a rank costs no handshake. */
-static void spare_preconnect(keel_ctx *ctx) {
-  int64_t deadline = keel_deadline_after_ns(5 * (int64_t)1000000000);
-  for (uint32_t uid = 0; uid < (uint32_t)ctx->initial_world && uid < ctx->uid; uid++) {
-    keel__peer *peer = keel__peer_get(ctx, uid);
-    if (peer != NULL && peer->link == NULL) connect_to(ctx, peer, deadline);
+/* A spare connects ahead of time to the live members below its uid, so that taking a rank
+ * costs no handshake. Best effort and brief: a peer that is gone is skipped, and anything
+ * missed is linked when a decision admits us. */
+static bool marked_failed(const keel_store_entry *entries, size_t count, uint32_t uid) {
+  char dead[32], suspect[32];
+  snprintf(dead, sizeof dead, "dead/%" PRIu32, uid);
+  snprintf(suspect, sizeof suspect, "suspect/%" PRIu32, uid);
+  for (size_t i = 0; i < count; i++) {
+    if (strcmp(entries[i].key, dead) == 0 || strcmp(entries[i].key, suspect) == 0) return true;
   }
+  return false;
+}
+
+static void spare_preconnect(keel_ctx *ctx) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(ctx->store, "", &entries, &count, NULL) != KEEL_OK) return;
+  for (size_t i = 0; i < count; i++) {
+    if (strncmp(entries[i].key, "proc/", 5) != 0) continue;
+    uint32_t uid = (uint32_t)strtoul(entries[i].key + 5, NULL, 10);
+    keel__peer *peer = uid < ctx->uid ? keel__peer_get(ctx, uid) : NULL;
+    if (peer == NULL || peer->link != NULL || marked_failed(entries, count, uid)) continue;
+    connect_to(ctx, peer, keel_deadline_after_ns(300 * 1000000));
+  }
+  keel_store_entries_free(entries, count);
 }
 
 keel_status keel_start(keel_ctx *ctx) {
   if (ctx->standalone || ctx->role == KEEL__ROLE_WORKER) return KEEL_OK;
-  spare_preconnect(ctx);
   char key[64];
   snprintf(key, sizeof key, "%s/%" PRIu32, ctx->role == KEEL__ROLE_SPARE ? "spare" : "join",
            ctx->uid);
   keel_status status = keel_store_put(ctx->store, key, "", 0, ctx->lease, NULL);
   if (status != KEEL_OK) return status;
+  spare_preconnect(ctx);
   for (;;) {
     keel__decision decision;
     status = keel__wait_for_admission(ctx, &decision);
@@ -458,7 +478,12 @@ static void free_peers(keel_ctx *ctx) {
 
 void keel_finalize(keel_ctx *ctx) {
   if (ctx == NULL) return;
-  if (!ctx->standalone && ctx->store != NULL) say_goodbye(ctx);
+  if (!ctx->standalone && ctx->store != NULL) {
+    say_goodbye(ctx);
+    /* Read what peers sent last: closing a socket with unread data resets the connection,
+     * and a reset can destroy data the peer has not read yet. */
+    keel__progress(ctx, 0);
+  }
   atomic_store(&ctx->stopping, true);
   if (ctx->acceptor_started) pthread_join(ctx->acceptor_thread, NULL);
   if (ctx->keepalive_started) pthread_join(ctx->keepalive_thread, NULL);
