@@ -1,0 +1,414 @@
+/* Data-parallel Fashion-MNIST trainer on keel: every rank computes the gradient sum of its
+ * slice of the global batch, one resilient allreduce adds them (with the loss and sample
+ * count), and every rank applies the same optimizer step. Runs alone or under `keel run`;
+ * a failure during a step is recovered inside keel_allreduce_resilient. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keel/comm.h"
+#include "nn.h"
+
+#define PROGRAM "fashion_mnist"
+#define MNIST_PIXELS 784
+#define PROGRESS_EVERY 50
+
+typedef enum schedule {
+  SCHEDULE_LINEAR, /* learning rate decays linearly to 0 at the last step */
+  SCHEDULE_CONSTANT,
+} schedule;
+
+typedef struct options {
+  uint64_t steps;
+  size_t global_batch;
+  float learning_rate; /* 0: the optimizer's default below */
+  size_t hidden[NN_MAX_LAYERS - 2];
+  size_t hidden_count;
+  nn_optimizer_kind optimizer;
+  schedule rate_schedule;
+  uint64_t seed;
+  const char *data_directory;
+  bool quiet;
+} options;
+
+/* Everything the run allocates, released in one place whatever the exit path. */
+typedef struct trainer {
+  nn_dataset train, test;
+  nn_mlp *mlp;
+  nn_optimizer *optimizer;
+  nn_sampler *sampler;
+  float *send, *receive, *images;
+  uint8_t *labels;
+  uint32_t *indices;
+} trainer;
+
+/* The fastest recipe found to pass 85% test accuracy with a margin over seeds and world
+ * sizes (86.2% for seed 1, about 1.7 s of training on one core): 784-128-10, Adam at 0.005
+ * decayed linearly to 0, global batch 256, 500 steps (2.1 epochs). Fewer steps or a
+ * constant rate land at 84-85.5%. */
+static const options default_options = {
+    .steps = 500,
+    .global_batch = 256,
+    .learning_rate = 0.0f,
+    .hidden = {128},
+    .hidden_count = 1,
+    .optimizer = NN_OPTIMIZER_ADAM,
+    .rate_schedule = SCHEDULE_LINEAR,
+    .seed = 1,
+    .data_directory = NN_FASHION_MNIST_DIRECTORY,
+    .quiet = false,
+};
+
+static void print_usage(FILE *stream) {
+  fprintf(stream,
+          "usage: " PROGRAM
+          " [options]\n"
+          "  --steps N             training steps (default 500)\n"
+          "  --global-batch B      samples per step over all ranks (default 256)\n"
+          "  --lr X                learning rate (default 0.005 for adam, 0.1 for sgd)\n"
+          "  --schedule S          linear (decay to 0, default) or constant\n"
+          "  --hidden LIST         hidden layer widths, e.g. 256,128 (default 128)\n"
+          "  --optimizer NAME      adam (default) or sgd (momentum 0.9)\n"
+          "  --seed S              seed of the weights and the data order (default 1)\n"
+          "  --data-dir DIR        folder of the IDX .gz files (default %s)\n"
+          "  --quiet               no progress lines\n"
+          "  --help                this text\n"
+          "Runs alone, or data-parallel under `keel run -n N -- " PROGRAM " ...`.\n",
+          NN_FASHION_MNIST_DIRECTORY);
+}
+
+static int bad_value(const char *flag, const char *value, const char *expected) {
+  fprintf(stderr, PROGRAM ": %s: '%s' is not %s\n", flag, value, expected);
+  print_usage(stderr);
+  return 2;
+}
+
+/* "256,128": each width in 1 .. 65536, at most NN_MAX_LAYERS - 2 of them. */
+static bool parse_hidden(const char *text, options *parsed) {
+  size_t count = 0;
+  const char *cursor = text;
+  for (;;) {
+    const char *comma = strchr(cursor, ',');
+    size_t length = comma ? (size_t)(comma - cursor) : strlen(cursor);
+    char piece[32];
+    if (length == 0 || length >= sizeof piece || count == NN_MAX_LAYERS - 2) return false;
+    memcpy(piece, cursor, length);
+    piece[length] = '\0';
+    int64_t width;
+    if (keel_parse_int(piece, 1, 65536, &width) != KEEL_OK) return false;
+    parsed->hidden[count++] = (size_t)width;
+    if (comma == NULL) break;
+    cursor = comma + 1;
+  }
+  parsed->hidden_count = count;
+  return true;
+}
+
+/* Returns -1 to go on, or the exit code (0 after --help, 2 on a bad command line). */
+static int parse_options(int argc, char **argv, options *parsed) {
+  enum {
+    OPTION_STEPS = 256, /* above every character getopt_long could return */
+    OPTION_GLOBAL_BATCH,
+    OPTION_LEARNING_RATE,
+    OPTION_SCHEDULE,
+    OPTION_HIDDEN,
+    OPTION_OPTIMIZER,
+    OPTION_SEED,
+    OPTION_DATA_DIRECTORY,
+    OPTION_QUIET,
+    OPTION_HELP,
+  };
+  static const struct option long_options[] = {
+      {"steps", required_argument, NULL, OPTION_STEPS},
+      {"global-batch", required_argument, NULL, OPTION_GLOBAL_BATCH},
+      {"lr", required_argument, NULL, OPTION_LEARNING_RATE},
+      {"schedule", required_argument, NULL, OPTION_SCHEDULE},
+      {"hidden", required_argument, NULL, OPTION_HIDDEN},
+      {"optimizer", required_argument, NULL, OPTION_OPTIMIZER},
+      {"seed", required_argument, NULL, OPTION_SEED},
+      {"data-dir", required_argument, NULL, OPTION_DATA_DIRECTORY},
+      {"quiet", no_argument, NULL, OPTION_QUIET},
+      {"help", no_argument, NULL, OPTION_HELP},
+      {NULL, 0, NULL, 0},
+  };
+  *parsed = default_options;
+  int option;
+  while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
+    int64_t value;
+    switch (option) {
+      case OPTION_STEPS:
+        if (keel_parse_int(optarg, 0, INT64_C(1) << 40, &value) != KEEL_OK)
+          return bad_value("--steps", optarg, "a number of steps");
+        parsed->steps = (uint64_t)value;
+        break;
+      case OPTION_GLOBAL_BATCH:
+        if (keel_parse_int(optarg, 1, 1 << 16, &value) != KEEL_OK)
+          return bad_value("--global-batch", optarg, "a batch size in 1 .. 65536");
+        parsed->global_batch = (size_t)value;
+        break;
+      case OPTION_LEARNING_RATE: {
+        char *end = NULL;
+        double rate = strtod(optarg, &end);
+        if (end == optarg || *end != '\0' || !(rate > 0.0) || !isfinite((float)rate))
+          return bad_value("--lr", optarg, "a positive learning rate");
+        parsed->learning_rate = (float)rate;
+        break;
+      }
+      case OPTION_SCHEDULE:
+        if (strcmp(optarg, "linear") == 0) {
+          parsed->rate_schedule = SCHEDULE_LINEAR;
+        } else if (strcmp(optarg, "constant") == 0) {
+          parsed->rate_schedule = SCHEDULE_CONSTANT;
+        } else {
+          return bad_value("--schedule", optarg, "linear or constant");
+        }
+        break;
+      case OPTION_HIDDEN:
+        if (!parse_hidden(optarg, parsed))
+          return bad_value("--hidden", optarg, "a list of widths such as 256,128 (at most 6)");
+        break;
+      case OPTION_OPTIMIZER:
+        if (strcmp(optarg, "adam") == 0) {
+          parsed->optimizer = NN_OPTIMIZER_ADAM;
+        } else if (strcmp(optarg, "sgd") == 0) {
+          parsed->optimizer = NN_OPTIMIZER_SGD;
+        } else {
+          return bad_value("--optimizer", optarg, "sgd or adam");
+        }
+        break;
+      case OPTION_SEED:
+        if (keel_parse_int(optarg, 0, INT64_MAX, &value) != KEEL_OK)
+          return bad_value("--seed", optarg, "a non-negative integer");
+        parsed->seed = (uint64_t)value;
+        break;
+      case OPTION_DATA_DIRECTORY:
+        parsed->data_directory = optarg;
+        break;
+      case OPTION_QUIET:
+        parsed->quiet = true;
+        break;
+      case OPTION_HELP:
+        print_usage(stdout);
+        return 0;
+      default: /* getopt_long has already named the bad flag */
+        print_usage(stderr);
+        return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, PROGRAM ": unexpected argument '%s'\n", argv[optind]);
+    print_usage(stderr);
+    return 2;
+  }
+  if (parsed->learning_rate == 0.0f)
+    parsed->learning_rate = parsed->optimizer == NN_OPTIMIZER_ADAM ? 0.005f : 0.1f;
+  return -1;
+}
+
+static void trainer_release(trainer *run) {
+  free(run->indices);
+  free(run->labels);
+  free(run->images);
+  free(run->receive);
+  free(run->send);
+  nn_sampler_destroy(run->sampler);
+  nn_optimizer_destroy(run->optimizer);
+  nn_mlp_destroy(run->mlp);
+  nn_dataset_free(&run->test);
+  nn_dataset_free(&run->train);
+}
+
+/* Loads the training set and builds the model, optimizer, sampler and buffers. The model's
+ * workspaces take the whole global batch: a world that shrinks to one rank needs it. */
+static keel_status trainer_setup(trainer *run, const options *settings) {
+  char message[512];
+  keel_status status = nn_dataset_load_mnist(settings->data_directory, NN_TRAIN, &run->train,
+                                             message, sizeof message);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": %s\n", message);
+    return status;
+  }
+  if (run->train.image_size != MNIST_PIXELS) {
+    fprintf(stderr, PROGRAM ": images are %zux%zu, expected 28x28\n", run->train.rows,
+            run->train.columns);
+    return KEEL_EINVAL;
+  }
+  size_t sizes[NN_MAX_LAYERS];
+  size_t layer_count = 0;
+  sizes[layer_count++] = MNIST_PIXELS;
+  for (size_t i = 0; i < settings->hidden_count; i++) sizes[layer_count++] = settings->hidden[i];
+  sizes[layer_count++] = NN_MNIST_CLASSES;
+  status = nn_mlp_create(sizes, layer_count, settings->global_batch, settings->seed, &run->mlp);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": cannot create the model: %s\n", keel_strerror(status));
+    return status;
+  }
+  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
+  nn_optimizer_config config = nn_optimizer_defaults(settings->optimizer, settings->learning_rate);
+  status = nn_optimizer_create(&config, parameter_count, &run->optimizer);
+  if (status == KEEL_OK)
+    status = nn_sampler_create(run->train.count, settings->seed, &run->sampler);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": %s\n", keel_strerror(status));
+    return status;
+  }
+  /* Gradient sum, then the loss sum and the sample count, reduced in one message. */
+  run->send = calloc(parameter_count + 2, sizeof(float));
+  run->receive = calloc(parameter_count + 2, sizeof(float));
+  run->images = calloc(settings->global_batch * MNIST_PIXELS, sizeof(float));
+  run->labels = calloc(settings->global_batch, 1);
+  run->indices = calloc(settings->global_batch, sizeof(uint32_t));
+  if (!run->send || !run->receive || !run->images || !run->labels || !run->indices) {
+    fprintf(stderr, PROGRAM ": out of memory\n");
+    return KEEL_ENOMEM;
+  }
+  return KEEL_OK;
+}
+
+/* Registers the state a newcomer must receive: everything the next step depends on. The
+ * data position and the learning rate are functions of the step, so the step is enough. */
+static keel_status register_state(keel_ctx *ctx, trainer *run, uint64_t *step) {
+  size_t parameter_bytes = nn_mlp_parameter_count(run->mlp) * sizeof(float);
+  keel_status status =
+      keel_state_register(ctx, "params", nn_mlp_parameters(run->mlp), parameter_bytes);
+  for (size_t i = 0; status == KEEL_OK && i < nn_optimizer_state_count(run->optimizer); i++) {
+    nn_state_buffer buffer = nn_optimizer_state(run->optimizer, i);
+    status = keel_state_register(ctx, buffer.name, buffer.data, buffer.bytes);
+  }
+  if (status == KEEL_OK) status = keel_state_register(ctx, "step", step, sizeof *step);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": keel_state_register: %s\n", keel_strerror(status));
+  }
+  return status;
+}
+
+static float learning_rate_at(const options *settings, uint64_t step) {
+  if (settings->rate_schedule == SCHEDULE_CONSTANT) return settings->learning_rate;
+  return settings->learning_rate * (float)(1.0 - (double)step / (double)settings->steps);
+}
+
+/* Rank 0 of the final world measures the model on the test set and prints the result line
+ * that tests and the demo compare. */
+static int evaluate(trainer *run, const options *settings) {
+  char message[512];
+  keel_status status =
+      nn_dataset_load_mnist(settings->data_directory, NN_TEST, &run->test, message, sizeof message);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": %s\n", message);
+    return 1;
+  }
+  double accuracy = 0.0;
+  status = nn_mlp_accuracy(run->mlp, &run->test, &accuracy);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": evaluation failed: %s\n", keel_strerror(status));
+    return 1;
+  }
+  size_t bytes = nn_mlp_parameter_count(run->mlp) * sizeof(float);
+  printf("test-accuracy %.4f params-crc32c %08x\n", accuracy,
+         keel_crc32c(0, nn_mlp_parameters(run->mlp), bytes));
+  fflush(stdout);
+  return 0;
+}
+
+static int train(keel_ctx *ctx, trainer *run, const options *settings) {
+  if (trainer_setup(run, settings) != KEEL_OK) return 1;
+  uint64_t step = 0;
+  if (register_state(ctx, run, &step) != KEEL_OK) return 1;
+  keel_status status = keel_start(ctx);
+  if (status == KEEL_EJOBDONE) return 0; /* a spare that was never needed */
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": keel_start: %s\n", keel_strerror(status));
+    return 1;
+  }
+
+  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
+  float *parameters = nn_mlp_parameters(run->mlp);
+  float *send = run->send, *receive = run->receive;
+  int64_t started_ns = keel_now_ns();
+  uint64_t steps_done = 0;
+  while (step < settings->steps) {
+    status = keel_step(ctx, step);
+    if (status != KEEL_OK) fprintf(stderr, PROGRAM ": keel_step: %s\n", keel_strerror(status));
+    keel_comm *world = keel_world(ctx);
+    int rank = keel_comm_rank(world), size = keel_comm_size(world);
+    size_t count = 0;
+    status = nn_sampler_indices(run->sampler, step, rank, size, settings->global_batch,
+                                run->indices, settings->global_batch, &count);
+    if (status != KEEL_OK) {
+      fprintf(stderr, PROGRAM ": data shard of step %llu: %s\n", (unsigned long long)step,
+              keel_strerror(status));
+      return 1;
+    }
+    nn_dataset_gather(&run->train, run->indices, count, run->images, run->labels);
+    keel_fault_point(ctx, "forward");
+    double local_loss = 0.0;
+    status = nn_mlp_gradient(run->mlp, run->images, run->labels, count, NN_SUM, send, &local_loss);
+    if (status != KEEL_OK) {
+      fprintf(stderr, PROGRAM ": gradient: %s\n", keel_strerror(status));
+      return 1;
+    }
+    send[parameter_count] = (float)(local_loss * (double)count);
+    send[parameter_count + 1] = (float)count;
+
+    keel_recovery recovery;
+    status = keel_allreduce_resilient(ctx, send, receive, parameter_count + 2, KEEL_F32, KEEL_SUM,
+                                      &recovery);
+    if (status == KEEL_EEXCLUDED) return 0; /* declared failed: the job goes on without us */
+    if (status != KEEL_OK) {
+      fprintf(stderr, PROGRAM ": allreduce at step %llu: %s\n", (unsigned long long)step,
+              keel_strerror(status));
+      return 1;
+    }
+    /* State was replaced by a survivor's, or the world grew: the step restarts from it. */
+    if (recovery.restart_step) continue;
+
+    float global_count = receive[parameter_count + 1];
+    if (!(global_count > 0.0f)) {
+      fprintf(stderr, PROGRAM ": step %llu reduced no samples\n", (unsigned long long)step);
+      return 1;
+    }
+    /* Dividing the sum by the global count makes the update independent of how the global
+     * batch was split over ranks. */
+    for (size_t i = 0; i < parameter_count; i++) receive[i] /= global_count;
+    double loss = (double)receive[parameter_count] / (double)global_count;
+
+    keel_fault_point(ctx, "optimizer");
+    nn_optimizer_set_learning_rate(run->optimizer, learning_rate_at(settings, step));
+    nn_optimizer_step(run->optimizer, parameters, receive);
+    step++;
+    steps_done++;
+    double elapsed_s = (double)(keel_now_ns() - started_ns) * 1e-9;
+    double samples_per_second =
+        elapsed_s > 0.0 ? (double)(steps_done * settings->global_batch) / elapsed_s : 0.0;
+    keel_report(ctx, step, loss, samples_per_second);
+    if (!settings->quiet && rank == 0 && (step % PROGRESS_EVERY == 0 || step == settings->steps)) {
+      fprintf(stderr, "step %llu/%llu  loss %.4f  world %d  %.0f samples/s\n",
+              (unsigned long long)step, (unsigned long long)settings->steps, loss, size,
+              samples_per_second);
+    }
+  }
+
+  if (keel_comm_rank(keel_world(ctx)) != 0) return 0;
+  return evaluate(run, settings);
+}
+
+int main(int argc, char **argv) {
+  options settings;
+  int exit_code = parse_options(argc, argv, &settings);
+  if (exit_code >= 0) return exit_code;
+
+  keel_ctx *ctx = NULL;
+  keel_status status = keel_init(&ctx);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": keel_init: %s\n", keel_strerror(status));
+    return 1;
+  }
+  trainer run;
+  memset(&run, 0, sizeof run);
+  exit_code = train(ctx, &run, &settings);
+  trainer_release(&run);
+  keel_finalize(ctx);
+  return exit_code;
+}
