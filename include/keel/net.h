@@ -110,7 +110,7 @@ void keel_link_close(keel_link *link);
 keel_status keel_link_send(keel_link *link, const keel_frame *frame, const void *payload,
                            size_t length, int64_t deadline_ns);
 /* Blocking receive of one whole frame into a buffer the link allocates (bounded by the
- * link's max payload); the caller frees *payload_p with free(). */
+ * link's max payload); the caller frees *payload_p with free() (NULL for an empty payload). */
 keel_status keel_link_recv(keel_link *link, keel_frame *frame_p, void **payload_p,
                            int64_t deadline_ns);
 
@@ -138,7 +138,8 @@ bool keel_link_send_busy(const keel_link *link);
  * allocated passes to complete_cb's ownership (free() it). keel_link_recv_abandon makes
  * the rest of a partly received payload go to the bin instead of the buffer destination_cb
  * returned, so that buffer may be reused; complete_cb is then called with buffer NULL and
- * KEEL_ECANCELED. Returns KEEL_EAGAIN when the socket is drained, KEEL_ECLOSED when the
+ * KEEL_ECANCELED. If the link breaks while a payload is coming in, complete_cb gets buffer
+ * NULL and the link's error. Returns KEEL_EAGAIN when the socket is drained, KEEL_ECLOSED when the
  * peer closed the link (after completing any whole frames before the close), or another
  * error when the link broke; a broken link stays broken. */
 typedef struct keel_link_sink {

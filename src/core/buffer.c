@@ -13,11 +13,13 @@ void keel_buffer_init(keel_buffer *buffer, size_t maximum) {
   buffer->maximum = maximum;
 }
 
-keel_status keel_buffer_reserve(keel_buffer *buffer, size_t capacity) {
+/* Grows the allocation to at least capacity bytes, never past limit. */
+static keel_status buffer_grow(keel_buffer *buffer, size_t capacity, size_t limit) {
   if (capacity <= buffer->capacity) return KEEL_OK;
-  if (capacity > buffer->maximum) return KEEL_ERANGE;
+  if (capacity > limit) return KEEL_ERANGE;
   size_t grown = buffer->capacity < 64 ? 64 : buffer->capacity;
-  while (grown < capacity) grown = grown > buffer->maximum / 2 ? buffer->maximum : grown * 2;
+  while (grown < capacity) grown = grown > limit / 2 ? limit : grown * 2;
+  if (grown > limit) grown = limit;
   uint8_t *data = realloc(buffer->data, grown);
   if (data == NULL) return KEEL_ENOMEM;
   buffer->data = data;
@@ -25,10 +27,17 @@ keel_status keel_buffer_reserve(keel_buffer *buffer, size_t capacity) {
   return KEEL_OK;
 }
 
+keel_status keel_buffer_reserve(keel_buffer *buffer, size_t capacity) {
+  return buffer_grow(buffer, capacity, buffer->maximum);
+}
+
 keel_status keel_buffer_append(keel_buffer *buffer, const void *data, size_t length) {
   if (length > buffer->maximum - buffer->length) return KEEL_ERANGE;
-  /* One spare byte keeps text NUL-terminated without counting it in the length. */
-  keel_status status = keel_buffer_reserve(buffer, buffer->length + length + 1);
+  /* One spare byte keeps text NUL-terminated without counting it in the length; it lies
+   * beyond the maximum so that a buffer can hold exactly maximum bytes. */
+  size_t limit = buffer->maximum == SIZE_MAX ? SIZE_MAX : buffer->maximum + 1;
+  if (buffer->length + length == SIZE_MAX) return KEEL_ERANGE;
+  keel_status status = buffer_grow(buffer, buffer->length + length + 1, limit);
   if (status != KEEL_OK) return status;
   if (length > 0) memcpy(buffer->data + buffer->length, data, length);
   buffer->length += length;

@@ -12,10 +12,18 @@ typedef struct unit_scale {
   double scale;
 } unit_scale;
 
+/* strtod and strtoll skip leading spaces and take signs, "inf" and hex ("0x10"), none of
+ * which a person typing a flag means; only plain decimal text may reach them. */
+static bool starts_plain_decimal(const char *text, bool sign_allowed) {
+  if (sign_allowed && (*text == '-' || *text == '+')) text++;
+  if (text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) return false;
+  return (*text >= '0' && *text <= '9') || (*text == '.' && text[1] >= '0' && text[1] <= '9');
+}
+
 /* Splits text into a finite non-negative number and a suffix that must be in units. */
 static keel_status parse_scaled(const char *text, const unit_scale *units, size_t unit_count,
                                 double bare_scale, double *value_p) {
-  if (text == NULL || *text == '\0') return KEEL_EINVAL;
+  if (text == NULL || !starts_plain_decimal(text, false)) return KEEL_EINVAL;
   errno = 0;
   char *end = NULL;
   double number = strtod(text, &end);
@@ -58,7 +66,7 @@ keel_status keel_parse_size(const char *text, uint64_t *size_p) {
 }
 
 keel_status keel_parse_int(const char *text, int64_t minimum, int64_t maximum, int64_t *value_p) {
-  if (text == NULL || *text == '\0') return KEEL_EINVAL;
+  if (text == NULL || !starts_plain_decimal(text, true)) return KEEL_EINVAL;
   errno = 0;
   char *end = NULL;
   long long number = strtoll(text, &end, 10);

@@ -1,0 +1,146 @@
+/* The store's public client API: checks arguments against the store's bounds once, for
+ * every backend, then dispatches through the ops table of the backend the endpoint names
+ * (only the embedded server today; etcd will be a second table). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_internal.h"
+
+struct keel_store {
+  const keel__store_ops *ops;
+  void *backend;
+};
+
+static const keel__store_ops *const store_backends[] = {&keel__store_embedded_ops};
+
+/* A key must be a non-empty string of at most KEEL_STORE_MAX_KEY bytes; a prefix may be
+ * empty. */
+static keel_status check_key(const char *key, bool allow_empty) {
+  if (key == NULL) return KEEL_EINVAL;
+  size_t length = strnlen(key, KEEL_STORE_MAX_KEY + 1);
+  if (length > KEEL_STORE_MAX_KEY) return KEEL_ERANGE;
+  if (length == 0 && !allow_empty) return KEEL_EINVAL;
+  return KEEL_OK;
+}
+
+static keel_status check_value(const void *value, size_t length, int64_t lease) {
+  if (length > KEEL_STORE_MAX_VALUE) return KEEL_ERANGE;
+  if ((value == NULL && length > 0) || lease < 0) return KEEL_EINVAL;
+  return KEEL_OK;
+}
+
+keel_status keel_store_connect(const char *endpoint, const keel_auth *auth, int64_t deadline_ns,
+                               keel_store **store_p) {
+  if (endpoint == NULL || auth == NULL || store_p == NULL) return KEEL_EINVAL;
+  const keel__store_ops *ops = NULL;
+  const char *address = endpoint;
+  for (size_t i = 0; i < sizeof store_backends / sizeof store_backends[0]; i++) {
+    size_t scheme_length = strlen(store_backends[i]->scheme);
+    if (strncmp(endpoint, store_backends[i]->scheme, scheme_length) == 0) {
+      ops = store_backends[i];
+      address += scheme_length;
+    }
+  }
+  if (ops == NULL) {
+    if (strstr(endpoint, "://") != NULL) {
+      KEEL_LOG_E("store", "endpoint %s: unsupported scheme (use host:port or embedded://)",
+                 endpoint);
+      return KEEL_ENOTSUP;
+    }
+    ops = &keel__store_embedded_ops;
+  }
+  keel_store *store = calloc(1, sizeof *store);
+  if (store == NULL) return KEEL_ENOMEM;
+  store->ops = ops;
+  keel_status status = ops->connect(address, auth, deadline_ns, &store->backend);
+  if (status != KEEL_OK) goto fail_free_store;
+  *store_p = store;
+  return KEEL_OK;
+
+fail_free_store:
+  free(store);
+  return status;
+}
+
+void keel_store_close(keel_store *store) {
+  if (store == NULL) return;
+  store->ops->close(store->backend);
+  free(store);
+}
+
+keel_status keel_store_put(keel_store *store, const char *key, const void *value, size_t length,
+                           int64_t lease, uint64_t *revision_p) {
+  keel_status status = check_key(key, false);
+  if (status == KEEL_OK) status = check_value(value, length, lease);
+  if (status != KEEL_OK) return status;
+  return store->ops->put(store->backend, key, value, length, lease, false, 0, revision_p);
+}
+
+keel_status keel_store_cas(keel_store *store, const char *key, uint64_t expected_revision,
+                           const void *value, size_t length, int64_t lease,
+                           uint64_t *revision_p) {
+  keel_status status = check_key(key, false);
+  if (status == KEEL_OK) status = check_value(value, length, lease);
+  if (status != KEEL_OK) return status;
+  return store->ops->put(store->backend, key, value, length, lease, true, expected_revision,
+                         revision_p);
+}
+
+keel_status keel_store_get(keel_store *store, const char *key, keel_store_entry **entry_p) {
+  keel_status status = check_key(key, false);
+  if (status != KEEL_OK) return status;
+  if (entry_p == NULL) return KEEL_EINVAL;
+  return store->ops->get(store->backend, key, entry_p);
+}
+
+keel_status keel_store_delete(keel_store *store, const char *key) {
+  keel_status status = check_key(key, false);
+  if (status != KEEL_OK) return status;
+  return store->ops->remove(store->backend, key);
+}
+
+keel_status keel_store_list(keel_store *store, const char *prefix, keel_store_entry **entries_p,
+                            size_t *count_p, uint64_t *revision_p) {
+  keel_status status = check_key(prefix, true);
+  if (status != KEEL_OK) return status;
+  if (entries_p == NULL || count_p == NULL) return KEEL_EINVAL;
+  return store->ops->list(store->backend, prefix, entries_p, count_p, revision_p);
+}
+
+keel_status keel_store_wait(keel_store *store, const char *prefix, uint64_t after_revision,
+                            int64_t deadline_ns, uint64_t *revision_p) {
+  keel_status status = check_key(prefix, true);
+  if (status != KEEL_OK) return status;
+  return store->ops->wait(store->backend, prefix, after_revision, deadline_ns, revision_p);
+}
+
+keel_status keel_store_lease_grant(keel_store *store, int64_t ttl_ns, int64_t *lease_p) {
+  if (ttl_ns <= 0 || lease_p == NULL) return KEEL_EINVAL;
+  return store->ops->lease_grant(store->backend, ttl_ns, lease_p);
+}
+
+keel_status keel_store_lease_keepalive(keel_store *store, int64_t lease) {
+  if (lease <= 0) return KEEL_EINVAL;
+  return store->ops->lease_keepalive(store->backend, lease);
+}
+
+keel_status keel_store_lease_revoke(keel_store *store, int64_t lease) {
+  if (lease <= 0) return KEEL_EINVAL;
+  return store->ops->lease_revoke(store->backend, lease);
+}
+
+void keel_store_entry_free(keel_store_entry *entry) {
+  if (entry == NULL) return;
+  free(entry->key);
+  free(entry->value);
+  free(entry);
+}
+
+void keel_store_entries_free(keel_store_entry *entries, size_t count) {
+  if (entries == NULL) return;
+  for (size_t i = 0; i < count; i++) {
+    free(entries[i].key);
+    free(entries[i].value);
+  }
+  free(entries);
+}

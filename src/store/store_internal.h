@@ -1,0 +1,151 @@
+/* Private to src/store: the wire format of store requests and responses (carried in
+ * KEEL_FRAME_STORE_REQUEST / STORE_RESPONSE payloads), the key-value state machine the
+ * embedded server applies them to, and the ops table that client backends fill. */
+#ifndef KEEL_STORE_INTERNAL_H
+#define KEEL_STORE_INTERNAL_H
+
+#include "keel/store.h"
+
+/* ---- wire format, little-endian, version 1.
+ * request:  version u8 | op u8 | key_length u16 | value_length u32 | id u64 |
+ *           revision u64 | lease i64 | duration_ns i64 | key | value
+ * response: version u8 | op u8 | reserved u16 | status i32 | id u64 | revision u64 |
+ *           lease i64 | entry_count u32 | entries
+ * entry:    key_length u16 | value_length u32 | revision u64 | lease i64 | key | value
+ * Every length is explicit and checked against the bytes present and the store's bounds
+ * before anything is read or allocated; keys never contain a NUL byte. */
+#define KEEL__STORE_WIRE_VERSION 1
+#define KEEL__STORE_REQUEST_HEADER_BYTES 40
+#define KEEL__STORE_RESPONSE_HEADER_BYTES 36
+#define KEEL__STORE_ENTRY_HEADER_BYTES 22
+#define KEEL__STORE_MAX_REQUEST \
+  (KEEL__STORE_REQUEST_HEADER_BYTES + KEEL_STORE_MAX_KEY + KEEL_STORE_MAX_VALUE)
+/* Bytes of keys and values the store holds at most (KEEL_ENOSPC past it): small enough
+ * that a list of the whole store always fits in one frame of the default bound. */
+#define KEEL__STORE_MAX_BYTES ((size_t)240 << 20)
+#define KEEL__STORE_MAX_RESPONSE                                                     \
+  (KEEL__STORE_RESPONSE_HEADER_BYTES + KEEL__STORE_MAX_BYTES +                       \
+   (size_t)KEEL_STORE_MAX_KEYS * KEEL__STORE_ENTRY_HEADER_BYTES)
+/* A keel_buffer keeps one byte past its length for a NUL, so the buffers that hold a
+ * whole request or response have a maximum one above it. */
+#define KEEL__STORE_REQUEST_BUFFER_MAX (KEEL__STORE_MAX_REQUEST + 1)
+#define KEEL__STORE_RESPONSE_BUFFER_MAX (KEEL__STORE_MAX_RESPONSE + 1)
+
+typedef enum keel__store_op {
+  KEEL__STORE_OP_PUT = 1,
+  KEEL__STORE_OP_GET = 2,
+  KEEL__STORE_OP_CAS = 3,
+  KEEL__STORE_OP_DELETE = 4,
+  KEEL__STORE_OP_LIST = 5,
+  KEEL__STORE_OP_WAIT = 6,
+  KEEL__STORE_OP_LEASE_GRANT = 7,
+  KEEL__STORE_OP_LEASE_KEEPALIVE = 8,
+  KEEL__STORE_OP_LEASE_REVOKE = 9,
+} keel__store_op;
+
+/* A decoded request. key and value point into the payload it was decoded from (no copy);
+ * key is not NUL-terminated. revision is the expected revision of a cas and the
+ * after_revision of a wait; duration_ns is a wait's timeout and a grant's ttl. */
+typedef struct keel__store_request {
+  uint8_t op;
+  uint64_t id;
+  uint64_t revision;
+  int64_t lease;
+  int64_t duration_ns;
+  const char *key;
+  size_t key_length;
+  const uint8_t *value;
+  size_t value_length;
+} keel__store_request;
+
+/* Appends the encoding of request to buffer; KEEL_ERANGE / KEEL_ENOMEM from the buffer. */
+keel_status keel__store_request_encode(const keel__store_request *request, keel_buffer *buffer);
+/* Decodes and validates one request payload: version, known op, lengths that add up
+ * exactly, bounds, no NUL in the key, the fields each op uses and zeros in the others.
+ * Returns KEEL_EPROTO (version or op unknown), KEEL_ERANGE (over a bound) or
+ * KEEL_ECORRUPT (anything else malformed); writes *request_p only on success. Pure and
+ * allocation-free: the fuzz target's entry point. */
+keel_status keel__store_request_decode(const uint8_t *payload, size_t length,
+                                       keel__store_request *request_p);
+
+/* A decoded response header; entries stay encoded until keel__store_response_entries. */
+typedef struct keel__store_response {
+  uint8_t op;
+  keel_status status;
+  uint64_t id;
+  uint64_t revision;
+  int64_t lease;
+  uint32_t entry_count;
+  const uint8_t *entries; /* into the payload */
+  size_t entries_length;
+} keel__store_response;
+
+/* Appends a response header announcing entry_count entries; the caller then appends
+ * exactly that many with keel__store_response_add_entry. */
+keel_status keel__store_response_begin(keel_buffer *buffer, uint8_t op, uint64_t id,
+                                       keel_status status, uint64_t revision, int64_t lease,
+                                       uint32_t entry_count);
+keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key,
+                                           size_t key_length, const void *value,
+                                           size_t value_length, uint64_t revision,
+                                           int64_t lease);
+/* Checks a response header and walks its entries (counts, lengths, bounds) without
+ * allocating; KEEL_ECORRUPT / KEEL_EPROTO / KEEL_ERANGE as for requests. */
+keel_status keel__store_response_decode(const uint8_t *payload, size_t length,
+                                        keel__store_response *response_p);
+/* Copies the entries of a decoded response into a new array of response->entry_count
+ * entries (NULL when 0), freed with keel_store_entries_free. */
+keel_status keel__store_response_entries(const keel__store_response *response,
+                                         keel_store_entry **entries_p);
+
+/* ---- the key-value state machine of the embedded server. Not thread-safe: the server
+ * calls it under its one mutex. Time is passed in (keel_now_ns) so tests can drive it. */
+typedef struct keel__store_kv keel__store_kv;
+
+keel_status keel__store_kv_create(keel__store_kv **kv_p);
+void keel__store_kv_destroy(keel__store_kv *kv);
+uint64_t keel__store_kv_revision(const keel__store_kv *kv);
+/* Applies one request other than a wait at now_ns and appends its response to response
+ * (a failed request is a response with its status, not an error here). *changed_p is
+ * true when the revision moved, so waiters must be woken. Returns KEEL_ENOMEM or
+ * KEEL_ERANGE only when the response could not be encoded; the store is then unchanged
+ * unless *changed_p says otherwise. */
+keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *request,
+                                 int64_t now_ns, keel_buffer *response, bool *changed_p);
+/* Expires every lease whose ttl has passed at now_ns, deleting their keys with one
+ * revision; returns true when that changed the store. */
+bool keel__store_kv_expire(keel__store_kv *kv, int64_t now_ns);
+/* Earliest time a lease expires; KEEL_NO_DEADLINE when there are none. */
+int64_t keel__store_kv_next_expiry(const keel__store_kv *kv);
+/* True when a key starting with prefix was created, changed or deleted at a revision
+ * above after_revision. The history of deletions is bounded: when after_revision is older
+ * than the deletions still remembered, the answer is true (a wake the caller confirms
+ * by listing), never a missed change. */
+bool keel__store_kv_changed_since(const keel__store_kv *kv, const char *prefix,
+                                  size_t prefix_length, uint64_t after_revision);
+
+/* ---- client backends (STYLE.md rule 7): one file each, chosen by the endpoint's
+ * scheme. Arguments are validated (bounds, NULLs) by client.c before they get here. */
+typedef struct keel__store_ops {
+  const char *scheme; /* "embedded://"; an endpoint without a scheme is embedded */
+  keel_status (*connect)(const char *address, const keel_auth *auth, int64_t deadline_ns,
+                         void **backend_p);
+  void (*close)(void *backend);
+  /* conditional false: a put; true: a cas on expected_revision. */
+  keel_status (*put)(void *backend, const char *key, const void *value, size_t length,
+                     int64_t lease, bool conditional, uint64_t expected_revision,
+                     uint64_t *revision_p);
+  keel_status (*get)(void *backend, const char *key, keel_store_entry **entry_p);
+  keel_status (*remove)(void *backend, const char *key);
+  keel_status (*list)(void *backend, const char *prefix, keel_store_entry **entries_p,
+                      size_t *count_p, uint64_t *revision_p);
+  keel_status (*wait)(void *backend, const char *prefix, uint64_t after_revision,
+                      int64_t deadline_ns, uint64_t *revision_p);
+  keel_status (*lease_grant)(void *backend, int64_t ttl_ns, int64_t *lease_p);
+  keel_status (*lease_keepalive)(void *backend, int64_t lease);
+  keel_status (*lease_revoke)(void *backend, int64_t lease);
+} keel__store_ops;
+
+extern const keel__store_ops keel__store_embedded_ops;
+
+#endif

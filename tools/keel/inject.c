@@ -1,0 +1,200 @@
+/* `keel inject` and `keel ps`: tools that join a running job's store (found through its job
+ * file) to list its live processes or to make a failure happen to one rank, the same
+ * failure a test or a user would cause by hand. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tool.h"
+
+#define CONNECT_DEADLINE_NS (3 * INT64_C(1000000000))
+
+typedef struct inject_action {
+  const char *name;
+  int signal_number;
+  const char *done; /* the verb of the line printed on success */
+} inject_action;
+
+static const inject_action inject_actions[] = {
+    {"kill", SIGKILL, "killed"},
+    {"stop", SIGSTOP, "stopped"},
+    {"cont", SIGCONT, "continued"},
+};
+
+/* Reads "--job ID" / "--job=ID" at argv[*index]; true if it was that flag. */
+static bool job_flag(int argc, char **argv, int *index, const char **job_p, bool *bad_p) {
+  const char *arg = argv[*index];
+  if (strncmp(arg, "--job=", 6) == 0) {
+    *job_p = arg + 6;
+    return true;
+  }
+  if (strcmp(arg, "--job") != 0) return false;
+  if (*index + 1 >= argc) {
+    *bad_p = true;
+    return true;
+  }
+  *job_p = argv[++*index];
+  return true;
+}
+
+/* Finds the job (job_id NULL: the newest running one) and connects to its store. */
+static keel_status job_connect(const char *job_id, keel__job_info *job_p, keel_store **store_p) {
+  keel_status status = keel__job_file_find(job_id, job_p);
+  if (status != KEEL_OK) return status;
+  job_p->auth.local_id = KEEL__TOOL_ID;
+  status = keel_store_connect(job_p->store, &job_p->auth,
+                              keel_deadline_after_ns(CONNECT_DEADLINE_NS), store_p);
+  if (status != KEEL_OK)
+    fprintf(stderr, "keel: cannot reach the store of job %llu at %s: %s\n",
+            (unsigned long long)job_p->auth.job_id, job_p->store, keel_strerror(status));
+  return status;
+}
+
+/* A process the launcher has reaped keeps its proc/ key until its lease ends; dead/<uid>
+ * says it is gone already. */
+static bool uid_is_dead(keel_store *store, uint32_t uid) {
+  char key[32];
+  snprintf(key, sizeof key, "dead/%u", (unsigned)uid);
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(store, key, &entry) != KEEL_OK) return false;
+  keel_store_entry_free(entry);
+  return true;
+}
+
+/* The live holder of rank: among proc/ values with that rank, the highest epoch (a process
+ * that held the rank in an older epoch may linger until its lease ends). */
+static keel_status rank_holder_find(keel_store *store, int64_t rank, uint32_t *uid_p,
+                                    keel__proc_value *value_p) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status = keel_store_list(store, "proc/", &entries, &count, NULL);
+  if (status != KEEL_OK) return status;
+  status = KEEL_ENOTFOUND;
+  for (size_t i = 0; i < count; i++) {
+    uint32_t uid;
+    keel__proc_value value;
+    if (keel__uid_from_key(entries[i].key, "proc/", &uid) != KEEL_OK) continue;
+    if (keel__proc_value_parse((const char *)entries[i].value, &value) != KEEL_OK) continue;
+    if (value.rank != rank || uid_is_dead(store, uid)) continue;
+    if (status == KEEL_OK && value.epoch <= value_p->epoch) continue;
+    *uid_p = uid;
+    *value_p = value;
+    status = KEEL_OK;
+  }
+  keel_store_entries_free(entries, count);
+  return status;
+}
+
+/* The process must be the job's: proc/ values are written by processes, and a signal to a
+ * pid that was reused by something else would hit a bystander. */
+static bool pid_is_child_of(pid_t pid, pid_t parent) {
+  char state;
+  pid_t actual_parent;
+  return keel__process_stat(pid, &state, &actual_parent) == KEEL_OK && actual_parent == parent;
+}
+
+static int inject_usage(const char *message) {
+  fprintf(stderr, "keel inject: %s (usage: keel inject kill|stop|cont RANK [--job JOB_ID])\n",
+          message);
+  return KEEL__EXIT_USAGE;
+}
+
+static int inject_signal(keel_store *store, const keel__job_info *job, const inject_action *action,
+                         int64_t rank) {
+  uint32_t uid = 0;
+  keel__proc_value value;
+  keel_status status = rank_holder_find(store, rank, &uid, &value);
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel inject: no live process holds rank %lld in job %llu\n", (long long)rank,
+            (unsigned long long)job->auth.job_id);
+    return KEEL__EXIT_FAILURE;
+  }
+  if (!pid_is_child_of(value.pid, job->launcher_pid)) {
+    fprintf(stderr, "keel inject: pid %ld of rank %lld is not a process of job %llu\n",
+            (long)value.pid, (long long)rank, (unsigned long long)job->auth.job_id);
+    return KEEL__EXIT_FAILURE;
+  }
+  if (kill(value.pid, action->signal_number) != 0) {
+    fprintf(stderr, "keel inject: %s pid %ld: %s\n", action->name, (long)value.pid,
+            strerror(errno));
+    return KEEL__EXIT_FAILURE;
+  }
+  printf("%s rank %lld (uid %u, pid %ld)\n", action->done, (long long)rank, (unsigned)uid,
+         (long)value.pid);
+  return 0;
+}
+
+int keel__command_inject(int argc, char **argv) {
+  const char *job_id = NULL, *action_name = NULL, *rank_text = NULL;
+  bool bad = false;
+  for (int index = 1; index < argc; index++) {
+    if (job_flag(argc, argv, &index, &job_id, &bad)) continue;
+    if (argv[index][0] == '-' && argv[index][1] != '\0') return inject_usage("unknown flag");
+    if (action_name == NULL)
+      action_name = argv[index];
+    else if (rank_text == NULL)
+      rank_text = argv[index];
+    else
+      return inject_usage("too many arguments");
+  }
+  if (bad) return inject_usage("--job needs a job id");
+  if (action_name == NULL || rank_text == NULL)
+    return inject_usage("an action and a rank are needed");
+  const inject_action *action = NULL;
+  for (size_t i = 0; i < sizeof inject_actions / sizeof inject_actions[0]; i++) {
+    if (strcmp(action_name, inject_actions[i].name) == 0) action = &inject_actions[i];
+  }
+  if (action == NULL) return inject_usage("the action must be kill, stop or cont");
+  int64_t rank;
+  if (keel_parse_int(rank_text, 0, INT32_MAX, &rank) != KEEL_OK)
+    return inject_usage("RANK must be a non-negative integer");
+  keel__job_info job;
+  keel_store *store = NULL;
+  if (job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  int exit_code = inject_signal(store, &job, action, rank);
+  keel_store_close(store);
+  return exit_code;
+}
+
+static void ps_print(keel_store *store, const keel_store_entry *entries, size_t count) {
+  printf("%-6s %-8s %-7s %-5s %-6s %-5s %s\n", "UID", "PID", "ROLE", "RANK", "EPOCH", "NODE",
+         "ADDR");
+  for (size_t i = 0; i < count; i++) {
+    uint32_t uid;
+    keel__proc_value value;
+    if (keel__uid_from_key(entries[i].key, "proc/", &uid) != KEEL_OK) continue;
+    if (keel__proc_value_parse((const char *)entries[i].value, &value) != KEEL_OK) continue;
+    if (uid_is_dead(store, uid)) continue;
+    printf("%-6u %-8ld %-7s %-5lld %-6lld %-5lld %s\n", (unsigned)uid, (long)value.pid, value.role,
+           (long long)value.rank, (long long)value.epoch, (long long)value.node,
+           value.addr[0] ? value.addr : "-");
+  }
+}
+
+int keel__command_ps(int argc, char **argv) {
+  const char *job_id = NULL;
+  bool bad = false;
+  for (int index = 1; index < argc; index++) {
+    if (job_flag(argc, argv, &index, &job_id, &bad)) continue;
+    fprintf(stderr, "keel ps: unexpected '%s' (usage: keel ps [--job JOB_ID])\n", argv[index]);
+    return KEEL__EXIT_USAGE;
+  }
+  if (bad) {
+    fprintf(stderr, "keel ps: --job needs a job id\n");
+    return KEEL__EXIT_USAGE;
+  }
+  keel__job_info job;
+  keel_store *store = NULL;
+  if (job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status = keel_store_list(store, "proc/", &entries, &count, NULL);
+  if (status == KEEL_OK) ps_print(store, entries, count);
+  if (status != KEEL_OK) fprintf(stderr, "keel ps: cannot list proc/: %s\n", keel_strerror(status));
+  keel_store_entries_free(entries, count);
+  keel_store_close(store);
+  return status == KEEL_OK ? 0 : KEEL__EXIT_FAILURE;
+}

@@ -1,0 +1,194 @@
+/* The launcher of `keel run`: its options, its process table and the context shared by the
+ * event loop (run.c), the children (run_children.c), the status pipe, events file and
+ * terminal line (run_status.c) and the store watchers (run_watch.c). The loop's thread owns
+ * all of it; watcher threads only write fixed-size reports into a pipe the loop reads. */
+#ifndef KEEL_LAUNCHER_H
+#define KEEL_LAUNCHER_H
+
+#include <signal.h>
+
+#include "tool.h"
+
+/* ---- options */
+typedef enum keel__policy {
+  KEEL__ON_FAILURE_SHRINK,
+  KEEL__ON_FAILURE_REPLACE,
+} keel__policy;
+
+typedef struct keel__run_options {
+  int64_t world; /* n = nproc_per_node * nnodes */
+  int64_t nproc_per_node;
+  int64_t nnodes;
+  int64_t spares;
+  keel__policy on_failure;
+  bool node_failure_domain;
+  int64_t max_restarts;
+  int64_t min_world;
+  int64_t max_world;
+  int64_t timeout_ns; /* -1: none */
+  int64_t collective_timeout_ns;
+  int64_t heartbeat_ns;
+  const char *events_path; /* NULL: no events file */
+  bool quiet;
+  char **program_argv; /* NULL-terminated; points into the command's argv */
+} keel__run_options;
+
+typedef enum keel__parse_result {
+  KEEL__PARSE_OK,
+  KEEL__PARSE_HELP,  /* help printed: exit 0 */
+  KEEL__PARSE_ERROR, /* one-line message printed: exit 2 */
+} keel__parse_result;
+
+/* argv[0] is "run". Writes *options_p only when it returns KEEL__PARSE_OK. */
+keel__parse_result keel__run_options_parse(int argc, char **argv, keel__run_options *options_p);
+/* "250ms", "2s": the shortest exact spelling of a duration, for KEEL_* variables. */
+void keel__duration_format(int64_t duration_ns, char *text, size_t capacity);
+
+/* ---- reports from the store watchers to the loop (one write each, under PIPE_BUF). */
+typedef enum keel__report_kind {
+  KEEL__REPORT_PROC,      /* proc/<uid> was created or changed */
+  KEEL__REPORT_PROC_GONE, /* proc/<uid> went away: its lease ended or it was deleted */
+  KEEL__REPORT_SUSPECT,   /* suspect/<uid> appeared or changed */
+} keel__report_kind;
+
+typedef struct keel__report {
+  uint32_t kind;
+  uint32_t uid;
+  int64_t rank;   /* KEEL__REPORT_PROC */
+  int64_t epoch;  /* KEEL__REPORT_PROC */
+  char text[160]; /* the suspect/ value ("by=<uid> reason=<text>"), NUL-terminated */
+} keel__report;
+
+typedef struct keel__watcher keel__watcher;
+
+/* Starts a thread with its own store client that lists prefix ("proc/" or "suspect/"),
+ * reports differences to report_fd and waits for the next change. Uids at or above
+ * uid_limit are ignored. */
+keel_status keel__watcher_start(const char *endpoint, const keel_auth *auth, const char *prefix,
+                                uint32_t uid_limit, int report_fd, keel__watcher **watcher_p);
+/* Asks the thread to stop, joins it (within one wait slice) and frees it. NULL allowed. */
+void keel__watcher_stop(keel__watcher *watcher);
+
+/* ---- the process table */
+typedef enum keel__role {
+  KEEL__ROLE_WORKER,
+  KEEL__ROLE_SPARE,
+} keel__role;
+
+typedef struct keel__child {
+  uint32_t uid;
+  pid_t pid;
+  int64_t node;
+  keel__role role; /* the role it was started with */
+  bool alive;
+  bool fenced;
+  bool holds_rank;       /* started as a worker, or its proc/ value showed a rank */
+  int64_t rank;          /* the last rank it held; -1: none yet */
+  int64_t epoch;         /* the latest epoch its proc/ value showed */
+  int64_t lease_lost_ns; /* when its proc/ key vanished while it lived; 0: never */
+  int wait_status;
+  uint64_t exit_order; /* 1 for the first process to exit, ...; 0 while alive */
+} keel__child;
+
+typedef enum keel__phase {
+  KEEL__PHASE_RUNNING,
+  KEEL__PHASE_ENDING,      /* the workers are done; spares get a grace period */
+  KEEL__PHASE_TERMINATING, /* a signal or the timeout: everything is being killed */
+} keel__phase;
+
+/* What the terminal's status line shows. */
+typedef struct keel__display {
+  bool enabled;
+  bool dirty;
+  bool has_progress;
+  int64_t last_draw_ns;
+  int64_t step;
+  int64_t world;
+  int64_t epoch;
+  double loss;
+  double samples_per_s;
+  char last_event[160];
+} keel__display;
+
+/* Status lines are at most 4 KiB (RUNTIME.md); the buffer holds one whole line and more. */
+#define KEEL__STATUS_LINE_MAX 4096
+
+typedef struct keel__launcher {
+  keel__run_options options;
+  char program_path[PATH_MAX];
+  keel_auth auth;
+  keel_store_server *server;
+  keel_store *store; /* the loop's own client */
+  char endpoint[128];
+  sigset_t old_mask;
+  int signal_fd;
+  int status_read_fd;
+  int status_write_fd; /* kept open (close-on-exec) to hand to respawned processes */
+  int report_read_fd;
+  int report_write_fd;
+  keel__watcher *proc_watcher;
+  keel__watcher *suspect_watcher;
+  int events_fd;
+  char job_file_path[PATH_MAX];
+  keel__child *children;
+  size_t child_count;
+  size_t child_capacity;
+  int64_t restarts_used;
+  keel__phase phase;
+  int exit_code;
+  int64_t start_ns;
+  int64_t timeout_deadline_ns;
+  int64_t phase_deadline_ns; /* ENDING: kill the spares; TERMINATING: SIGKILL all */
+  int64_t stopped_grace_ns;  /* a lapsed lease of a stopped process: fence after this */
+  int64_t running_grace_ns;  /* a lapsed lease of a process that runs: fence after this */
+  int64_t max_epoch;
+  uint64_t exits_seen;
+  char status_buffer[2 * KEEL__STATUS_LINE_MAX];
+  size_t status_length;
+  bool status_discarding; /* inside a line too long to keep: drop it up to its newline */
+  keel__display display;
+} keel__launcher;
+
+/* run_children.c */
+/* Starts the next uid in role; the child gets the environment of docs/RUNTIME.md. */
+keel_status keel__child_spawn(keel__launcher *launcher, keel__role role);
+keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid);
+/* Reaps every child that has exited and calls keel__launcher_child_exited for each. */
+void keel__children_reap(keel__launcher *launcher);
+/* SIGKILLs a live child on the launcher's decision and records why (a `fence` event). */
+void keel__child_fence(keel__launcher *launcher, keel__child *child, const char *reason);
+void keel__children_signal(keel__launcher *launcher, int signal_number);
+size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_only);
+/* Whether the child is stopped (SIGSTOP, a debugger), as /proc/<pid>/stat says. */
+bool keel__child_stopped(const keel__child *child);
+/* The exit code of `keel run` from the children's ends (the rule is at its definition). */
+int keel__children_verdict(const keel__launcher *launcher);
+/* An exit code, or 128+signal for a kill, as a shell reports it. */
+int keel__wait_status_code(int wait_status);
+/* "0", "3", "SIGKILL": how a wait status reads in dead/ values and events. */
+void keel__wait_status_text(int wait_status, char *text, size_t capacity);
+
+/* run.c */
+void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child);
+
+/* run_status.c */
+/* Appends one launcher event to the events file: {"event":E,"t_ns":..,"wall_ns":..,FIELDS}
+ * where fields_format (may be NULL) prints the rest of the object's members. */
+void keel__event_emit(keel__launcher *launcher, const char *event, const char *fields_format, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes text as the inside of a JSON string (quotes, backslashes and control characters
+ * escaped), truncated to fit capacity. */
+void keel__json_escape(const char *text, char *escaped, size_t capacity);
+/* Reads what the status pipe holds and handles each complete line. */
+void keel__status_drain(keel__launcher *launcher);
+/* Sets the "last event" part of the terminal's status line. */
+void keel__display_note(keel__launcher *launcher, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Redraws the status line if it changed and 100 ms have passed since the last draw. */
+void keel__display_tick(keel__launcher *launcher, int64_t now_ns);
+/* When the next redraw is due (KEEL_NO_DEADLINE: none pending). */
+int64_t keel__display_deadline(const keel__launcher *launcher);
+/* Draws the final status line and ends it with a newline. */
+void keel__display_finish(keel__launcher *launcher);
+
+#endif

@@ -1,0 +1,46 @@
+/* The `keel` command: dispatches to its subcommands (run, inject, ps). Usage errors are one
+ * line on stderr and exit code 2; nothing but help goes to stdout, which belongs to the
+ * programs the launcher starts. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tool.h"
+
+static const char usage_text[] =
+    "usage: keel <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  run     start a fault-tolerant job: keel run -n 4 -- ./train ARGS...\n"
+    "  inject  make a failure in a running job: keel inject kill|stop|cont RANK [--job ID]\n"
+    "  ps      list the live processes of a job: keel ps [--job ID]\n"
+    "\n"
+    "keel run --help lists the launcher's flags.\n";
+
+typedef struct command_entry {
+  const char *name;
+  int (*run)(int argc, char **argv);
+} command_entry;
+
+static const command_entry commands[] = {
+    {"run", keel__command_run},
+    {"inject", keel__command_inject},
+    {"ps", keel__command_ps},
+};
+
+int main(int argc, char **argv) {
+  keel_log_set_identity("keel");
+  if (argc < 2) {
+    fprintf(stderr, "keel: no command given (try keel --help)\n");
+    return KEEL__EXIT_USAGE;
+  }
+  const char *name = argv[1];
+  if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(name, commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+  }
+  fprintf(stderr, "keel: unknown command '%s' (try keel --help)\n", name);
+  return KEEL__EXIT_USAGE;
+}

@@ -1,0 +1,545 @@
+/* `keel run`: the launcher. It starts the embedded store and the processes of a job, then
+ * one poll loop (signalfd, status pipe, watcher reports, deadlines) owns the process table:
+ * it reaps, fences hung or suspected processes, respawns spares, and ends the job with the
+ * workers' verdict. Nothing here kills by name: every signal goes to a pid it started. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "launcher.h"
+
+#define SECOND_NS INT64_C(1000000000)
+/* Spares get this long after job/done, and children this long after SIGTERM. */
+#define GRACE_NS (2 * SECOND_NS)
+#define CONNECT_DEADLINE_NS (5 * SECOND_NS)
+
+/* ---- program lookup, done before anything starts so that a typo is one clear message */
+static bool program_resolve(const char *name, char *path, size_t capacity) {
+  if (strchr(name, '/') != NULL) {
+    snprintf(path, capacity, "%s", name);
+    return access(path, X_OK) == 0;
+  }
+  const char *search = getenv("PATH");
+  if (search == NULL || *search == '\0') search = "/usr/local/bin:/usr/bin:/bin";
+  for (const char *folder = search; *folder != '\0';) {
+    size_t length = strcspn(folder, ":");
+    snprintf(path, capacity, "%.*s/%s", (int)length, length ? folder : ".", name);
+    struct stat info;
+    if (stat(path, &info) == 0 && S_ISREG(info.st_mode) && access(path, X_OK) == 0) return true;
+    folder += length + (folder[length] == ':');
+  }
+  return false;
+}
+
+/* ---- phases */
+static void launcher_put_done(keel__launcher *launcher) {
+  char value[16];
+  int length = snprintf(value, sizeof value, "%d", launcher->exit_code);
+  keel_status status = keel_store_put(launcher->store, "job/done", value, (size_t)length, 0, NULL);
+  if (status != KEEL_OK) KEEL_LOG_E("launcher", "cannot put job/done: %s", keel_strerror(status));
+}
+
+/* Kills every child: first_signal now, SIGKILL after the grace period unless it was
+ * SIGKILL already. A second request while terminating goes straight to SIGKILL. */
+static void launcher_terminate(keel__launcher *launcher, int exit_code, int first_signal) {
+  if (launcher->phase == KEEL__PHASE_TERMINATING) {
+    keel__children_signal(launcher, SIGKILL);
+    launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
+    return;
+  }
+  launcher->phase = KEEL__PHASE_TERMINATING;
+  launcher->exit_code = exit_code;
+  launcher_put_done(launcher);
+  keel__children_signal(launcher, first_signal);
+  launcher->phase_deadline_ns =
+      first_signal == SIGKILL ? KEEL_NO_DEADLINE : keel_deadline_after_ns(GRACE_NS);
+}
+
+static void launcher_begin_ending(keel__launcher *launcher) {
+  launcher->exit_code = keel__children_verdict(launcher);
+  launcher->phase = KEEL__PHASE_ENDING;
+  launcher_put_done(launcher);
+  launcher->phase_deadline_ns = keel_deadline_after_ns(GRACE_NS);
+  keel__display_note(launcher, "job done, exit code %d", launcher->exit_code);
+}
+
+static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t rank,
+                               int64_t epoch) {
+  keel__child *child = keel__child_by_uid(launcher, uid);
+  if (child == NULL) return;
+  if (rank >= 0) {
+    child->holds_rank = true;
+    child->rank = rank;
+  }
+  if (epoch > child->epoch) child->epoch = epoch;
+  if (epoch > launcher->max_epoch) launcher->max_epoch = epoch;
+  child->lease_lost_ns = 0;
+}
+
+/* A spare may have taken a rank so recently that its proc/ change is still on its way from
+ * the watcher; before declaring the job over, the loop reads proc/ itself. */
+static void launcher_refresh_ranks(keel__launcher *launcher) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(launcher->store, "proc/", &entries, &count, NULL) != KEEL_OK) return;
+  for (size_t i = 0; i < count; i++) {
+    uint32_t uid;
+    keel__proc_value value;
+    if (keel__uid_from_key(entries[i].key, "proc/", &uid) != KEEL_OK) continue;
+    if (keel__proc_value_parse((const char *)entries[i].value, &value) != KEEL_OK) continue;
+    launcher_note_proc(launcher, uid, value.rank, value.epoch);
+  }
+  keel_store_entries_free(entries, count);
+}
+
+/* The job is over when no process that holds a rank is left: the spares still alive are
+ * idle by then, and job/done tells them to go. */
+static void launcher_check_end(keel__launcher *launcher) {
+  if (launcher->phase != KEEL__PHASE_RUNNING) return;
+  if (keel__children_alive(launcher, true) > 0) return;
+  launcher_refresh_ranks(launcher);
+  if (keel__children_alive(launcher, true) > 0) return;
+  launcher_begin_ending(launcher);
+}
+
+static void launcher_respawn(keel__launcher *launcher, const keel__child *failed) {
+  if (launcher->options.on_failure != KEEL__ON_FAILURE_REPLACE) return;
+  if (launcher->restarts_used >= launcher->options.max_restarts) return;
+  if (keel__child_spawn(launcher, KEEL__ROLE_SPARE) != KEEL_OK) return;
+  launcher->restarts_used++;
+  const keel__child *spare = &launcher->children[launcher->child_count - 1];
+  keel__event_emit(launcher, "respawn",
+                   "\"uid\":%u,\"pid\":%ld,\"after_uid\":%u,\"restart\":%lld,\"max_restarts\":%lld",
+                   (unsigned)spare->uid, (long)spare->pid, (unsigned)failed->uid,
+                   (long long)launcher->restarts_used, (long long)launcher->options.max_restarts);
+  keel__display_note(launcher, "respawned spare uid %u for uid %u", (unsigned)spare->uid,
+                     (unsigned)failed->uid);
+}
+
+/* With --failure-domain node, a failed worker takes its node down with it. */
+static void launcher_fence_node(keel__launcher *launcher, const keel__child *failed) {
+  if (!launcher->options.node_failure_domain) return;
+  char reason[96];
+  snprintf(reason, sizeof reason, "node %lld failed (uid %u)", (long long)failed->node,
+           (unsigned)failed->uid);
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    keel__child *child = &launcher->children[i];
+    if (child->node == failed->node && child->alive) keel__child_fence(launcher, child, reason);
+  }
+}
+
+/* --min-world: ranks that can remain are the live rank holders, plus the live spares when
+ * they are there to replace. Below the minimum the job cannot go on usefully. */
+static void launcher_check_min_world(keel__launcher *launcher, const keel__child *failed) {
+  size_t remaining = keel__children_alive(launcher, true);
+  if (launcher->options.on_failure == KEEL__ON_FAILURE_REPLACE)
+    remaining = keel__children_alive(launcher, false);
+  if (remaining == 0 || (int64_t)remaining >= launcher->options.min_world) return;
+  KEEL_LOG_E("launcher",
+             "%zu ranks can remain after uid %u failed, fewer than --min-world %lld;"
+             " stopping the job",
+             remaining, (unsigned)failed->uid, (long long)launcher->options.min_world);
+  int code = keel__wait_status_code(failed->wait_status);
+  launcher_terminate(launcher, code == 0 ? KEEL__EXIT_FAILURE : code, SIGTERM);
+}
+
+void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child) {
+  bool failed =
+      child->fenced || !WIFEXITED(child->wait_status) || WEXITSTATUS(child->wait_status) != 0;
+  if (failed) {
+    char outcome[32];
+    keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
+    keel__display_note(launcher, "uid %u ended (%s)", (unsigned)child->uid, outcome);
+  }
+  if (launcher->phase != KEEL__PHASE_RUNNING) return;
+  if (failed && child->holds_rank) {
+    launcher_fence_node(launcher, child);
+    launcher_respawn(launcher, child);
+    launcher_check_min_world(launcher, child);
+  }
+  launcher_check_end(launcher);
+}
+
+/* ---- the loop's inputs */
+static void launcher_handle_signals(keel__launcher *launcher) {
+  struct signalfd_siginfo info;
+  while (read(launcher->signal_fd, &info, sizeof info) == (ssize_t)sizeof info) {
+    if (info.ssi_signo == SIGCHLD) continue;
+    KEEL_LOG_W("launcher", "%s: stopping the job", strsignal((int)info.ssi_signo));
+    launcher_terminate(launcher, 128 + (int)info.ssi_signo, SIGTERM);
+  }
+  keel__children_reap(launcher);
+}
+
+static void launcher_handle_suspect(keel__launcher *launcher, const keel__report *report) {
+  keel__child *child = keel__child_by_uid(launcher, report->uid);
+  if (child == NULL || !child->alive || launcher->phase != KEEL__PHASE_RUNNING) return;
+  char reason[200];
+  snprintf(reason, sizeof reason, "suspected (%s)", report->text);
+  keel__child_fence(launcher, child, reason);
+}
+
+static void launcher_handle_report(keel__launcher *launcher, const keel__report *report) {
+  keel__child *child = keel__child_by_uid(launcher, report->uid);
+  switch ((keel__report_kind)report->kind) {
+    case KEEL__REPORT_PROC:
+      launcher_note_proc(launcher, report->uid, report->rank, report->epoch);
+      break;
+    case KEEL__REPORT_PROC_GONE:
+      /* A process that leaves in order may delete its key just before it exits; the fence
+       * waits a grace period for that exit to be reaped first. */
+      if (child != NULL && child->alive && child->lease_lost_ns == 0)
+        child->lease_lost_ns = keel_now_ns();
+      break;
+    case KEEL__REPORT_SUSPECT:
+      launcher_handle_suspect(launcher, report);
+      break;
+  }
+}
+
+static void launcher_handle_reports(keel__launcher *launcher) {
+  /* Exits first: a report about a process that has just exited must not fence its pid. */
+  keel__children_reap(launcher);
+  keel__report report;
+  while (read(launcher->report_read_fd, &report, sizeof report) == (ssize_t)sizeof report)
+    launcher_handle_report(launcher, &report);
+}
+
+/* A lapsed lease (RUNTIME.md: the process is hung) is fenced once the process has had time
+ * to be reaped: a process that leaves in order revokes its lease before it exits, and may
+ * take a while to exit (keel_finalize revokes, then the program tears down). A stopped
+ * process cannot be leaving, so it is fenced soon; one that still runs gets longer. */
+static int64_t lapse_fence_after(const keel__launcher *launcher, const keel__child *child,
+                                 int64_t now_ns) {
+  int64_t elapsed = now_ns - child->lease_lost_ns;
+  if (elapsed < launcher->stopped_grace_ns) return launcher->stopped_grace_ns;
+  return keel__child_stopped(child) ? launcher->stopped_grace_ns : launcher->running_grace_ns;
+}
+
+static void launcher_fence_lapsed(keel__launcher *launcher, int64_t now_ns) {
+  if (launcher->phase != KEEL__PHASE_RUNNING) return;
+  bool reaped = false;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    keel__child *child = &launcher->children[i];
+    if (!child->alive || child->lease_lost_ns == 0) continue;
+    if (now_ns - child->lease_lost_ns < lapse_fence_after(launcher, child, now_ns)) continue;
+    if (!reaped) keel__children_reap(launcher);
+    reaped = true;
+    if (!child->alive) continue;
+    keel__child_fence(launcher, child,
+                      keel__child_stopped(child) ? "lease expired: the process is stopped"
+                                                 : "lease expired: the process is hung");
+  }
+}
+
+/* When the loop must next look at a lapsed child: at the end of its grace, and meanwhile
+ * every stopped-grace period, in case it is stopped since. */
+static int64_t lapse_next_check(const keel__launcher *launcher, const keel__child *child,
+                                int64_t now_ns) {
+  int64_t soon = child->lease_lost_ns + launcher->stopped_grace_ns;
+  if (now_ns < soon) return soon;
+  int64_t last = child->lease_lost_ns + launcher->running_grace_ns;
+  int64_t recheck = now_ns + launcher->stopped_grace_ns;
+  return recheck < last ? recheck : last;
+}
+
+static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) {
+  if (launcher->phase == KEEL__PHASE_RUNNING && now_ns >= launcher->timeout_deadline_ns) {
+    KEEL_LOG_E("launcher", "--timeout passed: killing the job");
+    keel__event_emit(launcher, "timeout", NULL);
+    launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
+  }
+  launcher_fence_lapsed(launcher, now_ns);
+  if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
+    if (launcher->phase == KEEL__PHASE_ENDING && keel__children_alive(launcher, false) > 0)
+      KEEL_LOG_I("launcher", "stopping the spares left after job/done");
+    keel__children_signal(launcher, SIGKILL);
+    launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
+  }
+  keel__display_tick(launcher, now_ns);
+}
+
+static int64_t launcher_next_deadline(const keel__launcher *launcher) {
+  int64_t next = keel__display_deadline(launcher);
+  if (launcher->phase == KEEL__PHASE_RUNNING && launcher->timeout_deadline_ns < next)
+    next = launcher->timeout_deadline_ns;
+  if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
+    next = launcher->phase_deadline_ns;
+  int64_t now_ns = keel_now_ns();
+  for (size_t i = 0; launcher->phase == KEEL__PHASE_RUNNING && i < launcher->child_count; i++) {
+    const keel__child *child = &launcher->children[i];
+    if (!child->alive || child->lease_lost_ns == 0) continue;
+    int64_t check_at = lapse_next_check(launcher, child, now_ns);
+    if (check_at < next) next = check_at;
+  }
+  return next;
+}
+
+/* Done once the job is over and every child, fenced ones included, has been reaped. */
+static bool launcher_finished(const keel__launcher *launcher) {
+  if (launcher->phase == KEEL__PHASE_RUNNING) return false;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    if (launcher->children[i].alive) return false;
+  }
+  return true;
+}
+
+static void launcher_loop(keel__launcher *launcher) {
+  while (!launcher_finished(launcher)) {
+    struct pollfd fds[3] = {
+        {.fd = launcher->signal_fd, .events = POLLIN},
+        {.fd = launcher->status_read_fd, .events = POLLIN},
+        {.fd = launcher->report_read_fd, .events = POLLIN},
+    };
+    int ready = poll(fds, 3, keel_poll_timeout_ms(launcher_next_deadline(launcher)));
+    if (ready < 0 && errno != EINTR) {
+      KEEL_LOG_E("launcher", "poll: %s", strerror(errno));
+      launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
+    }
+    if (ready > 0 && fds[0].revents != 0) launcher_handle_signals(launcher);
+    if (ready > 0 && fds[1].revents != 0) keel__status_drain(launcher);
+    if (ready > 0 && fds[2].revents != 0) launcher_handle_reports(launcher);
+    launcher_handle_deadlines(launcher, keel_now_ns());
+  }
+}
+
+/* ---- setup and teardown, each step undone in reverse by launcher_close */
+static keel_status signals_open(keel__launcher *launcher) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  /* Blocked before any thread starts (the store's included), so that every thread inherits
+   * the mask and these signals reach only the signalfd. */
+  sigprocmask(SIG_BLOCK, &set, &launcher->old_mask);
+  launcher->signal_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (launcher->signal_fd < 0) {
+    keel_status status = keel_status_from_errno(errno);
+    KEEL_LOG_E("launcher", "signalfd: %s", strerror(errno));
+    sigprocmask(SIG_SETMASK, &launcher->old_mask, NULL);
+    return status;
+  }
+  /* A reader of our stderr that goes away must not kill the launcher mid-job. */
+  struct sigaction ignore = {.sa_handler = SIG_IGN};
+  sigaction(SIGPIPE, &ignore, NULL);
+  return KEEL_OK;
+}
+
+static keel_status store_open(keel__launcher *launcher) {
+  keel_status status = keel_auth_generate(&launcher->auth);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("launcher", "cannot make the job's token: %s", keel_strerror(status));
+    return status;
+  }
+  launcher->auth.local_id = KEEL__LAUNCHER_ID;
+  status = keel_store_server_start("127.0.0.1:0", &launcher->auth, &launcher->server);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("launcher", "cannot start the store: %s", keel_strerror(status));
+    return status;
+  }
+  snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s",
+           keel_store_server_address(launcher->server));
+  status = keel_store_connect(launcher->endpoint, &launcher->auth,
+                              keel_deadline_after_ns(CONNECT_DEADLINE_NS), &launcher->store);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("launcher", "cannot connect to the store: %s", keel_strerror(status));
+    keel_store_server_stop(launcher->server);
+    launcher->server = NULL;
+  }
+  return status;
+}
+
+/* Both pipes are close-on-exec; only the loop's read ends are non-blocking (the write
+ * ends' file descriptions are the workers' and the watchers', who may block). */
+static keel_status pipe_open(int *read_fd_p, int *write_fd_p) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    KEEL_LOG_E("launcher", "pipe: %s", strerror(errno));
+    return keel_status_from_errno(errno);
+  }
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  *read_fd_p = fds[0];
+  *write_fd_p = fds[1];
+  return KEEL_OK;
+}
+
+static void pipe_close(int *read_fd, int *write_fd) {
+  if (*read_fd >= 0) close(*read_fd);
+  if (*write_fd >= 0) close(*write_fd);
+  *read_fd = *write_fd = -1;
+}
+
+static keel_status events_open(keel__launcher *launcher) {
+  if (launcher->options.events_path == NULL) return KEEL_OK;
+  launcher->events_fd = open(launcher->options.events_path,
+                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (launcher->events_fd >= 0) return KEEL_OK;
+  fprintf(stderr, "keel run: cannot open --events %s: %s\n", launcher->options.events_path,
+          strerror(errno));
+  return keel_status_from_errno(errno);
+}
+
+static keel_status job_file_open(keel__launcher *launcher) {
+  keel__job_info info = {.launcher_pid = getpid(), .auth = launcher->auth};
+  snprintf(info.store, sizeof info.store, "%s", launcher->endpoint);
+  return keel__job_file_write(&info, launcher->job_file_path, sizeof launcher->job_file_path);
+}
+
+static keel_status watchers_open(keel__launcher *launcher) {
+  uint32_t limit = (uint32_t)launcher->child_capacity;
+  keel_status status = keel__watcher_start(launcher->endpoint, &launcher->auth, "proc/", limit,
+                                           launcher->report_write_fd, &launcher->proc_watcher);
+  if (status != KEEL_OK) return status;
+  status = keel__watcher_start(launcher->endpoint, &launcher->auth, "suspect/", limit,
+                               launcher->report_write_fd, &launcher->suspect_watcher);
+  if (status != KEEL_OK) {
+    keel__watcher_stop(launcher->proc_watcher);
+    launcher->proc_watcher = NULL;
+  }
+  return status;
+}
+
+static keel_status launcher_open(keel__launcher *launcher) {
+  keel_status status = signals_open(launcher);
+  if (status != KEEL_OK) return status;
+  status = store_open(launcher);
+  if (status != KEEL_OK) goto fail_close_signals;
+  status = pipe_open(&launcher->status_read_fd, &launcher->status_write_fd);
+  if (status != KEEL_OK) goto fail_close_store;
+  status = pipe_open(&launcher->report_read_fd, &launcher->report_write_fd);
+  if (status != KEEL_OK) goto fail_close_status_pipe;
+  status = events_open(launcher);
+  if (status != KEEL_OK) goto fail_close_report_pipe;
+  launcher->children = calloc(launcher->child_capacity, sizeof *launcher->children);
+  status = launcher->children ? KEEL_OK : KEEL_ENOMEM;
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("launcher", "no memory for %zu processes", launcher->child_capacity);
+    goto fail_close_events;
+  }
+  status = job_file_open(launcher);
+  if (status != KEEL_OK) goto fail_free_children;
+  status = watchers_open(launcher);
+  if (status != KEEL_OK) goto fail_remove_job_file;
+  return KEEL_OK;
+
+fail_remove_job_file:
+  unlink(launcher->job_file_path);
+fail_free_children:
+  free(launcher->children);
+fail_close_events:
+  if (launcher->events_fd >= 0) close(launcher->events_fd);
+fail_close_report_pipe:
+  pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
+fail_close_status_pipe:
+  pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
+fail_close_store:
+  keel_store_close(launcher->store);
+  keel_store_server_stop(launcher->server);
+fail_close_signals:
+  close(launcher->signal_fd);
+  sigprocmask(SIG_SETMASK, &launcher->old_mask, NULL);
+  return status;
+}
+
+/* Undoes launcher_open once every child is reaped. The signal mask stays as it is: the
+ * process is about to exit, and a pending SIGTERM unblocked now would end it by signal
+ * instead of with the verdict. */
+static void launcher_close(keel__launcher *launcher) {
+  keel__watcher_stop(launcher->suspect_watcher);
+  keel__watcher_stop(launcher->proc_watcher);
+  unlink(launcher->job_file_path);
+  free(launcher->children);
+  if (launcher->events_fd >= 0) close(launcher->events_fd);
+  pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
+  pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
+  keel_store_close(launcher->store);
+  keel_store_server_stop(launcher->server);
+  close(launcher->signal_fd);
+}
+
+static void launcher_init(keel__launcher *launcher, const keel__run_options *options) {
+  launcher->options = *options;
+  launcher->signal_fd = launcher->events_fd = -1;
+  launcher->status_read_fd = launcher->status_write_fd = -1;
+  launcher->report_read_fd = launcher->report_write_fd = -1;
+  launcher->child_capacity = (size_t)(options->world + options->spares + options->max_restarts);
+  launcher->phase = KEEL__PHASE_RUNNING;
+  launcher->timeout_deadline_ns = KEEL_NO_DEADLINE;
+  launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
+  /* Graces of a lapsed lease (lapse_fence_after): one keepalive period, bounded to
+   * [100 ms, 1 s], for a stopped process; two lease lifetimes, 2 s at least, for one that
+   * runs. */
+  int64_t grace = options->heartbeat_ns / 3, minimum = SECOND_NS / 10;
+  launcher->stopped_grace_ns = grace < minimum ? minimum : grace > SECOND_NS ? SECOND_NS : grace;
+  grace = 2 * options->heartbeat_ns;
+  launcher->running_grace_ns = grace < 2 * SECOND_NS ? 2 * SECOND_NS : grace;
+  launcher->display.enabled = !options->quiet && isatty(STDERR_FILENO);
+}
+
+static void launcher_emit_start(keel__launcher *launcher) {
+  const keel__run_options *options = &launcher->options;
+  char program[PATH_MAX * 2];
+  keel__json_escape(launcher->program_path, program, sizeof program);
+  keel__event_emit(
+      launcher, "job_start",
+      "\"job_id\":\"%llu\",\"store\":\"%s\",\"launcher_pid\":%ld,\"world\":%lld,\"spares\":%lld,"
+      "\"nnodes\":%lld,\"nproc_per_node\":%lld,\"on_failure\":\"%s\",\"failure_domain\":\"%s\","
+      "\"max_restarts\":%lld,\"heartbeat_ns\":%lld,\"program\":\"%s\"",
+      (unsigned long long)launcher->auth.job_id, launcher->endpoint, (long)getpid(),
+      (long long)options->world, (long long)options->spares, (long long)options->nnodes,
+      (long long)options->nproc_per_node,
+      options->on_failure == KEEL__ON_FAILURE_REPLACE ? "replace" : "shrink",
+      options->node_failure_domain ? "node" : "process", (long long)options->max_restarts,
+      (long long)options->heartbeat_ns, program);
+}
+
+static void launcher_spawn_all(keel__launcher *launcher) {
+  launcher->start_ns = keel_now_ns();
+  if (launcher->options.timeout_ns > 0)
+    launcher->timeout_deadline_ns = keel_deadline_after_ns(launcher->options.timeout_ns);
+  int64_t total = launcher->options.world + launcher->options.spares;
+  for (int64_t uid = 0; uid < total; uid++) {
+    keel__role role = uid < launcher->options.world ? KEEL__ROLE_WORKER : KEEL__ROLE_SPARE;
+    if (keel__child_spawn(launcher, role) != KEEL_OK) {
+      launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
+      return;
+    }
+  }
+}
+
+int keel__command_run(int argc, char **argv) {
+  keel__run_options options;
+  keel__parse_result parsed = keel__run_options_parse(argc, argv, &options);
+  if (parsed != KEEL__PARSE_OK) return parsed == KEEL__PARSE_HELP ? 0 : KEEL__EXIT_USAGE;
+  keel_log_set_identity("keel run");
+  keel__launcher *launcher = calloc(1, sizeof *launcher);
+  if (launcher == NULL) return KEEL__EXIT_FAILURE;
+  launcher_init(launcher, &options);
+  int exit_code = KEEL__EXIT_NOT_FOUND;
+  if (!program_resolve(options.program_argv[0], launcher->program_path,
+                       sizeof launcher->program_path)) {
+    fprintf(stderr, "keel run: %s: program not found or not executable\n", options.program_argv[0]);
+    goto free_launcher;
+  }
+  exit_code = KEEL__EXIT_FAILURE;
+  if (launcher_open(launcher) != KEEL_OK) goto free_launcher;
+  launcher_emit_start(launcher);
+  launcher_spawn_all(launcher);
+  launcher_loop(launcher);
+  exit_code = launcher->exit_code;
+  keel__display_finish(launcher);
+  keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
+                   (double)(keel_now_ns() - launcher->start_ns) / 1e9);
+  launcher_close(launcher);
+free_launcher:
+  free(launcher);
+  return exit_code;
+}

@@ -1,0 +1,300 @@
+/* The launcher's children: spawning with the environment of docs/RUNTIME.md, reaping,
+ * fencing by pid, and the verdict that becomes the exit code. A uid is the child's index in
+ * the table, so uids are dense, never reused, and looked up without a search. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "launcher.h"
+
+extern char **environ;
+
+/* The variables the launcher sets; inherited values of these names are dropped. */
+static const char *const own_variable_names[] = {
+    "KEEL_JOB_ID",    "KEEL_JOB_TOKEN", "KEEL_STORE",     "KEEL_UID",        "KEEL_ROLE",
+    "KEEL_WORLD",     "KEEL_MAX_WORLD", "KEEL_NODE",      "KEEL_ON_FAILURE", "KEEL_FAILURE_DOMAIN",
+    "KEEL_STATUS_FD", "KEEL_TIMEOUT",   "KEEL_HEARTBEAT",
+};
+#define OWN_VARIABLE_COUNT (sizeof own_variable_names / sizeof own_variable_names[0])
+#define OWN_VARIABLE_BYTES 192
+
+typedef struct child_environment {
+  char **envp; /* inherited entries (borrowed from environ) followed by own[] */
+  char own[OWN_VARIABLE_COUNT][OWN_VARIABLE_BYTES];
+} child_environment;
+
+static const char *role_name(keel__role role) {
+  return role == KEEL__ROLE_WORKER ? "worker" : "spare";
+}
+
+/* Workers fill nodes in uid order; spares (and respawns) fill further nodes of the same size
+ * after them, so a node's failure never takes the spares that are to replace it. */
+static int64_t child_node(const keel__run_options *options, uint32_t uid) {
+  if ((int64_t)uid < options->world) return (int64_t)uid / options->nproc_per_node;
+  return options->nnodes + ((int64_t)uid - options->world) / options->nproc_per_node;
+}
+
+static bool is_own_variable(const char *entry) {
+  const char *equals = strchr(entry, '=');
+  size_t name_length = equals ? (size_t)(equals - entry) : strlen(entry);
+  for (size_t i = 0; i < OWN_VARIABLE_COUNT; i++) {
+    const char *name = own_variable_names[i];
+    if (strlen(name) == name_length && strncmp(entry, name, name_length) == 0) return true;
+  }
+  return false;
+}
+
+/* Writes "NAME=value" into slot index of the child's own variables. */
+static void own_variable_set(child_environment *environment, size_t index, const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void own_variable_set(child_environment *environment, size_t index, const char *format,
+                             ...) {
+  char *slot = environment->own[index];
+  int used = snprintf(slot, OWN_VARIABLE_BYTES, "%s=", own_variable_names[index]);
+  va_list arguments;
+  va_start(arguments, format);
+  vsnprintf(slot + used, OWN_VARIABLE_BYTES - (size_t)used, format, arguments);
+  va_end(arguments);
+}
+
+static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, keel__role role,
+                               child_environment *environment) {
+  const keel__run_options *options = &launcher->options;
+  char token[2 * KEEL_TOKEN_BYTES + 1], timeout[32], heartbeat[32];
+  keel_hex_encode(launcher->auth.token, KEEL_TOKEN_BYTES, token);
+  keel__duration_format(options->collective_timeout_ns, timeout, sizeof timeout);
+  keel__duration_format(options->heartbeat_ns, heartbeat, sizeof heartbeat);
+  own_variable_set(environment, 0, "%llu", (unsigned long long)launcher->auth.job_id);
+  own_variable_set(environment, 1, "%s", token);
+  own_variable_set(environment, 2, "%s", launcher->endpoint);
+  own_variable_set(environment, 3, "%u", (unsigned)uid);
+  own_variable_set(environment, 4, "%s", role_name(role));
+  own_variable_set(environment, 5, "%lld", (long long)options->world);
+  own_variable_set(environment, 6, "%lld", (long long)options->max_world);
+  own_variable_set(environment, 7, "%lld", (long long)child_node(options, uid));
+  own_variable_set(environment, 8, "%s",
+                   options->on_failure == KEEL__ON_FAILURE_REPLACE ? "replace" : "shrink");
+  own_variable_set(environment, 9, "%s", options->node_failure_domain ? "node" : "process");
+  own_variable_set(environment, 10, "%d", launcher->status_write_fd);
+  own_variable_set(environment, 11, "%s", timeout);
+  own_variable_set(environment, 12, "%s", heartbeat);
+}
+
+/* Builds the whole environment before fork: the child may only call async-signal-safe
+ * functions, since the launcher has threads. */
+static keel_status environment_build(const keel__launcher *launcher, uint32_t uid, keel__role role,
+                                     child_environment *environment) {
+  size_t inherited = 0;
+  while (environ[inherited] != NULL) inherited++;
+  environment->envp = calloc(inherited + OWN_VARIABLE_COUNT + 1, sizeof *environment->envp);
+  if (environment->envp == NULL) return KEEL_ENOMEM;
+  own_variables_fill(launcher, uid, role, environment);
+  size_t used = 0;
+  for (size_t i = 0; i < inherited; i++) {
+    if (!is_own_variable(environ[i])) environment->envp[used++] = environ[i];
+  }
+  for (size_t i = 0; i < OWN_VARIABLE_COUNT; i++) environment->envp[used++] = environment->own[i];
+  return KEEL_OK;
+}
+
+static void write_text(const char *text) {
+  ssize_t ignored = write(STDERR_FILENO, text, strlen(text));
+  (void)ignored;
+}
+
+/* In the child between fork and exec: async-signal-safe calls only. */
+static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, char **envp) {
+  sigprocmask(SIG_SETMASK, &launcher->old_mask, NULL);
+  /* The launcher ignores SIGPIPE for itself; an ignored disposition would survive exec. */
+  struct sigaction default_action = {.sa_handler = SIG_DFL};
+  sigaction(SIGPIPE, &default_action, NULL);
+  /* A launcher killed with SIGKILL cannot clean up; its children must not outlive it. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher_pid) _exit(KEEL__EXIT_FAILURE);
+  /* The status pipe's write end stays close-on-exec in the launcher (so no other exec'd
+   * program holds it) and is opened to this child alone, at the same number. */
+  fcntl(launcher->status_write_fd, F_SETFD, 0);
+  execve(launcher->program_path, launcher->options.program_argv, envp);
+  write_text("keel: cannot execute ");
+  write_text(launcher->program_path);
+  write_text("\n");
+  _exit(KEEL__EXIT_NOT_FOUND);
+}
+
+keel_status keel__child_spawn(keel__launcher *launcher, keel__role role) {
+  if (launcher->child_count >= launcher->child_capacity) return KEEL_ERANGE;
+  uint32_t uid = (uint32_t)launcher->child_count;
+  child_environment environment;
+  keel_status status = environment_build(launcher, uid, role, &environment);
+  if (status != KEEL_OK) return status;
+  pid_t launcher_pid = getpid();
+  pid_t pid = fork();
+  if (pid == 0) child_exec(launcher, launcher_pid, environment.envp);
+  free(environment.envp);
+  if (pid < 0) {
+    KEEL_LOG_E("launcher", "cannot start uid %u: %s", (unsigned)uid, strerror(errno));
+    return keel_status_from_errno(errno);
+  }
+  keel__child *child = &launcher->children[launcher->child_count++];
+  *child = (keel__child){
+      .uid = uid,
+      .pid = pid,
+      .node = child_node(&launcher->options, uid),
+      .role = role,
+      .alive = true,
+      .holds_rank = role == KEEL__ROLE_WORKER,
+      .rank = role == KEEL__ROLE_WORKER ? (int64_t)uid : -1,
+  };
+  keel__event_emit(launcher, "spawn", "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"node\":%lld",
+                   (unsigned)uid, (long)pid, role_name(role), (long long)child->node);
+  return KEEL_OK;
+}
+
+keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid) {
+  return uid < launcher->child_count ? &launcher->children[uid] : NULL;
+}
+
+static keel__child *child_by_pid(keel__launcher *launcher, pid_t pid) {
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    if (launcher->children[i].pid == pid && launcher->children[i].alive)
+      return &launcher->children[i];
+  }
+  return NULL;
+}
+
+void keel__wait_status_text(int wait_status, char *text, size_t capacity) {
+  if (WIFEXITED(wait_status)) {
+    snprintf(text, capacity, "%d", WEXITSTATUS(wait_status));
+    return;
+  }
+  int signal_number = WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0;
+  const char *name = sigabbrev_np(signal_number);
+  if (name != NULL) {
+    snprintf(text, capacity, "SIG%s", name);
+    return;
+  }
+  snprintf(text, capacity, "SIG%d", signal_number);
+}
+
+/* An exit is written where others can see it: dead/<uid> for the runtime, an event for
+ * the user. */
+static void child_record_exit(keel__launcher *launcher, const keel__child *child) {
+  char outcome[32], key[64], value[64];
+  keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
+  snprintf(key, sizeof key, "dead/%u", (unsigned)child->uid);
+  int length = snprintf(value, sizeof value, "status=%s", outcome);
+  keel_status status = keel_store_put(launcher->store, key, value, (size_t)length, 0, NULL);
+  if (status != KEEL_OK)
+    KEEL_LOG_E("launcher", "cannot record %s in the store: %s", key, keel_strerror(status));
+  /* "code" for an exit, "signal" for a kill (RUNTIME.md); "status" as in dead/<uid>. */
+  char how[48];
+  if (WIFEXITED(child->wait_status))
+    snprintf(how, sizeof how, "\"code\":%d", WEXITSTATUS(child->wait_status));
+  else
+    snprintf(how, sizeof how, "\"signal\":\"%s\"", outcome);
+  keel__event_emit(launcher, "exit",
+                   "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"rank\":%lld,%s,\"status\":\"%s\","
+                   "\"fenced\":%s",
+                   (unsigned)child->uid, (long)child->pid, role_name(child->role),
+                   (long long)child->rank, how, outcome, child->fenced ? "true" : "false");
+}
+
+void keel__children_reap(keel__launcher *launcher) {
+  for (;;) {
+    int wait_status;
+    pid_t pid = waitpid(-1, &wait_status, WNOHANG);
+    if (pid <= 0) return;
+    keel__child *child = child_by_pid(launcher, pid);
+    if (child == NULL) continue;
+    child->alive = false;
+    child->wait_status = wait_status;
+    child->exit_order = ++launcher->exits_seen;
+    child_record_exit(launcher, child);
+    keel__launcher_child_exited(launcher, child);
+  }
+}
+
+void keel__child_fence(keel__launcher *launcher, keel__child *child, const char *reason) {
+  if (!child->alive || child->fenced) return;
+  /* SIGKILL also ends a stopped process, and nothing can catch it: a fence is final. */
+  if (kill(child->pid, SIGKILL) != 0) {
+    KEEL_LOG_E("launcher", "cannot fence uid %u (pid %ld): %s", (unsigned)child->uid,
+               (long)child->pid, strerror(errno));
+    return;
+  }
+  child->fenced = true;
+  char escaped[256];
+  keel__json_escape(reason, escaped, sizeof escaped);
+  keel__event_emit(launcher, "fence", "\"uid\":%u,\"pid\":%ld,\"reason\":\"%s\"",
+                   (unsigned)child->uid, (long)child->pid, escaped);
+  keel__display_note(launcher, "fenced uid %u: %s", (unsigned)child->uid, reason);
+  KEEL_LOG_W("launcher", "fencing uid %u (pid %ld): %s", (unsigned)child->uid, (long)child->pid,
+             reason);
+}
+
+void keel__children_signal(keel__launcher *launcher, int signal_number) {
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    if (launcher->children[i].alive) kill(launcher->children[i].pid, signal_number);
+  }
+}
+
+size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_only) {
+  size_t count = 0;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    const keel__child *child = &launcher->children[i];
+    if (child->alive && !child->fenced && (child->holds_rank || !rank_holders_only)) count++;
+  }
+  return count;
+}
+
+bool keel__child_stopped(const keel__child *child) {
+  char state;
+  pid_t parent;
+  if (keel__process_stat(child->pid, &state, &parent) != KEEL_OK) return false;
+  return state == 'T' || state == 't';
+}
+
+int keel__wait_status_code(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  return WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : KEEL__EXIT_FAILURE;
+}
+
+static bool finished_in_last_epoch(const keel__launcher *launcher, const keel__child *child) {
+  return child->holds_rank && !child->alive && !child->fenced && WIFEXITED(child->wait_status) &&
+         child->epoch == launcher->max_epoch;
+}
+
+/* The verdict (RUNTIME.md, "Exit codes"). Roles change at run time (a spare takes a rank),
+ * so the rule reads what the store showed rather than the role a process started with:
+ * a process "held a rank at the end" when it ever held a rank (started as a worker, or its
+ * proc/ value showed one) and the last epoch its proc/ value showed is the newest epoch any
+ * process showed. Among those that exited on their own, the first non-zero code by exit
+ * order wins, else 0. A process killed, fenced or left in an older epoch was declared
+ * failed and is no verdict, unless no rank holder finished in the last epoch at all: then
+ * the first rank holder that ended badly gives the code (128+signal for a signal). */
+int keel__children_verdict(const keel__launcher *launcher) {
+  const keel__child *first_nonzero = NULL, *first_bad = NULL;
+  bool any_finished = false;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    const keel__child *child = &launcher->children[i];
+    if (!child->holds_rank || child->alive) continue;
+    int code = keel__wait_status_code(child->wait_status);
+    bool earlier_bad = first_bad == NULL || child->exit_order < first_bad->exit_order;
+    if ((code != 0 || child->fenced) && earlier_bad) first_bad = child;
+    if (!finished_in_last_epoch(launcher, child)) continue;
+    any_finished = true;
+    bool earlier = first_nonzero == NULL || child->exit_order < first_nonzero->exit_order;
+    if (code != 0 && earlier) first_nonzero = child;
+  }
+  if (first_nonzero != NULL) return keel__wait_status_code(first_nonzero->wait_status);
+  if (any_finished || first_bad == NULL) return 0;
+  return keel__wait_status_code(first_bad->wait_status);
+}

@@ -1,0 +1,283 @@
+/* Flags of `keel run`: one table names them; each value is checked where it is read and a
+ * bad one is a one-line message (the caller exits 2). Both "--flag value" and
+ * "--flag=value" are accepted; the program starts after "--" or at the first non-flag. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "launcher.h"
+
+#define MAX_PROCESSES 4096
+#define MAX_RESTARTS 10000
+#define DEFAULT_RESTARTS_WHEN_REPLACING 3
+
+static const char run_help_text[] =
+    "usage: keel run [flags] -- PROG ARGS...\n"
+    "\n"
+    "Starts a fault-tolerant job: N workers (and S spares) of PROG, an embedded store,\n"
+    "and watches them: a failed or hung process is fenced, and the job goes on.\n"
+    "\n"
+    "  -n N                      workers in all (default 1)\n"
+    "  --nproc-per-node P        workers per node (failure domain)\n"
+    "  --nnodes M                nodes; N = P * M\n"
+    "  --spares S                idle processes that take a failed rank's place (default 0)\n"
+    "  --on-failure POLICY       shrink (default) or replace\n"
+    "  --failure-domain D        process (default) or node: a failure drops its whole node\n"
+    "  --max-restarts R          fresh spares started after failures (default 3 with replace)\n"
+    "  --min-world A             stop the job when fewer than A ranks can remain (default 1)\n"
+    "  --max-world B             largest world a grow may reach (default N)\n"
+    "  --timeout DURATION        kill the job after DURATION and exit 124 (e.g. 90s, 10m)\n"
+    "  --collective-timeout DURATION  deadline of each collective (default 30s)\n"
+    "  --heartbeat DURATION      lease time-to-live; a process silent this long is fenced\n"
+    "                            (default 2s)\n"
+    "  --events FILE             write every event, as JSON lines, to FILE\n"
+    "  --quiet                   no status line on the terminal\n"
+    "  -h, --help                this text\n"
+    "\n"
+    "Exit code: the workers' verdict (0 when all that finished exited 0), 124 on timeout,\n"
+    "130/143 on SIGINT/SIGTERM, 2 for a usage error.\n";
+
+typedef enum flag_id {
+  FLAG_WORLD,
+  FLAG_NPROC_PER_NODE,
+  FLAG_NNODES,
+  FLAG_SPARES,
+  FLAG_ON_FAILURE,
+  FLAG_FAILURE_DOMAIN,
+  FLAG_MAX_RESTARTS,
+  FLAG_MIN_WORLD,
+  FLAG_MAX_WORLD,
+  FLAG_TIMEOUT,
+  FLAG_COLLECTIVE_TIMEOUT,
+  FLAG_HEARTBEAT,
+  FLAG_EVENTS,
+  FLAG_QUIET,
+  FLAG_HELP,
+  FLAG_COUNT,
+} flag_id;
+
+typedef struct flag_spec {
+  const char *name;
+  flag_id id;
+  bool takes_value;
+} flag_spec;
+
+static const flag_spec flag_table[] = {
+    {"-n", FLAG_WORLD, true},
+    {"--nproc", FLAG_WORLD, true},
+    {"--nproc-per-node", FLAG_NPROC_PER_NODE, true},
+    {"--nnodes", FLAG_NNODES, true},
+    {"--spares", FLAG_SPARES, true},
+    {"--on-failure", FLAG_ON_FAILURE, true},
+    {"--failure-domain", FLAG_FAILURE_DOMAIN, true},
+    {"--max-restarts", FLAG_MAX_RESTARTS, true},
+    {"--min-world", FLAG_MIN_WORLD, true},
+    {"--max-world", FLAG_MAX_WORLD, true},
+    {"--timeout", FLAG_TIMEOUT, true},
+    {"--collective-timeout", FLAG_COLLECTIVE_TIMEOUT, true},
+    {"--heartbeat", FLAG_HEARTBEAT, true},
+    {"--events", FLAG_EVENTS, true},
+    {"--quiet", FLAG_QUIET, false},
+    {"-q", FLAG_QUIET, false},
+    {"--help", FLAG_HELP, false},
+    {"-h", FLAG_HELP, false},
+};
+
+/* Prints the one-line message of a usage error; returns false for the caller to pass on. */
+static bool reject(const char *format, ...) __attribute__((format(printf, 1, 2)));
+
+static bool reject(const char *format, ...) {
+  char message[512];
+  va_list arguments;
+  va_start(arguments, format);
+  vsnprintf(message, sizeof message, format, arguments);
+  va_end(arguments);
+  fprintf(stderr, "keel run: %s (see keel run --help)\n", message);
+  return false;
+}
+
+/* Finds arg's flag; *inline_value_p gets the text after '=' of "--flag=value". */
+static const flag_spec *flag_lookup(const char *arg, const char **inline_value_p) {
+  const char *equals = strncmp(arg, "--", 2) == 0 ? strchr(arg, '=') : NULL;
+  size_t name_length = equals ? (size_t)(equals - arg) : strlen(arg);
+  for (size_t i = 0; i < sizeof flag_table / sizeof flag_table[0]; i++) {
+    const char *name = flag_table[i].name;
+    if (strlen(name) == name_length && strncmp(arg, name, name_length) == 0) {
+      *inline_value_p = equals ? equals + 1 : NULL;
+      return &flag_table[i];
+    }
+  }
+  return NULL;
+}
+
+static bool parse_count(const char *flag, const char *text, int64_t minimum, int64_t maximum,
+                        int64_t *value_p) {
+  if (keel_parse_int(text, minimum, maximum, value_p) == KEEL_OK) return true;
+  return reject("%s needs an integer in [%lld, %lld], not '%s'", flag, (long long)minimum,
+                (long long)maximum, text);
+}
+
+static bool parse_positive_duration(const char *flag, const char *text, int64_t *value_p) {
+  int64_t duration;
+  if (keel_parse_duration_ns(text, &duration) == KEEL_OK && duration > 0) {
+    *value_p = duration;
+    return true;
+  }
+  return reject("%s needs a positive duration such as 500ms, 30s or 5m, not '%s'", flag, text);
+}
+
+static bool parse_choice(const char *flag, const char *text, const char *first, const char *second,
+                         bool *is_second_p) {
+  if (strcmp(text, first) == 0 || strcmp(text, second) == 0) {
+    *is_second_p = strcmp(text, second) == 0;
+    return true;
+  }
+  return reject("%s must be %s or %s, not '%s'", flag, first, second, text);
+}
+
+static bool flag_apply(keel__run_options *options, const flag_spec *flag, const char *value) {
+  bool choice = false;
+  switch (flag->id) {
+    case FLAG_WORLD:
+      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->world);
+    case FLAG_NPROC_PER_NODE:
+      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->nproc_per_node);
+    case FLAG_NNODES:
+      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->nnodes);
+    case FLAG_SPARES:
+      return parse_count(flag->name, value, 0, MAX_PROCESSES, &options->spares);
+    case FLAG_ON_FAILURE:
+      if (!parse_choice(flag->name, value, "shrink", "replace", &choice)) return false;
+      options->on_failure = choice ? KEEL__ON_FAILURE_REPLACE : KEEL__ON_FAILURE_SHRINK;
+      return true;
+    case FLAG_FAILURE_DOMAIN:
+      if (!parse_choice(flag->name, value, "process", "node", &choice)) return false;
+      options->node_failure_domain = choice;
+      return true;
+    case FLAG_MAX_RESTARTS:
+      return parse_count(flag->name, value, 0, MAX_RESTARTS, &options->max_restarts);
+    case FLAG_MIN_WORLD:
+      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->min_world);
+    case FLAG_MAX_WORLD:
+      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->max_world);
+    case FLAG_TIMEOUT:
+      return parse_positive_duration(flag->name, value, &options->timeout_ns);
+    case FLAG_COLLECTIVE_TIMEOUT:
+      return parse_positive_duration(flag->name, value, &options->collective_timeout_ns);
+    case FLAG_HEARTBEAT:
+      return parse_positive_duration(flag->name, value, &options->heartbeat_ns);
+    case FLAG_EVENTS:
+      if (*value == '\0') return reject("--events needs a file name");
+      options->events_path = value;
+      return true;
+    case FLAG_QUIET:
+      options->quiet = true;
+      return true;
+    case FLAG_HELP:
+    case FLAG_COUNT:
+      break;
+  }
+  return true;
+}
+
+/* n, nproc-per-node and nnodes: any one or two of them fix the rest; all three must agree. */
+static bool options_resolve_shape(keel__run_options *options, const bool *given) {
+  bool have_world = given[FLAG_WORLD], have_per_node = given[FLAG_NPROC_PER_NODE];
+  bool have_nodes = given[FLAG_NNODES];
+  if (!have_world) {
+    options->world = options->nproc_per_node * options->nnodes;
+    if (options->world > MAX_PROCESSES)
+      return reject("%lld workers are more than %d", (long long)options->world, MAX_PROCESSES);
+    return true;
+  }
+  if (!have_per_node && !have_nodes) options->nproc_per_node = options->world;
+  if (!have_per_node && have_nodes) options->nproc_per_node = options->world / options->nnodes;
+  if (have_per_node && !have_nodes) options->nnodes = options->world / options->nproc_per_node;
+  if (options->nproc_per_node * options->nnodes != options->world)
+    return reject("-n %lld is not --nproc-per-node times --nnodes", (long long)options->world);
+  return true;
+}
+
+static bool options_resolve(keel__run_options *options, const bool *given) {
+  if (!options_resolve_shape(options, given)) return false;
+  if (!given[FLAG_MAX_RESTARTS])
+    options->max_restarts =
+        options->on_failure == KEEL__ON_FAILURE_REPLACE ? DEFAULT_RESTARTS_WHEN_REPLACING : 0;
+  if (!given[FLAG_MAX_WORLD]) options->max_world = options->world;
+  if (options->min_world > options->world)
+    return reject("--min-world %lld is above the %lld workers", (long long)options->min_world,
+                  (long long)options->world);
+  if (options->max_world < options->world)
+    return reject("--max-world %lld is below the %lld workers", (long long)options->max_world,
+                  (long long)options->world);
+  if (options->program_argv == NULL || options->program_argv[0] == NULL)
+    return reject("no program given: keel run [flags] -- PROG ARGS...");
+  return true;
+}
+
+static void options_default(keel__run_options *options) {
+  *options = (keel__run_options){
+      .world = 1,
+      .nproc_per_node = 1,
+      .nnodes = 1,
+      .on_failure = KEEL__ON_FAILURE_SHRINK,
+      .min_world = 1,
+      .timeout_ns = -1,
+      .collective_timeout_ns = 30 * INT64_C(1000000000),
+      .heartbeat_ns = 2 * INT64_C(1000000000),
+  };
+}
+
+keel__parse_result keel__run_options_parse(int argc, char **argv, keel__run_options *options_p) {
+  keel__run_options options;
+  options_default(&options);
+  bool given[FLAG_COUNT] = {false};
+  int index = 1;
+  for (; index < argc; index++) {
+    const char *arg = argv[index];
+    if (strcmp(arg, "--") == 0) {
+      index++;
+      break;
+    }
+    if (arg[0] != '-' || arg[1] == '\0') break;
+    const char *value = NULL;
+    const flag_spec *flag = flag_lookup(arg, &value);
+    if (flag == NULL) {
+      reject("unknown flag '%s'", arg);
+      return KEEL__PARSE_ERROR;
+    }
+    if (flag->id == FLAG_HELP) {
+      fputs(run_help_text, stdout);
+      return KEEL__PARSE_HELP;
+    }
+    if (!flag->takes_value && value != NULL) {
+      reject("%s takes no value", flag->name);
+      return KEEL__PARSE_ERROR;
+    }
+    if (flag->takes_value && value == NULL) {
+      if (index + 1 >= argc) {
+        reject("%s needs a value", flag->name);
+        return KEEL__PARSE_ERROR;
+      }
+      value = argv[++index];
+    }
+    if (!flag_apply(&options, flag, value)) return KEEL__PARSE_ERROR;
+    given[flag->id] = true;
+  }
+  options.program_argv = index < argc ? argv + index : NULL;
+  if (!options_resolve(&options, given)) return KEEL__PARSE_ERROR;
+  *options_p = options;
+  return KEEL__PARSE_OK;
+}
+
+void keel__duration_format(int64_t duration_ns, char *text, size_t capacity) {
+  static const struct {
+    int64_t scale;
+    const char *suffix;
+  } units[] = {{1000000000, "s"}, {1000000, "ms"}, {1000, "us"}, {1, "ns"}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (duration_ns % units[i].scale != 0) continue;
+    snprintf(text, capacity, "%lld%s", (long long)(duration_ns / units[i].scale), units[i].suffix);
+    return;
+  }
+}

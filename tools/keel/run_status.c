@@ -1,0 +1,282 @@
+/* What the launcher tells people: the events file (its own events and every status line of
+ * the workers, as JSON lines with monotonic and wall time) and the one-line status on the
+ * terminal. Status lines are read with a tiny bounded scanner, not a JSON parser: only a
+ * few fields matter, and a garbage line must be dropped, never trusted. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "launcher.h"
+
+#define DISPLAY_PERIOD_NS (100 * INT64_C(1000000))
+#define EVENT_MAX_BYTES (2 * KEEL__STATUS_LINE_MAX)
+
+void keel__json_escape(const char *text, char *escaped, size_t capacity) {
+  size_t used = 0;
+  for (const unsigned char *at = (const unsigned char *)text; *at != '\0'; at++) {
+    char piece[8];
+    if (*at == '"' || *at == '\\')
+      snprintf(piece, sizeof piece, "\\%c", *at);
+    else if (*at < 0x20)
+      snprintf(piece, sizeof piece, "\\u%04x", *at);
+    else
+      snprintf(piece, sizeof piece, "%c", *at);
+    size_t length = strlen(piece);
+    if (used + length + 1 > capacity) break;
+    memcpy(escaped + used, piece, length);
+    used += length;
+  }
+  if (capacity > 0) escaped[used] = '\0';
+}
+
+static void events_write(keel__launcher *launcher, const keel_buffer *line) {
+  if (launcher->events_fd < 0) return;
+  /* One write per line with O_APPEND: a reader polling the file sees whole lines. */
+  ssize_t written = write(launcher->events_fd, line->data, line->length);
+  if (written != (ssize_t)line->length)
+    KEEL_LOG_W("launcher", "events file: %s", written < 0 ? strerror(errno) : "short write");
+}
+
+void keel__event_emit(keel__launcher *launcher, const char *event, const char *fields_format, ...) {
+  if (launcher->events_fd < 0) return;
+  keel_buffer line;
+  keel_buffer_init(&line, EVENT_MAX_BYTES);
+  keel_status status =
+      keel_buffer_appendf(&line, "{\"event\":\"%s\",\"t_ns\":%lld,\"wall_ns\":%lld", event,
+                          (long long)keel_now_ns(), (long long)keel_wall_ns());
+  if (status == KEEL_OK && fields_format != NULL) {
+    char fields[EVENT_MAX_BYTES / 2];
+    va_list arguments;
+    va_start(arguments, fields_format);
+    vsnprintf(fields, sizeof fields, fields_format, arguments);
+    va_end(arguments);
+    status = keel_buffer_appendf(&line, ",%s", fields);
+  }
+  if (status == KEEL_OK) status = keel_buffer_append(&line, "}\n", 2);
+  if (status == KEEL_OK) events_write(launcher, &line);
+  keel_buffer_free(&line);
+}
+
+/* ---- the scanner. A member counts only where one can start (after '{' or ','), so a key
+ * quoted inside a string value rarely fools it; rarely is enough for a status line. */
+static const char *json_member(const char *line, const char *key) {
+  size_t key_length = strlen(key);
+  for (const char *quote = strchr(line, '"'); quote != NULL; quote = strchr(quote + 1, '"')) {
+    if (strncmp(quote + 1, key, key_length) != 0 || quote[1 + key_length] != '"') continue;
+    const char *before = quote;
+    while (before > line && before[-1] == ' ') before--;
+    if (before == line || (before[-1] != '{' && before[-1] != ',')) continue;
+    const char *value = quote + 2 + key_length;
+    while (*value == ' ') value++;
+    if (*value != ':') continue;
+    value++;
+    while (*value == ' ') value++;
+    return value;
+  }
+  return NULL;
+}
+
+/* An integer member, or the first element of an integer array ("failed":[2]). */
+static bool json_int(const char *line, const char *key, int64_t *value_p) {
+  const char *value = json_member(line, key);
+  if (value == NULL) return false;
+  if (*value == '[') value++;
+  char *end;
+  long long number = strtoll(value, &end, 10);
+  if (end == value) return false;
+  *value_p = number;
+  return true;
+}
+
+static bool json_double(const char *line, const char *key, double *value_p) {
+  const char *value = json_member(line, key);
+  if (value == NULL) return false;
+  char *end;
+  double number = strtod(value, &end);
+  if (end == value) return false;
+  *value_p = number;
+  return true;
+}
+
+/* A string member, escapes kept as the character after the backslash. */
+static bool json_string(const char *line, const char *key, char *text, size_t capacity) {
+  const char *value = json_member(line, key);
+  if (value == NULL || *value != '"' || capacity == 0) return false;
+  size_t used = 0;
+  for (value++; *value != '"'; value++) {
+    if (*value == '\\') value++;
+    if (*value == '\0') return false;
+    if (used + 1 < capacity) text[used++] = *value;
+  }
+  text[used] = '\0';
+  return true;
+}
+
+/* A line is kept only if it looks like one flat JSON object with an "event". */
+static bool status_line_valid(const char *line, size_t length) {
+  if (length < 2 || line[0] != '{' || line[length - 1] != '}') return false;
+  for (size_t i = 0; i < length; i++) {
+    if ((unsigned char)line[i] < 0x20) return false;
+  }
+  char event[64];
+  return json_string(line, "event", event, sizeof event) && event[0] != '\0';
+}
+
+/* Copies a worker's line with the wall time added (and the time of arrival as t_ns if the
+ * worker gave none), so that every line of the events file can be placed in time. */
+static void status_line_copy(keel__launcher *launcher, const char *line, size_t length) {
+  keel_buffer copy;
+  keel_buffer_init(&copy, EVENT_MAX_BYTES);
+  keel_status status = keel_buffer_append(&copy, line, length - 1);
+  if (status == KEEL_OK && json_member(line, "t_ns") == NULL)
+    status = keel_buffer_appendf(&copy, ",\"t_ns\":%lld", (long long)keel_now_ns());
+  if (status == KEEL_OK)
+    status = keel_buffer_appendf(&copy, ",\"wall_ns\":%lld}\n", (long long)keel_wall_ns());
+  if (status == KEEL_OK) events_write(launcher, &copy);
+  keel_buffer_free(&copy);
+}
+
+static void status_progress(keel__launcher *launcher, const char *line) {
+  int64_t rank;
+  if (!json_int(line, "rank", &rank) || rank != 0) return;
+  keel__display *display = &launcher->display;
+  display->has_progress = true;
+  json_int(line, "step", &display->step);
+  json_int(line, "world", &display->world);
+  json_int(line, "epoch", &display->epoch);
+  json_double(line, "loss", &display->loss);
+  json_double(line, "samples_per_s", &display->samples_per_s);
+  display->dirty = true;
+}
+
+/* Rank 0 writes the recovery line; "failed" lists uids, which the table maps to the rank
+ * each held. */
+static void status_recovery(keel__launcher *launcher, const char *line) {
+  int64_t failed = -1, new_world = 0;
+  double total_ms = 0;
+  char policy[16] = "";
+  json_int(line, "failed", &failed);
+  json_int(line, "new_world", &new_world);
+  json_double(line, "total_ms", &total_ms);
+  json_string(line, "policy", policy, sizeof policy);
+  const keel__child *child = failed >= 0 ? keel__child_by_uid(launcher, (uint32_t)failed) : NULL;
+  int64_t rank = child != NULL && child->rank >= 0 ? child->rank : failed;
+  if (strcmp(policy, "replace") == 0) {
+    keel__display_note(launcher, "recovered: rank %lld replaced in %.0f ms", (long long)rank,
+                       total_ms);
+    return;
+  }
+  keel__display_note(launcher, "recovered: rank %lld dropped, world %lld, in %.0f ms",
+                     (long long)rank, (long long)new_world, total_ms);
+}
+
+static void status_line_handle(keel__launcher *launcher, char *line, size_t length) {
+  if (length > 0 && line[length - 1] == '\r') line[--length] = '\0';
+  if (!status_line_valid(line, length)) {
+    KEEL_LOG_D("launcher", "ignoring a malformed status line (%zu bytes)", length);
+    return;
+  }
+  status_line_copy(launcher, line, length);
+  char event[64];
+  json_string(line, "event", event, sizeof event);
+  if (strcmp(event, "progress") == 0) status_progress(launcher, line);
+  if (strcmp(event, "recovery") == 0) status_recovery(launcher, line);
+}
+
+/* Handles the complete lines at the front of the buffer and keeps the partial rest. */
+static void status_lines_consume(keel__launcher *launcher) {
+  char *buffer = launcher->status_buffer;
+  size_t start = 0;
+  for (char *newline = memchr(buffer, '\n', launcher->status_length); newline != NULL;
+       newline = memchr(buffer + start, '\n', launcher->status_length - start)) {
+    *newline = '\0';
+    size_t end = (size_t)(newline - buffer);
+    bool too_long = end - start > KEEL__STATUS_LINE_MAX;
+    if (!launcher->status_discarding && !too_long)
+      status_line_handle(launcher, buffer + start, end - start);
+    launcher->status_discarding = false;
+    start = end + 1;
+  }
+  size_t rest = launcher->status_length - start;
+  if (rest > KEEL__STATUS_LINE_MAX) {
+    launcher->status_discarding = true;
+    rest = 0;
+  }
+  memmove(buffer, buffer + start, rest);
+  launcher->status_length = rest;
+}
+
+void keel__status_drain(keel__launcher *launcher) {
+  for (;;) {
+    size_t space = sizeof launcher->status_buffer - launcher->status_length - 1;
+    ssize_t got =
+        read(launcher->status_read_fd, launcher->status_buffer + launcher->status_length, space);
+    if (got <= 0) return;
+    launcher->status_length += (size_t)got;
+    status_lines_consume(launcher);
+  }
+}
+
+/* ---- the terminal's status line */
+void keel__display_note(keel__launcher *launcher, const char *format, ...) {
+  va_list arguments;
+  va_start(arguments, format);
+  vsnprintf(launcher->display.last_event, sizeof launcher->display.last_event, format, arguments);
+  va_end(arguments);
+  launcher->display.dirty = true;
+}
+
+static size_t terminal_columns(void) {
+  struct winsize size;
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &size) != 0 || size.ws_col < 20) return 80;
+  return size.ws_col;
+}
+
+static void display_draw(keel__launcher *launcher) {
+  const keel__display *display = &launcher->display;
+  char text[512];
+  int used;
+  if (display->has_progress)
+    used = snprintf(text, sizeof text,
+                    "keel: step %lld  loss %.4g  %.1f samples/s  world %lld  epoch %lld",
+                    (long long)display->step, display->loss, display->samples_per_s,
+                    (long long)display->world, (long long)display->epoch);
+  else
+    used = snprintf(text, sizeof text, "keel: %zu processes running",
+                    keel__children_alive(launcher, false));
+  if (display->last_event[0] != '\0' && used > 0 && (size_t)used < sizeof text)
+    snprintf(text + used, sizeof text - (size_t)used, "  | %s", display->last_event);
+  /* A line wider than the terminal wraps, and \r would then redraw only its tail. */
+  size_t length = strlen(text), columns = terminal_columns() - 1;
+  if (length > columns) length = columns;
+  char line[600];
+  int total = snprintf(line, sizeof line, "\r\033[K%.*s", (int)length, text);
+  ssize_t ignored = write(STDERR_FILENO, line, (size_t)total);
+  (void)ignored;
+}
+
+void keel__display_tick(keel__launcher *launcher, int64_t now_ns) {
+  keel__display *display = &launcher->display;
+  if (!display->enabled || !display->dirty) return;
+  if (now_ns - display->last_draw_ns < DISPLAY_PERIOD_NS) return;
+  display_draw(launcher);
+  display->dirty = false;
+  display->last_draw_ns = now_ns;
+}
+
+int64_t keel__display_deadline(const keel__launcher *launcher) {
+  const keel__display *display = &launcher->display;
+  if (!display->enabled || !display->dirty) return KEEL_NO_DEADLINE;
+  return display->last_draw_ns + DISPLAY_PERIOD_NS;
+}
+
+void keel__display_finish(keel__launcher *launcher) {
+  if (!launcher->display.enabled) return;
+  display_draw(launcher);
+  ssize_t ignored = write(STDERR_FILENO, "\n", 1);
+  (void)ignored;
+}
