@@ -30,7 +30,8 @@ for _ in $(seq 1 1200); do
   kill -0 "$job" 2>/dev/null || break
   sleep 0.1
 done
-"$keel" inject kill 2 || echo "demo: could not inject the failure (job already over?)"
+job_id=$(sed -n 's/.*"event":"job_start".*"job_id":"\([0-9]*\)".*/\1/p' "$events" | head -n 1)
+"$keel" inject kill 2 --job "$job_id" || echo "demo: could not inject the failure (job already over?)"
 
 set +e
 wait "$job"
