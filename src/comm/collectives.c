@@ -253,7 +253,7 @@ static keel_status allreduce_direct(keel_comm *comm, const void *send, void *rec
   keel_status status = keel__scratch_reserve(comm->ctx, bytes * (size_t)comm->size);
   if (status != KEEL_OK) return status;
   uint8_t *gathered = comm->ctx->scratch;
-  memcpy(gathered + (size_t)comm->rank * bytes, send, bytes);
+  if (bytes > 0) memcpy(gathered + (size_t)comm->rank * bytes, send, bytes);
   status = direct_exchange(comm, gathered, bytes);
   if (status != KEEL_OK) return status;
   /* Rank order, the same at every rank: ((x0 op x1) op x2) op ... */

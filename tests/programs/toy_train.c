@@ -84,11 +84,12 @@ int main(int argc, char **argv) {
   keel_state_register(ctx, "momentum", momentum, n * sizeof(float));
   keel_state_register(ctx, "step", &step, sizeof step);
   keel_status status = keel_start(ctx);
-  if (status == KEEL_EJOBDONE) {
-    keel_finalize(ctx);
-    return 0;
+  int exit_code = 0;
+  if (status == KEEL_EJOBDONE) goto done; /* a spare that was never needed */
+  if (status != KEEL_OK) {
+    exit_code = 1;
+    goto done;
   }
-  if (status != KEEL_OK) return 1;
   while (step < (uint64_t)opts.steps) {
     keel_step(ctx, step);
     keel_comm *world = keel_world(ctx);
@@ -96,13 +97,11 @@ int main(int argc, char **argv) {
     compute_gradient(&opts, params, step, keel_comm_rank(world), keel_comm_size(world), send);
     keel_recovery recovery;
     status = keel_allreduce_resilient(ctx, send, recv, n + 1, KEEL_F32, KEEL_SUM, &recovery);
-    if (status == KEEL_EEXCLUDED) {
-      keel_finalize(ctx);
-      return 0;
-    }
+    if (status == KEEL_EEXCLUDED) goto done; /* the job went on without us */
     if (status != KEEL_OK) {
       fprintf(stderr, "toy_train: allreduce failed: %s\n", keel_strerror(status));
-      return 1;
+      exit_code = 1;
+      goto done;
     }
     if (recovery.restart_step) continue;
     keel_fault_point(ctx, "optimizer");
@@ -118,10 +117,11 @@ int main(int argc, char **argv) {
          keel_comm_uid(world, keel_comm_rank(world)), (unsigned long long)step,
          keel_comm_size(world), keel_crc32c(0, params, n * sizeof(float)));
   fflush(stdout);
+done:
   keel_finalize(ctx);
   free(params);
   free(momentum);
   free(send);
   free(recv);
-  return 0;
+  return exit_code;
 }
