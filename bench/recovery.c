@@ -1,0 +1,619 @@
+/* Recovery benchmark: starts `keel run -n 4` jobs of its own worker mode, SIGKILLs one
+ * non-zero rank per job and measures kill -> first successful collective on the rebuilt
+ * communicator (the job's "recovery" event), p50/p99 for the shrink and replace policies.
+ * Usage: recovery [--json] [--policy shrink|replace|both] [--trials N] [--keel PATH] [--keep]
+ *        recovery --worker [--seconds S]   (what the jobs run: small resilient allreduces) */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "keel/comm.h"
+
+extern char **environ;
+
+#define WORLD 4
+#define MAX_TRIALS 1000
+#define SECOND_NS ((int64_t)1000 * 1000 * 1000)
+/* Bounds of one trial: to start, to recover after the kill, to end after the recovery. */
+#define START_LIMIT_NS (30 * SECOND_NS)
+#define RECOVERY_LIMIT_NS (30 * SECOND_NS)
+#define EXIT_LIMIT_NS (30 * SECOND_NS)
+/* The kill waits until the job has done this many steps (all ranks, since every step is an
+ * allreduce), then a random delay up to KILL_JITTER_NS so it lands anywhere in a step. */
+#define WARM_STEPS 30
+#define KILL_JITTER_NS (5 * 1000 * 1000)
+#define POLL_INTERVAL_NS (2 * 1000 * 1000)
+/* Worker: elements of the allreduce (4 KiB of f32), pause per step, steps after recovery. */
+#define WORKER_COUNT 1024
+#define WORKER_PAUSE_NS (1000 * 1000)
+#define WORKER_STEPS_AFTER_RECOVERY 20
+#define WORKER_DEFAULT_SECONDS 60
+
+/* ======================================================================== worker mode */
+
+typedef struct worker {
+  keel_ctx *ctx;
+  uint64_t step;
+  float model[WORKER_COUNT]; /* registered state, so replace mode transfers something */
+  float send[WORKER_COUNT], recv[WORKER_COUNT];
+  uint64_t epoch_seen;
+  int64_t steps_in_epoch;
+  int64_t deadline_ns;
+} worker;
+
+/* Every rank must stop at the same step, so stopping is voted in element 0 of the
+ * allreduce itself: one vote is enough, and everyone sees the same sum. */
+static float worker_vote(const worker *w) {
+  uint64_t epoch = keel_comm_epoch(keel_world(w->ctx));
+  bool settled =
+      epoch > 0 && epoch == w->epoch_seen && w->steps_in_epoch >= WORKER_STEPS_AFTER_RECOVERY;
+  return settled || keel_now_ns() >= w->deadline_ns ? 1.0f : 0.0f;
+}
+
+static void worker_fill(worker *w) {
+  w->send[0] = worker_vote(w);
+  for (size_t i = 1; i < WORKER_COUNT; i++) w->send[i] = w->model[i] + (float)(w->step % 5);
+}
+
+static void worker_after_step(worker *w) {
+  uint64_t epoch = keel_comm_epoch(keel_world(w->ctx));
+  if (epoch != w->epoch_seen) {
+    w->epoch_seen = epoch;
+    w->steps_in_epoch = 0;
+  }
+  w->steps_in_epoch++;
+  w->step++;
+  keel_report(w->ctx, w->step, 0, 0);
+}
+
+/* The training loop; returns the process's exit code. */
+static int worker_loop(worker *w) {
+  struct timespec pause = {0, WORKER_PAUSE_NS};
+  for (;;) {
+    keel_step(w->ctx, w->step);
+    nanosleep(&pause, NULL);
+    worker_fill(w);
+    keel_recovery recovery;
+    keel_status status = keel_allreduce_resilient(w->ctx, w->send, w->recv, WORKER_COUNT, KEEL_F32,
+                                                  KEEL_SUM, &recovery);
+    if (status == KEEL_EEXCLUDED) return 0;
+    if (status != KEEL_OK) {
+      fprintf(stderr, "recovery --worker: allreduce failed: %s\n", keel_strerror(status));
+      return 1;
+    }
+    if (recovery.restart_step) continue; /* state replaced: redo the step from it */
+    if (w->recv[0] > 0) return 0;
+    worker_after_step(w);
+  }
+}
+
+static int worker_main(int64_t seconds) {
+  static worker w; /* 12 KiB of buffers: not on the stack */
+  if (keel_init(&w.ctx) != KEEL_OK) return 1;
+  w.deadline_ns = keel_now_ns() + seconds * SECOND_NS;
+  keel_state_register(w.ctx, "step", &w.step, sizeof w.step);
+  keel_state_register(w.ctx, "model", w.model, sizeof w.model);
+  keel_status status = keel_start(w.ctx);
+  int code = status == KEEL_OK || status == KEEL_EJOBDONE ? 0 : 1;
+  if (status == KEEL_OK) {
+    w.epoch_seen = keel_comm_epoch(keel_world(w.ctx));
+    code = worker_loop(&w);
+  }
+  keel_finalize(w.ctx);
+  return code;
+}
+
+/* ======================================================================== the driver */
+
+typedef enum policy { POLICY_SHRINK, POLICY_REPLACE, POLICY_COUNT } policy;
+static const char *const policy_names[POLICY_COUNT] = {"shrink", "replace"};
+
+typedef struct options {
+  bool worker;
+  int64_t worker_seconds;
+  bool json, keep, verbose;
+  bool policies[POLICY_COUNT];
+  int64_t trials;
+  int64_t seed; /* -1: from the clock */
+  const char *keel_path;
+} options;
+
+/* The recovery event's breakdown, in the order of RUNTIME.md. */
+#define PART_COUNT 6
+static const char *const part_names[PART_COUNT] = {"detect_ms",  "revoke_ms",         "agree_ms",
+                                                   "rebuild_ms", "state_transfer_ms", "redo_ms"};
+
+typedef struct trial {
+  bool ok;
+  char why[160];            /* when not ok */
+  double latency_ms;        /* kill -> recovery event's t_ns */
+  double kill_to_detect_ms; /* kill -> t_detect_ns, when a survivor's collective failed */
+  double parts[PART_COUNT];
+} trial;
+
+static int parse_options(int argc, char **argv, options *opts) {
+  *opts = (options){
+      .worker_seconds = WORKER_DEFAULT_SECONDS, .trials = 20, .seed = -1, .policies = {true, true}};
+  static const struct option long_options[] = {
+      {"worker", no_argument, 0, 'w'},       {"seconds", required_argument, 0, 'S'},
+      {"json", no_argument, 0, 'j'},         {"keep", no_argument, 0, 'k'},
+      {"verbose", no_argument, 0, 'v'},      {"policy", required_argument, 0, 'p'},
+      {"trials", required_argument, 0, 't'}, {"seed", required_argument, 0, 's'},
+      {"keel", required_argument, 0, 'K'},   {0, 0, 0, 0}};
+  int option;
+  while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
+    bool ok = option != '?';
+    if (option == 'w') opts->worker = true;
+    if (option == 'j') opts->json = true;
+    if (option == 'k') opts->keep = true;
+    if (option == 'v') opts->verbose = true;
+    if (option == 'K') opts->keel_path = optarg;
+    if (option == 'S') ok = keel_parse_int(optarg, 1, 3600, &opts->worker_seconds) == KEEL_OK;
+    if (option == 't') ok = keel_parse_int(optarg, 1, MAX_TRIALS, &opts->trials) == KEEL_OK;
+    if (option == 's') ok = keel_parse_int(optarg, 0, INT64_MAX, &opts->seed) == KEEL_OK;
+    if (option == 'p') {
+      bool both = strcmp(optarg, "both") == 0;
+      opts->policies[POLICY_SHRINK] = both || strcmp(optarg, "shrink") == 0;
+      opts->policies[POLICY_REPLACE] = both || strcmp(optarg, "replace") == 0;
+      ok = opts->policies[POLICY_SHRINK] || opts->policies[POLICY_REPLACE];
+    }
+    if (!ok) {
+      fprintf(stderr, "recovery: bad flag (see the file's header)\n");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void sleep_ns(int64_t duration_ns) {
+  struct timespec pause = {duration_ns / SECOND_NS, duration_ns % SECOND_NS};
+  nanosleep(&pause, NULL);
+}
+
+/* ---- reading the job's events file as it grows */
+
+typedef struct job_view {
+  char line[8192]; /* the incomplete tail of what was read */
+  size_t length;
+  int fd;
+  pid_t worker_pids[WORLD]; /* by uid, from "spawn" events; 0: not seen */
+  int64_t epoch0_step;      /* highest step a progress line of epoch 0 showed */
+  bool recovered;
+  char recovery[4096]; /* the first recovery event after the kill */
+} job_view;
+
+/* The number after "key": in a flat JSON line. */
+static bool json_int64(const char *line, const char *key, int64_t *value_p) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *at = strstr(line, pattern);
+  if (at == NULL) return false;
+  char *end;
+  errno = 0;
+  long long value = strtoll(at + strlen(pattern), &end, 10);
+  if (errno != 0 || end == at + strlen(pattern)) return false;
+  *value_p = value;
+  return true;
+}
+
+static bool json_double(const char *line, const char *key, double *value_p) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *at = strstr(line, pattern);
+  if (at == NULL) return false;
+  char *end;
+  double value = strtod(at + strlen(pattern), &end);
+  if (end == at + strlen(pattern)) return false;
+  *value_p = value;
+  return true;
+}
+
+static bool json_has(const char *line, const char *key, const char *text) {
+  char pattern[128];
+  snprintf(pattern, sizeof pattern, "\"%s\":\"%s\"", key, text);
+  return strstr(line, pattern) != NULL;
+}
+
+static void view_line(job_view *view, const char *line, int64_t kill_ns) {
+  int64_t uid, pid, step, epoch, t_ns;
+  if (json_has(line, "event", "spawn") && json_has(line, "role", "worker") &&
+      json_int64(line, "uid", &uid) && json_int64(line, "pid", &pid) && uid >= 0 && uid < WORLD)
+    view->worker_pids[uid] = (pid_t)pid;
+  if (json_has(line, "event", "progress") && json_int64(line, "epoch", &epoch) && epoch == 0 &&
+      json_int64(line, "step", &step) && step > view->epoch0_step)
+    view->epoch0_step = step;
+  if (json_has(line, "event", "recovery") && !view->recovered && kill_ns > 0 &&
+      json_int64(line, "t_ns", &t_ns) && t_ns > kill_ns) {
+    int length = snprintf(view->recovery, sizeof view->recovery, "%s", line);
+    view->recovered = length > 0 && (size_t)length < sizeof view->recovery;
+  }
+}
+
+/* Reads what the launcher appended and handles each complete line. kill_ns: recovery
+ * events are taken only after it (0: not yet killed). */
+static void view_update(job_view *view, const char *path, int64_t kill_ns) {
+  if (view->fd < 0) view->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (view->fd < 0) return; /* the launcher has not created it yet */
+  for (;;) {
+    ssize_t got = read(view->fd, view->line + view->length, sizeof view->line - 1 - view->length);
+    if (got <= 0) return;
+    view->length += (size_t)got;
+    view->line[view->length] = '\0';
+    char *start = view->line, *newline;
+    while ((newline = strchr(start, '\n')) != NULL) {
+      *newline = '\0';
+      view_line(view, start, kill_ns);
+      start = newline + 1;
+    }
+    view->length -= (size_t)(start - view->line);
+    memmove(view->line, start, view->length);
+    /* A line longer than the buffer is no line of RUNTIME.md's: drop it. */
+    if (view->length == sizeof view->line - 1) view->length = 0;
+  }
+}
+
+/* ---- the job */
+
+typedef struct job {
+  pid_t launcher;
+  bool reaped;
+  int wait_status;
+  char events_path[PATH_MAX];
+  char log_path[PATH_MAX];
+} job;
+
+static keel_status job_start(job *j, const char *keel, const char *self, policy which,
+                             int64_t seconds) {
+  char world[16], worker_seconds[16], limit[32];
+  snprintf(world, sizeof world, "%d", WORLD);
+  snprintf(worker_seconds, sizeof worker_seconds, "%lld", (long long)seconds);
+  snprintf(limit, sizeof limit, "%llds", (long long)seconds * 2);
+  /* keel run ... -- SELF --worker: the launcher's own --timeout is a last resort. */
+  const char *argv[24];
+  int argc = 0;
+  const char *head[] = {keel,       "run",          "-n",        world, "--quiet",
+                        "--events", j->events_path, "--timeout", limit};
+  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) argv[argc++] = head[i];
+  if (which == POLICY_REPLACE) {
+    const char *replace[] = {"--spares", "1", "--on-failure", "replace"};
+    for (size_t i = 0; i < 4; i++) argv[argc++] = replace[i];
+  }
+  const char *tail[] = {"--", self, "--worker", "--seconds", worker_seconds, NULL};
+  for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[argc++] = tail[i];
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, j->log_path,
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  int error = posix_spawn(&j->launcher, keel, &actions, NULL, (char *const *)argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0) {
+    fprintf(stderr, "recovery: cannot start %s: %s\n", keel, strerror(error));
+    return keel_status_from_errno(error);
+  }
+  return KEEL_OK;
+}
+
+static bool job_try_reap(job *j) {
+  if (j->reaped) return true;
+  pid_t got = waitpid(j->launcher, &j->wait_status, WNOHANG);
+  if (got == j->launcher) j->reaped = true;
+  return j->reaped;
+}
+
+/* Waits up to limit_ns for the launcher to exit; false if it is still running. */
+static bool job_wait(job *j, int64_t limit_ns) {
+  int64_t deadline = keel_now_ns() + limit_ns;
+  while (!job_try_reap(j)) {
+    if (keel_now_ns() >= deadline) return false;
+    sleep_ns(POLL_INTERVAL_NS);
+  }
+  return true;
+}
+
+/* Ends the job by the launcher's pid: SIGTERM lets it kill and reap its children; SIGKILL
+ * if it does not (its children then die of PR_SET_PDEATHSIG). Always reaps the launcher. */
+static void job_kill(job *j) {
+  if (j->reaped) return;
+  kill(j->launcher, SIGTERM);
+  if (job_wait(j, 3 * SECOND_NS)) return;
+  kill(j->launcher, SIGKILL);
+  waitpid(j->launcher, &j->wait_status, 0);
+  j->reaped = true;
+}
+
+static int job_exit_code(const job *j) {
+  if (WIFEXITED(j->wait_status)) return WEXITSTATUS(j->wait_status);
+  return WIFSIGNALED(j->wait_status) ? 128 + WTERMSIG(j->wait_status) : -1;
+}
+
+/* true if pid is alive and a child of the launcher: never SIGKILL a recycled pid. */
+static bool is_launcher_child(pid_t pid, pid_t launcher) {
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  FILE *file = fopen(path, "r");
+  if (file == NULL) return false;
+  size_t got = fread(text, 1, sizeof text - 1, file);
+  fclose(file);
+  text[got] = '\0';
+  /* "pid (comm) state ppid ...": comm may hold spaces, so parse after the last ')'. */
+  const char *after = strrchr(text, ')');
+  char state;
+  long parent;
+  return after && sscanf(after + 1, " %c %ld", &state, &parent) == 2 && parent == (long)launcher;
+}
+
+/* ---- one trial */
+
+typedef struct driver {
+  const options *opts;
+  char keel[PATH_MAX];
+  char self[PATH_MAX];
+  char directory[PATH_MAX];
+  keel_random random;
+} driver;
+
+static bool trial_fail(trial *t, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+/* Records why the trial failed (truncated to fit); returns false for the caller to pass on. */
+static bool trial_fail(trial *t, const char *format, ...) {
+  t->ok = false;
+  va_list arguments;
+  va_start(arguments, format);
+  vsnprintf(t->why, sizeof t->why, format, arguments);
+  va_end(arguments);
+  return false;
+}
+
+/* Phase 1: until every rank is in the loop; false if the job ended or took too long. */
+static bool wait_until_running(job *j, job_view *view, trial *t) {
+  int64_t deadline = keel_now_ns() + START_LIMIT_NS;
+  while (view->epoch0_step < WARM_STEPS) {
+    view_update(view, j->events_path, 0);
+    if (job_try_reap(j)) return trial_fail(t, "job ended before it was running (%s)", j->log_path);
+    if (keel_now_ns() >= deadline)
+      return trial_fail(t, "job not running after 30 s (%s)", j->log_path);
+    sleep_ns(POLL_INTERVAL_NS);
+  }
+  return true;
+}
+
+/* Phase 2: kills a random non-zero rank; *kill_ns_p is taken right before kill(). */
+static bool kill_one(driver *d, job *j, job_view *view, trial *t, int64_t *kill_ns_p) {
+  sleep_ns((int64_t)keel_random_below(&d->random, KILL_JITTER_NS));
+  uint32_t victim = 1 + (uint32_t)keel_random_below(&d->random, WORLD - 1);
+  pid_t pid = view->worker_pids[victim];
+  if (pid <= 0 || !is_launcher_child(pid, j->launcher))
+    return trial_fail(t, "no live worker pid for the victim (%s)", j->events_path);
+  *kill_ns_p = keel_now_ns();
+  if (kill(pid, SIGKILL) != 0) return trial_fail(t, "kill: %s", strerror(errno));
+  if (d->opts->verbose) fprintf(stderr, "recovery: killed uid %u (pid %ld)\n", victim, (long)pid);
+  return true;
+}
+
+/* Phase 3: until the recovery event after the kill. */
+static bool wait_for_recovery(job *j, job_view *view, trial *t, int64_t kill_ns) {
+  while (!view->recovered) {
+    view_update(view, j->events_path, kill_ns);
+    if (view->recovered) break;
+    if (job_try_reap(j))
+      return trial_fail(t, "job ended without a recovery event (%s)", j->events_path);
+    if (keel_now_ns() - kill_ns >= RECOVERY_LIMIT_NS)
+      return trial_fail(t, "no recovery within 30 s of the kill (%s)", j->events_path);
+    sleep_ns(POLL_INTERVAL_NS);
+  }
+  return true;
+}
+
+/* Reads the recovery event's figures and checks it is the membership the policy implies. */
+static bool trial_record(trial *t, const job_view *view, policy which, int64_t kill_ns) {
+  int64_t t_ns, detect_ns, new_world, replaced;
+  const char *event = view->recovery;
+  if (!json_int64(event, "t_ns", &t_ns) || !json_int64(event, "new_world", &new_world))
+    return trial_fail(t, "malformed recovery event: %.100s", event);
+  int64_t expected_world = which == POLICY_SHRINK ? WORLD - 1 : WORLD;
+  if (new_world != expected_world ||
+      (which == POLICY_REPLACE && (!json_int64(event, "replaced", &replaced) || replaced != 1)))
+    return trial_fail(t, "unexpected membership after recovery: %.100s", event);
+  t->latency_ms = (double)(t_ns - kill_ns) / 1e6;
+  t->kill_to_detect_ms =
+      json_int64(event, "t_detect_ns", &detect_ns) ? (double)(detect_ns - kill_ns) / 1e6 : NAN;
+  for (int i = 0; i < PART_COUNT; i++) {
+    if (!json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
+  }
+  t->ok = true;
+  return true;
+}
+
+static void trial_run(driver *d, policy which, int index, trial *t) {
+  job j = {0};
+  job_view view = {.fd = -1};
+  *t = (trial){0};
+  int events_length = snprintf(j.events_path, sizeof j.events_path, "%s/%s-%02d.events",
+                               d->directory, policy_names[which], index);
+  int log_length = snprintf(j.log_path, sizeof j.log_path, "%s/%s-%02d.log", d->directory,
+                            policy_names[which], index);
+  if (events_length >= (int)sizeof j.events_path || log_length >= (int)sizeof j.log_path) {
+    trial_fail(t, "path too long under %s", d->directory);
+    return;
+  }
+  if (job_start(&j, d->keel, d->self, which, d->opts->worker_seconds) != KEEL_OK) {
+    trial_fail(t, "cannot start %s", d->keel);
+    return;
+  }
+  int64_t kill_ns = 0;
+  bool going = wait_until_running(&j, &view, t) && kill_one(d, &j, &view, t, &kill_ns) &&
+               wait_for_recovery(&j, &view, t, kill_ns) && trial_record(t, &view, which, kill_ns);
+  /* The job should end by itself some steps after the recovery, and end well. */
+  if (going && !job_wait(&j, EXIT_LIMIT_NS))
+    trial_fail(t, "job still running 30 s after recovery (%s)", j.log_path);
+  job_kill(&j);
+  if (going && t->ok && job_exit_code(&j) != 0) {
+    trial_fail(t, "job exited %d after recovering (%s)", job_exit_code(&j), j.log_path);
+  }
+  if (view.fd >= 0) close(view.fd);
+  if (!d->opts->keep && t->ok) {
+    unlink(j.events_path);
+    unlink(j.log_path);
+  }
+}
+
+/* ---- summaries */
+
+static int compare_doubles(const void *left, const void *right) {
+  double a = *(const double *)left, b = *(const double *)right;
+  return (a > b) - (a < b);
+}
+
+/* Nearest-rank percentile of sorted values (with 20 values, p99 is the largest). */
+static double percentile(const double *sorted, int count, double p) {
+  int rank = (int)ceil(p / 100.0 * count);
+  return sorted[rank < 1 ? 0 : rank - 1];
+}
+
+typedef struct summary {
+  int ok, failed;
+  double p50, p99, min, max, kill_to_detect;
+  double parts[PART_COUNT];
+} summary;
+
+static void summarize(const trial *trials, int count, summary *s) {
+  double latencies[MAX_TRIALS];
+  *s = (summary){0};
+  for (int i = 0; i < count; i++) {
+    if (!trials[i].ok) {
+      s->failed++;
+      continue;
+    }
+    latencies[s->ok++] = trials[i].latency_ms;
+    s->kill_to_detect += trials[i].kill_to_detect_ms;
+    for (int p = 0; p < PART_COUNT; p++) s->parts[p] += trials[i].parts[p];
+  }
+  if (s->ok == 0) return;
+  qsort(latencies, (size_t)s->ok, sizeof latencies[0], compare_doubles);
+  s->p50 = percentile(latencies, s->ok, 50);
+  s->p99 = percentile(latencies, s->ok, 99);
+  s->min = latencies[0];
+  s->max = latencies[s->ok - 1];
+  s->kill_to_detect /= s->ok;
+  for (int p = 0; p < PART_COUNT; p++) s->parts[p] /= s->ok;
+}
+
+/* JSON null / "-" stand for figures that no successful trial gave. */
+static void figure_print(const options *opts, bool known, const char *name, double value) {
+  if (opts->json && known) printf(",\"%s\":%.3f", name, value);
+  if (opts->json && !known) printf(",\"%s\":null", name);
+  if (!opts->json && known) printf(" %8.2f", value);
+  if (!opts->json && !known) printf(" %8s", "-");
+}
+
+static void summary_print(const options *opts, policy which, const summary *s) {
+  if (opts->json) {
+    printf(
+        "{\"bench\":\"recovery\",\"impl\":\"keel-%s\",\"ranks\":%d,\"trials\":%d,"
+        "\"failed\":%d",
+        policy_names[which], WORLD, s->ok + s->failed, s->failed);
+  } else {
+    printf("%-14s %5d %6d %6d", policy_names[which], WORLD, s->ok + s->failed, s->failed);
+  }
+  bool known = s->ok > 0;
+  figure_print(opts, known, "p50_ms", s->p50);
+  figure_print(opts, known, "p99_ms", s->p99);
+  figure_print(opts, known, "min_ms", s->min);
+  figure_print(opts, known, "max_ms", s->max);
+  figure_print(opts, known, "kill_to_detect_ms", s->kill_to_detect);
+  for (int p = 0; p < PART_COUNT; p++) figure_print(opts, known, part_names[p], s->parts[p]);
+  printf(opts->json ? "}\n" : "\n");
+  fflush(stdout);
+}
+
+static void header_print(const options *opts) {
+  if (opts->json) return;
+  printf(
+      "recovery latency, kill -9 of one of %d workers -> first collective done on the new "
+      "communicator (ms; breakdown: mean of keel's recovery event)\n",
+      WORLD);
+  printf("%-14s %5s %6s %6s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "policy", "ranks",
+         "trials", "failed", "p50", "p99", "min", "max", "kill>det", "detect", "revoke", "agree",
+         "rebuild", "state", "redo");
+  fflush(stdout);
+}
+
+static int run_policy(driver *d, policy which) {
+  static trial trials[MAX_TRIALS];
+  for (int i = 0; i < d->opts->trials; i++) {
+    trial_run(d, which, i, &trials[i]);
+    if (!trials[i].ok)
+      fprintf(stderr, "recovery: %s trial %d failed: %s\n", policy_names[which], i, trials[i].why);
+    else if (d->opts->verbose)
+      fprintf(stderr, "recovery: %s trial %d: %.2f ms\n", policy_names[which], i,
+              trials[i].latency_ms);
+  }
+  summary s;
+  summarize(trials, (int)d->opts->trials, &s);
+  summary_print(d->opts, which, &s);
+  return s.failed == 0 ? 0 : 1;
+}
+
+/* keel is found next to this program (<dir>/../bin/keel) unless --keel names it. */
+static bool driver_paths(driver *d, const char *argv0) {
+  ssize_t length = readlink("/proc/self/exe", d->self, sizeof d->self - 1);
+  if (length <= 0 && realpath(argv0, d->self) == NULL) return false;
+  if (length > 0) d->self[length] = '\0';
+  int used;
+  if (d->opts->keel_path) {
+    used = snprintf(d->keel, sizeof d->keel, "%s", d->opts->keel_path);
+  } else {
+    const char *slash = strrchr(d->self, '/');
+    int dir_length = slash ? (int)(slash - d->self) : 1;
+    used = snprintf(d->keel, sizeof d->keel, "%.*s/../bin/keel", dir_length, slash ? d->self : ".");
+  }
+  if (used >= (int)sizeof d->keel || access(d->keel, X_OK) != 0) {
+    fprintf(stderr, "recovery: no keel binary at %s (build keel_tool, or pass --keel PATH)\n",
+            d->keel);
+    return false;
+  }
+  snprintf(d->directory, sizeof d->directory, "/tmp/keel-bench-recovery-XXXXXX");
+  if (mkdtemp(d->directory) == NULL) {
+    fprintf(stderr, "recovery: cannot make a directory in /tmp: %s\n", strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+static int driver_main(const options *opts, const char *argv0) {
+  driver d = {.opts = opts};
+  if (!driver_paths(&d, argv0)) return 1;
+  uint64_t seed =
+      opts->seed >= 0 ? (uint64_t)opts->seed : (uint64_t)keel_now_ns() ^ ((uint64_t)getpid() << 32);
+  keel_random_seed(&d.random, seed);
+  header_print(opts);
+  int code = 0;
+  for (int which = 0; which < POLICY_COUNT; which++) {
+    if (opts->policies[which] && run_policy(&d, (policy)which) != 0) code = 1;
+  }
+  /* Files of failed trials stay for a look; the directory goes only if empty. */
+  if (rmdir(d.directory) != 0 && code != 0)
+    fprintf(stderr, "recovery: events and logs of failed trials are in %s\n", d.directory);
+  return code;
+}
+
+int main(int argc, char **argv) {
+  options opts;
+  if (parse_options(argc, argv, &opts) != 0) return 2;
+  if (opts.worker) return worker_main(opts.worker_seconds);
+  return driver_main(&opts, argv[0]);
+}
