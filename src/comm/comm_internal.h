@@ -255,8 +255,10 @@ void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t ep
                      uint32_t round, const char *suffix);
 
 /* ---- recovery.c */
+/* Moves to the decided epoch: links, then state to or from the members that need it.
+ * *transfer_ns_p (optional) receives the time spent on the state alone. */
 keel_status keel__apply_decision(keel_ctx *ctx, const keel__decision *decision,
-                                 bool *received_state_p);
+                                 bool *received_state_p, int64_t *transfer_ns_p);
 
 /* ---- fault.c */
 keel_status keel__faults_parse(keel_ctx *ctx, const char *text);

@@ -426,7 +426,7 @@ keel_status keel_start(keel_ctx *ctx) {
     if (status != KEEL_OK) return status;
     keel_store_delete(ctx->store, key);
     bool received = false;
-    status = keel__apply_decision(ctx, &decision, &received);
+    status = keel__apply_decision(ctx, &decision, &received, NULL);
     if (status == KEEL_OK) {
       ctx->role = KEEL__ROLE_WORKER;
       ctx->newcomer = true;
@@ -487,7 +487,15 @@ void keel_finalize(keel_ctx *ctx) {
   atomic_store(&ctx->stopping, true);
   if (ctx->acceptor_started) pthread_join(ctx->acceptor_thread, NULL);
   if (ctx->keepalive_started) pthread_join(ctx->keepalive_thread, NULL);
-  if (ctx->lease != 0 && ctx->store != NULL) keel_store_lease_revoke(ctx->store, ctx->lease);
+  if (ctx->lease != 0 && ctx->store != NULL) {
+    /* Say we left before the lease goes, so that the launcher does not take the vanished
+     * proc/ key of a process that is still finishing for a hung one. */
+    char key[64], value[32];
+    snprintf(key, sizeof key, "left/%" PRIu32, ctx->uid);
+    int length = snprintf(value, sizeof value, "pid=%d", (int)getpid());
+    keel_store_put(ctx->store, key, value, (size_t)length, 0, NULL);
+    keel_store_lease_revoke(ctx->store, ctx->lease);
+  }
   keel__take_accepted_links(ctx);
   free_peers(ctx);
   keel__slots_reset(ctx);

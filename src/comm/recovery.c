@@ -108,8 +108,9 @@ static bool contains(const uint32_t *uids, int count, uint32_t uid) {
 }
 
 keel_status keel__apply_decision(keel_ctx *ctx, const keel__decision *decision,
-                                 bool *received_state_p) {
+                                 bool *received_state_p, int64_t *transfer_ns_p) {
   *received_state_p = false;
+  if (transfer_ns_p) *transfer_ns_p = 0;
   if (!contains(decision->members, decision->member_count, ctx->uid)) return KEEL_EEXCLUDED;
   keel_comm *comm = keel__comm_create(ctx, decision->epoch + 1, decision->members,
                                       decision->member_count);
@@ -120,10 +121,16 @@ keel_status keel__apply_decision(keel_ctx *ctx, const keel__decision *decision,
   if (status != KEEL_OK) return status;
   keel__publish_proc(ctx, comm->rank, comm->epoch);
   if (decision->sender == UINT32_MAX) return KEEL_OK;
-  if (decision->sender == ctx->uid) return send_state(comm, decision);
-  if (!contains(decision->receivers, decision->receiver_count, ctx->uid)) return KEEL_OK;
-  status = receive_state(comm, decision->sender);
-  if (status == KEEL_OK) *received_state_p = true;
+  bool receiver = contains(decision->receivers, decision->receiver_count, ctx->uid);
+  if (decision->sender != ctx->uid && !receiver) return KEEL_OK;
+  int64_t started = keel_now_ns();
+  if (decision->sender == ctx->uid) {
+    status = send_state(comm, decision);
+  } else {
+    status = receive_state(comm, decision->sender);
+    if (status == KEEL_OK) *received_state_p = true;
+  }
+  if (transfer_ns_p) *transfer_ns_p = keel_now_ns() - started;
   return status;
 }
 
@@ -147,7 +154,7 @@ static keel_status rebuild(keel_comm *comm, const keel__contribution *mine, keel
                            bool *received_state_p) {
   keel_status status = keel__agree(comm, mine, decision);
   if (status != KEEL_OK) return status;
-  return keel__apply_decision(comm->ctx, decision, received_state_p);
+  return keel__apply_decision(comm->ctx, decision, received_state_p, NULL);
 }
 
 keel_status keel_comm_shrink(keel_comm *comm, keel_comm **new_p) {
@@ -217,13 +224,10 @@ static keel_status recover_once(keel_ctx *ctx, keel_recovery *recovery, keel__de
   recovery->agree_ns += keel_now_ns() - mark;
   if (status != KEEL_OK) return status;
   mark = keel_now_ns();
-  int64_t before_transfer = 0;
-  status = keel__apply_decision(ctx, decision, received_state_p);
-  before_transfer = keel_now_ns() - mark;
-  /* apply_decision does both; state dominates when there is any, so it is counted apart
-   * only when some was sent or received. */
-  if (decision->sender == UINT32_MAX) recovery->rebuild_ns += before_transfer;
-  else recovery->state_transfer_ns += before_transfer;
+  int64_t transfer_ns = 0;
+  status = keel__apply_decision(ctx, decision, received_state_p, &transfer_ns);
+  recovery->rebuild_ns += keel_now_ns() - mark - transfer_ns;
+  recovery->state_transfer_ns += transfer_ns;
   ctx->grow_requested = false;
   recovery->replaced_count += decision->replaced_count;
   recovery->failed_count += decision->failed_count;
