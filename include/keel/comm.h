@@ -21,6 +21,8 @@ typedef enum keel_dtype {
   KEEL_F64 = 1,
   KEEL_I32 = 2,
   KEEL_I64 = 3,
+  KEEL_BF16 = 4, /* bfloat16 (uint16_t bits); reduced with f32 accumulation, rounded to
+                    nearest even on the way back */
 } keel_dtype;
 
 typedef enum keel_reduce_op {

@@ -23,6 +23,8 @@ size_t keel_dtype_size(keel_dtype dtype) {
     case KEEL_F64:
     case KEEL_I64:
       return 8;
+    case KEEL_BF16:
+      return 2;
   }
   return 0;
 }

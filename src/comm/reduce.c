@@ -2,6 +2,8 @@
  * compiler vectorises them (restrict, simple loops), each with a plain reference twin that
  * the tests compare it with. Order of evaluation is fixed: left is the partial result that
  * arrived, right is this rank's contribution, so every run reduces in the same order. */
+#include <string.h>
+
 #include "comm/comm_internal.h"
 
 /* Integer sums wrap (through the unsigned type) instead of overflowing, which C leaves
@@ -26,6 +28,40 @@ DEFINE_KERNELS(f64, double, double)
 DEFINE_KERNELS(i32, int32_t, uint32_t)
 DEFINE_KERNELS(i64, int64_t, uint64_t)
 
+/* bfloat16 is the top half of an f32: widening is exact; narrowing rounds to nearest, ties
+ * to even, and keeps NaN a NaN. */
+static inline float bf16_to_f32(uint16_t bits) {
+  uint32_t wide = (uint32_t)bits << 16;
+  float value;
+  memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+static inline uint16_t f32_to_bf16(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0)
+    return (uint16_t)((bits >> 16) | 0x0040u);
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return (uint16_t)((bits + rounding) >> 16);
+}
+
+static void sum_bf16(uint16_t *destination, const uint16_t *left, const uint16_t *right,
+                     size_t count) {
+  for (size_t i = 0; i < count; i++)
+    destination[i] = f32_to_bf16(bf16_to_f32(left[i]) + bf16_to_f32(right[i]));
+}
+
+static void max_bf16(uint16_t *destination, const uint16_t *left, const uint16_t *right,
+                     size_t count) {
+  for (size_t i = 0; i < count; i++)
+    destination[i] = bf16_to_f32(left[i]) > bf16_to_f32(right[i]) ? left[i] : right[i];
+}
+
+static void divide_bf16(uint16_t *buffer, size_t count, int divisor) {
+  for (size_t i = 0; i < count; i++) buffer[i] = f32_to_bf16(bf16_to_f32(buffer[i]) / (float)divisor);
+}
+
 /* destination may alias left or right exactly (in place): each element is read before it
  * is written, index by index. */
 void keel__reduce(keel_dtype dtype, keel_reduce_op op, void *destination, const void *left,
@@ -44,6 +80,9 @@ void keel__reduce(keel_dtype dtype, keel_reduce_op op, void *destination, const 
     case KEEL_I64:
       (maximum ? max_i64 : sum_i64)(destination, left, right, count);
       return;
+    case KEEL_BF16:
+      (maximum ? max_bf16 : sum_bf16)(destination, left, right, count);
+      return;
   }
 }
 
@@ -61,13 +100,42 @@ void keel__divide(keel_dtype dtype, void *buffer, size_t count, int divisor) {
     case KEEL_I64:
       divide_i64(buffer, count, (int64_t)divisor);
       return;
+    case KEEL_BF16:
+      divide_bf16(buffer, count, divisor);
+      return;
   }
+}
+
+/* The reference narrows by the definition: the nearer of the two bf16 neighbours, the even
+ * one on a tie. */
+static uint16_t reference_narrow(float value) {
+  if (value != value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return (uint16_t)((bits >> 16) | 0x0040u);
+  }
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  uint16_t low = (uint16_t)(bits >> 16), high = (uint16_t)(low + 1);
+  double exact = value, below = bf16_to_f32(low), above = bf16_to_f32(high);
+  if ((bits & 0xffffu) == 0) return low;
+  double distance_below = exact - below >= 0 ? exact - below : below - exact;
+  double distance_above = above - exact >= 0 ? above - exact : exact - above;
+  if (distance_below < distance_above) return low;
+  if (distance_above < distance_below) return high;
+  return (low & 1u) ? high : low;
 }
 
 void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destination,
                             const void *left, const void *right, size_t count) {
   for (size_t i = 0; i < count; i++) {
     switch (dtype) {
+      case KEEL_BF16: {
+        uint16_t a = ((const uint16_t *)left)[i], b = ((const uint16_t *)right)[i];
+        float fa = bf16_to_f32(a), fb = bf16_to_f32(b);
+        ((uint16_t *)destination)[i] = op == KEEL_MAX ? (fa > fb ? a : b) : reference_narrow(fa + fb);
+        break;
+      }
       case KEEL_F32: {
         float a = ((const float *)left)[i], b = ((const float *)right)[i];
         ((float *)destination)[i] = op == KEEL_MAX ? (a > b ? a : b) : a + b;

@@ -34,6 +34,13 @@ static void fill(keel_dtype dtype, void *buffer, size_t count, int rank) {
       case KEEL_F64: ((double *)buffer)[i] = value; break;
       case KEEL_I32: ((int32_t *)buffer)[i] = (int32_t)value; break;
       case KEEL_I64: ((int64_t *)buffer)[i] = (int64_t)value; break;
+      case KEEL_BF16: {
+        float narrow = (float)value; /* small integers: exact in bf16 */
+        uint32_t bits;
+        memcpy(&bits, &narrow, sizeof bits);
+        ((uint16_t *)buffer)[i] = (uint16_t)(bits >> 16);
+        break;
+      }
     }
   }
 }
@@ -44,6 +51,12 @@ static double element(keel_dtype dtype, const void *buffer, size_t i) {
     case KEEL_F64: return ((const double *)buffer)[i];
     case KEEL_I32: return ((const int32_t *)buffer)[i];
     case KEEL_I64: return (double)((const int64_t *)buffer)[i];
+    case KEEL_BF16: {
+      uint32_t bits = (uint32_t)((const uint16_t *)buffer)[i] << 16;
+      float value;
+      memcpy(&value, &bits, sizeof value);
+      return value;
+    }
   }
   return 0;
 }
@@ -58,6 +71,15 @@ static double expected(keel_dtype dtype, keel_reduce_op op, int size, size_t i) 
   if (op == KEEL_MAX) return maximum;
   if (op == KEEL_SUM) return sum;
   if (dtype == KEEL_I32 || dtype == KEEL_I64) return (double)((long long)sum / size);
+  if (dtype == KEEL_BF16) {
+    /* The sum is exact; the division is done in f32 and rounded to bf16 like the kernel. */
+    float quotient = (float)sum / (float)size;
+    uint32_t bits;
+    memcpy(&bits, &quotient, sizeof bits);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&quotient, &bits, sizeof quotient);
+    return quotient;
+  }
   return dtype == KEEL_F32 ? (double)((float)sum / (float)size) : sum / size;
 }
 
@@ -160,10 +182,10 @@ int main(void) {
   if (status != KEEL_OK) return 2;
   keel_comm *comm = keel_world(ctx);
   static const size_t counts[] = {0, 1, 2, 7, 1000, 8191, 100003, (size_t)1 << 20};
-  static const keel_dtype dtypes[] = {KEEL_F32, KEEL_F64, KEEL_I32, KEEL_I64};
+  static const keel_dtype dtypes[] = {KEEL_F32, KEEL_F64, KEEL_I32, KEEL_I64, KEEL_BF16};
   static const keel_reduce_op ops[] = {KEEL_SUM, KEEL_AVG, KEEL_MAX};
   for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
-    for (size_t d = 0; d < 4; d++)
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
       for (size_t o = 0; o < 3; o++)
         for (int in_place = 0; in_place < 2; in_place++)
           check_allreduce(comm, dtypes[d], ops[o], counts[c], in_place);

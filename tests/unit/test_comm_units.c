@@ -20,6 +20,14 @@ static void fill_random(keel_random *random, keel_dtype dtype, void *buffer, siz
       case KEEL_F64: ((double *)buffer)[i] = value; break;
       case KEEL_I32: ((int32_t *)buffer)[i] = (int32_t)keel_random_next(random); break;
       case KEEL_I64: ((int64_t *)buffer)[i] = (int64_t)keel_random_next(random); break;
+      case KEEL_BF16: {
+        float narrow = (float)value;
+        uint32_t bits;
+        memcpy(&bits, &narrow, sizeof bits);
+        /* Random low bits as well, so that sums land between bf16 values and round. */
+        ((uint16_t *)buffer)[i] = (uint16_t)(bits >> 16) ^ (uint16_t)(keel_random_next(random) & 0x7f);
+        break;
+      }
     }
   }
 }
@@ -27,12 +35,12 @@ static void fill_random(keel_random *random, keel_dtype dtype, void *buffer, siz
 static void kernels_match_reference(void **state) {
   (void)state;
   static const size_t lengths[] = {0, 1, 2, 3, 7, 15, 16, 17, 63, 64, 65, 1000, 4099};
-  static const keel_dtype dtypes[] = {KEEL_F32, KEEL_F64, KEEL_I32, KEEL_I64};
+  static const keel_dtype dtypes[] = {KEEL_F32, KEEL_F64, KEEL_I32, KEEL_I64, KEEL_BF16};
   static const keel_reduce_op ops[] = {KEEL_SUM, KEEL_MAX};
   keel_random random;
   keel_random_seed(&random, 42);
   for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
-    for (size_t d = 0; d < 4; d++) {
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
       for (size_t o = 0; o < 2; o++) {
         size_t count = lengths[l], bytes = count * keel_dtype_size(dtypes[d]) + 8;
         uint8_t *left = malloc(bytes), *right = malloc(bytes), *fast = malloc(bytes),
@@ -56,6 +64,21 @@ static void kernels_match_reference(void **state) {
       }
     }
   }
+}
+
+static void bf16_rounds_to_nearest_even(void **state) {
+  (void)state;
+  /* 1.0 is 0x3f80; one bf16 step above 1 is 2^-7. 1 + 2^-8 is a tie: stays at 1.0 (even);
+   * 1 + 3*2^-8 is a tie between 0x3f81 and 0x3f82: goes to the even 0x3f82. */
+  uint16_t one = 0x3f80, half_step = 0x3b80 /* 2^-8 */, three_half_steps = 0x3c40 /* 3*2^-8 */;
+  uint16_t result;
+  keel__reduce(KEEL_BF16, KEEL_SUM, &result, &one, &half_step, 1);
+  assert_int_equal(result, 0x3f80);
+  keel__reduce(KEEL_BF16, KEEL_SUM, &result, &one, &three_half_steps, 1);
+  assert_int_equal(result, 0x3f82);
+  uint16_t four = 0x4080;
+  keel__divide(KEEL_BF16, &four, 1, 2);
+  assert_int_equal(four, 0x4000); /* 2.0 */
 }
 
 static void divide_rounds_toward_zero_for_integers(void **state) {
@@ -197,6 +220,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_match_reference),
       cmocka_unit_test(divide_rounds_toward_zero_for_integers),
+      cmocka_unit_test(bf16_rounds_to_nearest_even),
       cmocka_unit_test(decision_round_trip),
       cmocka_unit_test(decision_with_nobody_failed),
       cmocka_unit_test(damaged_decisions_are_refused),
