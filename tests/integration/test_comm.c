@@ -1,0 +1,612 @@
+/* Integration tests of the communicator under the real launcher: every collective over 1-4
+ * ranks (comm_check), recovery of a training loop (toy_train) from kills, hangs and failures
+ * during recovery -- by replacement, bit-exact against a clean run, and by shrink, consistent
+ * among survivors -- and a job's defence against a process that lacks its token. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "keel/comm.h"
+#include "test_support.h"
+
+/* Every job is bounded twice: by the launcher's --timeout and, should the launcher itself
+ * hang, by the test's kill. */
+#define JOB_TIMEOUT "60s"
+#define JOB_TIMEOUT_MS 70000
+/* 100000 parameters make each allreduce take the ring path, so that point=allreduce fires
+ * between chunk sends rather than after the direct path's single send. */
+#define TOY_PARAMS "100000"
+#define TOY_STEPS "20"
+#define TOY_STEP_COUNT 20
+#define MAX_FINALS 16
+#define MAX_EVENTS 2048
+
+#define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- one job: its folder, events file and output (launcher and workers, stdout+stderr) */
+typedef struct job {
+  char folder[256];
+  char events[300];
+  char output[300];
+} job;
+
+static void job_prepare(job *run, const char *name) {
+  const char *folder = keel_test_tempdir(name);
+  assert_non_null(folder);
+  snprintf(run->folder, sizeof run->folder, "%s", folder);
+  snprintf(run->events, sizeof run->events, "%s/events.jsonl", run->folder);
+  snprintf(run->output, sizeof run->output, "%s/output.txt", run->folder);
+}
+
+/* argv of "keel run --quiet --timeout T --events E FLAGS -- PROGRAM ARGS" into argv. */
+static void job_argv(const job *run, const char *const *flags, const char *program,
+                     const char *const *program_args, char **argv, size_t capacity) {
+  static char keel_path[4096], program_path[4096];
+  snprintf(keel_path, sizeof keel_path, "%s", keel_test_bin("keel"));
+  snprintf(program_path, sizeof program_path, "%s", keel_test_program(program));
+  size_t used = 0;
+  const char *head[] = {keel_path,   "run",      "--quiet",  "--timeout",
+                        JOB_TIMEOUT, "--events", run->events};
+  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) argv[used++] = (char *)head[i];
+  for (size_t i = 0; flags[i] != NULL && used < capacity - 4; i++) argv[used++] = (char *)flags[i];
+  argv[used++] = "--";
+  argv[used++] = program_path;
+  for (size_t i = 0; program_args[i] != NULL && used < capacity - 1; i++)
+    argv[used++] = (char *)program_args[i];
+  argv[used] = NULL;
+}
+
+/* KEEL_FAULT in the launcher's environment reaches every worker it starts. */
+static void fault_env(const char *fault, char *entry, size_t capacity, char **env) {
+  env[0] = NULL;
+  if (fault == NULL) return;
+  snprintf(entry, capacity, "KEEL_FAULT=%s", fault);
+  env[0] = entry;
+  env[1] = NULL;
+}
+
+static void print_output(const job *run) {
+  char *text = keel_test_read_file(run->output, NULL);
+  if (text != NULL && *text != '\0') fprintf(stderr, "--- output of %s:\n%s", run->folder, text);
+  free(text);
+}
+
+/* Runs the job to its end and returns keel's exit code (-1: the test had to kill it). */
+static int job_run(job *run, const char *const *flags, const char *program,
+                   const char *const *program_args, const char *fault) {
+  char *argv[64], fault_entry[512], *env[2];
+  job_prepare(run, "keel-comm");
+  job_argv(run, flags, program, program_args, argv, 64);
+  fault_env(fault, fault_entry, sizeof fault_entry, env);
+  int code = keel_test_run(argv, env, run->output, JOB_TIMEOUT_MS);
+  if (code != 0) print_output(run);
+  return code;
+}
+
+static int64_t elapsed_ms(const struct timespec *start) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (int64_t)(now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
+}
+
+/* ---- toy_train's "toy-final" lines */
+typedef struct toy_final {
+  int rank, world;
+  unsigned uid, crc;
+  unsigned long long step;
+} toy_final;
+
+typedef struct toy_outcome {
+  toy_final finals[MAX_FINALS];
+  size_t count;
+} toy_outcome;
+
+static void toy_outcome_read(const job *run, toy_outcome *outcome) {
+  memset(outcome, 0, sizeof *outcome);
+  char *text = keel_test_read_file(run->output, NULL);
+  assert_non_null(text);
+  for (char *line = strstr(text, "toy-final "); line != NULL && outcome->count < MAX_FINALS;
+       line = strstr(line + 1, "toy-final ")) {
+    toy_final *final = &outcome->finals[outcome->count];
+    if (sscanf(line, "toy-final rank=%d uid=%u step=%llu world=%d crc=%x", &final->rank,
+               &final->uid, &final->step, &final->world, &final->crc) == 5)
+      outcome->count++;
+  }
+  free(text);
+}
+
+/* Every finishing process ran every step in a world of `world` ranks, the ranks are
+ * 0..world-1 once each, and all hold the same parameters. Returns their crc. */
+static unsigned toy_assert_consistent(const job *run, const toy_outcome *outcome, int world) {
+  if (outcome->count != (size_t)world) print_output(run);
+  assert_int_equal(outcome->count, world);
+  bool seen[MAX_FINALS] = {false};
+  for (size_t i = 0; i < outcome->count; i++) {
+    const toy_final *final = &outcome->finals[i];
+    if (final->crc != outcome->finals[0].crc || final->world != world ||
+        final->step != TOY_STEP_COUNT) {
+      print_output(run);
+      fail_msg("rank %d (uid %u): step %llu world %d crc %08x; rank %d has crc %08x", final->rank,
+               final->uid, final->step, final->world, final->crc, outcome->finals[0].rank,
+               outcome->finals[0].crc);
+    }
+    assert_in_range(final->rank, 0, world - 1);
+    assert_false(seen[final->rank]);
+    seen[final->rank] = true;
+  }
+  return outcome->finals[0].crc;
+}
+
+/* Runs toy_train (TOY_STEPS steps, TOY_PARAMS parameters) under keel with flags and fault;
+ * asserts exit 0 and consistency in a final world of `world`; returns the common crc. */
+static unsigned toy_run(job *run, const char *const *flags, const char *fault, int world) {
+  int code =
+      job_run(run, flags, "toy_train",
+              LIST("--steps", TOY_STEPS, "--params", TOY_PARAMS, "--compute-ms", "2"), fault);
+  assert_int_equal(code, 0);
+  toy_outcome outcome;
+  toy_outcome_read(run, &outcome);
+  return toy_assert_consistent(run, &outcome, world);
+}
+
+/* The crc of a clean 4-worker run: what an exact recovery must reproduce. Run once. */
+static unsigned baseline_crc(void) {
+  static bool known;
+  static unsigned crc;
+  if (!known) {
+    job run;
+    crc = toy_run(&run, LIST("-n", "4"), NULL, 4);
+    known = true;
+  }
+  return crc;
+}
+
+/* ---- the events file */
+typedef struct event_log {
+  char *text;
+  char *lines[MAX_EVENTS];
+  size_t count;
+} event_log;
+
+static void event_log_read(const char *path, event_log *log) {
+  memset(log, 0, sizeof *log);
+  log->text = keel_test_read_file(path, NULL);
+  if (log->text == NULL) return;
+  for (char *save = NULL, *line = strtok_r(log->text, "\n", &save);
+       line != NULL && log->count < MAX_EVENTS; line = strtok_r(NULL, "\n", &save))
+    log->lines[log->count++] = line;
+}
+
+static void event_log_free(event_log *log) { free(log->text); }
+
+/* The text after "key": in line, or NULL. */
+static const char *field(const char *line, const char *key) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *at = strstr(line, pattern);
+  return at ? at + strlen(pattern) : NULL;
+}
+
+static long field_long(const char *line, const char *key) {
+  const char *at = field(line, key);
+  if (at == NULL) return -1;
+  if (*at == '"') at++;
+  return strtol(at, NULL, 10);
+}
+
+static bool is_event(const char *line, const char *name) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "{\"event\":\"%s\"", name);
+  return strncmp(line, pattern, strlen(pattern)) == 0;
+}
+
+/* The first line of event name about uid (uid < 0: any), or NULL. */
+static const char *find_event(const event_log *log, const char *name, long uid) {
+  for (size_t i = 0; i < log->count; i++) {
+    if (is_event(log->lines[i], name) && (uid < 0 || field_long(log->lines[i], "uid") == uid))
+      return log->lines[i];
+  }
+  return NULL;
+}
+
+/* The last line of event name about uid, or NULL: the outcome of the latest recovery. */
+static const char *find_last_event(const event_log *log, const char *name, long uid) {
+  for (size_t i = log->count; i-- > 0;) {
+    if (is_event(log->lines[i], name) && field_long(log->lines[i], "uid") == uid)
+      return log->lines[i];
+  }
+  return NULL;
+}
+
+/* Whether some recovery line (whichever survivor wrote it) has uid in its failed list. */
+static bool recovery_of(const event_log *log, long uid) {
+  for (size_t i = 0; i < log->count; i++) {
+    const char *failed =
+        is_event(log->lines[i], "recovery") ? field(log->lines[i], "failed") : NULL;
+    if (failed == NULL || *failed != '[') continue;
+    for (char *at = (char *)failed + 1; *at != ']' && *at != '\0'; at += *at == ',') {
+      char *end;
+      long value = strtol(at, &end, 10);
+      if (end == at) break;
+      if (value == uid) return true;
+      at = end;
+    }
+  }
+  return false;
+}
+
+/* Every process the launcher started is gone (reaped by it, not a zombie of ours). */
+static void assert_no_process_left(const event_log *log) {
+  size_t spawned = 0;
+  for (size_t i = 0; i < log->count; i++) {
+    if (!is_event(log->lines[i], "spawn")) continue;
+    pid_t pid = (pid_t)field_long(log->lines[i], "pid");
+    assert_true(pid > 1);
+    errno = 0;
+    if (kill(pid, 0) == 0 || errno != ESRCH) fail_msg("pid %ld is still there", (long)pid);
+    spawned++;
+  }
+  assert_true(spawned > 0);
+}
+
+/* A recovery line carries the whole breakdown, so a regression in any phase shows. */
+static void assert_recovery_breakdown(const char *recovery) {
+  static const char *const phases[] = {"detect_ms", "revoke_ms",         "agree_ms", "rebuild_ms",
+                                       "redo_ms",   "state_transfer_ms", "total_ms"};
+  assert_non_null(recovery);
+  for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+    const char *value = field(recovery, phases[i]);
+    if (value == NULL) fail_msg("recovery line without %s: %s", phases[i], recovery);
+    assert_true(strtod(value, NULL) >= 0);
+  }
+}
+
+/* ---- cases: the collectives */
+typedef struct comm_check_case {
+  const char *name;
+  const char *ranks;
+} comm_check_case;
+
+static void test_comm_check(void **state) {
+  const comm_check_case *check = *state;
+  job run;
+  assert_int_equal(job_run(&run, LIST("-n", check->ranks), "comm_check", LIST(NULL), NULL), 0);
+  char line[256], expected[64];
+  assert_true(keel_test_last_line_with(run.output, "comm-check ok", line, sizeof line));
+  snprintf(expected, sizeof expected, "comm-check ok ranks=%s ", check->ranks);
+  assert_true(strncmp(line, expected, strlen(expected)) == 0);
+}
+
+/* ---- cases: replacement reproduces the clean run bit for bit */
+typedef struct replace_case {
+  const char *name;
+  const char *fault;
+  const char *spares;
+  int64_t bound_ms; /* the whole job's time, 0: only the job timeout */
+} replace_case;
+
+/* A short collective deadline (10 s) lets a bound below it tell a recovery that worked
+ * from one that stalled until a member was declared silent. */
+static void test_replace_is_exact(void **state) {
+  const replace_case *replace = *state;
+  unsigned clean = baseline_crc();
+  struct timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  job run;
+  unsigned crc = toy_run(&run,
+                         LIST("-n", "4", "--spares", replace->spares, "--on-failure", "replace",
+                              "--collective-timeout", "10s"),
+                         replace->fault, 4);
+  int64_t took = elapsed_ms(&start);
+  if (crc != clean)
+    fail_msg("%s: crc %08x after replacement, %08x clean", replace->fault, crc, clean);
+  if (replace->bound_ms > 0 && took > replace->bound_ms)
+    fail_msg("%s took %lld ms, more than %lld: see %s", replace->fault, (long long)took,
+             (long long)replace->bound_ms, run.events);
+  event_log log;
+  event_log_read(run.events, &log);
+  assert_non_null(find_event(&log, "fault", 2));
+  if (!recovery_of(&log, 2)) fail_msg("no recovery line names uid 2 failed: %s", run.events);
+  assert_no_process_left(&log);
+  event_log_free(&log);
+}
+
+/* ---- cases: shrink leaves consistent survivors */
+typedef struct shrink_case {
+  const char *name;
+  const char *fault;
+  const char *heartbeat; /* NULL: the default */
+  int world;             /* survivors */
+  int64_t bound_ms;      /* the whole job's time, 0: only the job timeout */
+} shrink_case;
+
+/* Each rule of a KEEL_FAULT text writes one "fault" event as it fires; a rule that never
+ * fired (say, point=agree with no agreement) would make the case prove nothing. */
+static void assert_every_rule_fired(const event_log *log, const char *fault) {
+  size_t rules = 1, fired = 0;
+  for (const char *at = fault; *at; at++) rules += *at == ';';
+  for (size_t i = 0; i < log->count; i++) fired += is_event(log->lines[i], "fault");
+  if (fired != rules) fail_msg("%zu of the %zu rules of %s fired", fired, rules, fault);
+}
+
+static void test_shrink_is_consistent(void **state) {
+  const shrink_case *shrink = *state;
+  struct timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  job run;
+  /* The launcher sets KEEL_HEARTBEAT itself from --heartbeat (an inherited value of that
+   * name is dropped), so a short lease is asked of it. */
+  if (shrink->heartbeat != NULL)
+    toy_run(&run, LIST("-n", "4", "--heartbeat", shrink->heartbeat), shrink->fault, shrink->world);
+  else
+    toy_run(&run, LIST("-n", "4"), shrink->fault, shrink->world);
+  int64_t took = elapsed_ms(&start);
+  if (shrink->bound_ms > 0 && took > shrink->bound_ms)
+    fail_msg("%s took %lld ms, more than %lld", shrink->fault, (long long)took,
+             (long long)shrink->bound_ms);
+  event_log log;
+  event_log_read(run.events, &log);
+  const char *recovery = find_last_event(&log, "recovery", 0);
+  assert_recovery_breakdown(recovery);
+  assert_int_equal(field_long(recovery, "new_world"), shrink->world);
+  assert_every_rule_fired(&log, shrink->fault);
+  assert_no_process_left(&log);
+  event_log_free(&log);
+}
+
+/* ---- the events of a recovery: a hung rank 2 is fenced and replaced */
+static void test_events_of_recovery(void **state) {
+  (void)state;
+  unsigned clean = baseline_crc();
+  job run;
+  unsigned crc = toy_run(
+      &run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace", "--heartbeat", "300ms"),
+      "stop@rank=2,step=6,point=forward", 4);
+  assert_int_equal(crc, clean);
+  event_log log;
+  event_log_read(run.events, &log);
+  const char *recovery = find_event(&log, "recovery", 0);
+  if (recovery == NULL) fail_msg("no recovery line in %s", run.events);
+  assert_non_null(strstr(recovery, "\"failed\":[2]"));
+  assert_non_null(strstr(recovery, "\"policy\":\"replace\""));
+  assert_int_equal(field_long(recovery, "old_world"), 4);
+  assert_int_equal(field_long(recovery, "new_world"), 4);
+  assert_int_equal(field_long(recovery, "replaced"), 1);
+  assert_true(field_long(recovery, "new_epoch") > field_long(recovery, "old_epoch"));
+  assert_recovery_breakdown(recovery);
+  const char *fence = find_event(&log, "fence", 2);
+  if (fence == NULL) fail_msg("the stopped uid 2 was not fenced: %s", run.events);
+  assert_int_equal(field_long(fence, "pid"), field_long(find_event(&log, "spawn", 2), "pid"));
+  const char *exit_line = find_event(&log, "exit", 2);
+  assert_non_null(exit_line);
+  assert_non_null(strstr(exit_line, "\"status\":\"SIGKILL\""));
+  assert_non_null(strstr(exit_line, "\"fenced\":true"));
+  for (long uid = 0; uid < 4; uid++) assert_non_null(find_event(&log, "exit", uid));
+  assert_no_process_left(&log);
+  event_log_free(&log);
+}
+
+/* ---- security: a process without the job's token cannot join or disturb it */
+
+/* Connects a plain TCP socket to "host:port"; -1 if it cannot. */
+static int tcp_connect(const char *address) {
+  char host[64];
+  const char *colon = strrchr(address, ':');
+  if (colon == NULL || (size_t)(colon - address) >= sizeof host) return -1;
+  memcpy(host, address, (size_t)(colon - address));
+  host[colon - address] = '\0';
+  struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  if (inet_pton(AF_INET, host, &peer.sin_addr) != 1) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct timeval patience = {.tv_sec = 5};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+  if (connect(fd, (struct sockaddr *)&peer, sizeof peer) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Sends bytes, then expects the peer to drop the connection (EOF or reset) within the
+ * socket's receive timeout rather than wait for more or answer. */
+static void assert_dropped_after(const char *address, const void *bytes, size_t length,
+                                 const char *what) {
+  int fd = tcp_connect(address);
+  if (fd < 0) fail_msg("cannot connect to %s to send %s", address, what);
+  assert_int_equal(send(fd, bytes, length, MSG_NOSIGNAL), (ssize_t)length);
+  uint8_t answer[256];
+  ssize_t got;
+  size_t answered = 0;
+  while ((got = recv(fd, answer, sizeof answer, 0)) > 0) answered += (size_t)got;
+  int error = errno;
+  close(fd);
+  if (got < 0 && (error == EAGAIN || error == EWOULDBLOCK))
+    fail_msg("%s at %s: still connected after 5 s", what, address);
+  if (answered > 0) fail_msg("%s at %s: answered with %zu bytes", what, address, answered);
+}
+
+/* The job id from the events file's job_start line, waiting for it up to 10 s. */
+static uint64_t wait_for_job_id(const job *run) {
+  for (int tries = 0; tries < 1000; tries++) {
+    event_log log;
+    event_log_read(run->events, &log);
+    const char *start = find_event(&log, "job_start", -1);
+    const char *value = start ? field(start, "job_id") : NULL;
+    uint64_t job_id = value ? strtoull(value + (*value == '"'), NULL, 10) : 0;
+    event_log_free(&log);
+    if (job_id != 0) return job_id;
+    usleep(10000);
+  }
+  fail_msg("no job_start line in %s", run->events);
+  return 0;
+}
+
+/* The address of a live worker from `keel ps --job ID`, waiting up to 10 s for one. */
+static void wait_for_worker_address(const job *run, uint64_t job_id, char *address,
+                                    size_t capacity) {
+  char keel_path[4096], job_text[32], ps_path[400];
+  snprintf(keel_path, sizeof keel_path, "%s", keel_test_bin("keel"));
+  snprintf(job_text, sizeof job_text, "%llu", (unsigned long long)job_id);
+  snprintf(ps_path, sizeof ps_path, "%s/ps.txt", run->folder);
+  char *argv[] = {keel_path, "ps", "--job", job_text, NULL};
+  for (int tries = 0; tries < 100; tries++) {
+    unlink(ps_path);
+    int code = keel_test_run(argv, NULL, ps_path, 5000);
+    char *text = keel_test_read_file(ps_path, NULL);
+    for (char *line = text; code == 0 && line != NULL && *line != '\0';) {
+      char role[16], addr[96];
+      long long rank;
+      if (sscanf(line, "%*u %*d %15s %lld %*d %*d %95s", role, &rank, addr) == 3 &&
+          strcmp(role, "worker") == 0 && rank >= 0 && strchr(addr, ':') != NULL) {
+        snprintf(address, capacity, "%s", addr);
+        free(text);
+        return;
+      }
+      line = strchr(line, '\n');
+      if (line != NULL) line++;
+    }
+    free(text);
+    usleep(100000);
+  }
+  fail_msg("keel ps never showed a worker's address");
+}
+
+/* The attacks on one endpoint: a handshake with the wrong token, garbage bytes, and a
+ * header announcing 2^40 bytes, which must be refused before anything is allocated. */
+static void attack_endpoint(const char *address, uint64_t job_id) {
+  keel_auth impostor = {.job_id = job_id, .local_id = 1};
+  memset(impostor.token, 0x5a, sizeof impostor.token);
+  keel_link *link = NULL;
+  keel_status status =
+      keel_link_connect(address, &impostor, keel_deadline_after_ns(5000000000), &link);
+  if (status != KEEL_EAUTH)
+    fail_msg("wrong token at %s: %s, want KEEL_EAUTH", address, keel_status_name(status));
+  assert_null(link);
+
+  uint8_t garbage[200];
+  keel_random random;
+  keel_random_seed(&random, 42);
+  for (size_t i = 0; i < sizeof garbage; i++) garbage[i] = (uint8_t)keel_random_next(&random);
+  assert_dropped_after(address, garbage, sizeof garbage, "garbage");
+
+  keel_frame huge = {
+      .type = KEEL_FRAME_HELLO, .job_id = job_id, .length = (uint64_t)1 << 40, .source = 1};
+  uint8_t header[KEEL_FRAME_HEADER_BYTES];
+  keel_frame_encode(&huge, header);
+  assert_dropped_after(address, header, sizeof header, "a 2^40-byte frame header");
+}
+
+static void test_impostor_cannot_join(void **state) {
+  (void)state;
+  unsigned clean = baseline_crc();
+  job run;
+  job_prepare(&run, "keel-comm-impostor");
+  char *argv[64];
+  /* 250 ms of compute per step: the job lasts ~5 s, long enough for every attack. */
+  job_argv(&run, LIST("-n", "4"), "toy_train",
+           LIST("--steps", TOY_STEPS, "--params", TOY_PARAMS, "--compute-ms", "250"), argv, 64);
+  pid_t launcher = keel_test_spawn(argv, NULL, run.output);
+  assert_true(launcher > 0);
+  uint64_t job_id = wait_for_job_id(&run);
+  char worker[96];
+  wait_for_worker_address(&run, job_id, worker, sizeof worker);
+  /* A connection that never says hello, opened first, holds the worker's acceptor for
+   * its handshake deadline: the attacks queued behind it and the job must not stall. */
+  int silent = tcp_connect(worker);
+  assert_true(silent >= 0);
+  attack_endpoint(worker, job_id);
+  event_log log;
+  event_log_read(run.events, &log);
+  char store[96];
+  const char *store_field = field(find_event(&log, "job_start", -1), "store");
+  assert_non_null(store_field);
+  snprintf(store, sizeof store, "%.*s", (int)strcspn(store_field + 1, "\""), store_field + 1);
+  event_log_free(&log);
+  attack_endpoint(store, job_id);
+  int wait_status = 0;
+  if (keel_test_wait(launcher, 0, &wait_status))
+    fail_msg("the job ended before the attacks were over; give it more --compute-ms");
+  if (!keel_test_wait(launcher, JOB_TIMEOUT_MS, &wait_status)) fail_msg("the job did not end");
+  close(silent);
+  if (!WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0) print_output(&run);
+  assert_true(WIFEXITED(wait_status));
+  assert_int_equal(WEXITSTATUS(wait_status), 0);
+  toy_outcome outcome;
+  toy_outcome_read(&run, &outcome);
+  assert_int_equal(toy_assert_consistent(&run, &outcome, 4), clean);
+  event_log_read(run.events, &log);
+  assert_null(find_event(&log, "recovery", -1));
+  assert_null(find_event(&log, "fence", -1));
+  assert_no_process_left(&log);
+  event_log_free(&log);
+}
+
+/* ---- the table of cases */
+static comm_check_case comm_checks[] = {
+    {"comm_check_1_rank", "1"},
+    {"comm_check_2_ranks", "2"},
+    {"comm_check_3_ranks", "3"},
+    {"comm_check_4_ranks", "4"},
+};
+
+static replace_case replaces[] = {
+    {"replace_kill_in_allreduce", "kill@rank=2,step=7,point=allreduce,after=2", "1", 0},
+    {"replace_kill_at_forward", "kill@rank=2,step=7,point=forward", "1", 0},
+    /* The killed rank may have finished the allreduce: survivors can differ in progress and
+     * the newcomer must get the state of the most advanced replica. */
+    {"replace_kill_at_optimizer", "kill@rank=2,step=7,point=optimizer", "1", 0},
+    /* Rank 0 dies while it sends rank 2's replacement its state: the newcomer must be
+     * picked again (or another spare), not left out of the next agreement until it is
+     * suspected at the collective deadline and fenced. */
+    {"replace_sender_dies_during_state_transfer",
+     "kill@rank=2,step=7,point=forward;kill@rank=0,point=state", "2", 8000},
+};
+
+static shrink_case shrinks[] = {
+    {"shrink_single_failure", "kill@rank=1,step=5,point=allreduce,after=2", NULL, 3, 0},
+    {"shrink_double_failure",
+     "kill@rank=1,step=5,point=allreduce,after=2;kill@rank=3,step=12,point=forward", NULL, 2, 0},
+    /* SIGSTOP: only the lapsed lease shows it; the launcher fences it within ~0.5 s. */
+    {"shrink_hang_is_fenced", "stop@rank=1,step=8", "300ms", 3, 20000},
+    /* Rank 2 dies while it takes part in the agreement that follows rank 1's death. */
+    {"shrink_failure_during_recovery",
+     "kill@rank=1,step=6,point=allreduce,after=2;kill@rank=2,point=agree", NULL, 2, 0},
+};
+
+#define NAMED_CASE(function, table, index) \
+  { table[index].name, function, NULL, NULL, &table[index] }
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      NAMED_CASE(test_comm_check, comm_checks, 0),
+      NAMED_CASE(test_comm_check, comm_checks, 1),
+      NAMED_CASE(test_comm_check, comm_checks, 2),
+      NAMED_CASE(test_comm_check, comm_checks, 3),
+      NAMED_CASE(test_replace_is_exact, replaces, 0),
+      NAMED_CASE(test_replace_is_exact, replaces, 1),
+      NAMED_CASE(test_replace_is_exact, replaces, 2),
+      NAMED_CASE(test_replace_is_exact, replaces, 3),
+      NAMED_CASE(test_shrink_is_consistent, shrinks, 0),
+      NAMED_CASE(test_shrink_is_consistent, shrinks, 1),
+      NAMED_CASE(test_shrink_is_consistent, shrinks, 2),
+      NAMED_CASE(test_shrink_is_consistent, shrinks, 3),
+      cmocka_unit_test(test_events_of_recovery),
+      cmocka_unit_test(test_impostor_cannot_join),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
