@@ -422,9 +422,9 @@ keel_status keel_start(keel_ctx *ctx) {
   keel_status status = keel_store_put(ctx->store, key, "", 0, ctx->lease, NULL);
   if (status != KEEL_OK) return status;
   spare_preconnect(ctx);
+  keel__decision decision;
+  status = keel__wait_for_admission(ctx, &decision);
   for (;;) {
-    keel__decision decision;
-    status = keel__wait_for_admission(ctx, &decision);
     if (status != KEEL_OK) return status;
     keel_store_delete(ctx->store, key);
     bool received = false;
@@ -435,10 +435,19 @@ keel_status keel_start(keel_ctx *ctx) {
       keel__publish_proc(ctx, ctx->world->rank, ctx->world->epoch);
       return KEEL_OK;
     }
-    /* The sender failed while we received: the survivors will decide again and pick us
-     * again as a member that needs state. */
-    KEEL_LOG_W(MODULE, "state transfer failed (%s); waiting for the next decision",
+    if (status == KEEL_EEXCLUDED) {
+      /* A later decision went on without us: wait to be admitted again. */
+      status = keel__wait_for_admission(ctx, &decision);
+      continue;
+    }
+    /* We are a member of the new epoch, but the state did not arrive (its sender failed,
+     * say): take part in that epoch's recovery like any member, as one that holds no state,
+     * so the next decision names another sender for us. */
+    KEEL_LOG_W(MODULE, "state transfer failed (%s); recovering the new epoch",
                keel_strerror(status));
+    keel_comm_revoke(ctx->world);
+    keel__contribution mine = {.flags = 1, .rebuild = true, .has_state = false};
+    status = keel__agree(ctx->world, &mine, &decision);
   }
 }
 

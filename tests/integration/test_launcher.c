@@ -1,4 +1,5 @@
-/* Integration tests of `keel run`, `keel inject` and `keel ps`: the real launcher runs fake
+/* Integration tests of `keel run`, `keel inject`, `keel ps` and the usage errors of `keel
+ * join` and `keel report` (their jobs are in test_elastic.c): the real launcher runs fake
  * workers (tests/programs/fake_worker.c) and each test checks its exit code, its events
  * file, that the processes it fenced or killed were the right ones, and that none is left
  * behind. Every run is bounded by a timeout of a few seconds. */
@@ -376,6 +377,57 @@ static void test_rank_taken_by_spare(void **state) {
   event_log_free(&log);
 }
 
+/* --max-world above -n starts joiners after --join-delay; those still waiting when the
+ * workers are done are told by job/done or, if they ignore it, killed like idle spares. */
+static void test_joiners_stopped_at_end(void **state) {
+  (void)state;
+  launch run;
+  int64_t start = (int64_t)time(NULL);
+  int code = launch_run(&run, LIST("-n", "2", "--max-world", "4", "--join-delay", "100ms"),
+                        LIST("--only", "2", "--sleep", "60000", "--only", "3", "--spare-wait",
+                             "--sleep", "600"));
+  if (code != 0) print_output(&run);
+  assert_int_equal(code, 0);
+  assert_true((int64_t)time(NULL) - start < 6);
+  event_log log;
+  event_log_read(run.events, &log);
+  assert_all_lines_valid(&log);
+  assert_int_equal(count_events(&log, "spawn"), 4);
+  assert_true(field_is(find_event(&log, "spawn", 2), "role", "joiner"));
+  assert_true(field_is(find_event(&log, "spawn", 3), "role", "joiner"));
+  long started = field_long(log.lines[0], "t_ns");
+  assert_true(field_long(find_event(&log, "spawn", 2), "t_ns") - started >= 90 * 1000 * 1000L);
+  assert_true(field_is(find_event(&log, "exit", 2), "status", "SIGKILL"));
+  assert_true(field_is(find_event(&log, "exit", 3), "status", "0"));
+  assert_int_equal(field_long(log.lines[log.count - 1], "code"), 0);
+  assert_no_process_left(&log);
+  event_log_free(&log);
+}
+
+/* A joiner that takes a rank is a worker from then on: the job waits for it and its exit
+ * code is the verdict. */
+static void test_rank_taken_by_joiner(void **state) {
+  (void)state;
+  launch run;
+  /* uid 1 (joiner) takes rank 1 in epoch 1 and outlives uid 0 by more than the grace a
+   * waiting joiner gets after job/done, then exits 3. */
+  int code = launch_run(&run, LIST("-n", "1", "--max-world", "2"),
+                        LIST("--only", "1", "--publish", "1", "1", "--only", "0", "--sleep", "200",
+                             "--only", "0", "--publish", "0", "1", "--only", "1", "--sleep",
+                             "2500", "--only", "1", "--exit", "3"));
+  assert_int_equal(code, 3);
+  event_log log;
+  event_log_read(run.events, &log);
+  assert_all_lines_valid(&log);
+  const char *joiner_exit = find_event(&log, "exit", 1);
+  assert_non_null(joiner_exit);
+  assert_true(field_is(joiner_exit, "role", "joiner"));
+  assert_true(field_is(joiner_exit, "status", "3"));
+  assert_int_equal(field_long(joiner_exit, "rank"), 1);
+  assert_no_process_left(&log);
+  event_log_free(&log);
+}
+
 static void test_timeout_kills_the_job(void **state) {
   (void)state;
   launch run;
@@ -429,6 +481,12 @@ static void test_bad_flags(void **state) {
   expect_usage_error(LIST("frobnicate"));
   expect_usage_error(LIST("inject", "explode", "1"));
   expect_usage_error(LIST("inject", "kill", "-3"));
+  expect_usage_error(LIST("run", "--join-delay", "-1s", "--", "true"));
+  expect_usage_error(LIST("run", "--join-delay", "soon", "--", "true"));
+  expect_usage_error(LIST("join", "-n", "x"));
+  expect_usage_error(LIST("join", "extra"));
+  expect_usage_error(LIST("report"));
+  expect_usage_error(LIST("report", "--json", "/nonexistent/keel-events.jsonl"));
 }
 
 static void test_help_and_missing_program(void **state) {
@@ -591,6 +649,8 @@ int main(void) {
       cmocka_unit_test(test_node_failure_domain),
       cmocka_unit_test(test_replace_respawns_a_spare),
       cmocka_unit_test(test_rank_taken_by_spare),
+      cmocka_unit_test(test_joiners_stopped_at_end),
+      cmocka_unit_test(test_rank_taken_by_joiner),
       cmocka_unit_test(test_timeout_kills_the_job),
       cmocka_unit_test(test_bad_flags),
       cmocka_unit_test(test_help_and_missing_program),

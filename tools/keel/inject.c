@@ -10,8 +10,6 @@
 
 #include "tool.h"
 
-#define CONNECT_DEADLINE_NS (3 * INT64_C(1000000000))
-
 typedef struct inject_action {
   const char *name;
   int signal_number;
@@ -23,35 +21,6 @@ static const inject_action inject_actions[] = {
     {"stop", SIGSTOP, "stopped"},
     {"cont", SIGCONT, "continued"},
 };
-
-/* Reads "--job ID" / "--job=ID" at argv[*index]; true if it was that flag. */
-static bool job_flag(int argc, char **argv, int *index, const char **job_p, bool *bad_p) {
-  const char *arg = argv[*index];
-  if (strncmp(arg, "--job=", 6) == 0) {
-    *job_p = arg + 6;
-    return true;
-  }
-  if (strcmp(arg, "--job") != 0) return false;
-  if (*index + 1 >= argc) {
-    *bad_p = true;
-    return true;
-  }
-  *job_p = argv[++*index];
-  return true;
-}
-
-/* Finds the job (job_id NULL: the newest running one) and connects to its store. */
-static keel_status job_connect(const char *job_id, keel__job_info *job_p, keel_store **store_p) {
-  keel_status status = keel__job_file_find(job_id, job_p);
-  if (status != KEEL_OK) return status;
-  job_p->auth.local_id = KEEL__TOOL_ID;
-  status = keel_store_connect(job_p->store, &job_p->auth,
-                              keel_deadline_after_ns(CONNECT_DEADLINE_NS), store_p);
-  if (status != KEEL_OK)
-    fprintf(stderr, "keel: cannot reach the store of job %llu at %s: %s\n",
-            (unsigned long long)job_p->auth.job_id, job_p->store, keel_strerror(status));
-  return status;
-}
 
 /* A process the launcher has reaped keeps its proc/ key until its lease ends; dead/<uid>
  * says it is gone already. */
@@ -131,7 +100,7 @@ int keel__command_inject(int argc, char **argv) {
   const char *job_id = NULL, *action_name = NULL, *rank_text = NULL;
   bool bad = false;
   for (int index = 1; index < argc; index++) {
-    if (job_flag(argc, argv, &index, &job_id, &bad)) continue;
+    if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
     if (argv[index][0] == '-' && argv[index][1] != '\0') return inject_usage("unknown flag");
     if (action_name == NULL)
       action_name = argv[index];
@@ -153,7 +122,7 @@ int keel__command_inject(int argc, char **argv) {
     return inject_usage("RANK must be a non-negative integer");
   keel__job_info job;
   keel_store *store = NULL;
-  if (job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
   int exit_code = inject_signal(store, &job, action, rank);
   keel_store_close(store);
   return exit_code;
@@ -178,7 +147,7 @@ int keel__command_ps(int argc, char **argv) {
   const char *job_id = NULL;
   bool bad = false;
   for (int index = 1; index < argc; index++) {
-    if (job_flag(argc, argv, &index, &job_id, &bad)) continue;
+    if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
     fprintf(stderr, "keel ps: unexpected '%s' (usage: keel ps [--job JOB_ID])\n", argv[index]);
     return KEEL__EXIT_USAGE;
   }
@@ -188,7 +157,7 @@ int keel__command_ps(int argc, char **argv) {
   }
   keel__job_info job;
   keel_store *store = NULL;
-  if (job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
   keel_store_entry *entries = NULL;
   size_t count = 0;
   keel_status status = keel_store_list(store, "proc/", &entries, &count, NULL);

@@ -1,5 +1,5 @@
 /* Job files and proc/ values. A running launcher leaves /tmp/keel-<unix uid>/<job>.job
- * so that `keel inject` and `keel ps` can join its store without flags; the folder is
+ * so that `keel inject`, `ps` and `join` can join its store without flags; the folder is
  * private to the user because the file holds the job's secret token. */
 #include <dirent.h>
 #include <errno.h>
@@ -14,6 +14,7 @@
 #include "tool.h"
 
 #define JOB_FILE_MAX_BYTES 1024
+#define CONNECT_DEADLINE_NS (3 * INT64_C(1000000000))
 
 static void job_directory(char *path, size_t capacity) {
   snprintf(path, capacity, "/tmp/keel-%u", (unsigned)getuid());
@@ -181,6 +182,33 @@ keel_status keel__job_file_find(const char *job_id, keel__job_info *info_p) {
     return KEEL_ENOTFOUND;
   }
   return KEEL_OK;
+}
+
+keel_status keel__job_connect(const char *job_id, keel__job_info *job_p, keel_store **store_p) {
+  keel_status status = keel__job_file_find(job_id, job_p);
+  if (status != KEEL_OK) return status;
+  job_p->auth.local_id = KEEL__TOOL_ID;
+  status = keel_store_connect(job_p->store, &job_p->auth,
+                              keel_deadline_after_ns(CONNECT_DEADLINE_NS), store_p);
+  if (status != KEEL_OK)
+    fprintf(stderr, "keel: cannot reach the store of job %llu at %s: %s\n",
+            (unsigned long long)job_p->auth.job_id, job_p->store, keel_strerror(status));
+  return status;
+}
+
+bool keel__job_flag(int argc, char **argv, int *index, const char **job_p, bool *bad_p) {
+  const char *arg = argv[*index];
+  if (strncmp(arg, "--job=", 6) == 0) {
+    *job_p = arg + 6;
+    return true;
+  }
+  if (strcmp(arg, "--job") != 0) return false;
+  if (*index + 1 >= argc) {
+    *bad_p = true;
+    return true;
+  }
+  *job_p = argv[++*index];
+  return true;
 }
 
 keel_status keel__process_stat(pid_t pid, char *state_p, pid_t *parent_p) {

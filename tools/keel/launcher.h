@@ -1,7 +1,8 @@
 /* The launcher of `keel run`: its options, its process table and the context shared by the
- * event loop (run.c), the children (run_children.c), the status pipe, events file and
- * terminal line (run_status.c) and the store watchers (run_watch.c). The loop's thread owns
- * all of it; watcher threads only write fixed-size reports into a pipe the loop reads. */
+ * event loop (run.c), the children (run_children.c), the joiners that grow the job
+ * (run_join.c), the status pipe, events file and terminal line (run_status.c) and the store
+ * watchers (run_watch.c). The loop's thread owns all of it; watcher threads only write
+ * fixed-size reports into a pipe the loop reads. */
 #ifndef KEEL_LAUNCHER_H
 #define KEEL_LAUNCHER_H
 
@@ -25,7 +26,8 @@ typedef struct keel__run_options {
   int64_t max_restarts;
   int64_t min_world;
   int64_t max_world;
-  int64_t timeout_ns; /* -1: none */
+  int64_t join_delay_ns; /* the first max_world - world joiners start this long after */
+  int64_t timeout_ns;    /* -1: none */
   int64_t collective_timeout_ns;
   int64_t heartbeat_ns;
   const char *events_path; /* NULL: no events file */
@@ -49,6 +51,7 @@ typedef enum keel__report_kind {
   KEEL__REPORT_PROC,      /* proc/<uid> was created or changed */
   KEEL__REPORT_PROC_GONE, /* proc/<uid> went away: its lease ended or it was deleted */
   KEEL__REPORT_SUSPECT,   /* suspect/<uid> appeared or changed */
+  KEEL__REPORT_REQUEST,   /* a key under request/ was written (no uid: the loop lists them) */
 } keel__report_kind;
 
 typedef struct keel__report {
@@ -61,9 +64,9 @@ typedef struct keel__report {
 
 typedef struct keel__watcher keel__watcher;
 
-/* Starts a thread with its own store client that lists prefix ("proc/" or "suspect/"),
- * reports differences to report_fd and waits for the next change. Uids at or above
- * uid_limit are ignored. */
+/* Starts a thread with its own store client that lists prefix ("proc/", "suspect/" or
+ * "request/"), reports differences to report_fd and waits for the next change. Uids at or
+ * above uid_limit are ignored (request/ keys hold no uid). */
 keel_status keel__watcher_start(const char *endpoint, const keel_auth *auth, const char *prefix,
                                 uint32_t uid_limit, int report_fd, keel__watcher **watcher_p);
 /* Asks the thread to stop, joins it (within one wait slice) and frees it. NULL allowed. */
@@ -73,6 +76,7 @@ void keel__watcher_stop(keel__watcher *watcher);
 typedef enum keel__role {
   KEEL__ROLE_WORKER,
   KEEL__ROLE_SPARE,
+  KEEL__ROLE_JOINER,
 } keel__role;
 
 typedef struct keel__child {
@@ -128,12 +132,17 @@ typedef struct keel__launcher {
   int report_write_fd;
   keel__watcher *proc_watcher;
   keel__watcher *suspect_watcher;
+  keel__watcher *request_watcher;
   int events_fd;
   char job_file_path[PATH_MAX];
   keel__child *children;
   size_t child_count;
   size_t child_capacity;
   int64_t restarts_used;
+  int64_t joiners_delayed; /* joiners of --max-world still to start at join_at_ns */
+  int64_t join_at_ns;      /* KEEL_NO_DEADLINE: none delayed */
+  int64_t joiners_started; /* every joiner so far, delayed or asked for by `keel join` */
+  int64_t joiner_budget;   /* joiners the table has room for over the whole job */
   keel__phase phase;
   int exit_code;
   int64_t start_ns;
@@ -168,17 +177,27 @@ int keel__wait_status_code(int wait_status);
 /* "0", "3", "SIGKILL": how a wait status reads in dead/ values and events. */
 void keel__wait_status_text(int wait_status, char *text, size_t capacity);
 
+const char *keel__role_name(keel__role role);
+
 /* run.c */
 void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child);
+
+/* run_join.c: growing the job (RUNTIME.md, "Growing the job"). */
+/* At the start: the max_world - world joiners of --max-world, now or after --join-delay. */
+void keel__joiners_schedule(keel__launcher *launcher);
+/* Starts the delayed joiners once their time has come (and the job still runs). */
+void keel__joiners_tick(keel__launcher *launcher, int64_t now_ns);
+/* When the delayed joiners are due (KEEL_NO_DEADLINE: none). */
+int64_t keel__joiners_deadline(const keel__launcher *launcher);
+/* Handles every request/join/ key in the store: starts the joiners it asks for and deletes
+ * it, or refuses it (the world would pass --max-world) by rewriting its value. */
+void keel__join_requests_handle(keel__launcher *launcher);
 
 /* run_status.c */
 /* Appends one launcher event to the events file: {"event":E,"t_ns":..,"wall_ns":..,FIELDS}
  * where fields_format (may be NULL) prints the rest of the object's members. */
 void keel__event_emit(keel__launcher *launcher, const char *event, const char *fields_format, ...)
     __attribute__((format(printf, 3, 4)));
-/* Writes text as the inside of a JSON string (quotes, backslashes and control characters
- * escaped), truncated to fit capacity. */
-void keel__json_escape(const char *text, char *escaped, size_t capacity);
 /* Reads what the status pipe holds and handles each complete line. */
 void keel__status_drain(keel__launcher *launcher);
 /* Sets the "last event" part of the terminal's status line. */

@@ -1,6 +1,6 @@
-/* The `keel` command: dispatches to its subcommands (run, inject, ps). Usage errors are one
- * line on stderr and exit code 2; nothing but help goes to stdout, which belongs to the
- * programs the launcher starts. */
+/* The `keel` command: dispatches to its subcommands (run, inject, ps, join, report). Usage
+ * errors are one line on stderr and exit code 2; `keel run` writes nothing but help to
+ * stdout, which belongs to the programs the launcher starts. */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +13,8 @@ static const char usage_text[] =
     "  run     start a fault-tolerant job: keel run -n 4 -- ./train ARGS...\n"
     "  inject  make a failure in a running job: keel inject kill|stop|cont RANK [--job ID]\n"
     "  ps      list the live processes of a job: keel ps [--job ID]\n"
+    "  join    grow a running job by K processes: keel join [--job ID] [-n K]\n"
+    "  report  summarise a job's events file: keel report [--json] EVENTS_FILE\n"
     "\n"
     "keel run --help lists the launcher's flags.\n";
 
@@ -25,6 +27,8 @@ static const command_entry commands[] = {
     {"run", keel__command_run},
     {"inject", keel__command_inject},
     {"ps", keel__command_ps},
+    {"join", keel__command_join},
+    {"report", keel__command_report},
 };
 
 int main(int argc, char **argv) {

@@ -1,7 +1,8 @@
 /* `keel run`: the launcher. It starts the embedded store and the processes of a job, then
  * one poll loop (signalfd, status pipe, watcher reports, deadlines) owns the process table:
- * it reaps, fences hung or suspected processes, respawns spares, and ends the job with the
- * workers' verdict. Nothing here kills by name: every signal goes to a pid it started. */
+ * it reaps, fences hung or suspected processes, respawns spares, starts joiners, and ends
+ * the job with the workers' verdict. Nothing here kills by name: every signal goes to a pid
+ * it started. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,7 +17,8 @@
 #include "launcher.h"
 
 #define SECOND_NS INT64_C(1000000000)
-/* Spares get this long after job/done, and children this long after SIGTERM. */
+/* Spares and waiting joiners get this long after job/done, and children this long after
+ * SIGTERM. */
 #define GRACE_NS (2 * SECOND_NS)
 #define CONNECT_DEADLINE_NS (5 * SECOND_NS)
 
@@ -99,8 +101,8 @@ static void launcher_refresh_ranks(keel__launcher *launcher) {
   keel_store_entries_free(entries, count);
 }
 
-/* The job is over when no process that holds a rank is left: the spares still alive are
- * idle by then, and job/done tells them to go. */
+/* The job is over when no process that holds a rank is left: the spares and joiners still
+ * alive are idle by then, and job/done tells them to go. */
 static void launcher_check_end(keel__launcher *launcher) {
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (keel__children_alive(launcher, true) > 0) return;
@@ -201,6 +203,9 @@ static void launcher_handle_report(keel__launcher *launcher, const keel__report 
     case KEEL__REPORT_SUSPECT:
       launcher_handle_suspect(launcher, report);
       break;
+    case KEEL__REPORT_REQUEST:
+      keel__join_requests_handle(launcher);
+      break;
   }
 }
 
@@ -257,9 +262,10 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
     launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
   }
   launcher_fence_lapsed(launcher, now_ns);
+  keel__joiners_tick(launcher, now_ns);
   if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
     if (launcher->phase == KEEL__PHASE_ENDING && keel__children_alive(launcher, false) > 0)
-      KEEL_LOG_I("launcher", "stopping the spares left after job/done");
+      KEEL_LOG_I("launcher", "stopping the spares and joiners left after job/done");
     keel__children_signal(launcher, SIGKILL);
     launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
   }
@@ -270,6 +276,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   int64_t next = keel__display_deadline(launcher);
   if (launcher->phase == KEEL__PHASE_RUNNING && launcher->timeout_deadline_ns < next)
     next = launcher->timeout_deadline_ns;
+  if (keel__joiners_deadline(launcher) < next) next = keel__joiners_deadline(launcher);
   if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
     next = launcher->phase_deadline_ns;
   int64_t now_ns = keel_now_ns();
@@ -400,10 +407,18 @@ static keel_status watchers_open(keel__launcher *launcher) {
   if (status != KEEL_OK) return status;
   status = keel__watcher_start(launcher->endpoint, &launcher->auth, "suspect/", limit,
                                launcher->report_write_fd, &launcher->suspect_watcher);
-  if (status != KEEL_OK) {
-    keel__watcher_stop(launcher->proc_watcher);
-    launcher->proc_watcher = NULL;
-  }
+  if (status != KEEL_OK) goto fail_stop_proc_watcher;
+  status = keel__watcher_start(launcher->endpoint, &launcher->auth, "request/", 0,
+                               launcher->report_write_fd, &launcher->request_watcher);
+  if (status != KEEL_OK) goto fail_stop_suspect_watcher;
+  return KEEL_OK;
+
+fail_stop_suspect_watcher:
+  keel__watcher_stop(launcher->suspect_watcher);
+  launcher->suspect_watcher = NULL;
+fail_stop_proc_watcher:
+  keel__watcher_stop(launcher->proc_watcher);
+  launcher->proc_watcher = NULL;
   return status;
 }
 
@@ -453,6 +468,7 @@ fail_close_signals:
  * process is about to exit, and a pending SIGTERM unblocked now would end it by signal
  * instead of with the verdict. */
 static void launcher_close(keel__launcher *launcher) {
+  keel__watcher_stop(launcher->request_watcher);
   keel__watcher_stop(launcher->suspect_watcher);
   keel__watcher_stop(launcher->proc_watcher);
   unlink(launcher->job_file_path);
@@ -470,7 +486,12 @@ static void launcher_init(keel__launcher *launcher, const keel__run_options *opt
   launcher->signal_fd = launcher->events_fd = -1;
   launcher->status_read_fd = launcher->status_write_fd = -1;
   launcher->report_read_fd = launcher->report_write_fd = -1;
-  launcher->child_capacity = (size_t)(options->world + options->spares + options->max_restarts);
+  /* Joiners have a table budget of their own, so that `keel join` never takes the room of
+   * a respawn: enough to grow to --max-world, or to refill it after every rank shrank away. */
+  launcher->joiner_budget = options->max_world;
+  launcher->child_capacity =
+      (size_t)(options->world + options->spares + options->max_restarts + launcher->joiner_budget);
+  launcher->join_at_ns = KEEL_NO_DEADLINE;
   launcher->phase = KEEL__PHASE_RUNNING;
   launcher->timeout_deadline_ns = KEEL_NO_DEADLINE;
   launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
@@ -492,12 +513,14 @@ static void launcher_emit_start(keel__launcher *launcher) {
       launcher, "job_start",
       "\"job_id\":\"%llu\",\"store\":\"%s\",\"launcher_pid\":%ld,\"world\":%lld,\"spares\":%lld,"
       "\"nnodes\":%lld,\"nproc_per_node\":%lld,\"on_failure\":\"%s\",\"failure_domain\":\"%s\","
-      "\"max_restarts\":%lld,\"heartbeat_ns\":%lld,\"program\":\"%s\"",
+      "\"max_restarts\":%lld,\"max_world\":%lld,\"join_delay_ns\":%lld,\"heartbeat_ns\":%lld,"
+      "\"program\":\"%s\"",
       (unsigned long long)launcher->auth.job_id, launcher->endpoint, (long)getpid(),
       (long long)options->world, (long long)options->spares, (long long)options->nnodes,
       (long long)options->nproc_per_node,
       options->on_failure == KEEL__ON_FAILURE_REPLACE ? "replace" : "shrink",
       options->node_failure_domain ? "node" : "process", (long long)options->max_restarts,
+      (long long)options->max_world, (long long)options->join_delay_ns,
       (long long)options->heartbeat_ns, program);
 }
 
@@ -513,6 +536,7 @@ static void launcher_spawn_all(keel__launcher *launcher) {
       return;
     }
   }
+  keel__joiners_schedule(launcher);
 }
 
 int keel__command_run(int argc, char **argv) {

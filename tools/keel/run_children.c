@@ -30,12 +30,14 @@ typedef struct child_environment {
   char own[OWN_VARIABLE_COUNT][OWN_VARIABLE_BYTES];
 } child_environment;
 
-static const char *role_name(keel__role role) {
-  return role == KEEL__ROLE_WORKER ? "worker" : "spare";
+/* The KEEL_ROLE value of each role (RUNTIME.md). */
+const char *keel__role_name(keel__role role) {
+  static const char *const names[] = {"worker", "spare", "joiner"};
+  return (size_t)role < sizeof names / sizeof names[0] ? names[role] : "worker";
 }
 
-/* Workers fill nodes in uid order; spares (and respawns) fill further nodes of the same size
- * after them, so a node's failure never takes the spares that are to replace it. */
+/* Workers fill nodes in uid order; spares, respawns and joiners fill further nodes of the
+ * same size after them, so a node's failure never takes the spares that are to replace it. */
 static int64_t child_node(const keel__run_options *options, uint32_t uid) {
   if ((int64_t)uid < options->world) return (int64_t)uid / options->nproc_per_node;
   return options->nnodes + ((int64_t)uid - options->world) / options->nproc_per_node;
@@ -76,7 +78,7 @@ static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, kee
   own_variable_set(environment, 1, "%s", token);
   own_variable_set(environment, 2, "%s", launcher->endpoint);
   own_variable_set(environment, 3, "%u", (unsigned)uid);
-  own_variable_set(environment, 4, "%s", role_name(role));
+  own_variable_set(environment, 4, "%s", keel__role_name(role));
   own_variable_set(environment, 5, "%lld", (long long)options->world);
   own_variable_set(environment, 6, "%lld", (long long)options->max_world);
   own_variable_set(environment, 7, "%lld", (long long)child_node(options, uid));
@@ -154,7 +156,7 @@ keel_status keel__child_spawn(keel__launcher *launcher, keel__role role) {
       .rank = role == KEEL__ROLE_WORKER ? (int64_t)uid : -1,
   };
   keel__event_emit(launcher, "spawn", "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"node\":%lld",
-                   (unsigned)uid, (long)pid, role_name(role), (long long)child->node);
+                   (unsigned)uid, (long)pid, keel__role_name(role), (long long)child->node);
   return KEEL_OK;
 }
 
@@ -203,7 +205,7 @@ static void child_record_exit(keel__launcher *launcher, const keel__child *child
   keel__event_emit(launcher, "exit",
                    "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"rank\":%lld,%s,\"status\":\"%s\","
                    "\"fenced\":%s",
-                   (unsigned)child->uid, (long)child->pid, role_name(child->role),
+                   (unsigned)child->uid, (long)child->pid, keel__role_name(child->role),
                    (long long)child->rank, how, outcome, child->fenced ? "true" : "false");
 }
 

@@ -25,7 +25,10 @@ static const char run_help_text[] =
     "  --failure-domain D        process (default) or node: a failure drops its whole node\n"
     "  --max-restarts R          fresh spares started after failures (default 3 with replace)\n"
     "  --min-world A             stop the job when fewer than A ranks can remain (default 1)\n"
-    "  --max-world B             largest world a grow may reach (default N)\n"
+    "  --max-world B             largest world a grow may reach (default N); B > N starts\n"
+    "                            B - N joiners that enter the job as they become ready\n"
+    "  --join-delay DURATION     start those joiners DURATION after the workers (default 0);\n"
+    "                            `keel join` asks a running job for more, up to B\n"
     "  --timeout DURATION        kill the job after DURATION and exit 124 (e.g. 90s, 10m)\n"
     "  --collective-timeout DURATION  deadline of each collective (default 30s)\n"
     "  --heartbeat DURATION      lease time-to-live; a process silent this long is fenced\n"
@@ -47,6 +50,7 @@ typedef enum flag_id {
   FLAG_MAX_RESTARTS,
   FLAG_MIN_WORLD,
   FLAG_MAX_WORLD,
+  FLAG_JOIN_DELAY,
   FLAG_TIMEOUT,
   FLAG_COLLECTIVE_TIMEOUT,
   FLAG_HEARTBEAT,
@@ -73,6 +77,7 @@ static const flag_spec flag_table[] = {
     {"--max-restarts", FLAG_MAX_RESTARTS, true},
     {"--min-world", FLAG_MIN_WORLD, true},
     {"--max-world", FLAG_MAX_WORLD, true},
+    {"--join-delay", FLAG_JOIN_DELAY, true},
     {"--timeout", FLAG_TIMEOUT, true},
     {"--collective-timeout", FLAG_COLLECTIVE_TIMEOUT, true},
     {"--heartbeat", FLAG_HEARTBEAT, true},
@@ -126,6 +131,15 @@ static bool parse_positive_duration(const char *flag, const char *text, int64_t 
   return reject("%s needs a positive duration such as 500ms, 30s or 5m, not '%s'", flag, text);
 }
 
+static bool parse_duration(const char *flag, const char *text, int64_t *value_p) {
+  int64_t duration;
+  if (keel_parse_duration_ns(text, &duration) == KEEL_OK && duration >= 0) {
+    *value_p = duration;
+    return true;
+  }
+  return reject("%s needs a duration such as 0, 500ms or 30s, not '%s'", flag, text);
+}
+
 static bool parse_choice(const char *flag, const char *text, const char *first, const char *second,
                          bool *is_second_p) {
   if (strcmp(text, first) == 0 || strcmp(text, second) == 0) {
@@ -160,6 +174,8 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->min_world);
     case FLAG_MAX_WORLD:
       return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->max_world);
+    case FLAG_JOIN_DELAY:
+      return parse_duration(flag->name, value, &options->join_delay_ns);
     case FLAG_TIMEOUT:
       return parse_positive_duration(flag->name, value, &options->timeout_ns);
     case FLAG_COLLECTIVE_TIMEOUT:

@@ -1,7 +1,7 @@
 /* What the launcher tells people: the events file (its own events and every status line of
  * the workers, as JSON lines with monotonic and wall time) and the one-line status on the
- * terminal. Status lines are read with a tiny bounded scanner, not a JSON parser: only a
- * few fields matter, and a garbage line must be dropped, never trusted. */
+ * terminal. Status lines are read with the tiny bounded scanner of json_scan.c, not a JSON
+ * parser: only a few fields matter, and a garbage line must be dropped, never trusted. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,24 +14,6 @@
 
 #define DISPLAY_PERIOD_NS (100 * INT64_C(1000000))
 #define EVENT_MAX_BYTES (2 * KEEL__STATUS_LINE_MAX)
-
-void keel__json_escape(const char *text, char *escaped, size_t capacity) {
-  size_t used = 0;
-  for (const unsigned char *at = (const unsigned char *)text; *at != '\0'; at++) {
-    char piece[8];
-    if (*at == '"' || *at == '\\')
-      snprintf(piece, sizeof piece, "\\%c", *at);
-    else if (*at < 0x20)
-      snprintf(piece, sizeof piece, "\\u%04x", *at);
-    else
-      snprintf(piece, sizeof piece, "%c", *at);
-    size_t length = strlen(piece);
-    if (used + length + 1 > capacity) break;
-    memcpy(escaped + used, piece, length);
-    used += length;
-  }
-  if (capacity > 0) escaped[used] = '\0';
-}
 
 static void events_write(keel__launcher *launcher, const keel_buffer *line) {
   if (launcher->events_fd < 0) return;
@@ -61,61 +43,7 @@ void keel__event_emit(keel__launcher *launcher, const char *event, const char *f
   keel_buffer_free(&line);
 }
 
-/* ---- the scanner. A member counts only where one can start (after '{' or ','), so a key
- * quoted inside a string value rarely fools it; rarely is enough for a status line. */
-static const char *json_member(const char *line, const char *key) {
-  size_t key_length = strlen(key);
-  for (const char *quote = strchr(line, '"'); quote != NULL; quote = strchr(quote + 1, '"')) {
-    if (strncmp(quote + 1, key, key_length) != 0 || quote[1 + key_length] != '"') continue;
-    const char *before = quote;
-    while (before > line && before[-1] == ' ') before--;
-    if (before == line || (before[-1] != '{' && before[-1] != ',')) continue;
-    const char *value = quote + 2 + key_length;
-    while (*value == ' ') value++;
-    if (*value != ':') continue;
-    value++;
-    while (*value == ' ') value++;
-    return value;
-  }
-  return NULL;
-}
-
-/* An integer member, or the first element of an integer array ("failed":[2]). */
-static bool json_int(const char *line, const char *key, int64_t *value_p) {
-  const char *value = json_member(line, key);
-  if (value == NULL) return false;
-  if (*value == '[') value++;
-  char *end;
-  long long number = strtoll(value, &end, 10);
-  if (end == value) return false;
-  *value_p = number;
-  return true;
-}
-
-static bool json_double(const char *line, const char *key, double *value_p) {
-  const char *value = json_member(line, key);
-  if (value == NULL) return false;
-  char *end;
-  double number = strtod(value, &end);
-  if (end == value) return false;
-  *value_p = number;
-  return true;
-}
-
-/* A string member, escapes kept as the character after the backslash. */
-static bool json_string(const char *line, const char *key, char *text, size_t capacity) {
-  const char *value = json_member(line, key);
-  if (value == NULL || *value != '"' || capacity == 0) return false;
-  size_t used = 0;
-  for (value++; *value != '"'; value++) {
-    if (*value == '\\') value++;
-    if (*value == '\0') return false;
-    if (used + 1 < capacity) text[used++] = *value;
-  }
-  text[used] = '\0';
-  return true;
-}
-
+/* ---- status lines */
 /* A line is kept only if it looks like one flat JSON object with an "event". */
 static bool status_line_valid(const char *line, size_t length) {
   if (length < 2 || line[0] != '{' || line[length - 1] != '}') return false;
@@ -123,7 +51,7 @@ static bool status_line_valid(const char *line, size_t length) {
     if ((unsigned char)line[i] < 0x20) return false;
   }
   char event[64];
-  return json_string(line, "event", event, sizeof event) && event[0] != '\0';
+  return keel__json_string(line, "event", event, sizeof event) && event[0] != '\0';
 }
 
 /* Copies a worker's line with the wall time added (and the time of arrival as t_ns if the
@@ -132,7 +60,7 @@ static void status_line_copy(keel__launcher *launcher, const char *line, size_t 
   keel_buffer copy;
   keel_buffer_init(&copy, EVENT_MAX_BYTES);
   keel_status status = keel_buffer_append(&copy, line, length - 1);
-  if (status == KEEL_OK && json_member(line, "t_ns") == NULL)
+  if (status == KEEL_OK && keel__json_member(line, "t_ns") == NULL)
     status = keel_buffer_appendf(&copy, ",\"t_ns\":%lld", (long long)keel_now_ns());
   if (status == KEEL_OK)
     status = keel_buffer_appendf(&copy, ",\"wall_ns\":%lld}\n", (long long)keel_wall_ns());
@@ -142,27 +70,31 @@ static void status_line_copy(keel__launcher *launcher, const char *line, size_t 
 
 static void status_progress(keel__launcher *launcher, const char *line) {
   int64_t rank;
-  if (!json_int(line, "rank", &rank) || rank != 0) return;
+  if (!keel__json_int(line, "rank", &rank) || rank != 0) return;
   keel__display *display = &launcher->display;
   display->has_progress = true;
-  json_int(line, "step", &display->step);
-  json_int(line, "world", &display->world);
-  json_int(line, "epoch", &display->epoch);
-  json_double(line, "loss", &display->loss);
-  json_double(line, "samples_per_s", &display->samples_per_s);
+  keel__json_int(line, "step", &display->step);
+  keel__json_int(line, "world", &display->world);
+  keel__json_int(line, "epoch", &display->epoch);
+  keel__json_double(line, "loss", &display->loss);
+  keel__json_double(line, "samples_per_s", &display->samples_per_s);
   display->dirty = true;
 }
 
 /* Rank 0 writes the recovery line; "failed" lists uids, which the table maps to the rank
- * each held. */
+ * each held. An empty list is a grow: joiners were admitted and nothing failed. */
 static void status_recovery(keel__launcher *launcher, const char *line) {
   int64_t failed = -1, new_world = 0;
   double total_ms = 0;
   char policy[16] = "";
-  json_int(line, "failed", &failed);
-  json_int(line, "new_world", &new_world);
-  json_double(line, "total_ms", &total_ms);
-  json_string(line, "policy", policy, sizeof policy);
+  keel__json_int(line, "failed", &failed);
+  keel__json_int(line, "new_world", &new_world);
+  keel__json_double(line, "total_ms", &total_ms);
+  keel__json_string(line, "policy", policy, sizeof policy);
+  if (failed < 0) {
+    keel__display_note(launcher, "grew: world %lld in %.0f ms", (long long)new_world, total_ms);
+    return;
+  }
   const keel__child *child = failed >= 0 ? keel__child_by_uid(launcher, (uint32_t)failed) : NULL;
   int64_t rank = child != NULL && child->rank >= 0 ? child->rank : failed;
   if (strcmp(policy, "replace") == 0) {
@@ -182,7 +114,7 @@ static void status_line_handle(keel__launcher *launcher, char *line, size_t leng
   }
   status_line_copy(launcher, line, length);
   char event[64];
-  json_string(line, "event", event, sizeof event);
+  keel__json_string(line, "event", event, sizeof event);
   if (strcmp(event, "progress") == 0) status_progress(launcher, line);
   if (strcmp(event, "recovery") == 0) status_recovery(launcher, line);
 }

@@ -1,7 +1,7 @@
-/* Store watchers of the launcher: a thread per prefix (proc/, suspect/), each with its own
- * store client, that lists the prefix, reports what changed since its last listing to the
- * loop through a pipe, and blocks in keel_store_wait until the next change. The loop stays
- * the only owner of the process table; these threads own only their listing memory. */
+/* Store watchers of the launcher: a thread per prefix (proc/, suspect/, request/), each with
+ * its own store client, that lists the prefix, reports what changed since its last listing
+ * to the loop through a pipe, and blocks in keel_store_wait until the next change. The loop
+ * stays the only owner of the process table; these threads own only their listing memory. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,8 +21,11 @@ struct keel__watcher {
   pthread_t thread;
   keel_store *store;
   char prefix[16];
-  bool is_proc; /* proc/ reports changes and disappearances; suspect/ only appearances */
+  /* proc/ reports changes and disappearances, suspect/ appearances and changes, both per
+   * uid; request/ only that something new is there, which the loop reads itself. */
+  keel__report_kind kind;
   uint32_t uid_limit;
+  uint64_t listed_revision; /* request/: the store's revision at the last listing */
   int report_fd;
   atomic_bool stop;
   uint64_t *seen_revision; /* per uid: revision of its key at the last listing; 0: absent */
@@ -40,7 +43,7 @@ static void report_send(keel__watcher *watcher, const keel__report *report) {
 
 static void report_entry(keel__watcher *watcher, uint32_t uid, const keel_store_entry *entry) {
   keel__report report = {.uid = uid};
-  if (!watcher->is_proc) {
+  if (watcher->kind == KEEL__REPORT_SUSPECT) {
     report.kind = KEEL__REPORT_SUSPECT;
     snprintf(report.text, sizeof report.text, "%s", (const char *)entry->value);
     report_send(watcher, &report);
@@ -58,6 +61,18 @@ static void report_entry(keel__watcher *watcher, uint32_t uid, const keel_store_
   report_send(watcher, &report);
 }
 
+/* Requests are few and the loop deletes each it handles, so one report per listing that
+ * holds a key written since the last listing is enough: the loop lists them all. */
+static void watcher_compare_requests(keel__watcher *watcher, const keel_store_entry *entries,
+                                     size_t count, uint64_t listing_revision) {
+  bool fresh = false;
+  for (size_t i = 0; i < count; i++) fresh |= entries[i].revision > watcher->listed_revision;
+  watcher->listed_revision = listing_revision;
+  if (!fresh) return;
+  keel__report report = {.kind = KEEL__REPORT_REQUEST};
+  report_send(watcher, &report);
+}
+
 /* Compares a listing with the previous one and reports the differences. */
 static void watcher_compare(keel__watcher *watcher, const keel_store_entry *entries, size_t count) {
   memset(watcher->now_revision, 0, watcher->uid_limit * sizeof *watcher->now_revision);
@@ -68,7 +83,7 @@ static void watcher_compare(keel__watcher *watcher, const keel_store_entry *entr
     watcher->now_revision[uid] = entries[i].revision;
     if (entries[i].revision != watcher->seen_revision[uid]) report_entry(watcher, uid, &entries[i]);
   }
-  for (uint32_t uid = 0; watcher->is_proc && uid < watcher->uid_limit; uid++) {
+  for (uint32_t uid = 0; watcher->kind == KEEL__REPORT_PROC && uid < watcher->uid_limit; uid++) {
     if (watcher->seen_revision[uid] == 0 || watcher->now_revision[uid] != 0) continue;
     keel__report report = {.kind = KEEL__REPORT_PROC_GONE, .uid = uid};
     report_send(watcher, &report);
@@ -98,7 +113,10 @@ static void *watcher_main(void *argument) {
         pause_briefly();
         continue;
       }
-      watcher_compare(watcher, entries, count);
+      if (watcher->kind == KEEL__REPORT_REQUEST)
+        watcher_compare_requests(watcher, entries, count, revision);
+      else
+        watcher_compare(watcher, entries, count);
       keel_store_entries_free(entries, count);
     }
     uint64_t changed_at = 0;
@@ -125,14 +143,19 @@ keel_status keel__watcher_start(const char *endpoint, const keel_auth *auth, con
   keel__watcher *watcher = calloc(1, sizeof *watcher);
   if (watcher == NULL) return KEEL_ENOMEM;
   snprintf(watcher->prefix, sizeof watcher->prefix, "%s", prefix);
-  watcher->is_proc = strcmp(prefix, "proc/") == 0;
-  watcher->uid_limit = uid_limit;
+  watcher->kind = strcmp(prefix, "proc/") == 0      ? KEEL__REPORT_PROC
+                  : strcmp(prefix, "request/") == 0 ? KEEL__REPORT_REQUEST
+                                                    : KEEL__REPORT_SUSPECT;
+  /* Request keys are not per uid: no revision table. */
+  watcher->uid_limit = watcher->kind == KEEL__REPORT_REQUEST ? 0 : uid_limit;
   watcher->report_fd = report_fd;
   atomic_init(&watcher->stop, false);
-  watcher->seen_revision = calloc(uid_limit, sizeof *watcher->seen_revision);
-  watcher->now_revision = calloc(uid_limit, sizeof *watcher->now_revision);
   keel_status status = KEEL_ENOMEM;
-  if (watcher->seen_revision == NULL || watcher->now_revision == NULL) goto fail_free_watcher;
+  if (watcher->uid_limit > 0) {
+    watcher->seen_revision = calloc(watcher->uid_limit, sizeof *watcher->seen_revision);
+    watcher->now_revision = calloc(watcher->uid_limit, sizeof *watcher->now_revision);
+    if (watcher->seen_revision == NULL || watcher->now_revision == NULL) goto fail_free_watcher;
+  }
   status = keel_store_connect(endpoint, auth, keel_deadline_after_ns(5 * INT64_C(1000000000)),
                               &watcher->store);
   if (status != KEEL_OK) goto fail_free_watcher;

@@ -1,11 +1,13 @@
 /* Private interface between the files of the `keel` command: the subcommands, the job
- * files that let `inject` and `ps` find a running launcher, and the parser of proc/ values
- * (docs/RUNTIME.md) that the launcher and `inject` share. Nothing here is part of libkeel. */
+ * files that let `inject`, `ps` and `join` find a running launcher, the parser of proc/
+ * values (docs/RUNTIME.md) and the JSON line scanner that several commands share. Nothing
+ * here is part of libkeel. */
 #ifndef KEEL_TOOL_H
 #define KEEL_TOOL_H
 
 #include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -25,6 +27,8 @@
 int keel__command_run(int argc, char **argv);
 int keel__command_inject(int argc, char **argv);
 int keel__command_ps(int argc, char **argv);
+int keel__command_join(int argc, char **argv);
+int keel__command_report(int argc, char **argv);
 
 /* ---- job files: /tmp/keel-<unix uid>/<job id>.job (directory 0700, file 0600), one per
  * running launcher, holding what a tool needs to join the job's store. */
@@ -40,6 +44,18 @@ keel_status keel__job_file_write(const keel__job_info *info, char *path, size_t 
 /* Reads the job file of job_id (decimal text), or with job_id NULL the newest one whose
  * launcher is still alive. KEEL_ENOTFOUND (with a message on stderr) when there is none. */
 keel_status keel__job_file_find(const char *job_id, keel__job_info *info_p);
+/* Finds the job (job_id NULL: the newest running one) and connects to its store as the
+ * tool; says why on stderr when it cannot. The caller closes *store_p. */
+keel_status keel__job_connect(const char *job_id, keel__job_info *job_p, keel_store **store_p);
+/* Reads "--job ID" / "--job=ID" at argv[*index] (moving *index past a separate value);
+ * true if it was that flag. *bad_p is set when the value is missing. */
+bool keel__job_flag(int argc, char **argv, int *index, const char **job_p, bool *bad_p);
+
+/* ---- requests to a running launcher (docs/RUNTIME.md): `keel join` puts
+ * request/join/<id> = "count=K"; the launcher deletes it once the joiners are started, or
+ * rewrites it to "refused=<why>" for the tool to read and delete. */
+#define KEEL__JOIN_REQUEST_PREFIX "request/join/"
+#define KEEL__JOIN_REFUSED "refused="
 
 /* ---- /proc/<pid>/stat: the process's state letter ('R', 'S', 'T' stopped, ...) and its
  * parent's pid. KEEL_ENOTFOUND when the process is gone. */
@@ -59,5 +75,23 @@ typedef struct keel__proc_value {
 keel_status keel__proc_value_parse(const char *text, keel__proc_value *value_p);
 /* The uid in key "<prefix><uid>" (decimal, nothing after it); KEEL_EINVAL otherwise. */
 keel_status keel__uid_from_key(const char *key, const char *prefix, uint32_t *uid_p);
+
+/* ---- one-line JSON objects (status lines, events files), read without a parse tree. */
+/* Where the value of member key starts (after the colon), or NULL. */
+const char *keel__json_member(const char *line, const char *key);
+/* An integer member, or the first element of an integer array ("failed":[2]). */
+bool keel__json_int(const char *line, const char *key, int64_t *value_p);
+bool keel__json_double(const char *line, const char *key, double *value_p);
+/* A string member, escapes kept as the character after the backslash, truncated to fit. */
+bool keel__json_string(const char *line, const char *key, char *text, size_t capacity);
+/* The integers of an array member: stores at most capacity of them and returns how many it
+ * stored; *total_p (optional) gets how many the array holds. 0 for a missing member. */
+size_t keel__json_int_array(const char *line, const char *key, int64_t *values, size_t capacity,
+                            size_t *total_p);
+/* Whether text is exactly one JSON object (nesting bounded), nothing before or after. */
+bool keel__json_object_valid(const char *text);
+/* Writes text as the inside of a JSON string (quotes, backslashes and control characters
+ * escaped), truncated to fit capacity. */
+void keel__json_escape(const char *text, char *escaped, size_t capacity);
 
 #endif

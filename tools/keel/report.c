@@ -1,0 +1,463 @@
+/* `keel report EVENTS_FILE`: tells what a job did from its --events file: start and end,
+ * the faults injected, each failure, and each recovery with its time broken down and the
+ * time from the failed process's death to the end of its recovery. A line that is not one
+ * whole JSON object (garbage, a file cut mid-line) is skipped and counted, never trusted. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tool.h"
+
+/* Events lines are under 9 KiB (run_status.c); a longer line is garbage. */
+#define LINE_MAX_BYTES (64 * 1024)
+/* Each kind of record has a hard maximum; further ones are counted, not kept. */
+#define MAX_RECORDS 1024
+#define MAX_EXITS 4096
+#define MAX_FAILED_UIDS 64
+#define NS_PER_MS 1e6
+
+typedef struct report_job {
+  bool started, ended;
+  char job_id[32];
+  char program[256];
+  char policy[16];
+  int64_t world, spares, max_world;
+  int64_t start_t_ns, start_wall_ns;
+  int64_t code;
+  double seconds;
+} report_job;
+
+/* An exit or fence of a process that was running (or holding) a rank. */
+typedef struct report_failure {
+  int64_t t_ns, uid, pid, rank;
+  char role[16];
+  char outcome[32]; /* "3", "SIGKILL"; empty for a fence whose exit is not in the file */
+  char reason[200]; /* a fence's reason; empty otherwise */
+} report_failure;
+
+typedef struct report_exit {
+  int64_t t_ns, uid;
+} report_exit;
+
+/* The breakdown of a recovery line, in the order RUNTIME.md lists it. */
+static const char *const phase_keys[] = {"detect_ms",         "revoke_ms", "agree_ms", "rebuild_ms",
+                                         "state_transfer_ms", "redo_ms",   "total_ms"};
+static const char *const phase_names[] = {"detect",         "revoke", "agree", "rebuild",
+                                          "state transfer", "redo",   "total"};
+#define PHASE_COUNT (sizeof phase_keys / sizeof phase_keys[0])
+
+typedef struct report_recovery {
+  int64_t t_ns;
+  int64_t old_epoch, new_epoch, old_world, new_world, replaced;
+  char policy[16];
+  int64_t failed[MAX_FAILED_UIDS];
+  size_t failed_count;
+  double phase_ms[PHASE_COUNT]; /* negative: missing from the line */
+} report_recovery;
+
+/* A line may hold anything a number parses to; nan and inf would not be JSON in --json. */
+static bool phase_known(double ms) { return isfinite(ms) && ms >= 0; }
+
+typedef struct report_fault {
+  int64_t t_ns, uid, step;
+  char action[16], point[32];
+} report_fault;
+
+typedef struct report_data {
+  report_job job;
+  report_failure failures[MAX_RECORDS];
+  report_recovery recoveries[MAX_RECORDS];
+  report_fault faults[MAX_RECORDS];
+  report_exit exits[MAX_EXITS];
+  size_t failure_count, recovery_count, fault_count, exit_count;
+  size_t idle_stopped; /* spares and joiners that ended badly without ever holding a rank */
+  size_t spawned_workers, spawned_spares, spawned_joiners;
+  size_t joins_accepted, joins_refused; /* join_request events (`keel join`) */
+  size_t lines, skipped, not_kept;
+  bool have_origin;
+  int64_t origin_t_ns; /* times are shown from here: job_start, else the first event */
+  char line[LINE_MAX_BYTES];
+} report_data;
+
+/* ---- reading events */
+static int64_t member_int(const char *line, const char *key, int64_t fallback) {
+  int64_t value;
+  return keel__json_int(line, key, &value) ? value : fallback;
+}
+
+static void job_start_read(report_data *data, const char *line, int64_t t_ns) {
+  report_job *job = &data->job;
+  job->started = true;
+  job->start_t_ns = t_ns;
+  job->start_wall_ns = member_int(line, "wall_ns", 0);
+  keel__json_string(line, "job_id", job->job_id, sizeof job->job_id);
+  keel__json_string(line, "program", job->program, sizeof job->program);
+  keel__json_string(line, "on_failure", job->policy, sizeof job->policy);
+  job->world = member_int(line, "world", 0);
+  job->spares = member_int(line, "spares", 0);
+  job->max_world = member_int(line, "max_world", job->world);
+  data->origin_t_ns = t_ns;
+  data->have_origin = true;
+}
+
+static void job_end_read(report_data *data, const char *line) {
+  data->job.ended = true;
+  data->job.code = member_int(line, "code", -1);
+  keel__json_double(line, "seconds", &data->job.seconds);
+}
+
+static report_failure *failure_add(report_data *data, const char *line, int64_t t_ns) {
+  if (data->failure_count == MAX_RECORDS) {
+    data->not_kept++;
+    return NULL;
+  }
+  report_failure *failure = &data->failures[data->failure_count++];
+  *failure = (report_failure){.t_ns = t_ns, .rank = -1};
+  failure->uid = member_int(line, "uid", -1);
+  failure->pid = member_int(line, "pid", -1);
+  keel__json_string(line, "role", failure->role, sizeof failure->role);
+  return failure;
+}
+
+static void fence_read(report_data *data, const char *line, int64_t t_ns) {
+  report_failure *failure = failure_add(data, line, t_ns);
+  if (failure != NULL) keel__json_string(line, "reason", failure->reason, sizeof failure->reason);
+}
+
+/* A fenced process's exit completes its fence's record rather than making a second one. */
+static report_failure *fence_of(report_data *data, int64_t uid) {
+  for (size_t i = data->failure_count; i > 0; i--) {
+    report_failure *failure = &data->failures[i - 1];
+    if (failure->uid == uid && failure->reason[0] != '\0' && failure->outcome[0] == '\0')
+      return failure;
+  }
+  return NULL;
+}
+
+static void exit_read(report_data *data, const char *line, int64_t t_ns) {
+  int64_t uid = member_int(line, "uid", -1), rank = member_int(line, "rank", -1);
+  if (data->exit_count < MAX_EXITS)
+    data->exits[data->exit_count++] = (report_exit){.t_ns = t_ns, .uid = uid};
+  else
+    data->not_kept++;
+  char outcome[32] = "";
+  if (!keel__json_string(line, "signal", outcome, sizeof outcome))
+    snprintf(outcome, sizeof outcome, "%lld", (long long)member_int(line, "code", 0));
+  const char *fenced_value = keel__json_member(line, "fenced");
+  bool fenced = fenced_value != NULL && strncmp(fenced_value, "true", 4) == 0;
+  if (strcmp(outcome, "0") == 0 && !fenced) return;
+  /* A spare or joiner that never held a rank and ends badly was idle: most are the ones
+   * the launcher stops at the end of the job. */
+  if (rank < 0 && !fenced) {
+    data->idle_stopped++;
+    return;
+  }
+  report_failure *failure = fenced ? fence_of(data, uid) : NULL;
+  if (failure == NULL) failure = failure_add(data, line, t_ns);
+  if (failure == NULL) return;
+  failure->rank = rank;
+  if (failure->role[0] == '\0')
+    keel__json_string(line, "role", failure->role, sizeof failure->role);
+  snprintf(failure->outcome, sizeof failure->outcome, "%s", outcome);
+}
+
+static void recovery_read(report_data *data, const char *line, int64_t t_ns) {
+  if (data->recovery_count == MAX_RECORDS) {
+    data->not_kept++;
+    return;
+  }
+  report_recovery *recovery = &data->recoveries[data->recovery_count++];
+  *recovery = (report_recovery){.t_ns = t_ns};
+  recovery->old_epoch = member_int(line, "old_epoch", -1);
+  recovery->new_epoch = member_int(line, "new_epoch", -1);
+  recovery->old_world = member_int(line, "old_world", -1);
+  recovery->new_world = member_int(line, "new_world", -1);
+  recovery->replaced = member_int(line, "replaced", 0);
+  keel__json_string(line, "policy", recovery->policy, sizeof recovery->policy);
+  recovery->failed_count =
+      keel__json_int_array(line, "failed", recovery->failed, MAX_FAILED_UIDS, NULL);
+  for (size_t i = 0; i < PHASE_COUNT; i++) {
+    recovery->phase_ms[i] = -1;
+    keel__json_double(line, phase_keys[i], &recovery->phase_ms[i]);
+  }
+}
+
+static void fault_read(report_data *data, const char *line, int64_t t_ns) {
+  if (data->fault_count == MAX_RECORDS) {
+    data->not_kept++;
+    return;
+  }
+  report_fault *fault = &data->faults[data->fault_count++];
+  *fault = (report_fault){.t_ns = t_ns};
+  fault->uid = member_int(line, "uid", -1);
+  fault->step = member_int(line, "step", -1);
+  keel__json_string(line, "action", fault->action, sizeof fault->action);
+  keel__json_string(line, "point", fault->point, sizeof fault->point);
+}
+
+static void spawn_read(report_data *data, const char *line) {
+  char role[16] = "";
+  keel__json_string(line, "role", role, sizeof role);
+  if (strcmp(role, "worker") == 0) data->spawned_workers++;
+  if (strcmp(role, "spare") == 0) data->spawned_spares++;
+  if (strcmp(role, "joiner") == 0) data->spawned_joiners++;
+}
+
+static void join_request_read(report_data *data, const char *line) {
+  const char *accepted = keel__json_member(line, "accepted");
+  if (accepted != NULL && strncmp(accepted, "true", 4) == 0)
+    data->joins_accepted++;
+  else
+    data->joins_refused++;
+}
+
+/* One events line, newline removed. */
+static void line_read(report_data *data, const char *line) {
+  char event[32];
+  int64_t t_ns;
+  if (!keel__json_object_valid(line) || !keel__json_string(line, "event", event, sizeof event) ||
+      !keel__json_int(line, "t_ns", &t_ns)) {
+    data->skipped++;
+    return;
+  }
+  if (!data->have_origin) {
+    data->origin_t_ns = t_ns;
+    data->have_origin = true;
+  }
+  if (strcmp(event, "job_start") == 0) job_start_read(data, line, t_ns);
+  if (strcmp(event, "job_end") == 0) job_end_read(data, line);
+  if (strcmp(event, "fence") == 0) fence_read(data, line, t_ns);
+  if (strcmp(event, "exit") == 0) exit_read(data, line, t_ns);
+  if (strcmp(event, "recovery") == 0) recovery_read(data, line, t_ns);
+  if (strcmp(event, "fault") == 0) fault_read(data, line, t_ns);
+  if (strcmp(event, "spawn") == 0) spawn_read(data, line);
+  if (strcmp(event, "join_request") == 0) join_request_read(data, line);
+}
+
+/* Reads the next line into line (NUL-terminated, newline removed). *bad_p: it was too
+ * long or held a NUL byte (its rest is consumed). Returns false at the end of the file. */
+static bool line_next(FILE *file, char *line, size_t capacity, bool *bad_p) {
+  size_t length = 0;
+  int c;
+  *bad_p = false;
+  while ((c = getc(file)) != EOF && c != '\n') {
+    if (c == '\0' || length + 1 >= capacity) {
+      *bad_p = true;
+      continue;
+    }
+    line[length++] = (char)c;
+  }
+  line[length] = '\0';
+  return c != EOF || length > 0 || *bad_p;
+}
+
+/* Reads every line; false on a read error. */
+static bool events_read(FILE *file, report_data *data) {
+  bool bad;
+  while (line_next(file, data->line, sizeof data->line, &bad)) {
+    data->lines++;
+    size_t length = strlen(data->line);
+    if (length > 0 && data->line[length - 1] == '\r') data->line[--length] = '\0';
+    if (bad)
+      data->skipped++;
+    else if (length > 0)
+      line_read(data, data->line);
+  }
+  return !ferror(file);
+}
+
+/* ---- the death-to-recovered figure: from the first exit among the recovery's failed uids
+ * (at or before the recovery) to the recovery line. false when none of them exited. */
+static bool death_to_recovered_ms(const report_data *data, const report_recovery *recovery,
+                                  double *ms_p) {
+  bool found = false;
+  int64_t death = 0;
+  for (size_t e = 0; e < data->exit_count; e++) {
+    const report_exit *exit_record = &data->exits[e];
+    if (exit_record->t_ns > recovery->t_ns || (found && exit_record->t_ns >= death)) continue;
+    for (size_t f = 0; f < recovery->failed_count; f++) {
+      if (recovery->failed[f] != exit_record->uid) continue;
+      death = exit_record->t_ns;
+      found = true;
+    }
+  }
+  if (found) *ms_p = (double)(recovery->t_ns - death) / NS_PER_MS;
+  return found;
+}
+
+/* ---- the human summary */
+static double seconds_since_origin(const report_data *data, int64_t t_ns) {
+  return (double)(t_ns - data->origin_t_ns) / 1e9;
+}
+
+static void uid_list_print(FILE *out, const int64_t *uids, size_t count) {
+  fputc('[', out);
+  for (size_t i = 0; i < count; i++) fprintf(out, i ? ",%lld" : "%lld", (long long)uids[i]);
+  fputc(']', out);
+}
+
+static void job_print(FILE *out, const report_job *job) {
+  if (!job->started) {
+    fprintf(out, "job: no job_start event (the file is cut, or not from keel run --events)\n");
+  } else {
+    const char *name = strrchr(job->program, '/');
+    fprintf(out, "job %s: %s, %lld workers, %lld spares, max world %lld, on failure %s\n",
+            job->job_id[0] ? job->job_id : "?", name ? name + 1 : job->program,
+            (long long)job->world, (long long)job->spares, (long long)job->max_world,
+            job->policy[0] ? job->policy : "?");
+    time_t wall = (time_t)(job->start_wall_ns / 1000000000);
+    struct tm local;
+    char when[64] = "?";
+    if (job->start_wall_ns > 0 && localtime_r(&wall, &local) != NULL)
+      strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &local);
+    fprintf(out, "  started  %s\n", when);
+  }
+  if (job->ended)
+    fprintf(out, "  ended    after %.3f s, exit code %lld\n", job->seconds, (long long)job->code);
+  else
+    fprintf(out, "  ended    no job_end event (still running, or the launcher was killed)\n");
+}
+
+static void processes_print(FILE *out, const report_data *data) {
+  fprintf(out, "processes started: %zu workers, %zu spares, %zu joiners", data->spawned_workers,
+          data->spawned_spares, data->spawned_joiners);
+  if (data->joins_accepted + data->joins_refused > 0)
+    fprintf(out, "; keel join requests: %zu accepted, %zu refused", data->joins_accepted,
+            data->joins_refused);
+  fputc('\n', out);
+}
+
+static void faults_print(FILE *out, const report_data *data) {
+  fprintf(out, "faults injected: %zu\n", data->fault_count);
+  for (size_t i = 0; i < data->fault_count; i++) {
+    const report_fault *fault = &data->faults[i];
+    fprintf(out, "  %+8.3f s  uid %lld: %s at %s, step %lld\n",
+            seconds_since_origin(data, fault->t_ns), (long long)fault->uid,
+            fault->action[0] ? fault->action : "?", fault->point[0] ? fault->point : "?",
+            (long long)fault->step);
+  }
+}
+
+static void failures_print(FILE *out, const report_data *data) {
+  fprintf(out, "failures: %zu\n", data->failure_count);
+  for (size_t i = 0; i < data->failure_count; i++) {
+    const report_failure *failure = &data->failures[i];
+    fprintf(out, "  %+8.3f s  uid %lld (pid %lld, %s, rank %lld): %s%s%s\n",
+            seconds_since_origin(data, failure->t_ns), (long long)failure->uid,
+            (long long)failure->pid, failure->role[0] ? failure->role : "?",
+            (long long)failure->rank, failure->outcome[0] ? failure->outcome : "killed",
+            failure->reason[0] ? ", fenced: " : "", failure->reason);
+  }
+}
+
+static void recovery_print(FILE *out, const report_data *data, const report_recovery *recovery) {
+  fprintf(out, "  %+8.3f s  epoch %lld -> %lld, world %lld -> %lld, policy %s, failed uids ",
+          seconds_since_origin(data, recovery->t_ns), (long long)recovery->old_epoch,
+          (long long)recovery->new_epoch, (long long)recovery->old_world,
+          (long long)recovery->new_world, recovery->policy[0] ? recovery->policy : "?");
+  uid_list_print(out, recovery->failed, recovery->failed_count);
+  fprintf(out, "%s, replaced %lld\n", recovery->failed_count == 0 ? " (a grow)" : "",
+          (long long)recovery->replaced);
+  fprintf(out, "%14s", "");
+  for (size_t i = 0; i < PHASE_COUNT; i++) {
+    fprintf(out, "%s%s ", i ? ", " : "", phase_names[i]);
+    if (!phase_known(recovery->phase_ms[i]))
+      fprintf(out, "?");
+    else
+      fprintf(out, "%.1f ms", recovery->phase_ms[i]);
+  }
+  fputc('\n', out);
+  double ms;
+  if (death_to_recovered_ms(data, recovery, &ms))
+    fprintf(out, "%14sdeath to recovered: %.1f ms\n", "", ms);
+  else if (recovery->failed_count > 0)
+    fprintf(out, "%14sdeath to recovered: n/a (no exit of a failed uid before it)\n", "");
+}
+
+static void summary_print(FILE *out, const char *path, const report_data *data) {
+  fprintf(out, "keel report: %s (%zu lines)\n", path, data->lines);
+  job_print(out, &data->job);
+  processes_print(out, data);
+  faults_print(out, data);
+  failures_print(out, data);
+  fprintf(out, "recoveries: %zu\n", data->recovery_count);
+  for (size_t i = 0; i < data->recovery_count; i++) recovery_print(out, data, &data->recoveries[i]);
+  if (data->idle_stopped > 0)
+    fprintf(out, "idle spares or joiners ended without a rank: %zu (stopped at the end)\n",
+            data->idle_stopped);
+  if (data->not_kept > 0) fprintf(out, "events beyond the report's limits: %zu\n", data->not_kept);
+  fprintf(out, "skipped lines (not a whole JSON event): %zu\n", data->skipped);
+}
+
+/* ---- --json: one object per recovery */
+static void recovery_json_print(FILE *out, const report_data *data,
+                                const report_recovery *recovery) {
+  char policy[64];
+  keel__json_escape(recovery->policy, policy, sizeof policy);
+  fprintf(out,
+          "{\"t_ns\":%lld,\"old_epoch\":%lld,\"new_epoch\":%lld,\"old_world\":%lld,"
+          "\"new_world\":%lld,\"policy\":\"%s\",\"failed\":",
+          (long long)recovery->t_ns, (long long)recovery->old_epoch, (long long)recovery->new_epoch,
+          (long long)recovery->old_world, (long long)recovery->new_world, policy);
+  uid_list_print(out, recovery->failed, recovery->failed_count);
+  fprintf(out, ",\"replaced\":%lld", (long long)recovery->replaced);
+  for (size_t i = 0; i < PHASE_COUNT; i++) {
+    if (!phase_known(recovery->phase_ms[i]))
+      fprintf(out, ",\"%s\":null", phase_keys[i]);
+    else
+      fprintf(out, ",\"%s\":%.3f", phase_keys[i], recovery->phase_ms[i]);
+  }
+  double ms;
+  if (death_to_recovered_ms(data, recovery, &ms))
+    fprintf(out, ",\"death_to_recovered_ms\":%.3f}\n", ms);
+  else
+    fprintf(out, ",\"death_to_recovered_ms\":null}\n");
+}
+
+static int report_usage(const char *message) {
+  fprintf(stderr, "keel report: %s (usage: keel report [--json] EVENTS_FILE)\n", message);
+  return KEEL__EXIT_USAGE;
+}
+
+int keel__command_report(int argc, char **argv) {
+  const char *path = NULL;
+  bool json = false;
+  for (int index = 1; index < argc; index++) {
+    if (strcmp(argv[index], "--json") == 0)
+      json = true;
+    else if (argv[index][0] == '-' && argv[index][1] != '\0')
+      return report_usage("unknown flag");
+    else if (path == NULL)
+      path = argv[index];
+    else
+      return report_usage("one events file only");
+  }
+  if (path == NULL) return report_usage("no events file given");
+  report_data *data = calloc(1, sizeof *data);
+  if (data == NULL) return KEEL__EXIT_FAILURE;
+  int exit_code = KEEL__EXIT_USAGE;
+  FILE *file = fopen(path, "re");
+  if (file == NULL) {
+    fprintf(stderr, "keel report: cannot read %s: %s\n", path, strerror(errno));
+    goto free_data;
+  }
+  if (!events_read(file, data)) {
+    fprintf(stderr, "keel report: cannot read %s: %s\n", path, strerror(errno));
+    goto close_file;
+  }
+  exit_code = 0;
+  if (!json) summary_print(stdout, path, data);
+  for (size_t i = 0; json && i < data->recovery_count; i++)
+    recovery_json_print(stdout, data, &data->recoveries[i]);
+  if (json && data->skipped > 0)
+    fprintf(stderr, "keel report: skipped %zu lines that are not a whole JSON event\n",
+            data->skipped);
+close_file:
+  fclose(file);
+free_data:
+  free(data);
+  return exit_code;
+}
