@@ -185,9 +185,26 @@ static bool recoverable(keel_status status) {
   return status == KEEL_EPROCFAILED || status == KEEL_EREVOKED || status == KEEL_ETIMEDOUT;
 }
 
+/* One line per recovery, from one survivor: the state's sender when there was one (rank 0
+ * may be a newcomer that never saw the failure), else rank 0 of the new world. */
+typedef struct failed_set {
+  uint32_t uids[256];
+  int count;
+} failed_set;
+
+static void failed_set_add(failed_set *set, const keel__decision *decision) {
+  for (int i = 0; i < decision->failed_count; i++) {
+    bool known = false;
+    for (int j = 0; j < set->count && !known; j++) known = set->uids[j] == decision->failed[i];
+    if (!known && set->count < 256) set->uids[set->count++] = decision->failed[i];
+  }
+}
+
 static void report_recovery(keel_ctx *ctx, const keel_recovery *recovery, const keel__decision *decision,
-                            int64_t detected_ns) {
-  if (ctx->world->rank != 0) return;
+                            const failed_set *failed, int64_t detected_ns) {
+  bool reporter = decision->sender != UINT32_MAX ? decision->sender == ctx->uid
+                                                 : ctx->world->rank == 0;
+  if (!reporter) return;
   char fields[1536];
   int used = snprintf(fields, sizeof fields,
                       "\"old_epoch\":%" PRIu64 ",\"new_epoch\":%" PRIu64
@@ -196,9 +213,9 @@ static void report_recovery(keel_ctx *ctx, const keel_recovery *recovery, const 
                       recovery->old_epoch, recovery->new_epoch, recovery->old_size,
                       recovery->new_size, ctx->policy == KEEL__POLICY_REPLACE ? "replace" : "shrink",
                       recovery->replaced_count, recovery->restart_step ? "true" : "false");
-  for (int i = 0; i < decision->failed_count && used < (int)sizeof fields - 32; i++)
+  for (int i = 0; i < failed->count && used < (int)sizeof fields - 32; i++)
     used += snprintf(fields + used, sizeof fields - (size_t)used, i ? ",%" PRIu32 : "%" PRIu32,
-                     decision->failed[i]);
+                     failed->uids[i]);
   int64_t total = recovery->revoke_ns + recovery->agree_ns + recovery->rebuild_ns +
                   recovery->state_transfer_ns + recovery->redo_ns;
   snprintf(fields + used, sizeof fields - (size_t)used,
@@ -251,11 +268,13 @@ keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv
   recovery.old_epoch = ctx->world->epoch;
   recovery.old_size = ctx->world->size;
   keel__decision decision;
+  failed_set failed = {.count = 0};
   while (recoverable(status)) {
     KEEL_LOG_I(MODULE, "allreduce failed in epoch %" PRIu64 " (%s): recovering",
                ctx->world->epoch, keel_strerror(status));
     bool received = false;
     status = recover_once(ctx, &recovery, &decision, &received);
+    if (status == KEEL_OK) failed_set_add(&failed, &decision);
     if (status == KEEL_EEXCLUDED || (status != KEEL_OK && !recoverable(status))) break;
     if (status != KEEL_OK) continue;
     recovery.recovered = true;
@@ -272,7 +291,7 @@ keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv
     recovery.redo_ns += keel_now_ns() - mark;
     if (status == KEEL_OK) ctx->resilient_seq++;
   }
-  if (status == KEEL_OK) report_recovery(ctx, &recovery, &decision, detected);
+  if (status == KEEL_OK) report_recovery(ctx, &recovery, &decision, &failed, detected);
   if (recovery_p) *recovery_p = recovery;
   return status;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model_command.h"
 #include "tool.h"
 
 static const char usage_text[] =
@@ -15,6 +16,7 @@ static const char usage_text[] =
     "  ps      list the live processes of a job: keel ps [--job ID]\n"
     "  join    grow a running job by K processes: keel join [--job ID] [-n K]\n"
     "  report  summarise a job's events file: keel report [--json] EVENTS_FILE\n"
+    "  model   checkpointing costs (JIT paper, section 5): keel model --gpus 1024 ...\n"
     "\n"
     "keel run --help lists the launcher's flags.\n";
 
@@ -29,6 +31,7 @@ static const command_entry commands[] = {
     {"ps", keel__command_ps},
     {"join", keel__command_join},
     {"report", keel__command_report},
+    {"model", keel__command_model},
 };
 
 int main(int argc, char **argv) {

@@ -86,7 +86,7 @@ static const flag_spec flag_specs[] = {
 /* Table 4 of the paper for BERT-L-PT, and §6.5's 2 failures a day on ~1000 GPUs. The
  * interval 0 means "not asked for". */
 static const double input_defaults[INPUT_COUNT] = {
-    [INPUT_GPUS] = 1024, [INPUT_FAILURES] = 2,     [INPUT_PER] = 1000,
+    [INPUT_GPUS] = 1024,      [INPUT_FAILURES] = 2,  [INPUT_PER] = 1000,
     [INPUT_CHECKPOINT] = 5.0, [INPUT_RESTART] = 9.9, [INPUT_MINIBATCH] = 0.418,
 };
 
@@ -169,10 +169,14 @@ static bool parse_value(value_kind kind, const char *text, double *value_p) {
 
 static const char *kind_expects(value_kind kind) {
   switch (kind) {
-    case VALUE_COUNT: return "a whole number of GPUs, 1 or more";
-    case VALUE_RATE: return "a number above 0";
-    case VALUE_DURATION: return "a duration such as 5s, 250ms or 1.5min";
-    case VALUE_FRACTION: return "a fraction below 1, such as 0.0001 or 0.01%";
+    case VALUE_COUNT:
+      return "a whole number of GPUs, 1 or more";
+    case VALUE_RATE:
+      return "a number above 0";
+    case VALUE_DURATION:
+      return "a duration such as 5s, 250ms or 1.5min";
+    case VALUE_FRACTION:
+      return "a fraction below 1, such as 0.0001 or 0.01%";
   }
   return "a value";
 }
@@ -180,7 +184,8 @@ static const char *kind_expects(value_kind kind) {
 /* "--name value" or "--name=value" at argv[*index]; moves *index past a separate value.
  * Returns the value, NULL when argv[*index] is another flag; *missing_p when it is this
  * flag without a value. */
-static const char *flag_value(int argc, char **argv, int *index, const char *name, bool *missing_p) {
+static const char *flag_value(int argc, char **argv, int *index, const char *name,
+                              bool *missing_p) {
   const char *argument = argv[*index];
   size_t length = strlen(name);
   if (strncmp(argument, name, length) != 0) return NULL;
@@ -241,4 +246,419 @@ static int parse_numeric_flag(int argc, char **argv, int *index, model_options *
     return 1;
   }
   return 0;
+}
+
+/* Reads argv into options (defaults first). 0, or the exit code of a usage error. */
+static int parse_options(int argc, char **argv, model_options *options) {
+  memcpy(options->values, input_defaults, sizeof options->values);
+  for (int index = 1; index < argc; index++) {
+    const char *argument = argv[index];
+    bool missing = false;
+    const char *text;
+    if (strcmp(argument, "-h") == 0 || strcmp(argument, "--help") == 0) {
+      options->help = true;
+    } else if (strcmp(argument, "--json") == 0) {
+      options->json = true;
+    } else if ((text = flag_value(argc, argv, &index, "--sweep", &missing)) != NULL) {
+      if (!parse_sweep(text, options))
+        return usage_error(
+            "--sweep: '%s' is not a list of GPU counts such as 4,1024,8192 (at most %d)", text,
+            SWEEP_MAXIMUM);
+    } else if (!missing &&
+               (text = flag_value(argc, argv, &index, "--measured", &missing)) != NULL) {
+      options->measured_path = text;
+    } else if (missing) {
+      return usage_error("%s needs a value", argument);
+    } else {
+      int taken = parse_numeric_flag(argc, argv, &index, options);
+      if (taken < 0) return -taken;
+      if (taken == 0) return usage_error("unknown flag or argument '%s'", argument);
+    }
+  }
+  return 0;
+}
+
+/* Measured values fill the inputs that no flag set, and only those the file has evidence
+ * for: o needs a recovery that moved state, r a recovery, m progress over some steps. */
+static void measured_apply(model_options *options) {
+  const keel_model_measured *measured = &options->measured;
+  struct {
+    model_input input;
+    size_t evidence;
+    double value;
+  } fills[] = {
+      {INPUT_CHECKPOINT, measured->state_recoveries, measured->checkpoint_cost_s},
+      {INPUT_RESTART, measured->recoveries, measured->restart_cost_s},
+      {INPUT_INPROCESS, measured->recoveries, measured->inprocess_recovery_s},
+      {INPUT_MINIBATCH, measured->minibatch_samples, measured->minibatch_s},
+  };
+  for (size_t i = 0; i < sizeof fills / sizeof fills[0]; i++) {
+    if (fills[i].evidence == 0 || options->sources[fills[i].input] == SOURCE_FLAG) continue;
+    options->values[fills[i].input] = fills[i].value;
+    options->sources[fills[i].input] = SOURCE_MEASURED;
+  }
+}
+
+/* ---- the model */
+
+static double failure_rate(const model_options *options) {
+  return options->values[INPUT_FAILURES] / (options->values[INPUT_PER] * SECONDS_PER_DAY);
+}
+
+static keel_model_params params_for(const model_options *options, double gpus) {
+  return (keel_model_params){.failure_rate = failure_rate(options),
+                             .gpu_count = gpus,
+                             .checkpoint_cost_s = options->values[INPUT_CHECKPOINT],
+                             .restart_cost_s = options->values[INPUT_RESTART],
+                             .minibatch_s = options->values[INPUT_MINIBATCH],
+                             .jit_overhead = options->values[INPUT_JIT_OVERHEAD],
+                             .inprocess_recovery_s = options->values[INPUT_INPROCESS]};
+}
+
+/* All policies for gpus GPUs. Flags were validated, so only o = 0 (no periodic optimum)
+ * can make a policy fail; any other failure is returned. */
+static keel_status evaluate(const model_options *options, double gpus,
+                            model_evaluation *evaluation) {
+  keel_model_params params = params_for(options, gpus);
+  keel_status status = keel_model_params_check(&params);
+  if (status != KEEL_OK) return status;
+  *evaluation = (model_evaluation){.gpus = gpus};
+  evaluation->periodic_status = keel_model_periodic_optimal(&params, &evaluation->optimal);
+  evaluation->has_interval = options->values[INPUT_INTERVAL] > 0.0;
+  if (evaluation->has_interval &&
+      (status = keel_model_periodic_at(&params, options->values[INPUT_INTERVAL],
+                                       &evaluation->at_interval)) != KEEL_OK)
+    return status;
+  if ((status = keel_model_jit_user(&params, &evaluation->user)) != KEEL_OK) return status;
+  return keel_model_jit_inprocess(&params, &evaluation->inprocess);
+}
+
+/* ---- text */
+
+static const char *source_name(input_source source) {
+  switch (source) {
+    case SOURCE_FLAG:
+      return "flag";
+    case SOURCE_MEASURED:
+      return "measured";
+    case SOURCE_DEFAULT:
+      break;
+  }
+  return "default";
+}
+
+/* A human span: "never", "42.0 s", "10.8 min", "2.89 h", "3.5 days". */
+static const char *span_text(double seconds, char *text, size_t capacity) {
+  if (!isfinite(seconds))
+    snprintf(text, capacity, "never");
+  else if (seconds < 120.0)
+    snprintf(text, capacity, "%.1f s", seconds);
+  else if (seconds < 7200.0)
+    snprintf(text, capacity, "%.1f min", seconds / 60.0);
+  else if (seconds < 2.0 * SECONDS_PER_DAY)
+    snprintf(text, capacity, "%.2f h", seconds / 3600.0);
+  else
+    snprintf(text, capacity, "%.1f days", seconds / SECONDS_PER_DAY);
+  return text;
+}
+
+static void print_inputs(const model_options *options) {
+  const double *v = options->values;
+  const input_source *s = options->sources;
+  printf("inputs:\n");
+  printf("  f     = %.4g failures per GPU-second (%g a day among %g GPUs)\n", failure_rate(options),
+         v[INPUT_FAILURES], v[INPUT_PER]);
+  printf("  o     = %.4g s, checkpoint cost (%s)\n", v[INPUT_CHECKPOINT],
+         source_name(s[INPUT_CHECKPOINT]));
+  printf("  r     = %.4g s, restart cost (%s)\n", v[INPUT_RESTART], source_name(s[INPUT_RESTART]));
+  printf("  m     = %.4g s, minibatch (%s)\n", v[INPUT_MINIBATCH], source_name(s[INPUT_MINIBATCH]));
+  printf("  o_jit = %.4g, JIT steady-state overhead, a fraction of time (%s)\n",
+         v[INPUT_JIT_OVERHEAD], source_name(s[INPUT_JIT_OVERHEAD]));
+  printf("  in-process recovery = %.4g s (%s%s)\n", v[INPUT_INPROCESS],
+         source_name(s[INPUT_INPROCESS]), v[INPUT_INPROCESS] == 0.0 ? ": eq. 8 as printed" : "");
+}
+
+static const char *recoveries_word(size_t count) { return count == 1 ? "recovery" : "recoveries"; }
+
+static void print_measured(const model_options *options) {
+  const keel_model_measured *m = &options->measured;
+  printf("measured from %s: %zu lines read, %zu skipped as malformed\n", options->measured_path,
+         m->lines, m->skipped_lines);
+  if (m->state_recoveries > 0)
+    printf("  o = %.4g s: mean state transfer of the %zu %s that moved state\n",
+           m->checkpoint_cost_s, m->state_recoveries, recoveries_word(m->state_recoveries));
+  else
+    printf("  o not derived: no recovery moved state (a shrink moves none)\n");
+  if (m->recoveries > 0) {
+    printf(
+        "  r = %.4g s: mean detect + revoke + agree + rebuild over %zu %s (keel's in-process\n"
+        "      recovery; a user-level restart would add process start and data loading)\n",
+        m->restart_cost_s, m->recoveries, recoveries_word(m->recoveries));
+    printf("  in-process recovery = %.4g s: r plus state transfer, mean over %zu %s\n",
+           m->inprocess_recovery_s, m->recoveries, recoveries_word(m->recoveries));
+    printf("  (mean redo %.4g s per recovery; the model charges m/2)\n", m->redo_s);
+  } else {
+    printf("  r not derived: no recovery lines\n");
+  }
+  if (m->minibatch_samples > 0)
+    printf("  m = %.4g s: progress lines over %zu steps\n", m->minibatch_s, m->minibatch_samples);
+  else
+    printf("  m not derived: no two progress lines of one process in one epoch\n");
+  printf(
+      "  failures seen: %zu fault lines, %zu failed exits; f is not taken from them (a run's\n"
+      "      injected faults say nothing of a cluster's failure rate)\n",
+      m->faults, m->failed_exits);
+}
+
+static void print_policy_row(const char *name, const keel_model_result *result) {
+  char span[32];
+  printf("%-32s %10.4g %12s %11.4f%% %11.4f%%\n", name, result->checkpoints_per_hour,
+         span_text(result->interval_s, span, sizeof span), 100.0 * result->wasted_per_time,
+         100.0 * result->wasted_fraction);
+}
+
+static void print_text_single(const model_options *options, const model_evaluation *e) {
+  char name[64], span[32];
+  printf("keel model: N = %.0f GPUs (JIT checkpointing paper, section 5)\n", e->gpus);
+  print_inputs(options);
+  if (options->measured_path != NULL) print_measured(options);
+  printf("\n%-32s %10s %12s %12s %12s\n", "policy", "ckpt/hour", "interval", "w (eq. 5)",
+         "w_f (eq. 6)");
+  if (e->periodic_status == KEEL_OK)
+    print_policy_row("periodic at c* (eqs. 3-6)", &e->optimal);
+  else
+    printf("%-32s not evaluated: a checkpoint cost o of 0 has no optimum\n",
+           "periodic at c* (eqs. 3-6)");
+  if (e->has_interval) {
+    snprintf(name, sizeof name, "periodic every %s (eq. 1)",
+             span_text(e->at_interval.interval_s, span, sizeof span));
+    print_policy_row(name, &e->at_interval);
+  }
+  print_policy_row("user-level JIT (eq. 7)", &e->user);
+  print_policy_row("in-process JIT (eq. 8)", &e->inprocess);
+  printf("\n");
+  if (e->periodic_status == KEEL_OK)
+    printf(
+        "c* = %.4g checkpoints per hour is the paper's c* (a frequency, eq. 3); the optimal\n"
+        "interval is 1/c* = %.1f s (%s).\n",
+        e->optimal.checkpoints_per_hour, e->optimal.interval_s,
+        span_text(e->optimal.interval_s, span, sizeof span));
+  printf(
+      "w: GPU time wasted per GPU-second of useful work; w_f = w / (1 + w): the wasted share.\n"
+      "JIT ckpt/hour: user-level JIT saves once per job failure (N f); in-process JIT writes "
+      "none.\n");
+}
+
+static void print_text_sweep(const model_options *options, const model_evaluation *rows,
+                             size_t count) {
+  char span[32];
+  printf("keel model: sweep over N (like the paper's Table 8; w_f in percent, eq. 6)\n");
+  print_inputs(options);
+  if (options->measured_path != NULL) print_measured(options);
+  printf("\n%10s %10s %12s %13s", "N", "c* (/hour)", "1/c*", "periodic w_f");
+  if (count > 0 && rows[0].has_interval) printf(" %15s", "at --interval");
+  printf(" %13s %15s\n", "user JIT w_f", "in-proc JIT w_f");
+  for (size_t i = 0; i < count; i++) {
+    const model_evaluation *e = &rows[i];
+    printf("%10.0f", e->gpus);
+    if (e->periodic_status == KEEL_OK)
+      printf(" %10.4g %12s %12.4f%%", e->optimal.checkpoints_per_hour,
+             span_text(e->optimal.interval_s, span, sizeof span),
+             100.0 * e->optimal.wasted_fraction);
+    else
+      printf(" %10s %12s %13s", "-", "-", "- (o = 0)");
+    if (e->has_interval) printf(" %14.4f%%", 100.0 * e->at_interval.wasted_fraction);
+    printf(" %12.4f%% %14.4f%%\n", 100.0 * e->user.wasted_fraction,
+           100.0 * e->inprocess.wasted_fraction);
+  }
+  printf(
+      "\nc* is a frequency (checkpoints per hour, as the paper prints it); 1/c* is the "
+      "interval.\n");
+}
+
+/* ---- JSON: one object on one line; numbers with 10 significant digits; null where a
+ * value does not exist (no optimum, no checkpoint ever) since JSON has no infinity. */
+
+static void json_key(const char *key, bool *first) {
+  printf("%s\"%s\":", *first ? "" : ",", key);
+  *first = false;
+}
+
+static void json_number(const char *key, double value, bool *first) {
+  json_key(key, first);
+  if (isfinite(value))
+    printf("%.10g", value);
+  else
+    printf("null");
+}
+
+static void json_count(const char *key, size_t value, bool *first) {
+  json_key(key, first);
+  printf("%zu", value);
+}
+
+/* A string value, escaped: a path may hold quotes, backslashes or control characters. */
+static void json_string(const char *key, const char *text, bool *first) {
+  json_key(key, first);
+  putchar('"');
+  for (const unsigned char *c = (const unsigned char *)text; *c != '\0'; c++) {
+    if (*c == '"' || *c == '\\')
+      printf("\\%c", *c);
+    else if (*c < 0x20)
+      printf("\\u%04x", *c);
+    else
+      putchar(*c);
+  }
+  putchar('"');
+}
+
+/* One policy. optimal_interval_s is the periodic optimum 1/c* where the policy chooses an
+ * interval, null for JIT (it checkpoints on failure, nothing to choose). */
+static void json_policy(const char *key, const keel_model_result *result, double optimal_interval_s,
+                        bool *first) {
+  bool inner = true;
+  json_key(key, first);
+  printf("{");
+  json_number("interval_s", result->interval_s, &inner);
+  json_number("optimal_interval_s", optimal_interval_s, &inner);
+  json_number("checkpoints_per_hour", result->checkpoints_per_hour, &inner);
+  json_number("wasted_per_time", result->wasted_per_time, &inner);
+  json_number("wasted_fraction", result->wasted_fraction, &inner);
+  json_number("wasted_percent", 100.0 * result->wasted_fraction, &inner);
+  json_key("terms", &inner);
+  bool terms = true;
+  printf("{");
+  json_number("checkpoint", result->checkpoint_term, &terms);
+  json_number("overhead", result->overhead_term, &terms);
+  json_number("restart", result->restart_term, &terms);
+  json_number("redo", result->redo_term, &terms);
+  printf("}}");
+}
+
+static void json_policies(const model_evaluation *e, bool *first) {
+  if (e->periodic_status == KEEL_OK) {
+    json_policy("periodic_optimal", &e->optimal, e->optimal.interval_s, first);
+  } else {
+    json_key("periodic_optimal", first);
+    printf("null");
+  }
+  if (e->has_interval) {
+    double optimum = e->periodic_status == KEEL_OK ? e->optimal.interval_s : INFINITY;
+    json_policy("periodic_interval", &e->at_interval, optimum, first);
+  }
+  json_policy("jit_user", &e->user, INFINITY, first);
+  json_policy("jit_inprocess", &e->inprocess, INFINITY, first);
+}
+
+static void json_inputs(const model_options *options, bool *first) {
+  static const struct {
+    const char *key;
+    model_input input;
+  } named[] = {
+      {"checkpoint_cost_s", INPUT_CHECKPOINT},   {"restart_cost_s", INPUT_RESTART},
+      {"minibatch_s", INPUT_MINIBATCH},          {"jit_overhead", INPUT_JIT_OVERHEAD},
+      {"inprocess_recovery_s", INPUT_INPROCESS},
+  };
+  bool inner = true, sources = true;
+  json_key("inputs", first);
+  printf("{");
+  json_number("failure_rate_per_gpu_s", failure_rate(options), &inner);
+  json_number("failures_per_day", options->values[INPUT_FAILURES], &inner);
+  json_number("per_gpus", options->values[INPUT_PER], &inner);
+  for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+    json_number(named[i].key, options->values[named[i].input], &inner);
+  double interval = options->values[INPUT_INTERVAL];
+  json_number("interval_s", interval > 0.0 ? interval : INFINITY, &inner);
+  json_key("sources", &inner);
+  printf("{");
+  for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+    json_string(named[i].key, source_name(options->sources[named[i].input]), &sources);
+  printf("}}");
+}
+
+static void json_measured(const model_options *options, bool *first) {
+  const keel_model_measured *m = &options->measured;
+  bool inner = true;
+  json_key("measured", first);
+  printf("{");
+  json_string("path", options->measured_path, &inner);
+  json_count("lines", m->lines, &inner);
+  json_count("skipped_lines", m->skipped_lines, &inner);
+  json_count("recoveries", m->recoveries, &inner);
+  json_count("state_recoveries", m->state_recoveries, &inner);
+  json_number("checkpoint_cost_s", m->state_recoveries > 0 ? m->checkpoint_cost_s : INFINITY,
+              &inner);
+  json_number("restart_cost_s", m->recoveries > 0 ? m->restart_cost_s : INFINITY, &inner);
+  json_number("inprocess_recovery_s", m->recoveries > 0 ? m->inprocess_recovery_s : INFINITY,
+              &inner);
+  json_number("redo_s", m->recoveries > 0 ? m->redo_s : INFINITY, &inner);
+  json_count("minibatch_steps", m->minibatch_samples, &inner);
+  json_number("minibatch_s", m->minibatch_samples > 0 ? m->minibatch_s : INFINITY, &inner);
+  json_count("faults", m->faults, &inner);
+  json_count("failed_exits", m->failed_exits, &inner);
+  printf("}");
+}
+
+static void print_json(const model_options *options, const model_evaluation *rows, size_t count,
+                       bool sweep) {
+  bool first = true;
+  printf("{");
+  json_inputs(options, &first);
+  if (options->measured_path != NULL) json_measured(options, &first);
+  if (!sweep) {
+    json_number("gpus", rows[0].gpus, &first);
+    json_policies(&rows[0], &first);
+  } else {
+    json_key("rows", &first);
+    printf("[");
+    for (size_t i = 0; i < count; i++) {
+      bool row = true;
+      printf("%s{", i == 0 ? "" : ",");
+      json_number("gpus", rows[i].gpus, &row);
+      json_policies(&rows[i], &row);
+      printf("}");
+    }
+    printf("]");
+  }
+  printf("}\n");
+}
+
+/* ---- the command */
+
+int keel__command_model(int argc, char **argv) {
+  model_options options = {0};
+  int code = parse_options(argc, argv, &options);
+  if (code != 0) return code;
+  if (options.help) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  if (options.measured_path != NULL) {
+    keel_status status = keel_model_measure_file(options.measured_path, &options.measured);
+    if (status != KEEL_OK) {
+      fprintf(stderr, "keel model: cannot read %s: %s\n", options.measured_path,
+              keel_strerror(status));
+      return KEEL__EXIT_FAILURE;
+    }
+    measured_apply(&options);
+  }
+  bool sweep = options.sweep_count > 0;
+  size_t count = sweep ? options.sweep_count : 1;
+  model_evaluation rows[SWEEP_MAXIMUM];
+  for (size_t i = 0; i < count; i++) {
+    double gpus = sweep ? options.sweep[i] : options.values[INPUT_GPUS];
+    keel_status status = evaluate(&options, gpus, &rows[i]);
+    if (status != KEEL_OK) {
+      fprintf(stderr, "keel model: the inputs are out of the model's range: %s\n",
+              keel_strerror(status));
+      return KEEL__EXIT_USAGE;
+    }
+  }
+  if (options.json)
+    print_json(&options, rows, count, sweep);
+  else if (sweep)
+    print_text_sweep(&options, rows, count);
+  else
+    print_text_single(&options, &rows[0]);
+  return fflush(stdout) == 0 ? 0 : KEEL__EXIT_FAILURE;
 }

@@ -1,0 +1,97 @@
+/* keel model: the analytical model of wasted GPU time of the JIT checkpointing paper (§5):
+ * periodic checkpoints at the optimal or a given interval (eqs. 1-6), user-level JIT (eq. 7)
+ * and in-process JIT (eq. 8); and what a keel events file says about o, r and m. Pure
+ * arithmetic on core only: nothing here blocks, allocates on the formula path or keeps state. */
+#ifndef KEEL_MODEL_H
+#define KEEL_MODEL_H
+
+#include <stddef.h>
+
+#include "keel/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The paper's inputs, in SI units (seconds). Times are per GPU; N multiplies them. */
+typedef struct keel_model_params {
+  double failure_rate;         /* f: failures per GPU per second (2 a day on 1000 GPUs: 2.3e-8) */
+  double gpu_count;            /* N: GPUs in the job, >= 1 (need not be whole, for sweeps) */
+  double checkpoint_cost_s;    /* o: time one checkpoint stalls a GPU */
+  double restart_cost_s;       /* r: fixed cost of one recovery per GPU (restore, init) */
+  double minibatch_s;          /* m: one minibatch; JIT redoes m/2 of it on average */
+  double jit_overhead;         /* o_jit: JIT's steady-state cost, a fraction of time (eq. 7, 8) */
+  double inprocess_recovery_s; /* fixed cost of an in-process recovery; 0 is eq. 8 as printed */
+} keel_model_params;
+
+/* One policy's waste per GPU per second of useful work, split into the equations' terms.
+ * Sum of terms = wasted_per_time (w, eq. 5); wasted_fraction = w / (1 + w) (w_f, eq. 6). */
+typedef struct keel_model_result {
+  double interval_s;           /* mean time between checkpoints; INFINITY when none is written */
+  double checkpoints_per_hour; /* 3600 / interval_s: the paper's c* for the periodic optimum */
+  double checkpoint_term;      /* c·o (periodic) or f·o (user-level JIT: one save per failure) */
+  double overhead_term;        /* o_jit (JIT policies), 0 for periodic */
+  double restart_term;         /* N·f·r (in-process JIT: N·f·inprocess_recovery_s) */
+  double redo_term;            /* N·f/(2c) (periodic) or N·f·m/2 (JIT) */
+  double wasted_per_time;      /* w: GPU-seconds wasted per GPU-second of useful work */
+  double wasted_fraction;      /* w_f: share of all GPU time that is wasted */
+} keel_model_result;
+
+/* KEEL_OK when every field is finite, N >= 1, f > 0 and the costs are >= 0; KEEL_EINVAL
+ * otherwise (NaN, infinity, negative, N < 1, f = 0: no failure makes every interval
+ * "optimal"). Each function below checks this first and writes nothing on error. */
+keel_status keel_model_params_check(const keel_model_params *params);
+
+/* The optimal periodic checkpoint frequency c* = sqrt(N·f / 2o), eq. 3, in checkpoints per
+ * second (the paper prints it per hour: multiply by 3600; the interval is 1/c*).
+ * KEEL_EINVAL also when o = 0 (free checkpoints have no optimum: c* is infinite). */
+keel_status keel_model_optimal_frequency(const keel_model_params *params, double *per_second_p);
+
+/* Periodic checkpoints every interval_s seconds: eq. 1 divided by N·t, w = c·o + N·f·r +
+ * N·f/(2c) with c = 1/interval_s. KEEL_EINVAL for an interval that is not finite and > 0. */
+keel_status keel_model_periodic_at(const keel_model_params *params, double interval_s,
+                                   keel_model_result *result_p);
+
+/* Periodic checkpoints at c* (eqs. 3-6): w* = 2·sqrt(N·f·o/2) + N·f·r. KEEL_EINVAL when o = 0. */
+keel_status keel_model_periodic_optimal(const keel_model_params *params,
+                                        keel_model_result *result_p);
+
+/* User-level JIT (eq. 7): w = f·o + o_jit + N·f·r + N·f·m/2; one checkpoint per job failure,
+ * so interval_s is the job's mean time between failures 1/(N·f). */
+keel_status keel_model_jit_user(const keel_model_params *params, keel_model_result *result_p);
+
+/* In-process ("transparent", transient-error) JIT (eq. 8): w = o_jit + N·f·m/2, plus
+ * N·f·inprocess_recovery_s when that field is set (the paper takes it as negligible; keel's
+ * revoke/agree/rebuild is measurable). No checkpoint is written: interval_s is INFINITY. */
+keel_status keel_model_jit_inprocess(const keel_model_params *params, keel_model_result *result_p);
+
+/* ---- what a run measured: keel events files (docs/RUNTIME.md), one JSON object a line. */
+typedef struct keel_model_measured {
+  size_t lines;                /* lines read */
+  size_t skipped_lines;        /* malformed, too long, or with fields out of range */
+  size_t recoveries;           /* distinct recoveries (by new_epoch; the slowest line kept) */
+  size_t state_recoveries;     /* of those, the ones that transferred state (> 0 ms) */
+  double checkpoint_cost_s;    /* o: mean state_transfer over state_recoveries */
+  double restart_cost_s;       /* r: mean detect + revoke + agree + rebuild over recoveries */
+  double inprocess_recovery_s; /* mean detect..rebuild + state_transfer over recoveries */
+  double redo_s;               /* mean redo over recoveries (the redone minibatch part) */
+  size_t minibatch_samples;    /* steps covered by consecutive progress lines */
+  double minibatch_s;          /* m: their time over their steps */
+  size_t faults;               /* "fault" lines (injected faults) */
+  size_t failed_exits;         /* "exit" lines with a signal or a non-zero code */
+} keel_model_measured;
+
+/* Reads the events file at path and fills *measured_p. Progress lines give m from pairs
+ * of lines of one uid within one epoch (a recovery's pause is not a minibatch); recovery
+ * lines give o and r; a value whose count is 0 is left 0. Lines over 64 KiB, lines that do
+ * not scan and lines with negative or non-finite times are skipped and counted. Blocks on
+ * the file's reads; allocates bounded tables, freed before return. On error nothing is
+ * written or logged (the caller reports it): errno's status when the file cannot be opened
+ * (KEEL_ENOTFOUND when it does not exist), KEEL_EIO for a failed read, KEEL_ENOMEM, and
+ * KEEL_EINVAL for NULL arguments. */
+keel_status keel_model_measure_file(const char *path, keel_model_measured *measured_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
