@@ -228,6 +228,17 @@ static int64_t lapse_fence_after(const keel__launcher *launcher, const keel__chi
   return keel__child_stopped(child) ? launcher->stopped_grace_ns : launcher->running_grace_ns;
 }
 
+/* RUNTIME.md: keel_finalize writes left/<uid> before it drops its lease; such a process is
+ * finishing in order (it may run on for a while after finalize), not hung. */
+static bool child_left_in_order(keel__launcher *launcher, const keel__child *child) {
+  char key[64];
+  snprintf(key, sizeof key, "left/%u", (unsigned)child->uid);
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(launcher->store, key, &entry) != KEEL_OK) return false;
+  keel_store_entry_free(entry);
+  return true;
+}
+
 static void launcher_fence_lapsed(keel__launcher *launcher, int64_t now_ns) {
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   bool reaped = false;
@@ -238,6 +249,10 @@ static void launcher_fence_lapsed(keel__launcher *launcher, int64_t now_ns) {
     if (!reaped) keel__children_reap(launcher);
     reaped = true;
     if (!child->alive) continue;
+    if (!keel__child_stopped(child) && child_left_in_order(launcher, child)) {
+      child->lease_lost_ns = 0; /* it left; its exit will be reaped whenever it comes */
+      continue;
+    }
     keel__child_fence(launcher, child,
                       keel__child_stopped(child) ? "lease expired: the process is stopped"
                                                  : "lease expired: the process is hung");
