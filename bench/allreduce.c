@@ -113,6 +113,7 @@ typedef struct bench {
   keel_ctx *ctx;
   const options *opts;
   float *send, *recv;
+  char impl[32]; /* "keel-shm", "keel-tcp-resilient", ... */
 } bench;
 
 static keel_status one_allreduce(bench *b, size_t count) {
@@ -201,7 +202,10 @@ static keel_status measure_size(bench *b, uint64_t bytes, double *times, result 
   status =
       keel_comm_allreduce(world, times, times + iterations, (size_t)iterations, KEEL_F64, KEEL_AVG);
   if (status != KEEL_OK) return status;
-  *r = (result){.impl = b->opts->resilient ? "keel-tcp-resilient" : "keel-tcp",
+  /* The impl names the transport the allreduce really used ("keel-shm", "keel-tcp"). */
+  snprintf(b->impl, sizeof b->impl, "keel-%s%s", keel_comm_transport(world),
+           b->opts->resilient ? "-resilient" : "");
+  *r = (result){.impl = b->impl,
                 .ranks = size,
                 .bytes = bytes,
                 .iterations = iterations};

@@ -275,6 +275,9 @@ keel_status keel_comm_allreduce(keel_comm *comm, const void *send, void *recv, s
     if (send != recv && bytes > 0) memmove(recv, send, bytes);
     return KEEL_OK;
   }
+  bool used_shared_memory = false;
+  status = keel__shm_allreduce(comm, send, recv, count, dtype, op, &used_shared_memory);
+  if (used_shared_memory || status != KEEL_OK) return status;
   if (bytes <= DIRECT_ALLREDUCE_BYTES) return allreduce_direct(comm, send, recv, count, dtype, op);
   if ((status = keel__scratch_reserve(comm->ctx, bytes)) != KEEL_OK) return status;
   ring_plan plan = {.comm = comm, .dtype = dtype, .op = op, .element_size = element_size,

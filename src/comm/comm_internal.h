@@ -69,8 +69,12 @@ typedef struct keel__peer {
   keel__recv_slot *inbound_slot; /* where the frame being read goes, if an op's slot */
 } keel__peer;
 
+typedef struct keel__shm_group keel__shm_group;
+
 struct keel_comm {
   keel_ctx *ctx;
+  keel__shm_group *shm; /* shared memory of this epoch, when all ranks share a host */
+  bool shm_tried;
   uint64_t epoch;
   int rank;
   int size;
@@ -208,6 +212,13 @@ void keel__drop_stale_unexpected(keel_ctx *ctx, uint64_t below_epoch);
  * is zero, or the communicator breaks, or the deadline. */
 keel_status keel__wait_posted(keel_comm *comm, size_t first_slot, int *sends_pending,
                               int64_t deadline_ns);
+
+/* ---- shm.c */
+/* Allreduce through the epoch's shared memory when every rank is on this host (set up on
+ * first use, collectively). *used_p false: not eligible, the caller uses the links. */
+keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
+                                keel_dtype dtype, keel_reduce_op op, bool *used_p);
+void keel__shm_release(keel_comm *comm);
 
 /* ---- reduce.c */
 void keel__reduce(keel_dtype dtype, keel_reduce_op op, void *destination, const void *left,

@@ -66,6 +66,8 @@ keel_comm *keel__comm_create(keel_ctx *ctx, uint64_t epoch, const uint32_t *uids
     if (uids[rank] == ctx->uid) comm->rank = rank;
   }
   comm->timeout_ns = ctx->timeout_ns;
+  /* The old epoch's shared memory is of no more use: its counters are mid-operation. */
+  if (ctx->world != NULL) keel__shm_release(ctx->world);
   /* The previous world stays reachable (and freed at finalize): handles the user holds
    * must stay valid and fail with KEEL_EREVOKED rather than dangle. */
   comm->older = ctx->world;
@@ -460,6 +462,10 @@ uint32_t keel_comm_uid(const keel_comm *comm, int rank) {
   return rank >= 0 && rank < comm->size ? comm->uids[rank] : UINT32_MAX;
 }
 void keel_comm_set_timeout(keel_comm *comm, int64_t timeout_ns) { comm->timeout_ns = timeout_ns; }
+const char *keel_comm_transport(const keel_comm *comm) {
+  if (comm->size == 1) return "self";
+  return comm->shm != NULL ? "shm" : "tcp";
+}
 
 /* ---- the end */
 
@@ -514,6 +520,7 @@ void keel_finalize(keel_ctx *ctx) {
   keel__drop_stale_unexpected(ctx, UINT64_MAX);
   while (ctx->world != NULL) {
     keel_comm *older = ctx->world->older;
+    keel__shm_release(ctx->world);
     free(ctx->world->uids);
     free(ctx->world);
     ctx->world = older;

@@ -1,0 +1,318 @@
+/* Allreduce through shared memory, for a communicator whose ranks all run on one host.
+ * Each epoch gets its own segment: every rank copies a chunk of its input into its slot,
+ * then reduces its slice of the chunk straight from all the slots (in rank order, so the
+ * result has the same bits everywhere) into a shared result, and copies the result out.
+ * Slots and results are double-buffered by sequence parity, so one barrier per phase is all
+ * the synchronisation there is. Waiting spins briefly, then sleeps on a futex in short
+ * slices; between slices the TCP links are polled, so a dead peer or a revocation is seen
+ * at once and the failure semantics stay exactly those of the TCP path. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+
+#define MODULE "shm"
+#define CACHE_LINE 64
+/* One chunk of the pipeline; the segment holds 2 per rank and 2 for results. */
+#define DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
+/* Up to this many bytes every rank reduces the whole buffer itself: one barrier, not two. */
+#define SMALL_BYTES ((size_t)64 << 10)
+#define FUTEX_SLICE_NS (1000 * 1000)
+
+typedef struct shm_counter {
+  _Atomic uint64_t value;
+  uint8_t pad[CACHE_LINE - sizeof(uint64_t)];
+} shm_counter;
+
+typedef struct shm_header {
+  _Atomic uint32_t generation; /* bumped on every publish: the futex word */
+  _Atomic uint32_t sleepers;
+  uint8_t pad[CACHE_LINE - 2 * sizeof(uint32_t)];
+} shm_header;
+
+struct keel__shm_group {
+  uint8_t *base;
+  size_t bytes;
+  size_t chunk_bytes;
+  int size;
+  shm_header *header;
+  shm_counter *arrived; /* per rank: chunks copied in */
+  shm_counter *reduced; /* per rank: chunk slices reduced */
+  uint8_t *slots;       /* [rank][parity][chunk] */
+  uint8_t *results;     /* [parity][chunk] */
+  uint64_t sequence;    /* chunks done, the same at every rank */
+  int spin_limit;
+};
+
+static size_t align_up(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+static size_t segment_bytes(int size, size_t chunk_bytes) {
+  size_t control = sizeof(shm_header) + 2 * (size_t)size * sizeof(shm_counter);
+  return align_up(control, 4096) + ((size_t)size * 2 + 2) * chunk_bytes;
+}
+
+static void group_layout(keel__shm_group *group) {
+  group->header = (shm_header *)group->base;
+  group->arrived = (shm_counter *)(group->base + sizeof(shm_header));
+  group->reduced = group->arrived + group->size;
+  size_t control = sizeof(shm_header) + 2 * (size_t)group->size * sizeof(shm_counter);
+  group->slots = group->base + align_up(control, 4096);
+  group->results = group->slots + (size_t)group->size * 2 * group->chunk_bytes;
+}
+
+static uint8_t *slot_of(const keel__shm_group *group, int rank, uint64_t sequence) {
+  return group->slots + ((size_t)rank * 2 + (size_t)(sequence & 1)) * group->chunk_bytes;
+}
+
+static uint8_t *result_of(const keel__shm_group *group, uint64_t sequence) {
+  return group->results + (size_t)(sequence & 1) * group->chunk_bytes;
+}
+
+/* ---- eligibility and setup */
+
+typedef struct host_identity {
+  char boot_id[40];
+  int32_t shm_allowed;
+} host_identity;
+
+static void read_host_identity(host_identity *identity) {
+  memset(identity, 0, sizeof *identity);
+  FILE *file = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (file != NULL) {
+    if (fgets(identity->boot_id, sizeof identity->boot_id, file) == NULL) identity->boot_id[0] = 0;
+    fclose(file);
+  }
+  const char *transport = getenv("KEEL_TRANSPORT");
+  identity->shm_allowed = transport == NULL || strcmp(transport, "tcp") != 0;
+}
+
+static bool all_on_this_host(const host_identity *mine, const host_identity *all, int size) {
+  if (!mine->shm_allowed || mine->boot_id[0] == '\0') return false;
+  for (int rank = 0; rank < size; rank++) {
+    if (!all[rank].shm_allowed || strcmp(all[rank].boot_id, mine->boot_id) != 0) return false;
+  }
+  return true;
+}
+
+static keel_status map_segment(const char *name, bool create, size_t bytes, uint8_t **base_p) {
+  int fd = shm_open(name, O_RDWR | (create ? O_CREAT | O_EXCL : 0), 0600);
+  if (fd < 0) return keel_status_from_errno(errno);
+  keel_status status = KEEL_OK;
+  if (create && ftruncate(fd, (off_t)bytes) != 0) status = keel_status_from_errno(errno);
+  void *base = MAP_FAILED;
+  if (status == KEEL_OK) {
+    base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) status = keel_status_from_errno(errno);
+  }
+  close(fd);
+  if (status != KEEL_OK) return status;
+  *base_p = base;
+  return KEEL_OK;
+}
+
+static int spin_limit_for(int size) {
+  /* With more ranks than cores a spinning rank steals the core of the rank it waits for:
+   * sleep almost at once then. */
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores >= size ? 4000 : 50;
+}
+
+/* Collective over the TCP path (comm->shm_tried is set, so nothing recurses into here):
+ * decide together whether to use shared memory, create and map the segment. Any rank's
+ * local failure makes every rank fall back to TCP; a peer failure is returned. */
+static keel_status shm_setup(keel_comm *comm) {
+  comm->shm_tried = true;
+  host_identity mine, *all = calloc((size_t)comm->size, sizeof *all);
+  if (all == NULL) return KEEL_ENOMEM;
+  read_host_identity(&mine);
+  keel_status status = keel_comm_allgather(comm, &mine, all, sizeof mine);
+  bool eligible = status == KEEL_OK && all_on_this_host(&mine, all, comm->size);
+  free(all);
+  if (status != KEEL_OK || !eligible) return status;
+
+  int64_t chunk = (int64_t)DEFAULT_CHUNK_BYTES;
+  if (keel_env_int("KEEL_SHM_CHUNK", 4096, (int64_t)1 << 30, &chunk) != KEEL_OK)
+    chunk = (int64_t)DEFAULT_CHUNK_BYTES;
+  size_t chunk_bytes = align_up((size_t)chunk, CACHE_LINE);
+  size_t bytes = segment_bytes(comm->size, chunk_bytes);
+  /* Rank 0 creates the segment before it says its name, so nobody opens it too early; an
+   * empty name says it could not. */
+  char name[96] = "";
+  uint8_t *base = NULL;
+  keel_status mapped = KEEL_ENOTFOUND;
+  if (comm->rank == 0) {
+    keel_random random;
+    keel_random_seed(&random, (uint64_t)keel_wall_ns() ^ (uint64_t)getpid());
+    snprintf(name, sizeof name, "/keel-%" PRIx64 "-%" PRIu64 "-%" PRIx64, comm->ctx->auth.job_id,
+             comm->epoch, keel_random_next(&random));
+    mapped = map_segment(name, true, bytes, &base);
+    if (mapped != KEEL_OK) name[0] = '\0';
+  }
+  status = keel_comm_broadcast(comm, name, sizeof name, 0);
+  if (status != KEEL_OK) {
+    if (comm->rank == 0 && mapped == KEEL_OK) {
+      shm_unlink(name);
+      munmap(base, bytes);
+    }
+    return status;
+  }
+  if (comm->rank != 0 && name[0] != '\0') mapped = map_segment(name, false, bytes, &base);
+  /* Everyone reports; all fall back unless all mapped. The barrier also lets rank 0
+   * unlink the name once nobody needs it any more. */
+  int32_t failed = mapped != KEEL_OK, any_failed = 0;
+  status = keel_comm_allreduce(comm, &failed, &any_failed, 1, KEEL_I32, KEEL_MAX);
+  if (comm->rank == 0 && name[0] != '\0') shm_unlink(name);
+  if (status != KEEL_OK || any_failed) {
+    if (mapped == KEEL_OK) munmap(base, bytes);
+    if (mapped != KEEL_OK) KEEL_LOG_W(MODULE, "cannot map %s: %s", name, keel_strerror(mapped));
+    return status;
+  }
+  keel__shm_group *group = calloc(1, sizeof *group);
+  if (group == NULL) {
+    munmap(base, bytes);
+    return KEEL_ENOMEM;
+  }
+  *group = (keel__shm_group){.base = base, .bytes = bytes, .chunk_bytes = chunk_bytes,
+                             .size = comm->size, .spin_limit = spin_limit_for(comm->size)};
+  group_layout(group);
+  /* Touch our own slots now, not in the first timed operation. */
+  memset(slot_of(group, comm->rank, 0), 0, 2 * chunk_bytes);
+  comm->shm = group;
+  KEEL_LOG_D(MODULE, "epoch %" PRIu64 ": shared memory for %d ranks, %zu-byte chunks",
+             comm->epoch, comm->size, chunk_bytes);
+  return KEEL_OK;
+}
+
+void keel__shm_release(keel_comm *comm) {
+  if (comm->shm == NULL) return;
+  munmap(comm->shm->base, comm->shm->bytes);
+  free(comm->shm);
+  comm->shm = NULL;
+}
+
+/* ---- publishing and waiting */
+
+static void publish(keel__shm_group *group, shm_counter *counter, uint64_t value) {
+  atomic_store_explicit(&counter->value, value, memory_order_release);
+  atomic_fetch_add_explicit(&group->header->generation, 1, memory_order_acq_rel);
+  if (atomic_load_explicit(&group->header->sleepers, memory_order_acquire) > 0)
+    syscall(SYS_futex, &group->header->generation, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+static bool all_reached(const keel__shm_group *group, const shm_counter *counters, uint64_t target) {
+  for (int rank = 0; rank < group->size; rank++) {
+    if (atomic_load_explicit(&counters[rank].value, memory_order_acquire) < target) return false;
+  }
+  return true;
+}
+
+static keel_status wait_all(keel_comm *comm, shm_counter *counters, uint64_t target,
+                            int64_t deadline_ns) {
+  keel__shm_group *group = comm->shm;
+  for (int spin = 0; spin < group->spin_limit; spin++) {
+    if (all_reached(group, counters, target)) return KEEL_OK;
+    __builtin_ia32_pause();
+  }
+  for (;;) {
+    uint32_t generation = atomic_load_explicit(&group->header->generation, memory_order_acquire);
+    if (all_reached(group, counters, target)) return KEEL_OK;
+    /* Shared memory gives no EOF: the links tell of a dead peer or a revocation. */
+    keel__progress(comm->ctx, 0);
+    keel_status health = keel__comm_health(comm);
+    if (health != KEEL_OK) return health;
+    if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
+    atomic_fetch_add_explicit(&group->header->sleepers, 1, memory_order_acq_rel);
+    if (!all_reached(group, counters, target)) {
+      struct timespec slice = {0, FUTEX_SLICE_NS};
+      syscall(SYS_futex, &group->header->generation, FUTEX_WAIT, generation, &slice, NULL, 0);
+    }
+    atomic_fetch_sub_explicit(&group->header->sleepers, 1, memory_order_acq_rel);
+  }
+}
+
+/* ---- the allreduce */
+
+/* Reduces elements [first, first+count) of the chunk over every rank's slot, in rank order. */
+static void reduce_slice(keel__shm_group *group, uint64_t sequence, keel_dtype dtype,
+                         keel_reduce_op op, size_t element_size, size_t first, size_t count,
+                         uint8_t *destination) {
+  size_t offset = first * element_size;
+  if (group->size == 1) {
+    memcpy(destination, slot_of(group, 0, sequence) + offset, count * element_size);
+  } else {
+    keel__reduce(dtype, op, destination, slot_of(group, 0, sequence) + offset,
+                 slot_of(group, 1, sequence) + offset, count);
+  }
+  for (int rank = 2; rank < group->size; rank++)
+    keel__reduce(dtype, op, destination, destination, slot_of(group, rank, sequence) + offset, count);
+  if (op == KEEL_AVG) keel__divide(dtype, destination, count, group->size);
+}
+
+static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv, size_t count,
+                             keel_dtype dtype, keel_reduce_op op, int64_t deadline_ns,
+                             bool small) {
+  keel__shm_group *group = comm->shm;
+  size_t element_size = keel_dtype_size(dtype);
+  uint64_t sequence = group->sequence;
+  if (count > 0) memcpy(slot_of(group, comm->rank, sequence), send, count * element_size);
+  publish(group, &group->arrived[comm->rank], sequence + 1);
+  keel__fault_check(comm->ctx, "allreduce", (int64_t)sequence + 1);
+  keel_status status = wait_all(comm, group->arrived, sequence + 1, deadline_ns);
+  if (status != KEEL_OK) return status;
+  if (small) {
+    if (count > 0) reduce_slice(group, sequence, dtype, op, element_size, 0, count, recv);
+  } else {
+    size_t base = count / (size_t)group->size, extra = count % (size_t)group->size;
+    size_t rank = (size_t)comm->rank;
+    size_t first = rank * base + (rank < extra ? rank : extra);
+    size_t mine = base + (rank < extra ? 1 : 0);
+    if (mine > 0)
+      reduce_slice(group, sequence, dtype, op, element_size, first, mine,
+                   result_of(group, sequence) + first * element_size);
+    publish(group, &group->reduced[comm->rank], sequence + 1);
+    status = wait_all(comm, group->reduced, sequence + 1, deadline_ns);
+    if (status != KEEL_OK) return status;
+    if (count > 0) memcpy(recv, result_of(group, sequence), count * element_size);
+  }
+  group->sequence = sequence + 1;
+  return KEEL_OK;
+}
+
+keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
+                                keel_dtype dtype, keel_reduce_op op, bool *used_p) {
+  *used_p = false;
+  if (comm->shm == NULL && !comm->shm_tried) {
+    keel_status status = shm_setup(comm);
+    if (status != KEEL_OK) return status;
+  }
+  keel__shm_group *group = comm->shm;
+  if (group == NULL) return KEEL_OK;
+  *used_p = true;
+  size_t element_size = keel_dtype_size(dtype);
+  size_t per_chunk = group->chunk_bytes / element_size;
+  size_t bytes = count * element_size;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  comm->op_seq++; /* keep the count of operations in step with the TCP path */
+  bool small = bytes <= SMALL_BYTES && bytes <= group->chunk_bytes;
+  size_t done = 0;
+  do {
+    size_t count_now = count - done < per_chunk ? count - done : per_chunk;
+    keel_status status =
+        shm_chunk(comm, (const uint8_t *)send + done * element_size,
+                  (uint8_t *)recv + done * element_size, count_now, dtype, op, deadline, small);
+    if (status != KEEL_OK) return status;
+    done += count_now;
+  } while (done < count);
+  return KEEL_OK;
+}
