@@ -21,6 +21,8 @@
 #include <cmocka.h>
 
 #include "keel/comm.h"
+#include "test_events.h"
+#include "test_job.h"
 #include "test_support.h"
 
 #define DEFAULT_SEED 20240611
@@ -34,7 +36,6 @@
 /* How long after the first progress line a signal may land: about a whole run of STEPS
  * steps on two busy cores, so that some land late, near or after the end. */
 #define MAX_SIGNAL_DELAY_MS 900
-#define MAX_FINALS 16
 #define MAX_EVENTS 4096
 
 /* ---- a trial: what it does, drawn from the seed */
@@ -86,131 +87,71 @@ static void trial_describe(const trial *t, char *text, size_t capacity) {
     snprintf(text + used, capacity - (size_t)used, " uid=%d delay=%dms", t->victim, t->delay_ms);
 }
 
-/* ---- one job's files */
-typedef struct job {
-  char folder[256];
-  char events[300];
-  char output[300];
-} job;
-
-static bool job_prepare(job *run) {
-  const char *folder = keel_test_tempdir("keel-fault-loop");
-  if (folder == NULL) return false;
-  snprintf(run->folder, sizeof run->folder, "%s", folder);
-  snprintf(run->events, sizeof run->events, "%s/events.jsonl", run->folder);
-  snprintf(run->output, sizeof run->output, "%s/output.txt", run->folder);
-  return true;
-}
+/* ---- one job (keel_test_job: its folder, events file and output) */
 
 /* Starts "keel run ... -- toy_train" for the trial (t NULL: a clean run without spares). */
-static pid_t job_start(const job *run, const trial *t) {
-  static char keel_path[4096], program_path[4096], spares[16], fault_entry[200];
-  snprintf(keel_path, sizeof keel_path, "%s", keel_test_bin("keel"));
-  snprintf(program_path, sizeof program_path, "%s", keel_test_program("toy_train"));
-  char *argv[40];
-  size_t used = 0;
-  const char *head[] = {keel_path,  "run",       "--quiet", "--timeout", JOB_TIMEOUT,
-                        "--events", run->events, "-n",      "4"};
-  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) argv[used++] = (char *)head[i];
+static pid_t job_start(const keel_test_job *run, const trial *t) {
+  static const char *const toy_args[] = {"--steps",      STEPS_TEXT, "--params", "100000",
+                                         "--compute-ms", "2",        NULL};
+  char spares[16];
+  const char *flags[9] = {"-n", "4"};
+  size_t used = 2;
   if (t != NULL && t->replace) {
     snprintf(spares, sizeof spares, "%d", t->spares);
-    argv[used++] = "--spares";
-    argv[used++] = spares;
-    argv[used++] = "--on-failure";
-    argv[used++] = "replace";
+    flags[used++] = "--spares";
+    flags[used++] = spares;
+    flags[used++] = "--on-failure";
+    flags[used++] = "replace";
   }
   /* A stopped worker is found only when its lease lapses: keep that short. */
   if (t != NULL && t->kind == FAULT_STOP_PID) {
-    argv[used++] = "--heartbeat";
-    argv[used++] = "300ms";
+    flags[used++] = "--heartbeat";
+    flags[used++] = "300ms";
   }
-  const char *tail[] = {"--",       program_path, "--steps",      STEPS_TEXT,
-                        "--params", "100000",     "--compute-ms", "2"};
-  for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[used++] = (char *)tail[i];
-  argv[used] = NULL;
-  char *env[2] = {NULL, NULL};
-  if (t != NULL && t->kind == FAULT_RULE) {
-    snprintf(fault_entry, sizeof fault_entry, "KEEL_FAULT=%s", t->rule);
-    env[0] = fault_entry;
-  }
-  return keel_test_spawn(argv, env, run->output);
+  flags[used] = NULL;
+  return keel_test_job_start(run, JOB_TIMEOUT, flags, keel_test_program("toy_train"), toy_args,
+                             t != NULL && t->kind == FAULT_RULE ? t->rule : NULL);
 }
 
 /* ---- the events file */
-typedef struct event_log {
-  char *text;
-  char *lines[MAX_EVENTS];
-  size_t count;
-} event_log;
-
-static void event_log_read(const char *path, event_log *log) {
-  memset(log, 0, sizeof *log);
-  log->text = keel_test_read_file(path, NULL);
-  if (log->text == NULL) return;
-  for (char *save = NULL, *line = strtok_r(log->text, "\n", &save);
-       line != NULL && log->count < MAX_EVENTS; line = strtok_r(NULL, "\n", &save))
-    log->lines[log->count++] = line;
-}
-
-static void event_log_free(event_log *log) { free(log->text); }
-
-static long field_long(const char *line, const char *key) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  if (at == NULL) return -1;
-  at += strlen(pattern);
-  if (*at == '"') at++;
-  return strtol(at, NULL, 10);
-}
-
-static bool is_event(const char *line, const char *name) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "{\"event\":\"%s\"", name);
-  return strncmp(line, pattern, strlen(pattern)) == 0;
-}
-
-static size_t count_events(const event_log *log, const char *name) {
-  size_t count = 0;
-  for (size_t i = 0; i < log->count; i++) count += is_event(log->lines[i], name);
-  return count;
-}
 
 /* The pid the launcher gave uid, or -1 if not spawned (yet). */
-static pid_t spawned_pid(const event_log *log, long uid) {
-  for (size_t i = 0; i < log->count; i++) {
-    if (is_event(log->lines[i], "spawn") && field_long(log->lines[i], "uid") == uid)
-      return (pid_t)field_long(log->lines[i], "pid");
-  }
-  return -1;
+static pid_t spawned_pid(const keel_test_events *log, long uid) {
+  const char *spawn = keel_test_events_find(log, "spawn", uid);
+  return spawn != NULL ? (pid_t)keel_test_event_long(spawn, "pid") : -1;
 }
 
 /* ---- the signal a trial sends itself */
 
-/* Waits for the job's first progress line (training has begun) or its end; true if it
- * is training. */
-static bool wait_for_training(const job *run, pid_t launcher) {
-  for (int tries = 0; tries < 3000; tries++) {
-    event_log log;
-    event_log_read(run->events, &log);
-    bool training = count_events(&log, "progress") > 0;
-    event_log_free(&log);
-    if (training) return true;
-    if (keel_test_wait(launcher, 0, NULL)) return false; /* ended (and reaped) already */
-    usleep(5000);
-  }
-  return false;
+typedef struct training_wait {
+  pid_t launcher;
+  bool ended;
+} training_wait;
+
+static bool training_or_ended(const keel_test_events *log, void *context) {
+  training_wait *wait = context;
+  if (keel_test_events_count(log, "progress") > 0) return true;
+  wait->ended = keel_test_wait(wait->launcher, 0, NULL); /* ended (and reaped) already */
+  return wait->ended;
+}
+
+/* Waits (up to 15 s) for the job's first progress line (training has begun) or its end;
+ * true if it is training. */
+static bool wait_for_training(const keel_test_job *run, pid_t launcher) {
+  training_wait wait = {launcher, false};
+  return keel_test_events_wait(run->events, MAX_EVENTS, training_or_ended, &wait, 5, 15000) &&
+         !wait.ended;
 }
 
 /* Sends the trial's signal to its victim; true if the signal reached a live process. The
  * pid is the launcher's child, so it cannot have been reused while the launcher runs. */
-static bool trial_signal(const job *run, const trial *t, pid_t launcher) {
+static bool trial_signal(const keel_test_job *run, const trial *t, pid_t launcher) {
   if (!wait_for_training(run, launcher)) return false;
   usleep((useconds_t)t->delay_ms * 1000);
-  event_log log;
-  event_log_read(run->events, &log);
+  keel_test_events log;
+  keel_test_events_read(run->events, MAX_EVENTS, &log);
   pid_t pid = spawned_pid(&log, t->victim);
-  event_log_free(&log);
+  keel_test_events_free(&log);
   if (pid <= 1) return false;
   return kill(pid, t->kind == FAULT_STOP_PID ? SIGSTOP : SIGKILL) == 0;
 }
@@ -228,60 +169,58 @@ typedef struct outcome {
   char leftover_text[64];
 } outcome;
 
-static void outcome_read_finals(const job *run, outcome *result) {
-  char *text = keel_test_read_file(run->output, NULL);
-  bool ranks_seen[MAX_FINALS] = {false};
-  result->agree = text != NULL;
-  for (char *line = text ? strstr(text, "toy-final ") : NULL; line != NULL;
-       line = strstr(line + 1, "toy-final ")) {
-    int rank, world;
-    unsigned uid, crc;
-    unsigned long long step;
-    if (sscanf(line, "toy-final rank=%d uid=%u step=%llu world=%d crc=%x", &rank, &uid, &step,
-               &world, &crc) != 5)
-      continue;
-    if (result->finals == 0) {
-      result->crc = crc;
-      result->world = world;
-    }
-    bool rank_ok = rank >= 0 && rank < MAX_FINALS && !ranks_seen[rank];
-    if (rank_ok) ranks_seen[rank] = true;
-    if (!rank_ok || crc != result->crc || world != result->world || step != STEPS)
-      result->agree = false;
-    result->finals++;
+static void outcome_read_finals(const keel_test_job *run, outcome *result) {
+  keel_test_toy_final finals[KEEL_TEST_MAX_FINALS];
+  size_t total = 0;
+  long kept = keel_test_toy_finals_read(run->output, finals, KEEL_TEST_MAX_FINALS, &total);
+  bool ranks_seen[KEEL_TEST_MAX_FINALS] = {false};
+  result->agree = kept >= 0;
+  result->finals = total;
+  if (kept > 0) {
+    result->crc = finals[0].crc;
+    result->world = finals[0].world;
   }
+  for (long i = 0; i < kept; i++) {
+    const keel_test_toy_final *final = &finals[i];
+    bool rank_ok =
+        final->rank >= 0 && final->rank < KEEL_TEST_MAX_FINALS && !ranks_seen[final->rank];
+    if (rank_ok) ranks_seen[final->rank] = true;
+    if (!rank_ok || final->crc != result->crc || final->world != result->world ||
+        final->step != STEPS)
+      result->agree = false;
+  }
+  /* Past KEEL_TEST_MAX_FINALS finishers, one at least has no rank of its own. */
+  if (kept >= 0 && (size_t)kept < total) result->agree = false;
   if (result->finals == 0 || (int)result->finals != result->world) result->agree = false;
-  free(text);
 }
 
 /* Every pid the launcher spawned is gone; the first that is not is named. */
-static void outcome_read_events(const job *run, outcome *result) {
-  event_log log;
-  event_log_read(run->events, &log);
+static void outcome_read_events(const keel_test_job *run, outcome *result) {
+  keel_test_events log;
+  keel_test_events_read(run->events, MAX_EVENTS, &log);
   for (size_t i = 0; i < log.count; i++) {
     const char *line = log.lines[i];
-    if (is_event(line, "fence")) result->failed = true;
-    if (is_event(line, "exit") && strstr(line, "\"status\":\"0\"") == NULL &&
+    if (keel_test_event_is(line, "fence")) result->failed = true;
+    if (keel_test_event_is(line, "exit") && strstr(line, "\"status\":\"0\"") == NULL &&
         strstr(line, "\"role\":\"worker\"") != NULL)
       result->failed = true;
-    if (!is_event(line, "spawn")) continue;
-    pid_t pid = (pid_t)field_long(line, "pid");
-    errno = 0;
-    if (pid > 1 && (kill(pid, 0) == 0 || errno != ESRCH) && !result->leftover) {
+    if (!keel_test_event_is(line, "spawn")) continue;
+    pid_t pid = (pid_t)keel_test_event_long(line, "pid");
+    if (pid > 1 && keel_test_pid_exists(pid) && !result->leftover) {
       result->leftover = true;
-      snprintf(result->leftover_text, sizeof result->leftover_text, "uid %ld pid %ld",
-               field_long(line, "uid"), (long)pid);
+      snprintf(result->leftover_text, sizeof result->leftover_text, "uid %lld pid %ld",
+               keel_test_event_long(line, "uid"), (long)pid);
     }
   }
-  event_log_free(&log);
+  keel_test_events_free(&log);
 }
 
 static int64_t now_ms(void) { return keel_now_ns() / 1000000; }
 
 /* Runs one job (t NULL: clean) to its end, the trial's signal included; fills *result. */
-static bool job_play(const trial *t, job *run, outcome *result) {
+static bool job_play(const trial *t, keel_test_job *run, outcome *result) {
   memset(result, 0, sizeof *result);
-  if (!job_prepare(run)) return false;
+  if (!keel_test_job_prepare(run, "keel-fault-loop")) return false;
   int64_t start = now_ms();
   pid_t launcher = job_start(run, t);
   if (launcher <= 0) return false;
@@ -334,7 +273,7 @@ static void test_fault_loop(void **state) {
   uint64_t seed = env_number("KEEL_FAULT_LOOP_SEED", DEFAULT_SEED);
   int trials = (int)env_number("KEEL_FAULT_LOOP_TRIALS", DEFAULT_TRIALS);
   int only = (int)env_number("KEEL_FAULT_LOOP_ONLY", (uint64_t)-1);
-  job run;
+  keel_test_job run;
   outcome clean;
   assert_true(job_play(NULL, &run, &clean));
   if (clean.exit_code != 0 || !clean.agree || clean.world != WORKERS)

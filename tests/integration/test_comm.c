@@ -21,6 +21,8 @@
 #include <cmocka.h>
 
 #include "keel/comm.h"
+#include "test_events.h"
+#include "test_job.h"
 #include "test_support.h"
 
 /* Every job is bounded twice: by the launcher's --timeout and, should the launcher itself
@@ -32,68 +34,18 @@
 #define TOY_PARAMS "100000"
 #define TOY_STEPS "20"
 #define TOY_STEP_COUNT 20
-#define MAX_FINALS 16
 #define MAX_EVENTS 2048
 
 #define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
 
-/* ---- one job: its folder, events file and output (launcher and workers, stdout+stderr) */
-typedef struct job {
-  char folder[256];
-  char events[300];
-  char output[300];
-} job;
-
-static void job_prepare(job *run, const char *name) {
-  const char *folder = keel_test_tempdir(name);
-  assert_non_null(folder);
-  snprintf(run->folder, sizeof run->folder, "%s", folder);
-  snprintf(run->events, sizeof run->events, "%s/events.jsonl", run->folder);
-  snprintf(run->output, sizeof run->output, "%s/output.txt", run->folder);
-}
-
-/* argv of "keel run --quiet --timeout T --events E FLAGS -- PROGRAM ARGS" into argv. */
-static void job_argv(const job *run, const char *const *flags, const char *program,
-                     const char *const *program_args, char **argv, size_t capacity) {
-  static char keel_path[4096], program_path[4096];
-  snprintf(keel_path, sizeof keel_path, "%s", keel_test_bin("keel"));
-  snprintf(program_path, sizeof program_path, "%s", keel_test_program(program));
-  size_t used = 0;
-  const char *head[] = {keel_path,   "run",      "--quiet",  "--timeout",
-                        JOB_TIMEOUT, "--events", run->events};
-  for (size_t i = 0; i < sizeof head / sizeof head[0]; i++) argv[used++] = (char *)head[i];
-  for (size_t i = 0; flags[i] != NULL && used < capacity - 4; i++) argv[used++] = (char *)flags[i];
-  argv[used++] = "--";
-  argv[used++] = program_path;
-  for (size_t i = 0; program_args[i] != NULL && used < capacity - 1; i++)
-    argv[used++] = (char *)program_args[i];
-  argv[used] = NULL;
-}
-
-/* KEEL_FAULT in the launcher's environment reaches every worker it starts. */
-static void fault_env(const char *fault, char *entry, size_t capacity, char **env) {
-  env[0] = NULL;
-  if (fault == NULL) return;
-  snprintf(entry, capacity, "KEEL_FAULT=%s", fault);
-  env[0] = entry;
-  env[1] = NULL;
-}
-
-static void print_output(const job *run) {
-  char *text = keel_test_read_file(run->output, NULL);
-  if (text != NULL && *text != '\0') fprintf(stderr, "--- output of %s:\n%s", run->folder, text);
-  free(text);
-}
-
+/* ---- one job (keel_test_job: its folder, events file and output) */
 /* Runs the job to its end and returns keel's exit code (-1: the test had to kill it). */
-static int job_run(job *run, const char *const *flags, const char *program,
+static int job_run(keel_test_job *run, const char *const *flags, const char *program,
                    const char *const *program_args, const char *fault) {
-  char *argv[64], fault_entry[512], *env[2];
-  job_prepare(run, "keel-comm");
-  job_argv(run, flags, program, program_args, argv, 64);
-  fault_env(fault, fault_entry, sizeof fault_entry, env);
-  int code = keel_test_run(argv, env, run->output, JOB_TIMEOUT_MS);
-  if (code != 0) print_output(run);
+  assert_true(keel_test_job_prepare(run, "keel-comm"));
+  int code = keel_test_job_run(run, JOB_TIMEOUT, JOB_TIMEOUT_MS, flags, keel_test_program(program),
+                               program_args, fault);
+  if (code != 0) keel_test_print_file("job output", run->output);
   return code;
 }
 
@@ -103,64 +55,15 @@ static int64_t elapsed_ms(const struct timespec *start) {
   return (int64_t)(now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
 }
 
-/* ---- toy_train's "toy-final" lines */
-typedef struct toy_final {
-  int rank, world;
-  unsigned uid, crc;
-  unsigned long long step;
-} toy_final;
-
-typedef struct toy_outcome {
-  toy_final finals[MAX_FINALS];
-  size_t count;
-} toy_outcome;
-
-static void toy_outcome_read(const job *run, toy_outcome *outcome) {
-  memset(outcome, 0, sizeof *outcome);
-  char *text = keel_test_read_file(run->output, NULL);
-  assert_non_null(text);
-  for (char *line = strstr(text, "toy-final "); line != NULL && outcome->count < MAX_FINALS;
-       line = strstr(line + 1, "toy-final ")) {
-    toy_final *final = &outcome->finals[outcome->count];
-    if (sscanf(line, "toy-final rank=%d uid=%u step=%llu world=%d crc=%x", &final->rank,
-               &final->uid, &final->step, &final->world, &final->crc) == 5)
-      outcome->count++;
-  }
-  free(text);
-}
-
-/* Every finishing process ran every step in a world of `world` ranks, the ranks are
- * 0..world-1 once each, and all hold the same parameters. Returns their crc. */
-static unsigned toy_assert_consistent(const job *run, const toy_outcome *outcome, int world) {
-  if (outcome->count != (size_t)world) print_output(run);
-  assert_int_equal(outcome->count, world);
-  bool seen[MAX_FINALS] = {false};
-  for (size_t i = 0; i < outcome->count; i++) {
-    const toy_final *final = &outcome->finals[i];
-    if (final->crc != outcome->finals[0].crc || final->world != world ||
-        final->step != TOY_STEP_COUNT) {
-      print_output(run);
-      fail_msg("rank %d (uid %u): step %llu world %d crc %08x; rank %d has crc %08x", final->rank,
-               final->uid, final->step, final->world, final->crc, outcome->finals[0].rank,
-               outcome->finals[0].crc);
-    }
-    assert_in_range(final->rank, 0, world - 1);
-    assert_false(seen[final->rank]);
-    seen[final->rank] = true;
-  }
-  return outcome->finals[0].crc;
-}
-
 /* Runs toy_train (TOY_STEPS steps, TOY_PARAMS parameters) under keel with flags and fault;
  * asserts exit 0 and consistency in a final world of `world`; returns the common crc. */
-static unsigned toy_run(job *run, const char *const *flags, const char *fault, int world) {
+static unsigned toy_run(keel_test_job *run, const char *const *flags, const char *fault,
+                        int world) {
   int code =
       job_run(run, flags, "toy_train",
               LIST("--steps", TOY_STEPS, "--params", TOY_PARAMS, "--compute-ms", "2"), fault);
   assert_int_equal(code, 0);
-  toy_outcome outcome;
-  toy_outcome_read(run, &outcome);
-  return toy_assert_consistent(run, &outcome, world);
+  return keel_test_toy_assert_consistent(run->output, world, TOY_STEP_COUNT);
 }
 
 /* The crc of a clean 4-worker run: what an exact recovery must reproduce. Run once. */
@@ -168,7 +71,7 @@ static unsigned baseline_crc(void) {
   static bool known;
   static unsigned crc;
   if (!known) {
-    job run;
+    keel_test_job run;
     crc = toy_run(&run, LIST("-n", "4"), NULL, 4);
     known = true;
   }
@@ -176,67 +79,22 @@ static unsigned baseline_crc(void) {
 }
 
 /* ---- the events file */
-typedef struct event_log {
-  char *text;
-  char *lines[MAX_EVENTS];
-  size_t count;
-} event_log;
-
-static void event_log_read(const char *path, event_log *log) {
-  memset(log, 0, sizeof *log);
-  log->text = keel_test_read_file(path, NULL);
-  if (log->text == NULL) return;
-  for (char *save = NULL, *line = strtok_r(log->text, "\n", &save);
-       line != NULL && log->count < MAX_EVENTS; line = strtok_r(NULL, "\n", &save))
-    log->lines[log->count++] = line;
-}
-
-static void event_log_free(event_log *log) { free(log->text); }
-
-/* The text after "key": in line, or NULL. */
-static const char *field(const char *line, const char *key) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  return at ? at + strlen(pattern) : NULL;
-}
-
-static long field_long(const char *line, const char *key) {
-  const char *at = field(line, key);
-  if (at == NULL) return -1;
-  if (*at == '"') at++;
-  return strtol(at, NULL, 10);
-}
-
-static bool is_event(const char *line, const char *name) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "{\"event\":\"%s\"", name);
-  return strncmp(line, pattern, strlen(pattern)) == 0;
-}
-
-/* The first line of event name about uid (uid < 0: any), or NULL. */
-static const char *find_event(const event_log *log, const char *name, long uid) {
-  for (size_t i = 0; i < log->count; i++) {
-    if (is_event(log->lines[i], name) && (uid < 0 || field_long(log->lines[i], "uid") == uid))
-      return log->lines[i];
-  }
-  return NULL;
-}
-
 /* The last line of event name about uid, or NULL: the outcome of the latest recovery. */
-static const char *find_last_event(const event_log *log, const char *name, long uid) {
+static const char *find_last_event(const keel_test_events *log, const char *name, long uid) {
   for (size_t i = log->count; i-- > 0;) {
-    if (is_event(log->lines[i], name) && field_long(log->lines[i], "uid") == uid)
+    if (keel_test_event_is(log->lines[i], name) &&
+        keel_test_event_long(log->lines[i], "uid") == uid)
       return log->lines[i];
   }
   return NULL;
 }
 
 /* Whether some recovery line (whichever survivor wrote it) has uid in its failed list. */
-static bool recovery_of(const event_log *log, long uid) {
+static bool recovery_of(const keel_test_events *log, long uid) {
   for (size_t i = 0; i < log->count; i++) {
-    const char *failed =
-        is_event(log->lines[i], "recovery") ? field(log->lines[i], "failed") : NULL;
+    const char *failed = keel_test_event_is(log->lines[i], "recovery")
+                             ? keel_test_event_field(log->lines[i], "failed")
+                             : NULL;
     if (failed == NULL || *failed != '[') continue;
     for (char *at = (char *)failed + 1; *at != ']' && *at != '\0'; at += *at == ',') {
       char *end;
@@ -249,27 +107,13 @@ static bool recovery_of(const event_log *log, long uid) {
   return false;
 }
 
-/* Every process the launcher started is gone (reaped by it, not a zombie of ours). */
-static void assert_no_process_left(const event_log *log) {
-  size_t spawned = 0;
-  for (size_t i = 0; i < log->count; i++) {
-    if (!is_event(log->lines[i], "spawn")) continue;
-    pid_t pid = (pid_t)field_long(log->lines[i], "pid");
-    assert_true(pid > 1);
-    errno = 0;
-    if (kill(pid, 0) == 0 || errno != ESRCH) fail_msg("pid %ld is still there", (long)pid);
-    spawned++;
-  }
-  assert_true(spawned > 0);
-}
-
 /* A recovery line carries the whole breakdown, so a regression in any phase shows. */
 static void assert_recovery_breakdown(const char *recovery) {
   static const char *const phases[] = {"detect_ms", "revoke_ms",         "agree_ms", "rebuild_ms",
                                        "redo_ms",   "state_transfer_ms", "total_ms"};
   assert_non_null(recovery);
   for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
-    const char *value = field(recovery, phases[i]);
+    const char *value = keel_test_event_field(recovery, phases[i]);
     if (value == NULL) fail_msg("recovery line without %s: %s", phases[i], recovery);
     assert_true(strtod(value, NULL) >= 0);
   }
@@ -283,7 +127,7 @@ typedef struct comm_check_case {
 
 static void test_comm_check(void **state) {
   const comm_check_case *check = *state;
-  job run;
+  keel_test_job run;
   assert_int_equal(job_run(&run, LIST("-n", check->ranks), "comm_check", LIST(NULL), NULL), 0);
   char line[256], expected[64];
   assert_true(keel_test_last_line_with(run.output, "comm-check ok", line, sizeof line));
@@ -306,7 +150,7 @@ static void test_replace_is_exact(void **state) {
   unsigned clean = baseline_crc();
   struct timespec start;
   clock_gettime(CLOCK_MONOTONIC, &start);
-  job run;
+  keel_test_job run;
   unsigned crc = toy_run(&run,
                          LIST("-n", "4", "--spares", replace->spares, "--on-failure", "replace",
                               "--collective-timeout", "10s"),
@@ -317,12 +161,12 @@ static void test_replace_is_exact(void **state) {
   if (replace->bound_ms > 0 && took > replace->bound_ms)
     fail_msg("%s took %lld ms, more than %lld: see %s", replace->fault, (long long)took,
              (long long)replace->bound_ms, run.events);
-  event_log log;
-  event_log_read(run.events, &log);
-  assert_non_null(find_event(&log, "fault", 2));
+  keel_test_events log;
+  keel_test_events_read(run.events, MAX_EVENTS, &log);
+  assert_non_null(keel_test_events_find(&log, "fault", 2));
   if (!recovery_of(&log, 2)) fail_msg("no recovery line names uid 2 failed: %s", run.events);
-  assert_no_process_left(&log);
-  event_log_free(&log);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
 }
 
 /* ---- cases: shrink leaves consistent survivors */
@@ -336,10 +180,9 @@ typedef struct shrink_case {
 
 /* Each rule of a KEEL_FAULT text writes one "fault" event as it fires; a rule that never
  * fired (say, point=agree with no agreement) would make the case prove nothing. */
-static void assert_every_rule_fired(const event_log *log, const char *fault) {
-  size_t rules = 1, fired = 0;
+static void assert_every_rule_fired(const keel_test_events *log, const char *fault) {
+  size_t rules = 1, fired = keel_test_events_count(log, "fault");
   for (const char *at = fault; *at; at++) rules += *at == ';';
-  for (size_t i = 0; i < log->count; i++) fired += is_event(log->lines[i], "fault");
   if (fired != rules) fail_msg("%zu of the %zu rules of %s fired", fired, rules, fault);
 }
 
@@ -347,7 +190,7 @@ static void test_shrink_is_consistent(void **state) {
   const shrink_case *shrink = *state;
   struct timespec start;
   clock_gettime(CLOCK_MONOTONIC, &start);
-  job run;
+  keel_test_job run;
   /* The launcher sets KEEL_HEARTBEAT itself from --heartbeat (an inherited value of that
    * name is dropped), so a short lease is asked of it. */
   if (shrink->heartbeat != NULL)
@@ -358,46 +201,48 @@ static void test_shrink_is_consistent(void **state) {
   if (shrink->bound_ms > 0 && took > shrink->bound_ms)
     fail_msg("%s took %lld ms, more than %lld", shrink->fault, (long long)took,
              (long long)shrink->bound_ms);
-  event_log log;
-  event_log_read(run.events, &log);
+  keel_test_events log;
+  keel_test_events_read(run.events, MAX_EVENTS, &log);
   const char *recovery = find_last_event(&log, "recovery", 0);
   assert_recovery_breakdown(recovery);
-  assert_int_equal(field_long(recovery, "new_world"), shrink->world);
+  assert_int_equal(keel_test_event_long(recovery, "new_world"), shrink->world);
   assert_every_rule_fired(&log, shrink->fault);
-  assert_no_process_left(&log);
-  event_log_free(&log);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
 }
 
 /* ---- the events of a recovery: a hung rank 2 is fenced and replaced */
 static void test_events_of_recovery(void **state) {
   (void)state;
   unsigned clean = baseline_crc();
-  job run;
+  keel_test_job run;
   unsigned crc = toy_run(
       &run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace", "--heartbeat", "300ms"),
       "stop@rank=2,step=6,point=forward", 4);
   assert_int_equal(crc, clean);
-  event_log log;
-  event_log_read(run.events, &log);
-  const char *recovery = find_event(&log, "recovery", 0);
+  keel_test_events log;
+  keel_test_events_read(run.events, MAX_EVENTS, &log);
+  const char *recovery = keel_test_events_find(&log, "recovery", 0);
   if (recovery == NULL) fail_msg("no recovery line in %s", run.events);
   assert_non_null(strstr(recovery, "\"failed\":[2]"));
   assert_non_null(strstr(recovery, "\"policy\":\"replace\""));
-  assert_int_equal(field_long(recovery, "old_world"), 4);
-  assert_int_equal(field_long(recovery, "new_world"), 4);
-  assert_int_equal(field_long(recovery, "replaced"), 1);
-  assert_true(field_long(recovery, "new_epoch") > field_long(recovery, "old_epoch"));
+  assert_int_equal(keel_test_event_long(recovery, "old_world"), 4);
+  assert_int_equal(keel_test_event_long(recovery, "new_world"), 4);
+  assert_int_equal(keel_test_event_long(recovery, "replaced"), 1);
+  assert_true(keel_test_event_long(recovery, "new_epoch") >
+              keel_test_event_long(recovery, "old_epoch"));
   assert_recovery_breakdown(recovery);
-  const char *fence = find_event(&log, "fence", 2);
+  const char *fence = keel_test_events_find(&log, "fence", 2);
   if (fence == NULL) fail_msg("the stopped uid 2 was not fenced: %s", run.events);
-  assert_int_equal(field_long(fence, "pid"), field_long(find_event(&log, "spawn", 2), "pid"));
-  const char *exit_line = find_event(&log, "exit", 2);
+  assert_int_equal(keel_test_event_long(fence, "pid"),
+                   keel_test_event_long(keel_test_events_find(&log, "spawn", 2), "pid"));
+  const char *exit_line = keel_test_events_find(&log, "exit", 2);
   assert_non_null(exit_line);
   assert_non_null(strstr(exit_line, "\"status\":\"SIGKILL\""));
   assert_non_null(strstr(exit_line, "\"fenced\":true"));
-  for (long uid = 0; uid < 4; uid++) assert_non_null(find_event(&log, "exit", uid));
-  assert_no_process_left(&log);
-  event_log_free(&log);
+  for (long uid = 0; uid < 4; uid++) assert_non_null(keel_test_events_find(&log, "exit", uid));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
 }
 
 /* ---- security: a process without the job's token cannot join or disturb it */
@@ -440,33 +285,31 @@ static void assert_dropped_after(const char *address, const void *bytes, size_t 
   if (answered > 0) fail_msg("%s at %s: answered with %zu bytes", what, address, answered);
 }
 
+/* The job id of the job_start line into *context, once there is one (0: not yet). */
+static bool job_id_known(const keel_test_events *log, void *context) {
+  uint64_t *job_id = context;
+  char text[32];
+  *job_id = keel_test_events_job_id(log, text, sizeof text) ? strtoull(text, NULL, 10) : 0;
+  return *job_id != 0;
+}
+
 /* The job id from the events file's job_start line, waiting for it up to 10 s. */
-static uint64_t wait_for_job_id(const job *run) {
-  for (int tries = 0; tries < 1000; tries++) {
-    event_log log;
-    event_log_read(run->events, &log);
-    const char *start = find_event(&log, "job_start", -1);
-    const char *value = start ? field(start, "job_id") : NULL;
-    uint64_t job_id = value ? strtoull(value + (*value == '"'), NULL, 10) : 0;
-    event_log_free(&log);
-    if (job_id != 0) return job_id;
-    usleep(10000);
-  }
-  fail_msg("no job_start line in %s", run->events);
-  return 0;
+static uint64_t wait_for_job_id(const keel_test_job *run) {
+  uint64_t job_id = 0;
+  if (!keel_test_events_wait(run->events, MAX_EVENTS, job_id_known, &job_id, 10, 10000))
+    fail_msg("no job_start line in %s", run->events);
+  return job_id;
 }
 
 /* The address of a live worker from `keel ps --job ID`, waiting up to 10 s for one. */
-static void wait_for_worker_address(const job *run, uint64_t job_id, char *address,
+static void wait_for_worker_address(const keel_test_job *run, uint64_t job_id, char *address,
                                     size_t capacity) {
-  char keel_path[4096], job_text[32], ps_path[400];
-  snprintf(keel_path, sizeof keel_path, "%s", keel_test_bin("keel"));
+  char job_text[32], ps_path[400];
   snprintf(job_text, sizeof job_text, "%llu", (unsigned long long)job_id);
   snprintf(ps_path, sizeof ps_path, "%s/ps.txt", run->folder);
-  char *argv[] = {keel_path, "ps", "--job", job_text, NULL};
   for (int tries = 0; tries < 100; tries++) {
     unlink(ps_path);
-    int code = keel_test_run(argv, NULL, ps_path, 5000);
+    int code = keel_test_keel(LIST("ps", "--job", job_text), ps_path, 5000);
     char *text = keel_test_read_file(ps_path, NULL);
     for (char *line = text; code == 0 && line != NULL && *line != '\0';) {
       char role[16], addr[96];
@@ -514,13 +357,12 @@ static void attack_endpoint(const char *address, uint64_t job_id) {
 static void test_impostor_cannot_join(void **state) {
   (void)state;
   unsigned clean = baseline_crc();
-  job run;
-  job_prepare(&run, "keel-comm-impostor");
-  char *argv[64];
+  keel_test_job run;
+  assert_true(keel_test_job_prepare(&run, "keel-comm-impostor"));
   /* 250 ms of compute per step: the job lasts ~5 s, long enough for every attack. */
-  job_argv(&run, LIST("-n", "4"), "toy_train",
-           LIST("--steps", TOY_STEPS, "--params", TOY_PARAMS, "--compute-ms", "250"), argv, 64);
-  pid_t launcher = keel_test_spawn(argv, NULL, run.output);
+  pid_t launcher = keel_test_job_start(
+      &run, JOB_TIMEOUT, LIST("-n", "4"), keel_test_program("toy_train"),
+      LIST("--steps", TOY_STEPS, "--params", TOY_PARAMS, "--compute-ms", "250"), NULL);
   assert_true(launcher > 0);
   uint64_t job_id = wait_for_job_id(&run);
   char worker[96];
@@ -530,30 +372,30 @@ static void test_impostor_cannot_join(void **state) {
   int silent = tcp_connect(worker);
   assert_true(silent >= 0);
   attack_endpoint(worker, job_id);
-  event_log log;
-  event_log_read(run.events, &log);
+  keel_test_events log;
+  keel_test_events_read(run.events, MAX_EVENTS, &log);
   char store[96];
-  const char *store_field = field(find_event(&log, "job_start", -1), "store");
+  const char *store_field =
+      keel_test_event_field(keel_test_events_find(&log, "job_start", -1), "store");
   assert_non_null(store_field);
   snprintf(store, sizeof store, "%.*s", (int)strcspn(store_field + 1, "\""), store_field + 1);
-  event_log_free(&log);
+  keel_test_events_free(&log);
   attack_endpoint(store, job_id);
   int wait_status = 0;
   if (keel_test_wait(launcher, 0, &wait_status))
     fail_msg("the job ended before the attacks were over; give it more --compute-ms");
   if (!keel_test_wait(launcher, JOB_TIMEOUT_MS, &wait_status)) fail_msg("the job did not end");
   close(silent);
-  if (!WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0) print_output(&run);
+  if (!WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0)
+    keel_test_print_file("job output", run.output);
   assert_true(WIFEXITED(wait_status));
   assert_int_equal(WEXITSTATUS(wait_status), 0);
-  toy_outcome outcome;
-  toy_outcome_read(&run, &outcome);
-  assert_int_equal(toy_assert_consistent(&run, &outcome, 4), clean);
-  event_log_read(run.events, &log);
-  assert_null(find_event(&log, "recovery", -1));
-  assert_null(find_event(&log, "fence", -1));
-  assert_no_process_left(&log);
-  event_log_free(&log);
+  assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
+  keel_test_events_read(run.events, MAX_EVENTS, &log);
+  assert_null(keel_test_events_find(&log, "recovery", -1));
+  assert_null(keel_test_events_find(&log, "fence", -1));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
 }
 
 /* ---- the table of cases */
@@ -588,25 +430,26 @@ static shrink_case shrinks[] = {
      "kill@rank=1,step=6,point=allreduce,after=2;kill@rank=2,point=agree", NULL, 2, 0},
 };
 
-#define NAMED_CASE(function, table, index) \
-  { table[index].name, function, NULL, NULL, &table[index] }
+#define CASE_COUNT(table) (sizeof table / sizeof table[0])
+
+/* A test of function for one case of a table, named after the case. */
+static struct CMUnitTest case_test(const char *name, CMUnitTestFunction function, void *state) {
+  struct CMUnitTest test = {name, function, NULL, NULL, state};
+  return test;
+}
+
+/* Appends to tests (count so far) a test of function for every case of table. */
+#define ADD_CASES(tests, count, function, table) \
+  for (size_t i = 0; i < CASE_COUNT(table); i++) \
+  tests[count++] = case_test(table[i].name, function, &table[i])
 
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      NAMED_CASE(test_comm_check, comm_checks, 0),
-      NAMED_CASE(test_comm_check, comm_checks, 1),
-      NAMED_CASE(test_comm_check, comm_checks, 2),
-      NAMED_CASE(test_comm_check, comm_checks, 3),
-      NAMED_CASE(test_replace_is_exact, replaces, 0),
-      NAMED_CASE(test_replace_is_exact, replaces, 1),
-      NAMED_CASE(test_replace_is_exact, replaces, 2),
-      NAMED_CASE(test_replace_is_exact, replaces, 3),
-      NAMED_CASE(test_shrink_is_consistent, shrinks, 0),
-      NAMED_CASE(test_shrink_is_consistent, shrinks, 1),
-      NAMED_CASE(test_shrink_is_consistent, shrinks, 2),
-      NAMED_CASE(test_shrink_is_consistent, shrinks, 3),
-      cmocka_unit_test(test_events_of_recovery),
-      cmocka_unit_test(test_impostor_cannot_join),
-  };
+  struct CMUnitTest tests[CASE_COUNT(comm_checks) + CASE_COUNT(replaces) + CASE_COUNT(shrinks) + 2];
+  size_t count = 0;
+  ADD_CASES(tests, count, test_comm_check, comm_checks);
+  ADD_CASES(tests, count, test_replace_is_exact, replaces);
+  ADD_CASES(tests, count, test_shrink_is_consistent, shrinks);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_events_of_recovery);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_impostor_cannot_join);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

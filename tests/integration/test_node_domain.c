@@ -11,9 +11,10 @@
 
 #include <cmocka.h>
 
+#include "test_job.h"
 #include "test_support.h"
 
-#define KILL_RANK_2 "KEEL_FAULT=kill@rank=2,step=10,point=allreduce,after=2"
+#define KILL_RANK_2 "kill@rank=2,step=10,point=allreduce,after=2"
 
 typedef struct outcome {
   int exit_code;
@@ -21,42 +22,21 @@ typedef struct outcome {
   int world;
   char crc[16];
   bool consistent;
-  char events[512];
+  keel_test_job job;
 } outcome;
 
 /* Runs toy_train under keel run with 2 nodes of 2 processes and extra launcher flags. */
 static void run_job(const char *const *extra_flags, const char *fault, outcome *result) {
-  const char *dir = keel_test_tempdir("keel-node");
-  assert_non_null(dir);
-  char output[512];
-  snprintf(output, sizeof output, "%s/out.txt", dir);
-  snprintf(result->events, sizeof result->events, "%s/events.jsonl", dir);
-  char *argv[32];
-  int argc = 0;
-  argv[argc++] = (char *)keel_test_bin("keel");
-  argv[argc++] = "run";
-  argv[argc++] = "--nnodes";
-  argv[argc++] = "2";
-  argv[argc++] = "--nproc-per-node";
-  argv[argc++] = "2";
-  argv[argc++] = "--quiet";
-  argv[argc++] = "--timeout";
-  argv[argc++] = "60s";
-  argv[argc++] = "--events";
-  argv[argc++] = result->events;
-  for (size_t i = 0; extra_flags && extra_flags[i]; i++) argv[argc++] = (char *)extra_flags[i];
-  argv[argc++] = "--";
-  char program[512];
-  snprintf(program, sizeof program, "%s", keel_test_program("toy_train"));
-  argv[argc++] = program;
-  argv[argc++] = "--steps";
-  argv[argc++] = "40";
-  argv[argc++] = "--params";
-  argv[argc++] = "100000";
-  argv[argc] = NULL;
-  char *environment[] = {(char *)fault, NULL};
-  result->exit_code = keel_test_run(argv, fault ? environment : NULL, output, 90000);
-  char *text = keel_test_read_file(output, NULL);
+  static const char *const toy_args[] = {"--steps", "40", "--params", "100000", NULL};
+  const char *flags[16] = {"--nnodes", "2", "--nproc-per-node", "2"};
+  size_t used = 4;
+  for (size_t i = 0; extra_flags && extra_flags[i] && used < 15; i++)
+    flags[used++] = extra_flags[i];
+  flags[used] = NULL;
+  assert_true(keel_test_job_prepare(&result->job, "keel-node"));
+  result->exit_code = keel_test_job_run(&result->job, "60s", 90000, flags,
+                                        keel_test_program("toy_train"), toy_args, fault);
+  char *text = keel_test_read_file(result->job.output, NULL);
   assert_non_null(text);
   result->finished = 0;
   result->consistent = true;
@@ -86,7 +66,7 @@ static void node_failure_shrinks_by_the_whole_node(void **state) {
   assert_int_equal(result.finished, 2);
   assert_int_equal(result.world, 2);
   assert_true(result.consistent);
-  char *events = keel_test_read_file(result.events, NULL);
+  char *events = keel_test_read_file(result.job.events, NULL);
   assert_non_null(strstr(events, "\"failed\":[2,3]"));
   free(events);
 }
@@ -105,7 +85,7 @@ static void node_failure_replaced_by_spares_is_exact(void **state) {
   assert_int_equal(replaced.world, 4);
   assert_true(replaced.consistent);
   assert_string_equal(replaced.crc, baseline.crc);
-  char *events = keel_test_read_file(replaced.events, NULL);
+  char *events = keel_test_read_file(replaced.job.events, NULL);
   assert_non_null(strstr(events, "\"replaced\":2"));
   free(events);
 }

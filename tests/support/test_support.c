@@ -171,3 +171,14 @@ bool keel_test_last_line_with(const char *path, const char *prefix, char *line, 
   free(text);
   return found;
 }
+
+void keel_test_print_file(const char *what, const char *path) {
+  char *text = keel_test_read_file(path, NULL);
+  if (text != NULL && *text != '\0') fprintf(stderr, "--- %s (%s):\n%s", what, path, text);
+  free(text);
+}
+
+bool keel_test_pid_exists(pid_t pid) {
+  errno = 0;
+  return kill(pid, 0) == 0 || errno != ESRCH;
+}

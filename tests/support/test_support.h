@@ -35,5 +35,11 @@ char *keel_test_read_file(const char *path, size_t *length_p);
 /* The last line of a file that starts with prefix, copied into line (capacity bytes);
  * false if none. */
 bool keel_test_last_line_with(const char *path, const char *prefix, char *line, size_t capacity);
+/* Copies the file at path to stderr under a "--- what (path):" line, when it has any text:
+ * what a failing test shows of a job's output. */
+void keel_test_print_file(const char *what, const char *path);
+/* Whether a process with this pid is still there (a zombie counts): kill(pid, 0) does not
+ * fail with ESRCH. */
+bool keel_test_pid_exists(pid_t pid);
 
 #endif

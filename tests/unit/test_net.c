@@ -49,6 +49,14 @@ static void fill_pattern(uint8_t *data, size_t length, uint64_t seed) {
   for (; i < length; i++) data[i] = (uint8_t)keel_random_next(&random);
 }
 
+/* A malloc'ed buffer of length bytes of fill_pattern(seed). */
+static uint8_t *pattern_new(size_t length, uint64_t seed) {
+  uint8_t *data = malloc(length);
+  assert_non_null(data);
+  fill_pattern(data, length, seed);
+  return data;
+}
+
 /* ---- a connector on a helper thread */
 
 typedef struct connector {
@@ -82,22 +90,54 @@ static void connector_start(connector *job, const char *address, keel_auth auth)
 
 static void connector_join(connector *job) { pthread_join(job->thread, NULL); }
 
-/* A connected, authenticated pair: *connected_p (uid 1) and *accepted_p (uid 2). */
-static void make_pair(keel_link **connected_p, keel_link **accepted_p) {
+/* One handshake on listener: a helper thread connects with connector_auth while this one
+ * accepts with acceptor_auth. Returns the acceptor's verdict; *job holds the connector's
+ * (job->status, job->link) and *accepted_p the accepted link, NULL if none. */
+static keel_status handshake(keel_listener *listener, keel_auth acceptor_auth,
+                             keel_auth connector_auth, connector *job, keel_link **accepted_p) {
+  connector_start(job, keel_listener_address(listener), connector_auth);
+  *accepted_p = NULL;
+  keel_status status = keel_listener_accept(listener, &acceptor_auth,
+                                            keel_deadline_after_ns(SECONDS(10)), accepted_p);
+  connector_join(job);
+  return status;
+}
+
+/* A connected, authenticated pair of links. */
+typedef struct link_pair {
+  keel_link *connected; /* uid 1 */
+  keel_link *accepted;  /* uid 2 */
+} link_pair;
+
+static link_pair pair_open(void) {
   keel_listener *listener = NULL;
   assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
-  keel_auth acceptor_auth = test_auth(2);
   connector job;
-  connector_start(&job, keel_listener_address(listener), test_auth(1));
-  keel_link *accepted = NULL;
-  keel_status status =
-      keel_listener_accept(listener, &acceptor_auth, keel_deadline_after_ns(SECONDS(10)), &accepted);
-  connector_join(&job);
+  link_pair pair;
+  keel_status status = handshake(listener, test_auth(2), test_auth(1), &job, &pair.accepted);
   keel_listener_close(listener);
   assert_int_equal(status, KEEL_OK);
   assert_int_equal(job.status, KEEL_OK);
-  *connected_p = job.link;
-  *accepted_p = accepted;
+  pair.connected = job.link;
+  return pair;
+}
+
+static void pair_close(link_pair *pair) {
+  keel_link_close(pair->connected);
+  keel_link_close(pair->accepted);
+}
+
+/* cmocka fixture of the tests of one pair: *state is a fresh pair, closed after the test. */
+static int pair_setup(void **state) {
+  static link_pair pair;
+  pair = pair_open();
+  *state = &pair;
+  return 0;
+}
+
+static int pair_teardown(void **state) {
+  pair_close(*state);
+  return 0;
 }
 
 /* ---- a blocking sender on a helper thread */
@@ -325,15 +365,12 @@ static void test_auth_generate_and_env(void **state) {
 }
 
 static void test_connect_accept(void **state) {
-  (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair *pair = *state;
+  keel_link *connected = pair->connected, *accepted = pair->accepted;
   assert_int_equal(keel_link_peer_id(connected), 2);
   assert_int_equal(keel_link_peer_id(accepted), 1);
   assert_true(keel_link_fd(connected) >= 0);
   assert_false(keel_link_send_busy(connected));
-  keel_link_close(connected);
-  keel_link_close(accepted);
   keel_link_close(NULL);
 }
 
@@ -373,16 +410,10 @@ static void test_ipv6_loopback(void **state) {
   }
   const char *address = keel_listener_address(listener);
   assert_int_equal(strncmp(address, "[::1]:", 6), 0);
-  keel_status acceptor, connector_status;
-  keel_auth auth = test_auth(2);
   connector job;
-  connector_start(&job, address, test_auth(1));
   keel_link *accepted = NULL;
-  acceptor = keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(10)), &accepted);
-  connector_join(&job);
-  connector_status = job.status;
-  assert_int_equal(acceptor, KEEL_OK);
-  assert_int_equal(connector_status, KEEL_OK);
+  assert_int_equal(handshake(listener, test_auth(2), test_auth(1), &job, &accepted), KEEL_OK);
+  assert_int_equal(job.status, KEEL_OK);
   keel_frame frame = {.type = KEEL_FRAME_DATA, .tag = 6};
   assert_int_equal(keel_link_send(job.link, &frame, "six", 3, keel_deadline_after_ns(SECONDS(5))),
                    KEEL_OK);
@@ -435,11 +466,8 @@ static void handshake_attempt(keel_listener *listener, keel_auth acceptor_auth,
                               keel_auth connector_auth, keel_status *acceptor_p,
                               keel_status *connector_p) {
   connector job;
-  connector_start(&job, keel_listener_address(listener), connector_auth);
   keel_link *accepted = NULL;
-  *acceptor_p = keel_listener_accept(listener, &acceptor_auth, keel_deadline_after_ns(SECONDS(10)),
-                                     &accepted);
-  connector_join(&job);
+  *acceptor_p = handshake(listener, acceptor_auth, connector_auth, &job, &accepted);
   *connector_p = job.status;
   keel_link_close(accepted);
   keel_link_close(job.link);
@@ -511,6 +539,17 @@ static void write_all(int fd, const void *data, size_t length) {
   }
 }
 
+/* A raw client of listener sends bytes instead of a handshake: refused (KEEL_EAUTH). */
+static void expect_refused(keel_listener *listener, keel_auth *auth, const void *bytes,
+                           size_t length) {
+  int fd = raw_connect(keel_listener_address(listener));
+  write_all(fd, bytes, length);
+  keel_link *link = NULL;
+  assert_int_equal(keel_listener_accept(listener, auth, keel_deadline_after_ns(SECONDS(5)), &link),
+                   KEEL_EAUTH);
+  close(fd);
+}
+
 static void test_raw_clients(void **state) {
   (void)state;
   keel_listener *listener = NULL;
@@ -519,16 +558,12 @@ static void test_raw_clients(void **state) {
   keel_link *link = NULL;
 
   /* Garbage instead of a HELLO. */
-  int fd = raw_connect(keel_listener_address(listener));
   uint8_t garbage[300];
   fill_pattern(garbage, sizeof garbage, 5);
-  write_all(fd, garbage, sizeof garbage);
-  assert_int_equal(keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(5)), &link),
-                   KEEL_EAUTH);
-  close(fd);
+  expect_refused(listener, &auth, garbage, sizeof garbage);
 
   /* Nothing at all: the handshake's deadline passes. */
-  fd = raw_connect(keel_listener_address(listener));
+  int fd = raw_connect(keel_listener_address(listener));
   int64_t start = keel_now_ns();
   assert_int_equal(keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(1) / 5),
                                         &link), KEEL_ETIMEDOUT);
@@ -537,23 +572,15 @@ static void test_raw_clients(void **state) {
 
   /* A well-formed HELLO header that announces a payload far past the handshake's bound:
    * refused from the header alone. */
-  fd = raw_connect(keel_listener_address(listener));
   keel_frame hello = {.type = KEEL_FRAME_HELLO, .job_id = auth.job_id, .length = (uint64_t)1 << 40};
   uint8_t wire[KEEL_FRAME_HEADER_BYTES];
   keel_frame_encode(&hello, wire);
-  write_all(fd, wire, sizeof wire);
-  assert_int_equal(keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(5)), &link),
-                   KEEL_EAUTH);
-  close(fd);
+  expect_refused(listener, &auth, wire, sizeof wire);
 
   /* A data frame before the handshake. */
-  fd = raw_connect(keel_listener_address(listener));
   keel_frame data = {.type = KEEL_FRAME_DATA, .job_id = auth.job_id};
   keel_frame_encode(&data, wire);
-  write_all(fd, wire, sizeof wire);
-  assert_int_equal(keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(5)), &link),
-                   KEEL_EAUTH);
-  close(fd);
+  expect_refused(listener, &auth, wire, sizeof wire);
 
   /* A client that connects and leaves at once. */
   fd = raw_connect(keel_listener_address(listener));
@@ -573,9 +600,8 @@ static void test_raw_clients(void **state) {
 /* ---- blocking transfers */
 
 static void test_blocking_send_recv(void **state) {
-  (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair *pair = *state;
+  keel_link *connected = pair->connected, *accepted = pair->accepted;
   static const size_t sizes[] = {0, 1, 4097, 8 * MIB};
   uint8_t *data = malloc(8 * MIB);
   assert_non_null(data);
@@ -628,23 +654,16 @@ static void test_blocking_send_recv(void **state) {
                    KEEL_OK);
   free(payload);
   free(data);
-  keel_link_close(connected);
-  keel_link_close(accepted);
 }
 
 /* A blocking send whose deadline passes mid-frame keeps the rest of the frame, so the
  * caller's buffer is free and the peer still gets the frame whole, then the next one. */
 static void test_blocking_send_timeout_keeps_frame(void **state) {
-  (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair *pair = *state;
+  keel_link *connected = pair->connected, *accepted = pair->accepted;
   size_t length = 48 * MIB;
-  uint8_t *data = malloc(length);
-  uint8_t *expected = malloc(length);
-  assert_non_null(data);
-  assert_non_null(expected);
-  fill_pattern(data, length, 9);
-  memcpy(expected, data, length);
+  uint8_t *data = pattern_new(length, 9);
+  uint8_t *expected = pattern_new(length, 9);
   keel_frame frame = {.type = KEEL_FRAME_STATE, .tag = 1};
   assert_int_equal(keel_link_send(connected, &frame, data, length, keel_now_ns() + SECONDS(1) / 10),
                    KEEL_ETIMEDOUT);
@@ -669,17 +688,14 @@ static void test_blocking_send_timeout_keeps_frame(void **state) {
   free(payload);
   free(data);
   free(expected);
-  keel_link_close(connected);
-  keel_link_close(accepted);
 }
 
 /* ---- non-blocking transfers */
 
 /* One thread, one poll loop, both links sending and receiving at once. */
 static void test_full_duplex_progress(void **state) {
-  (void)state;
-  keel_link *links[2];
-  make_pair(&links[0], &links[1]);
+  link_pair *pair = *state;
+  keel_link *links[2] = {pair->connected, pair->accepted};
   size_t length = 16 * MIB;
   uint8_t *outgoing[2], *incoming[2];
   recording_sink sinks[2];
@@ -729,7 +745,6 @@ static void test_full_duplex_progress(void **state) {
   for (int side = 0; side < 2; side++) {
     free(outgoing[side]);
     free(incoming[side]);
-    keel_link_close(links[side]);
   }
 }
 
@@ -753,9 +768,8 @@ static void order_complete(void *context, keel_link *link, const keel_frame *fra
 }
 
 static void test_many_small_frames(void **state) {
-  (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair *pair = *state;
+  keel_link *connected = pair->connected, *accepted = pair->accepted;
   enum { COUNT = 3000 };
   uint8_t payload[300];
   int64_t deadline = keel_deadline_after_ns(SECONDS(20));
@@ -781,8 +795,6 @@ static void test_many_small_frames(void **state) {
   }
   assert_true(check.ok);
   assert_int_equal(check.next_tag, COUNT);
-  keel_link_close(connected);
-  keel_link_close(accepted);
 }
 
 /* Starts a large non-blocking send and writes until the socket is full. */
@@ -810,16 +822,11 @@ static void pump_both(keel_link *from, keel_link *to, recording_sink *recording,
 }
 
 static void test_detach_mid_frame(void **state) {
-  (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair *pair = *state;
+  keel_link *connected = pair->connected, *accepted = pair->accepted;
   size_t length = 40 * MIB;
-  uint8_t *data = malloc(length);
-  uint8_t *expected = malloc(length);
-  assert_non_null(data);
-  assert_non_null(expected);
-  fill_pattern(data, length, 77);
-  memcpy(expected, data, length);
+  uint8_t *data = pattern_new(length, 77);
+  uint8_t *expected = pattern_new(length, 77);
   start_big_send(connected, data, length, 1);
   assert_int_equal(keel_link_send_detach(connected), KEEL_OK);
   assert_int_equal(keel_link_send_detach(connected), KEEL_OK); /* twice is harmless */
@@ -843,8 +850,6 @@ static void test_detach_mid_frame(void **state) {
   assert_int_equal(keel_link_send_detach(connected), KEEL_OK);
   free(data);
   free(expected);
-  keel_link_close(connected);
-  keel_link_close(accepted);
 }
 
 /* Receives on link until its frame in progress has some payload bytes in. */
@@ -862,15 +867,12 @@ static void receive_part_of_frame(keel_link *sender_link, keel_link *link, recor
 }
 
 static void test_abandon_mid_frame(void **state) {
-  (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair *pair = *state;
+  keel_link *connected = pair->connected, *accepted = pair->accepted;
   size_t length = 40 * MIB;
-  uint8_t *data = malloc(length);
+  uint8_t *data = pattern_new(length, 88);
   uint8_t *destination = malloc(length);
-  assert_non_null(data);
   assert_non_null(destination);
-  fill_pattern(data, length, 88);
   for (int round = 0; round < 2; round++) {
     /* Round 0: into the caller's buffer; round 1: into a buffer the link allocated. */
     recording_sink recording;
@@ -907,16 +909,14 @@ static void test_abandon_mid_frame(void **state) {
   keel_link_recv_abandon(accepted);
   free(data);
   free(destination);
-  keel_link_close(connected);
-  keel_link_close(accepted);
 }
 
 /* ---- ends and failures */
 
 static void test_peer_closes(void **state) {
   (void)state;
-  keel_link *connected = NULL, *accepted = NULL;
-  make_pair(&connected, &accepted);
+  link_pair pair = pair_open();
+  keel_link *connected = pair.connected, *accepted = pair.accepted;
   keel_frame frame = {.type = KEEL_FRAME_DATA, .tag = 1};
   assert_int_equal(keel_link_send(connected, &frame, "one", 3, keel_deadline_after_ns(SECONDS(5))),
                    KEEL_OK);
@@ -944,7 +944,9 @@ static void test_peer_closes(void **state) {
   keel_link_close(accepted);
 
   /* A peer that goes away while we send: an error, never SIGPIPE. */
-  make_pair(&connected, &accepted);
+  pair = pair_open();
+  connected = pair.connected;
+  accepted = pair.accepted;
   keel_link_close(accepted);
   uint8_t *data = calloc(1, 16 * MIB);
   assert_non_null(data);
@@ -956,23 +958,6 @@ static void test_peer_closes(void **state) {
   keel_link_close(connected);
 }
 
-/* The raw socket under an authenticated link, to play a misbehaving peer. */
-typedef struct raw_peer {
-  keel_link *connected; /* its fd is written raw */
-  keel_link *accepted;  /* the link under test */
-} raw_peer;
-
-static raw_peer raw_peer_open(void) {
-  raw_peer peer;
-  make_pair(&peer.connected, &peer.accepted);
-  return peer;
-}
-
-static void raw_peer_close(raw_peer *peer) {
-  keel_link_close(peer->connected);
-  keel_link_close(peer->accepted);
-}
-
 /* A header exactly as a member would send it, with fields changed by the caller. */
 static void member_header(keel_frame frame, uint8_t *wire) {
   frame.job_id = test_auth(0).job_id;
@@ -981,7 +966,7 @@ static void member_header(keel_frame frame, uint8_t *wire) {
 }
 
 /* Expects the link under test to break with expected and stay broken. */
-static void expect_broken(raw_peer *peer, keel_status expected) {
+static void expect_broken(link_pair *peer, keel_status expected) {
   recording_sink recording;
   memset(&recording, 0, sizeof recording);
   assert_int_equal(pump_receive(peer->accepted, &recording, 1, SECONDS(5)), expected);
@@ -999,49 +984,48 @@ static void test_garbage_from_peer(void **state) {
   (void)state;
   uint8_t wire[KEEL_FRAME_HEADER_BYTES + 64];
 
-  raw_peer peer = raw_peer_open();
+  /* The peer's connected link is written raw; its accepted link is the one under test. */
+  link_pair peer = pair_open();
   fill_pattern(wire, sizeof wire, 1234);
   write_all(keel_link_fd(peer.connected), wire, sizeof wire);
   expect_broken(&peer, KEEL_ECORRUPT);
-  raw_peer_close(&peer);
+  pair_close(&peer);
 
-  /* An oversized length is refused from the header, before any allocation: 1 TiB would
-   * fail (or trip the sanitizer) if it were tried. */
-  peer = raw_peer_open();
-  member_header((keel_frame){.type = KEEL_FRAME_DATA, .length = (uint64_t)1 << 40}, wire);
-  write_all(keel_link_fd(peer.connected), wire, KEEL_FRAME_HEADER_BYTES);
-  expect_broken(&peer, KEEL_ERANGE);
-  raw_peer_close(&peer);
-
-  /* The bound is the link's own. */
-  peer = raw_peer_open();
-  keel_link_set_max_payload(peer.accepted, 1024);
-  member_header((keel_frame){.type = KEEL_FRAME_DATA, .length = 1025}, wire);
-  write_all(keel_link_fd(peer.connected), wire, KEEL_FRAME_HEADER_BYTES);
-  expect_broken(&peer, KEEL_ERANGE);
-  raw_peer_close(&peer);
-
-  /* Another job's frame, a handshake frame after the handshake, a forged source. */
-  peer = raw_peer_open();
-  keel_frame other = {.type = KEEL_FRAME_DATA, .job_id = 5, .source = 1};
-  keel_frame_encode(&other, wire);
-  write_all(keel_link_fd(peer.connected), wire, KEEL_FRAME_HEADER_BYTES);
-  expect_broken(&peer, KEEL_EPROTO);
-  raw_peer_close(&peer);
-  peer = raw_peer_open();
-  member_header((keel_frame){.type = KEEL_FRAME_HELLO}, wire);
-  write_all(keel_link_fd(peer.connected), wire, KEEL_FRAME_HEADER_BYTES);
-  expect_broken(&peer, KEEL_EPROTO);
-  raw_peer_close(&peer);
-  peer = raw_peer_open();
-  keel_frame forged = {.type = KEEL_FRAME_DATA, .job_id = test_auth(0).job_id, .source = 9};
-  keel_frame_encode(&forged, wire);
-  write_all(keel_link_fd(peer.connected), wire, KEEL_FRAME_HEADER_BYTES);
-  expect_broken(&peer, KEEL_EPROTO);
-  raw_peer_close(&peer);
+  /* Bad headers, each refused from the header alone. */
+  const struct {
+    keel_frame frame;
+    bool member;          /* sent as member_header does; false: encoded as it is */
+    uint64_t max_payload; /* the link's bound, 0: the default */
+    keel_status expected;
+  } headers[] = {
+      /* An oversized length is refused before any allocation: 1 TiB would fail (or trip
+       * the sanitizer) if it were tried. */
+      {{.type = KEEL_FRAME_DATA, .length = (uint64_t)1 << 40}, true, 0, KEEL_ERANGE},
+      /* The bound is the link's own. */
+      {{.type = KEEL_FRAME_DATA, .length = 1025}, true, 1024, KEEL_ERANGE},
+      /* Another job's frame, a handshake frame after the handshake, a forged source. */
+      {{.type = KEEL_FRAME_DATA, .job_id = 5, .source = 1}, false, 0, KEEL_EPROTO},
+      {{.type = KEEL_FRAME_HELLO}, true, 0, KEEL_EPROTO},
+      {{.type = KEEL_FRAME_DATA, .job_id = test_auth(0).job_id, .source = 9},
+       false,
+       0,
+       KEEL_EPROTO},
+  };
+  for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
+    peer = pair_open();
+    if (headers[i].max_payload > 0)
+      keel_link_set_max_payload(peer.accepted, headers[i].max_payload);
+    if (headers[i].member)
+      member_header(headers[i].frame, wire);
+    else
+      keel_frame_encode(&headers[i].frame, wire);
+    write_all(keel_link_fd(peer.connected), wire, KEEL_FRAME_HEADER_BYTES);
+    expect_broken(&peer, headers[i].expected);
+    pair_close(&peer);
+  }
 
   /* A payload that fails its crc: complete_cb gets ECORRUPT, the link breaks. */
-  peer = raw_peer_open();
+  peer = pair_open();
   member_header((keel_frame){.type = KEEL_FRAME_DATA, .length = 64, .payload_crc32c = 1}, wire);
   memset(wire + KEEL_FRAME_HEADER_BYTES, 7, 64);
   write_all(keel_link_fd(peer.connected), wire, sizeof wire);
@@ -1052,10 +1036,10 @@ static void test_garbage_from_peer(void **state) {
   assert_int_equal(recording.statuses[0], KEEL_ECORRUPT);
   recording_free(&recording);
   expect_broken(&peer, KEEL_ECORRUPT);
-  raw_peer_close(&peer);
+  pair_close(&peer);
 
   /* The peer stops inside a frame: an error, not a clean close. */
-  peer = raw_peer_open();
+  peer = pair_open();
   member_header((keel_frame){.type = KEEL_FRAME_DATA, .length = 1000}, wire);
   write_all(keel_link_fd(peer.connected), wire, sizeof wire);
   shutdown(keel_link_fd(peer.connected), SHUT_WR);
@@ -1065,14 +1049,14 @@ static void test_garbage_from_peer(void **state) {
   assert_null(recording.payloads[0]);
   assert_int_equal(recording.statuses[0], KEEL_ECORRUPT);
   expect_broken(&peer, KEEL_ECORRUPT);
-  raw_peer_close(&peer);
+  pair_close(&peer);
 
   /* And inside a header. */
-  peer = raw_peer_open();
+  peer = pair_open();
   write_all(keel_link_fd(peer.connected), wire, 20);
   shutdown(keel_link_fd(peer.connected), SHUT_WR);
   expect_broken(&peer, KEEL_ECORRUPT);
-  raw_peer_close(&peer);
+  pair_close(&peer);
 }
 
 int main(void) {
@@ -1080,19 +1064,20 @@ int main(void) {
       cmocka_unit_test(test_frame_round_trip),
       cmocka_unit_test(test_frame_rejections),
       cmocka_unit_test(test_auth_generate_and_env),
-      cmocka_unit_test(test_connect_accept),
+      cmocka_unit_test_setup_teardown(test_connect_accept, pair_setup, pair_teardown),
       cmocka_unit_test(test_listener_basics),
       cmocka_unit_test(test_ipv6_loopback),
       cmocka_unit_test(test_connect_retries_until_deadline),
       cmocka_unit_test(test_wrong_token),
       cmocka_unit_test(test_impostor_acceptor),
       cmocka_unit_test(test_raw_clients),
-      cmocka_unit_test(test_blocking_send_recv),
-      cmocka_unit_test(test_blocking_send_timeout_keeps_frame),
-      cmocka_unit_test(test_full_duplex_progress),
-      cmocka_unit_test(test_many_small_frames),
-      cmocka_unit_test(test_detach_mid_frame),
-      cmocka_unit_test(test_abandon_mid_frame),
+      cmocka_unit_test_setup_teardown(test_blocking_send_recv, pair_setup, pair_teardown),
+      cmocka_unit_test_setup_teardown(test_blocking_send_timeout_keeps_frame, pair_setup,
+                                      pair_teardown),
+      cmocka_unit_test_setup_teardown(test_full_duplex_progress, pair_setup, pair_teardown),
+      cmocka_unit_test_setup_teardown(test_many_small_frames, pair_setup, pair_teardown),
+      cmocka_unit_test_setup_teardown(test_detach_mid_frame, pair_setup, pair_teardown),
+      cmocka_unit_test_setup_teardown(test_abandon_mid_frame, pair_setup, pair_teardown),
       cmocka_unit_test(test_peer_closes),
       cmocka_unit_test(test_garbage_from_peer),
   };
