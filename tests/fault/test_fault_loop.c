@@ -106,7 +106,7 @@ static pid_t job_start(const keel_test_job *run, const trial *t) {
   /* A stopped worker is found only when its lease lapses: keep that short. */
   if (t != NULL && t->kind == FAULT_STOP_PID) {
     flags[used++] = "--heartbeat";
-    flags[used++] = "300ms";
+    flags[used++] = "1s";
   }
   flags[used] = NULL;
   return keel_test_job_start(run, JOB_TIMEOUT, flags, keel_test_program("toy_train"), toy_args,

@@ -220,7 +220,7 @@ static void test_lapsed_lease_is_fenced(void **state) {
   keel_test_job run;
   keel_test_events log;
   launch_expect(
-      &run, LIST("-n", "2", "--heartbeat", "300ms"),
+      &run, LIST("-n", "2", "--heartbeat", "1s"),
       LIST("--only", "1", "--stop-keepalive", "--only", "1", "--sleep", "60000", "--sleep", "200"),
       0, &log);
   const char *fence = keel_test_events_find(&log, "fence", 1);
@@ -456,7 +456,7 @@ static void test_inject_kill(void **state) {
 static void test_stopped_process_is_fenced(void **state) {
   (void)state;
   keel_test_job run;
-  pid_t launcher = launch_start(&run, LIST("-n", "2", "--heartbeat", "300ms", "--timeout", "20s"),
+  pid_t launcher = launch_start(&run, LIST("-n", "2", "--heartbeat", "1s", "--timeout", "20s"),
                                 LIST("--only", "1", "--sleep", "60000", "--sleep", "2000"));
   assert_true(wait_for_events(run.events, "progress", 0, 1, 5000));
   char job_id[32];
