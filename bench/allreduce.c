@@ -203,8 +203,10 @@ static keel_status measure_size(bench *b, uint64_t bytes, double *times, result 
       keel_comm_allreduce(world, times, times + iterations, (size_t)iterations, KEEL_F64, KEEL_AVG);
   if (status != KEEL_OK) return status;
   /* The impl names the transport the allreduce really used ("keel-shm", "keel-tcp"). */
-  snprintf(b->impl, sizeof b->impl, "keel-%s%s", keel_comm_transport(world),
-           b->opts->resilient ? "-resilient" : "");
+  const char *detection = getenv("KEEL_FAILURE_DETECTION");
+  bool detecting = detection == NULL || strcmp(detection, "off") != 0;
+  snprintf(b->impl, sizeof b->impl, "keel-%s%s%s", keel_comm_transport(world),
+           b->opts->resilient ? "-resilient" : "", detecting ? "" : "-nodetect");
   *r = (result){.impl = b->impl,
                 .ranks = size,
                 .bytes = bytes,

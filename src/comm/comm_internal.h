@@ -124,6 +124,9 @@ struct keel_ctx {
   int64_t timeout_ns;
   int64_t heartbeat_ns;
   int64_t replace_wait_ns;
+  /* KEEL_FAILURE_DETECTION=off (a benchmark's switch, to measure what detection costs):
+   * operations no longer look at peers' health and end only by completing or deadline. */
+  bool failure_detection;
   char store_endpoint[256];
 
   keel_store *store;

@@ -309,6 +309,8 @@ static void ctx_defaults(keel_ctx *ctx) {
   ctx->replace_wait_ns = 10 * (int64_t)1000000000;
   ctx->initial_world = 1;
   ctx->max_world = 1;
+  const char *detection = getenv("KEEL_FAILURE_DETECTION");
+  ctx->failure_detection = detection == NULL || strcmp(detection, "off") != 0;
   atomic_init(&ctx->stopping, false);
   pthread_mutex_init(&ctx->accepted_mutex, NULL);
 }

@@ -278,6 +278,7 @@ keel_status keel__comm_health(keel_comm *comm) {
   if (comm->revoked_locally || (ctx->any_revoked && comm->epoch <= ctx->revoked_epoch) ||
       comm != ctx->world)
     return KEEL_EREVOKED;
+  if (!ctx->failure_detection) return KEEL_OK;
   for (int rank = 0; rank < comm->size; rank++) {
     if (comm->uids[rank] == ctx->uid) continue;
     keel__peer *peer = ctx->peers[comm->uids[rank]];

@@ -228,7 +228,7 @@ static keel_status wait_all(keel_comm *comm, shm_counter *counters, uint64_t tar
     uint32_t generation = atomic_load_explicit(&group->header->generation, memory_order_acquire);
     if (all_reached(group, counters, target)) return KEEL_OK;
     /* Shared memory gives no EOF: the links tell of a dead peer or a revocation. */
-    keel__progress(comm->ctx, 0);
+    if (comm->ctx->failure_detection) keel__progress(comm->ctx, 0);
     keel_status health = keel__comm_health(comm);
     if (health != KEEL_OK) return health;
     if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
