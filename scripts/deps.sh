@@ -12,7 +12,9 @@ packages=(
   iproute2 procps
 )
 if [ "${1:-}" = "--bench" ]; then
-  packages+=(libgloo-dev openmpi-bin libopenmpi-dev mpich libmpich-dev python3-torch)
+  # The allreduce peers (bench/peers/): Gloo's C++ library, Open MPI and MPICH with their
+  # compiler wrappers and launchers.
+  packages+=(libgloo-dev openmpi-bin libopenmpi-dev mpich libmpich-dev g++)
 fi
 
 missing=()
