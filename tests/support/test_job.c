@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "keel/core.h"
+
 #include "test_support.h"
 
 #define MAX_ARGS 64
@@ -28,7 +30,7 @@ bool keel_test_job_prepare(keel_test_job *job, const char *prefix) {
 
 /* The command line and environment of a job, in storage that lives as long as it does. */
 typedef struct job_command {
-  char keel_path[PATH_MAX], program_path[PATH_MAX], fault_entry[512];
+  char keel_path[PATH_MAX], program_path[PATH_MAX], fault_entry[512], timeout_text[32];
   char *argv[MAX_ARGS];
   char *env[2];
 } job_command;
@@ -44,8 +46,16 @@ static void job_command_make(job_command *command, const keel_test_job *job, con
   argv[used++] = "run";
   argv[used++] = "--quiet";
   if (timeout != NULL) {
+    /* Sanitizer builds run every process several times slower: the job's own deadline
+     * stretches with the tests' (keel_test_slowdown). */
+    int64_t timeout_ns = 0;
+    if (keel_parse_duration_ns(timeout, &timeout_ns) == KEEL_OK)
+      snprintf(command->timeout_text, sizeof command->timeout_text, "%lldms",
+               (long long)(timeout_ns / 1000000 * keel_test_slowdown()));
+    else
+      snprintf(command->timeout_text, sizeof command->timeout_text, "%s", timeout);
     argv[used++] = "--timeout";
-    argv[used++] = (char *)timeout;
+    argv[used++] = command->timeout_text;
   }
   argv[used++] = "--events";
   argv[used++] = (char *)job->events;

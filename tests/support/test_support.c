@@ -69,7 +69,14 @@ pid_t keel_test_spawn(char *const argv[], char *const extra_env[], const char *o
   return pid;
 }
 
+int keel_test_slowdown(void) {
+  const char *text = getenv("KEEL_TEST_SLOWDOWN");
+  int factor = text ? atoi(text) : 1;
+  return factor >= 1 && factor <= 100 ? factor : 1;
+}
+
 bool keel_test_wait(pid_t pid, int timeout_ms, int *status_p) {
+  timeout_ms *= keel_test_slowdown();
   struct timespec pause = {0, 2 * 1000 * 1000};
   for (int waited = 0;; waited += 2) {
     int status;

@@ -18,7 +18,10 @@ const char *keel_test_program(const char *name);
  * NULL-terminated, may be NULL). stdout/stderr go to output_path when not NULL (appended).
  * The child is in its own process group and is remembered for keel_test_kill_all. */
 pid_t keel_test_spawn(char *const argv[], char *const extra_env[], const char *output_path);
-/* Waits for pid up to timeout_ms. Returns true with *status_p (waitpid status) when it
+/* How many times slower than a plain build this run is (KEEL_TEST_SLOWDOWN, set by the
+ * build for sanitizer runs; 1 by default). Every wait of these helpers stretches by it. */
+int keel_test_slowdown(void);
+/* Waits for pid up to timeout_ms (times keel_test_slowdown()). Returns true with *status_p (waitpid status) when it
  * ended; false (the process is still running) on timeout. */
 bool keel_test_wait(pid_t pid, int timeout_ms, int *status_p);
 /* SIGKILLs every process group spawned by keel_test_spawn that is still running and reaps
