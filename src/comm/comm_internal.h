@@ -15,7 +15,7 @@
 #define KEEL__MAX_STATE_BUFFERS 64
 #define KEEL__MAX_FAULT_RULES 8
 /* State and collective payloads travel in frames of at most this many bytes. */
-#define KEEL__MAX_SEGMENT_BYTES ((size_t)1 << 20)
+#define KEEL__MAX_SEGMENT_BYTES ((size_t)4 << 20)
 #define KEEL__STATE_FRAME_BYTES ((size_t)64 << 20)
 
 /* Tags of collective frames: the operation's sequence number in its epoch, the algorithm's
