@@ -138,6 +138,30 @@ uint64_t keel_random_below(keel_random *random, uint64_t bound);
 /* Uniform double in [0, 1). */
 double keel_random_unit(keel_random *random);
 
+/* ---- little-endian fields of keel's wire and file formats (frames, store requests,
+ * checkpoint manifests): one definition for all of them. */
+static inline void keel_put_le16(uint8_t *out, uint16_t value) {
+  out[0] = (uint8_t)value;
+  out[1] = (uint8_t)(value >> 8);
+}
+static inline void keel_put_le32(uint8_t *out, uint32_t value) {
+  for (int i = 0; i < 4; i++) out[i] = (uint8_t)(value >> (8 * i));
+}
+static inline void keel_put_le64(uint8_t *out, uint64_t value) {
+  for (int i = 0; i < 8; i++) out[i] = (uint8_t)(value >> (8 * i));
+}
+static inline uint16_t keel_get_le16(const uint8_t *in) { return (uint16_t)(in[0] | in[1] << 8); }
+static inline uint32_t keel_get_le32(const uint8_t *in) {
+  uint32_t value = 0;
+  for (int i = 3; i >= 0; i--) value = value << 8 | in[i];
+  return value;
+}
+static inline uint64_t keel_get_le64(const uint8_t *in) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; i--) value = value << 8 | in[i];
+  return value;
+}
+
 /* ---- hex helpers for tokens. */
 /* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */
 void keel_hex_encode(const uint8_t *bytes, size_t length, char *text);

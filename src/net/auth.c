@@ -83,7 +83,7 @@ static void auth_proof(const keel_auth *auth, const char *label, const uint8_t *
                        const uint8_t *second_nonce, uint8_t *proof) {
   crypto_auth_hmacsha256_state state;
   uint8_t job_wire[8];
-  keel__put_u64(job_wire, auth->job_id);
+  keel_put_le64(job_wire, auth->job_id);
   crypto_auth_hmacsha256_init(&state, auth->token, sizeof auth->token);
   crypto_auth_hmacsha256_update(&state, (const uint8_t *)label, strlen(label));
   crypto_auth_hmacsha256_update(&state, job_wire, sizeof job_wire);
@@ -135,8 +135,8 @@ keel_status keel__handshake_connect(keel_link *link, const keel_auth *auth, int6
   if (status != KEEL_OK) return status;
   uint8_t hello[HELLO_BYTES];
   uint8_t *nonce_connector = hello + 12;
-  keel__put_u64(hello, auth->job_id);
-  keel__put_u32(hello + 8, auth->local_id);
+  keel_put_le64(hello, auth->job_id);
+  keel_put_le32(hello + 8, auth->local_id);
   randombytes_buf(nonce_connector, NONCE_BYTES);
   status = handshake_send(link, KEEL_FRAME_HELLO, hello, sizeof hello, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "connector", status);
@@ -163,7 +163,7 @@ keel_status keel__handshake_connect(keel_link *link, const keel_auth *auth, int6
   uint8_t welcome[WELCOME_BYTES];
   status = handshake_recv(link, KEEL_FRAME_WELCOME, welcome, sizeof welcome, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "connector", status);
-  handshake_done(link, keel__get_u32(welcome));
+  handshake_done(link, keel_get_le32(welcome));
   return KEEL_OK;
 }
 
@@ -173,8 +173,8 @@ keel_status keel__handshake_accept(keel_link *link, const keel_auth *auth, int64
   uint8_t hello[HELLO_BYTES];
   status = handshake_recv(link, KEEL_FRAME_HELLO, hello, sizeof hello, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
-  if (keel__get_u64(hello) != auth->job_id) return handshake_failed(link, "acceptor", KEEL_EPROTO);
-  uint32_t peer_id = keel__get_u32(hello + 8);
+  if (keel_get_le64(hello) != auth->job_id) return handshake_failed(link, "acceptor", KEEL_EPROTO);
+  uint32_t peer_id = keel_get_le32(hello + 8);
   const uint8_t *nonce_connector = hello + 12;
 
   uint8_t challenge[CHALLENGE_BYTES];
@@ -196,7 +196,7 @@ keel_status keel__handshake_accept(keel_link *link, const keel_auth *auth, int64
   }
 
   uint8_t welcome[WELCOME_BYTES];
-  keel__put_u32(welcome, auth->local_id);
+  keel_put_le32(welcome, auth->local_id);
   status = handshake_send(link, KEEL_FRAME_WELCOME, welcome, sizeof welcome, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
   handshake_done(link, peer_id);

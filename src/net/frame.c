@@ -41,40 +41,40 @@ bool keel__frame_type_known(uint16_t type) {
 }
 
 void keel_frame_encode(const keel_frame *frame, uint8_t *wire) {
-  keel__put_u32(wire + OFFSET_MAGIC, KEEL_FRAME_MAGIC);
-  keel__put_u16(wire + OFFSET_VERSION, KEEL_FRAME_VERSION);
-  keel__put_u16(wire + OFFSET_TYPE, frame->type);
-  keel__put_u64(wire + OFFSET_JOB_ID, frame->job_id);
-  keel__put_u64(wire + OFFSET_EPOCH, frame->epoch);
-  keel__put_u64(wire + OFFSET_TAG, frame->tag);
-  keel__put_u64(wire + OFFSET_LENGTH, frame->length);
-  keel__put_u32(wire + OFFSET_SOURCE, frame->source);
-  keel__put_u32(wire + OFFSET_PAYLOAD_CRC, frame->payload_crc32c);
-  keel__put_u32(wire + OFFSET_HEADER_CRC, keel_crc32c(0, wire, OFFSET_HEADER_CRC));
-  keel__put_u32(wire + OFFSET_RESERVED, 0);
+  keel_put_le32(wire + OFFSET_MAGIC, KEEL_FRAME_MAGIC);
+  keel_put_le16(wire + OFFSET_VERSION, KEEL_FRAME_VERSION);
+  keel_put_le16(wire + OFFSET_TYPE, frame->type);
+  keel_put_le64(wire + OFFSET_JOB_ID, frame->job_id);
+  keel_put_le64(wire + OFFSET_EPOCH, frame->epoch);
+  keel_put_le64(wire + OFFSET_TAG, frame->tag);
+  keel_put_le64(wire + OFFSET_LENGTH, frame->length);
+  keel_put_le32(wire + OFFSET_SOURCE, frame->source);
+  keel_put_le32(wire + OFFSET_PAYLOAD_CRC, frame->payload_crc32c);
+  keel_put_le32(wire + OFFSET_HEADER_CRC, keel_crc32c(0, wire, OFFSET_HEADER_CRC));
+  keel_put_le32(wire + OFFSET_RESERVED, 0);
 }
 
 keel_status keel_frame_decode(const uint8_t *wire, size_t wire_length, uint64_t expected_job_id,
                               uint64_t max_payload, keel_frame *frame_p) {
   if (wire == NULL || wire_length < KEEL_FRAME_HEADER_BYTES) return KEEL_ECORRUPT;
-  if (keel__get_u32(wire + OFFSET_MAGIC) != KEEL_FRAME_MAGIC) return KEEL_ECORRUPT;
+  if (keel_get_le32(wire + OFFSET_MAGIC) != KEEL_FRAME_MAGIC) return KEEL_ECORRUPT;
   /* The crc comes before the fields it covers: a flipped bit anywhere is corruption, and
    * only an intact header can speak of a version or job mismatch. */
-  if (keel__get_u32(wire + OFFSET_HEADER_CRC) != keel_crc32c(0, wire, OFFSET_HEADER_CRC))
+  if (keel_get_le32(wire + OFFSET_HEADER_CRC) != keel_crc32c(0, wire, OFFSET_HEADER_CRC))
     return KEEL_ECORRUPT;
-  if (keel__get_u16(wire + OFFSET_VERSION) != KEEL_FRAME_VERSION) return KEEL_EPROTO;
-  uint16_t type = keel__get_u16(wire + OFFSET_TYPE);
+  if (keel_get_le16(wire + OFFSET_VERSION) != KEEL_FRAME_VERSION) return KEEL_EPROTO;
+  uint16_t type = keel_get_le16(wire + OFFSET_TYPE);
   if (!keel__frame_type_known(type)) return KEEL_ECORRUPT;
-  uint64_t job_id = keel__get_u64(wire + OFFSET_JOB_ID);
+  uint64_t job_id = keel_get_le64(wire + OFFSET_JOB_ID);
   if (expected_job_id != 0 && job_id != expected_job_id) return KEEL_EPROTO;
-  uint64_t length = keel__get_u64(wire + OFFSET_LENGTH);
+  uint64_t length = keel_get_le64(wire + OFFSET_LENGTH);
   if (length > max_payload) return KEEL_ERANGE;
   frame_p->type = type;
   frame_p->job_id = job_id;
-  frame_p->epoch = keel__get_u64(wire + OFFSET_EPOCH);
-  frame_p->tag = keel__get_u64(wire + OFFSET_TAG);
+  frame_p->epoch = keel_get_le64(wire + OFFSET_EPOCH);
+  frame_p->tag = keel_get_le64(wire + OFFSET_TAG);
   frame_p->length = length;
-  frame_p->source = keel__get_u32(wire + OFFSET_SOURCE);
-  frame_p->payload_crc32c = keel__get_u32(wire + OFFSET_PAYLOAD_CRC);
+  frame_p->source = keel_get_le32(wire + OFFSET_SOURCE);
+  frame_p->payload_crc32c = keel_get_le32(wire + OFFSET_PAYLOAD_CRC);
   return KEEL_OK;
 }

@@ -73,30 +73,6 @@ keel_status keel__link_send_blocking(keel_link *link, const keel_frame *frame, c
 keel_status keel__handshake_connect(keel_link *link, const keel_auth *auth, int64_t deadline_ns);
 keel_status keel__handshake_accept(keel_link *link, const keel_auth *auth, int64_t deadline_ns);
 
-/* Little-endian fields of frames and handshake payloads. */
-static inline void keel__put_u16(uint8_t *wire, uint16_t value) {
-  wire[0] = (uint8_t)value;
-  wire[1] = (uint8_t)(value >> 8);
-}
-static inline void keel__put_u32(uint8_t *wire, uint32_t value) {
-  for (int i = 0; i < 4; i++) wire[i] = (uint8_t)(value >> (8 * i));
-}
-static inline void keel__put_u64(uint8_t *wire, uint64_t value) {
-  for (int i = 0; i < 8; i++) wire[i] = (uint8_t)(value >> (8 * i));
-}
-static inline uint16_t keel__get_u16(const uint8_t *wire) {
-  return (uint16_t)(wire[0] | wire[1] << 8);
-}
-static inline uint32_t keel__get_u32(const uint8_t *wire) {
-  uint32_t value = 0;
-  for (int i = 3; i >= 0; i--) value = value << 8 | wire[i];
-  return value;
-}
-static inline uint64_t keel__get_u64(const uint8_t *wire) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; i--) value = value << 8 | wire[i];
-  return value;
-}
 
 /* True for the four handshake frame types; for every type net.h names. */
 bool keel__frame_is_handshake(uint16_t type);

@@ -32,34 +32,6 @@ static bool op_known(uint8_t op) {
   return op < sizeof op_fields && op_fields[op] != 0;
 }
 
-static void put_u16(uint8_t *wire, uint16_t value) {
-  wire[0] = (uint8_t)value;
-  wire[1] = (uint8_t)(value >> 8);
-}
-
-static void put_u32(uint8_t *wire, uint32_t value) {
-  for (int i = 0; i < 4; i++) wire[i] = (uint8_t)(value >> (8 * i));
-}
-
-static void put_u64(uint8_t *wire, uint64_t value) {
-  for (int i = 0; i < 8; i++) wire[i] = (uint8_t)(value >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *wire) {
-  return (uint16_t)(wire[0] | (wire[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *wire) {
-  uint32_t value = 0;
-  for (int i = 3; i >= 0; i--) value = (value << 8) | wire[i];
-  return value;
-}
-
-static uint64_t get_u64(const uint8_t *wire) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; i--) value = (value << 8) | wire[i];
-  return value;
-}
 
 /* Two's complement both ways without relying on implementation-defined conversions. */
 static int64_t to_signed(uint64_t value) {
@@ -86,12 +58,12 @@ keel_status keel__store_request_encode(const keel__store_request *request, keel_
   uint8_t header[KEEL__STORE_REQUEST_HEADER_BYTES];
   header[0] = KEEL__STORE_WIRE_VERSION;
   header[1] = request->op;
-  put_u16(header + 2, (uint16_t)request->key_length);
-  put_u32(header + 4, (uint32_t)request->value_length);
-  put_u64(header + 8, request->id);
-  put_u64(header + 16, request->revision);
-  put_u64(header + 24, (uint64_t)request->lease);
-  put_u64(header + 32, (uint64_t)request->duration_ns);
+  keel_put_le16(header + 2, (uint16_t)request->key_length);
+  keel_put_le32(header + 4, (uint32_t)request->value_length);
+  keel_put_le64(header + 8, request->id);
+  keel_put_le64(header + 16, request->revision);
+  keel_put_le64(header + 24, (uint64_t)request->lease);
+  keel_put_le64(header + 32, (uint64_t)request->duration_ns);
   size_t total = sizeof header + request->key_length + request->value_length;
   /* Reserving the whole first leaves the buffer unchanged if it cannot hold it all. */
   keel_status status = keel_buffer_reserve(buffer, buffer->length + total + 1);
@@ -108,12 +80,12 @@ keel_status keel__store_request_decode(const uint8_t *payload, size_t length,
   if (payload[0] != KEEL__STORE_WIRE_VERSION || !op_known(payload[1])) return KEEL_EPROTO;
   keel__store_request request = {
       .op = payload[1],
-      .key_length = get_u16(payload + 2),
-      .value_length = get_u32(payload + 4),
-      .id = get_u64(payload + 8),
-      .revision = get_u64(payload + 16),
-      .lease = to_signed(get_u64(payload + 24)),
-      .duration_ns = to_signed(get_u64(payload + 32)),
+      .key_length = keel_get_le16(payload + 2),
+      .value_length = keel_get_le32(payload + 4),
+      .id = keel_get_le64(payload + 8),
+      .revision = keel_get_le64(payload + 16),
+      .lease = to_signed(keel_get_le64(payload + 24)),
+      .duration_ns = to_signed(keel_get_le64(payload + 32)),
   };
   if (request.key_length > KEEL_STORE_MAX_KEY || request.value_length > KEEL_STORE_MAX_VALUE)
     return KEEL_ERANGE;
@@ -140,12 +112,12 @@ keel_status keel__store_response_begin(keel_buffer *buffer, uint8_t op, uint64_t
   uint8_t header[KEEL__STORE_RESPONSE_HEADER_BYTES];
   header[0] = KEEL__STORE_WIRE_VERSION;
   header[1] = op;
-  put_u16(header + 2, 0);
-  put_u32(header + 4, (uint32_t)(int32_t)status);
-  put_u64(header + 8, id);
-  put_u64(header + 16, revision);
-  put_u64(header + 24, (uint64_t)lease);
-  put_u32(header + 32, entry_count);
+  keel_put_le16(header + 2, 0);
+  keel_put_le32(header + 4, (uint32_t)(int32_t)status);
+  keel_put_le64(header + 8, id);
+  keel_put_le64(header + 16, revision);
+  keel_put_le64(header + 24, (uint64_t)lease);
+  keel_put_le32(header + 32, entry_count);
   return keel_buffer_append(buffer, header, sizeof header);
 }
 
@@ -155,10 +127,10 @@ keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key,
                                            int64_t lease) {
   if (key_length > KEEL_STORE_MAX_KEY || value_length > KEEL_STORE_MAX_VALUE) return KEEL_ERANGE;
   uint8_t header[KEEL__STORE_ENTRY_HEADER_BYTES];
-  put_u16(header, (uint16_t)key_length);
-  put_u32(header + 2, (uint32_t)value_length);
-  put_u64(header + 6, revision);
-  put_u64(header + 14, (uint64_t)lease);
+  keel_put_le16(header, (uint16_t)key_length);
+  keel_put_le32(header + 2, (uint32_t)value_length);
+  keel_put_le64(header + 6, revision);
+  keel_put_le64(header + 14, (uint64_t)lease);
   keel_status status =
       keel_buffer_reserve(buffer, buffer->length + sizeof header + key_length + value_length + 1);
   if (status != KEEL_OK) return status;
@@ -173,14 +145,14 @@ keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key,
 static keel_status entry_decode(const uint8_t *wire, size_t available, keel_store_entry *entry,
                                 size_t *size_p) {
   if (available < KEEL__STORE_ENTRY_HEADER_BYTES) return KEEL_ECORRUPT;
-  size_t key_length = get_u16(wire);
-  size_t value_length = get_u32(wire + 2);
+  size_t key_length = keel_get_le16(wire);
+  size_t value_length = keel_get_le32(wire + 2);
   if (key_length == 0) return KEEL_ECORRUPT;
   if (key_length > KEEL_STORE_MAX_KEY || value_length > KEEL_STORE_MAX_VALUE) return KEEL_ERANGE;
   if (available - KEEL__STORE_ENTRY_HEADER_BYTES < key_length + value_length)
     return KEEL_ECORRUPT;
-  entry->revision = get_u64(wire + 6);
-  entry->lease = to_signed(get_u64(wire + 14));
+  entry->revision = keel_get_le64(wire + 6);
+  entry->lease = to_signed(keel_get_le64(wire + 14));
   if (entry->lease < 0) return KEEL_ECORRUPT;
   if (!key_valid((const char *)wire + KEEL__STORE_ENTRY_HEADER_BYTES, key_length))
     return KEEL_ECORRUPT;
@@ -193,15 +165,15 @@ keel_status keel__store_response_decode(const uint8_t *payload, size_t length,
                                         keel__store_response *response_p) {
   if (length < KEEL__STORE_RESPONSE_HEADER_BYTES) return KEEL_ECORRUPT;
   if (payload[0] != KEEL__STORE_WIRE_VERSION || !op_known(payload[1])) return KEEL_EPROTO;
-  int64_t status = (int32_t)get_u32(payload + 4);
-  if (get_u16(payload + 2) != 0 || !status_known(status)) return KEEL_ECORRUPT;
+  int64_t status = (int32_t)keel_get_le32(payload + 4);
+  if (keel_get_le16(payload + 2) != 0 || !status_known(status)) return KEEL_ECORRUPT;
   keel__store_response response = {
       .op = payload[1],
       .status = (keel_status)status,
-      .id = get_u64(payload + 8),
-      .revision = get_u64(payload + 16),
-      .lease = to_signed(get_u64(payload + 24)),
-      .entry_count = get_u32(payload + 32),
+      .id = keel_get_le64(payload + 8),
+      .revision = keel_get_le64(payload + 16),
+      .lease = to_signed(keel_get_le64(payload + 24)),
+      .entry_count = keel_get_le32(payload + 32),
       .entries = payload + KEEL__STORE_RESPONSE_HEADER_BYTES,
       .entries_length = length - KEEL__STORE_RESPONSE_HEADER_BYTES,
   };
@@ -238,7 +210,7 @@ keel_status keel__store_response_entries(const keel__store_response *response,
     /* Already checked by keel__store_response_decode; repeated to learn the sizes. */
     status = entry_decode(wire, response->entries_length - offset, entry, &size);
     if (status != KEEL_OK) break;
-    size_t key_length = get_u16(wire);
+    size_t key_length = keel_get_le16(wire);
     entry->key = malloc(key_length + 1);
     entry->value = malloc(entry->value_length + 1);
     if (entry->key == NULL || entry->value == NULL) {
