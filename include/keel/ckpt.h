@@ -1,0 +1,177 @@
+/* keel ckpt: the checkpoint engine's foundation. A registry of named state buffers, the
+ * snapshot format (a manifest with per-chunk crc32c, counted only once written last, JIT
+ * §3.2), two tiers (per-rank files, a caller-provided memory region) and the restore that
+ * picks the newest complete snapshot of any data-parallel replica of a shard (JIT §3.3).
+ * Policies (the JIT trigger, per-iteration in-memory checkpoints) are built on these and
+ * are not here. Depends on core only. */
+#ifndef KEEL_CKPT_H
+#define KEEL_CKPT_H
+
+#include "keel/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- limits: every count and length read from a manifest is checked against these
+ * before anything is allocated. */
+#define KEEL_CKPT_NAME_MAX 63                             /* bytes of a buffer name, no NUL */
+#define KEEL_CKPT_MAX_BUFFERS 256                         /* buffers in one registry/snapshot */
+#define KEEL_CKPT_MAX_CHUNKS (1u << 22)                   /* chunks in one snapshot */
+#define KEEL_CKPT_MAX_CHUNK_BYTES ((uint64_t)1 << 30)     /* 1 GiB */
+#define KEEL_CKPT_DEFAULT_CHUNK_BYTES ((uint64_t)4 << 20) /* 4 MiB, used when 0 is passed */
+/* The largest encoded manifest: header, every name at its longest, every crc, trailer. */
+#define KEEL_CKPT_MANIFEST_MAX_BYTES \
+  (72u + KEEL_CKPT_MAX_BUFFERS * (1u + KEEL_CKPT_NAME_MAX + 8u) + 4u * KEEL_CKPT_MAX_CHUNKS + 4u)
+
+/* ---- the state registry: named buffers of training state (parameters, optimizer state,
+ * step counter, data position, RNG). The caller owns the memory and keeps it alive and
+ * unmoved while the registry is used; a save reads it, a restore overwrites it. Not
+ * thread-safe: add buffers at setup, before any save or restore. */
+typedef struct keel_ckpt_registry keel_ckpt_registry;
+
+/* Makes an empty registry (room for KEEL_CKPT_MAX_BUFFERS, allocated now so that a save
+ * after a failure allocates no registry memory). The caller owns *registry_p. */
+keel_status keel_ckpt_registry_create(keel_ckpt_registry **registry_p);
+/* Frees the registry (not the registered memory). NULL is a no-op. */
+void keel_ckpt_registry_destroy(keel_ckpt_registry *registry);
+/* Adds a buffer. name: 1..KEEL_CKPT_NAME_MAX printable ASCII bytes, unique in the registry,
+ * copied. data may be NULL only when bytes is 0. Snapshots keep the order of the adds, and
+ * a restore requires the same names and sizes in the same order. KEEL_EINVAL for a bad
+ * name or pointer, KEEL_EEXIST for a duplicate name, KEEL_ERANGE past the limits. */
+keel_status keel_ckpt_registry_add(keel_ckpt_registry *registry, const char *name, void *data,
+                                   size_t bytes);
+size_t keel_ckpt_registry_count(const keel_ckpt_registry *registry);
+/* Sum of the registered sizes. */
+uint64_t keel_ckpt_registry_bytes(const keel_ckpt_registry *registry);
+
+/* ---- the snapshot description. */
+
+/* Who saved a snapshot and of what. With hybrid sharding (JIT §3.1) the state is split in
+ * shard_count shards and each shard is held by several data-parallel replicas; any replica's
+ * snapshot of a shard restores that shard. */
+typedef struct keel_ckpt_identity {
+  uint64_t job_id;      /* non-zero (KEEL_JOB_ID) */
+  uint32_t rank;        /* the saving rank; names its directory */
+  uint32_t shard_index; /* < shard_count */
+  uint32_t shard_count; /* >= 1; 1 for plain data parallelism */
+  uint32_t replica;     /* data-parallel replica index of the saving rank */
+  uint64_t step;        /* the minibatch the state is at the start of */
+  uint64_t sequence;    /* resilient sequence number: raised by the caller at every recovery
+                           (e.g. the communicator's epoch), so that two saves of one step by
+                           different incarnations of the job are ordered; the higher wins */
+} keel_ckpt_identity;
+
+/* One buffer of a snapshot: its chunks are chunk_crc32c[first_chunk .. +chunk_count). */
+typedef struct keel_ckpt_entry {
+  char name[KEEL_CKPT_NAME_MAX + 1];
+  uint64_t bytes;
+  uint32_t first_chunk;
+  uint32_t chunk_count; /* ceil(bytes / chunk_bytes); 0 for an empty buffer */
+} keel_ckpt_entry;
+
+/* A decoded manifest. Arrays are allocated by keel_ckpt_manifest_build/decode and freed by
+ * keel_ckpt_manifest_free. */
+typedef struct keel_ckpt_manifest {
+  keel_ckpt_identity identity;
+  uint64_t chunk_bytes; /* each buffer is cut in pieces of this size, the last one shorter */
+  uint64_t total_bytes; /* sum of the buffers' bytes */
+  uint32_t buffer_count;
+  uint32_t chunk_count;
+  keel_ckpt_entry *buffers;
+  uint32_t *chunk_crc32c; /* crc32c of every chunk, buffer after buffer */
+} keel_ckpt_manifest;
+
+/* Describes the registered state as it is now: names, sizes and the crc32c of every chunk
+ * (reads every registered byte; the state must not change meanwhile). chunk_bytes 0 means
+ * KEEL_CKPT_DEFAULT_CHUNK_BYTES. Writes *manifest_p only on success; the caller frees it
+ * with keel_ckpt_manifest_free. KEEL_EINVAL for a bad identity, KEEL_ERANGE past the limits,
+ * KEEL_ENOMEM. */
+keel_status keel_ckpt_manifest_build(const keel_ckpt_registry *registry,
+                                     const keel_ckpt_identity *identity, uint64_t chunk_bytes,
+                                     keel_ckpt_manifest *manifest_p);
+/* Bytes keel_ckpt_manifest_encode writes for this manifest. */
+size_t keel_ckpt_manifest_encoded_bytes(const keel_ckpt_manifest *manifest);
+/* Encodes a valid manifest (as build or decode make them) into out (the format is in
+ * src/ckpt/manifest.c); allocates nothing. KEEL_ERANGE when capacity is too small,
+ * KEEL_EINVAL when the manifest breaks a rule the decoder checks. */
+keel_status keel_ckpt_manifest_encode(const keel_ckpt_manifest *manifest, uint8_t *out,
+                                      size_t capacity, size_t *length_p);
+/* Decodes untrusted bytes. Refuses (KEEL_ECORRUPT, or KEEL_ERANGE for a count past the
+ * limits) anything but exactly what encode makes of a valid manifest: wrong magic, version,
+ * length or crc, bad names, counts that do not add up, trailing bytes. Writes *manifest_p
+ * only on success (then the caller frees it); KEEL_ENOMEM if allocation fails. Does not log:
+ * the caller knows where the bytes came from. */
+keel_status keel_ckpt_manifest_decode(const uint8_t *data, size_t length,
+                                      keel_ckpt_manifest *manifest_p);
+/* Frees the arrays and zeroes the struct; a zeroed struct is a no-op. */
+void keel_ckpt_manifest_free(keel_ckpt_manifest *manifest);
+
+/* ---- restore: which snapshots count. */
+typedef struct keel_ckpt_selector {
+  uint64_t job_id;      /* a snapshot of another job is refused */
+  uint32_t shard_index; /* the shard to restore; other shards' snapshots are passed over */
+  uint32_t shard_count; /* 0: any; otherwise a snapshot of another sharding is refused */
+  uint64_t max_step;    /* the newest step at or below this; UINT64_MAX for the newest */
+} keel_ckpt_selector;
+
+/* ---- the persistent tier: <root>/<job_id>/step-<step>/rank-<rank>/ holds one file per
+ * buffer (buffer-<index>, the buffer's bytes) and the manifest, written last: every file is
+ * written under a temporary name and fsynced, then renamed, and the directory fsynced, so a
+ * crash at any point leaves either the previous complete snapshot of that directory or no
+ * manifest at all. */
+
+/* Saves the registered state of this rank. Blocks on file I/O only, communicates with no
+ * one (the JIT trigger calls it after a failure, from any thread, while the training thread
+ * does not touch the state). root must exist; the directories under it are made. On error
+ * (KEEL_ENOSPC, KEEL_EIO, ...; logged here) the new snapshot has no manifest and every other
+ * snapshot is as it was, except that a save over an existing snapshot of the same step and
+ * rank may leave that directory with no manifest once all new data is safely written. */
+keel_status keel_ckpt_persistent_save(const keel_ckpt_registry *registry, const char *root,
+                                      const keel_ckpt_identity *identity, uint64_t chunk_bytes);
+
+/* Restores the registered buffers from the newest usable snapshot under <root>/<job_id> of
+ * the selector's shard, any replica: highest step, then highest sequence, then lowest
+ * replica, then lowest rank. A snapshot with no manifest, a malformed manifest, another
+ * job's, another sharding's, names or sizes that differ from the registry, a short or long
+ * buffer file or a chunk that fails its crc is skipped with its reason logged, and the next
+ * one is tried. Every chunk is read into a staging copy (as large as the registered state)
+ * and checked before any registered byte is overwritten, so the buffers change only on
+ * success. Writes *used_p (may be NULL) only on success. KEEL_ENOTFOUND when there is no
+ * complete snapshot of the shard, KEEL_ECORRUPT when all were refused (logged),
+ * KEEL_ENOMEM. Blocks on file I/O. */
+keel_status keel_ckpt_persistent_restore(keel_ckpt_registry *registry, const char *root,
+                                         const keel_ckpt_selector *selector,
+                                         keel_ckpt_identity *used_p);
+
+/* ---- the in-memory tier: a snapshot in a memory region the caller provides (later, the
+ * agent's shared memory and its copies on peers). Layout: a 64-byte header whose seal word
+ * is even and non-zero only while the region holds a complete snapshot, the encoded
+ * manifest, then the buffers' bytes back to back from a 64-byte aligned offset. */
+typedef struct keel_ckpt_region {
+  void *base;   /* 8-byte aligned (an mmap'ed segment is) */
+  size_t bytes; /* capacity */
+} keel_ckpt_region;
+
+/* The region size a snapshot of the registry with this chunk size needs. */
+keel_status keel_ckpt_memory_bytes(const keel_ckpt_registry *registry, uint64_t chunk_bytes,
+                                   size_t *bytes_p);
+/* Saves the registered state into the region, replacing what it held: the seal is made odd
+ * (incomplete) first and made even with a release store last, so a reader that finds it even
+ * before and after reading saw one complete snapshot. A crash mid-save leaves an incomplete
+ * region (keep two regions to always have a complete one). One writer at a time; readers
+ * may run concurrently. KEEL_ERANGE when the region is too small (nothing written). */
+keel_status keel_ckpt_memory_save(const keel_ckpt_registry *registry,
+                                  const keel_ckpt_identity *identity, uint64_t chunk_bytes,
+                                  const keel_ckpt_region *region);
+/* Restore from memory regions (this rank's and copies of other replicas'), by the rules and
+ * with the guarantees of keel_ckpt_persistent_restore: an unsealed region, or one rewritten
+ * while it was read, is skipped like a snapshot with no manifest. */
+keel_status keel_ckpt_memory_restore(keel_ckpt_registry *registry, const keel_ckpt_region *regions,
+                                     size_t region_count, const keel_ckpt_selector *selector,
+                                     keel_ckpt_identity *used_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,109 @@
+/* Private to src/ckpt: the registry's layout, the checks the tiers share, the file
+ * operations the persistent save goes through (a test substitutes failing ones), the memory
+ * region's header, and the candidate snapshots every tier hands to the one restore. */
+#ifndef KEEL_CKPT_INTERNAL_H
+#define KEEL_CKPT_INTERNAL_H
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+#include "keel/ckpt.h"
+
+#define KEEL__CKPT_MODULE "ckpt"
+
+typedef struct keel__ckpt_slot {
+  char name[KEEL_CKPT_NAME_MAX + 1];
+  void *data;
+  size_t bytes;
+} keel__ckpt_slot;
+
+struct keel_ckpt_registry {
+  size_t count;
+  uint64_t total_bytes;
+  keel__ckpt_slot slots[KEEL_CKPT_MAX_BUFFERS];
+};
+
+/* A buffer name: 1..KEEL_CKPT_NAME_MAX bytes of printable ASCII other than space. */
+bool keel__ckpt_name_valid(const char *name, size_t length);
+/* KEEL_OK when the identity can be saved: non-zero job, shard_index < shard_count. */
+keel_status keel__ckpt_identity_check(const keel_ckpt_identity *identity);
+/* chunk_bytes with 0 meaning the default; KEEL_ERANGE past KEEL_CKPT_MAX_CHUNK_BYTES. */
+keel_status keel__ckpt_chunk_bytes(uint64_t requested, uint64_t *chunk_bytes_p);
+
+/* The encoded size of the manifest of the registry with this chunk size (0: default),
+ * without reading the registered bytes. */
+keel_status keel__ckpt_manifest_bytes_for(const keel_ckpt_registry *registry, uint64_t chunk_bytes,
+                                          size_t *bytes_p);
+
+/* ---- the persistent save's file operations, with libc's contract (-1 and errno on
+ * failure) plus a context; SQLite's test VFS habit: a test wraps them to fail the N-th. */
+typedef struct keel__ckpt_file_ops {
+  int (*mkdirat)(void *context, int directory, const char *name, mode_t mode);
+  int (*openat)(void *context, int directory, const char *name, int flags, mode_t mode);
+  ssize_t (*write)(void *context, int file, const void *data, size_t length);
+  int (*fsync)(void *context, int file);
+  /* The descriptor is released even when this fails (Linux's close). */
+  int (*close)(void *context, int file);
+  int (*renameat)(void *context, int directory, const char *from, const char *to);
+  int (*unlinkat)(void *context, int directory, const char *name, int flags);
+} keel__ckpt_file_ops;
+
+extern const keel__ckpt_file_ops keel__ckpt_posix_file_ops;
+
+/* keel_ckpt_persistent_save through the given operations. */
+keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void *context,
+                                            const keel_ckpt_registry *registry, const char *root,
+                                            const keel_ckpt_identity *identity,
+                                            uint64_t chunk_bytes);
+
+/* ---- the in-memory tier's region header, its first 64 bytes. Host byte order: a region is
+ * read on the host that holds it (a peer's copy is a byte copy between hosts of one job,
+ * all little-endian). */
+typedef struct keel__ckpt_region_header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t header_bytes;
+  uint32_t manifest_bytes;
+  uint32_t reserved;
+  uint64_t data_offset; /* of the buffers' bytes, back to back in registry order */
+  uint64_t data_bytes;
+  _Atomic uint64_t seal; /* 0 or odd: no complete snapshot; even: complete, twice the saves */
+  uint8_t padding[24];
+} keel__ckpt_region_header;
+
+/* ---- restore: a candidate is a snapshot whose manifest decoded; its tier reads the
+ * buffers' bytes. Reasons for refusal are written into reason (not logged: the restore
+ * logs once, where it decides to skip the candidate). */
+#define KEEL__CKPT_REASON_BYTES 256
+typedef struct keel__ckpt_candidate keel__ckpt_candidate;
+
+typedef struct keel__ckpt_source_ops {
+  /* Reads all `bytes` of buffer `index` (sized as the manifest says) into destination. */
+  keel_status (*read_buffer)(const keel__ckpt_candidate *candidate, uint32_t index,
+                             uint8_t *destination, uint64_t bytes, char *reason);
+  /* After the buffers were read: KEEL_OK if the source did not change meanwhile, else
+   * KEEL_EAGAIN with the reason written. */
+  keel_status (*finish)(const keel__ckpt_candidate *candidate, char *reason);
+} keel__ckpt_source_ops;
+
+struct keel__ckpt_candidate {
+  keel_ckpt_manifest manifest;
+  char label[64]; /* "step-7/rank-3", "region-1": where the snapshot is, for messages */
+  const keel__ckpt_source_ops *ops;
+  int directory;                  /* persistent: the job directory (not owned) */
+  const keel_ckpt_region *region; /* memory: the region and the seal read with the manifest */
+  uint64_t seal;
+  uint64_t data_offset;
+};
+
+/* Picks among candidates (manifests decoded) by the selector and the rules of
+ * keel_ckpt_persistent_restore, checks and stages the best one, falling back to the next,
+ * and copies the staged state into the registry's buffers. refused counts snapshots the
+ * tier already refused (malformed manifests); where names the tier for messages. Frees
+ * nothing: the caller frees the candidates' manifests. */
+keel_status keel__ckpt_restore_best(keel_ckpt_registry *registry,
+                                    const keel_ckpt_selector *selector,
+                                    keel__ckpt_candidate *candidates, size_t count, size_t refused,
+                                    const char *where, keel_ckpt_identity *used_p);
+
+#endif

@@ -1,0 +1,199 @@
+/* The one restore routine of every tier: among the snapshots a tier found, keep those of
+ * the wanted shard that fit the registry, try them newest first (JIT §3.3: any data-parallel
+ * replica, step i or i+1), and load the first whose every chunk passes its crc32c, through a
+ * staging copy so that the registered buffers change only on success. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt_internal.h"
+
+/* true, with the reason written, when a snapshot's buffers differ from the registry's. */
+static bool registry_mismatch(const keel_ckpt_registry *registry,
+                              const keel_ckpt_manifest *manifest, char *reason) {
+  if (manifest->buffer_count != registry->count) {
+    snprintf(reason, KEEL__CKPT_REASON_BYTES, "it holds %" PRIu32 " buffers, the registry %zu",
+             manifest->buffer_count, registry->count);
+    return true;
+  }
+  for (uint32_t b = 0; b < manifest->buffer_count; b++) {
+    const keel_ckpt_entry *entry = &manifest->buffers[b];
+    const keel__ckpt_slot *slot = &registry->slots[b];
+    if (strcmp(entry->name, slot->name) != 0) {
+      snprintf(reason, KEEL__CKPT_REASON_BYTES,
+               "buffer %" PRIu32 " is '%s' in the snapshot, '%s' in the registry", b, entry->name,
+               slot->name);
+      return true;
+    }
+    if (entry->bytes != slot->bytes) {
+      snprintf(reason, KEEL__CKPT_REASON_BYTES,
+               "buffer '%s' is %" PRIu64 " bytes in the snapshot, %zu in the registry", entry->name,
+               entry->bytes, slot->bytes);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Newest first: step, then sequence (a later incarnation), then the lowest replica and
+ * rank so that every rank of a shard makes the same choice from the same files. */
+static int candidate_compare(const void *left, const void *right) {
+  const keel_ckpt_identity *a = &(*(keel__ckpt_candidate *const *)left)->manifest.identity;
+  const keel_ckpt_identity *b = &(*(keel__ckpt_candidate *const *)right)->manifest.identity;
+  if (a->step != b->step) return a->step > b->step ? -1 : 1;
+  if (a->sequence != b->sequence) return a->sequence > b->sequence ? -1 : 1;
+  if (a->replica != b->replica) return a->replica < b->replica ? -1 : 1;
+  if (a->rank != b->rank) return a->rank < b->rank ? -1 : 1;
+  return 0;
+}
+
+/* Reads every buffer of the candidate into staging and checks every chunk. */
+static keel_status candidate_stage(const keel__ckpt_candidate *candidate, uint8_t *staging,
+                                   char *reason) {
+  const keel_ckpt_manifest *manifest = &candidate->manifest;
+  uint64_t offset = 0;
+  for (uint32_t b = 0; b < manifest->buffer_count; b++) {
+    const keel_ckpt_entry *entry = &manifest->buffers[b];
+    keel_status status =
+        candidate->ops->read_buffer(candidate, b, staging + offset, entry->bytes, reason);
+    if (status != KEEL_OK) return status;
+    for (uint32_t c = 0; c < entry->chunk_count; c++) {
+      uint64_t start = (uint64_t)c * manifest->chunk_bytes;
+      uint64_t length = entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start
+                                                                     : manifest->chunk_bytes;
+      uint32_t stored = manifest->chunk_crc32c[entry->first_chunk + c];
+      uint32_t computed = keel_crc32c(0, staging + offset + start, length);
+      if (stored != computed) {
+        /* A source rewritten while it was read explains the mismatch better than damage. */
+        if (candidate->ops->finish(candidate, reason) != KEEL_OK) return KEEL_EAGAIN;
+        snprintf(reason, KEEL__CKPT_REASON_BYTES,
+                 "buffer '%s' chunk %" PRIu32 " (bytes %" PRIu64 "..%" PRIu64
+                 ") fails its crc32c (manifest %08" PRIx32 ", data %08" PRIx32 ")",
+                 entry->name, c, start, start + length, stored, computed);
+        return KEEL_ECORRUPT;
+      }
+    }
+    offset += entry->bytes;
+  }
+  return candidate->ops->finish(candidate, reason);
+}
+
+/* Keeps in order[] the candidates of the selector's shard that fit the registry; logs and
+ * counts in *refused_p those that cannot be used. Returns how many were kept. */
+static size_t candidates_select(const keel_ckpt_registry *registry,
+                                const keel_ckpt_selector *selector,
+                                keel__ckpt_candidate *candidates, size_t count, const char *where,
+                                keel__ckpt_candidate **order, size_t *refused_p) {
+  char reason[KEEL__CKPT_REASON_BYTES];
+  size_t usable = 0;
+  for (size_t i = 0; i < count; i++) {
+    keel__ckpt_candidate *candidate = &candidates[i];
+    const keel_ckpt_identity *identity = &candidate->manifest.identity;
+    reason[0] = '\0';
+    if (identity->job_id != selector->job_id) {
+      snprintf(reason, sizeof reason, "its manifest belongs to job %" PRIu64, identity->job_id);
+    } else if (identity->shard_index != selector->shard_index ||
+               identity->step > selector->max_step) {
+      /* Another shard's snapshot, or one newer than asked for: not ours to use, not bad. */
+      continue;
+    } else if (selector->shard_count != 0 && identity->shard_count != selector->shard_count) {
+      snprintf(reason, sizeof reason, "it is shard %" PRIu32 " of %" PRIu32 ", not of %" PRIu32,
+               identity->shard_index, identity->shard_count, selector->shard_count);
+    } else {
+      registry_mismatch(registry, &candidate->manifest, reason);
+    }
+    if (reason[0] != '\0') {
+      KEEL_LOG_W(KEEL__CKPT_MODULE, "skipped the snapshot in %s/%s (step %" PRIu64 "): %s", where,
+                 candidate->label, identity->step, reason);
+      (*refused_p)++;
+      continue;
+    }
+    order[usable++] = candidate;
+  }
+  return usable;
+}
+
+/* Tries the candidates in order; loads the first that stages cleanly. KEEL_ECORRUPT when
+ * none did (each logged and counted in *refused_p, except those rewritten while read),
+ * KEEL_ENOMEM without a staging copy. */
+static keel_status candidates_load(keel_ckpt_registry *registry, keel__ckpt_candidate *const *order,
+                                   size_t usable, const char *where, size_t *refused_p,
+                                   keel_ckpt_identity *used_p) {
+  /* One staging copy, reused for every candidate tried: as large as the registered state. */
+  uint64_t total = registry->total_bytes;
+  uint8_t *staging = total <= SIZE_MAX ? malloc(total > 0 ? (size_t)total : 1) : NULL;
+  if (staging == NULL) {
+    KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: no memory to stage %" PRIu64 " bytes", where,
+               total);
+    return KEEL_ENOMEM;
+  }
+  char reason[KEEL__CKPT_REASON_BYTES];
+  keel_status status = KEEL_ECORRUPT;
+  for (size_t i = 0; i < usable && status != KEEL_OK; i++) {
+    const keel__ckpt_candidate *candidate = order[i];
+    const keel_ckpt_identity *identity = &candidate->manifest.identity;
+    reason[0] = '\0';
+    keel_status staged = candidate_stage(candidate, staging, reason);
+    if (staged == KEEL_EAGAIN) {
+      /* Rewritten under us (the memory tier's writer was saving): like a save in progress,
+       * not a bad snapshot. */
+      KEEL_LOG_I(KEEL__CKPT_MODULE, "passed over %s/%s: %s", where, candidate->label, reason);
+      continue;
+    }
+    if (staged != KEEL_OK) {
+      KEEL_LOG_W(KEEL__CKPT_MODULE,
+                 "skipped the snapshot in %s/%s (step %" PRIu64 ", replica %" PRIu32 "): %s", where,
+                 candidate->label, identity->step, identity->replica, reason);
+      (*refused_p)++;
+      continue;
+    }
+    /* Every chunk passed: only now is the caller's state overwritten. */
+    uint64_t offset = 0;
+    for (size_t b = 0; b < registry->count; b++) {
+      keel__ckpt_slot *slot = &registry->slots[b];
+      if (slot->bytes > 0) memcpy(slot->data, staging + offset, slot->bytes);
+      offset += slot->bytes;
+    }
+    KEEL_LOG_I(KEEL__CKPT_MODULE,
+               "restored shard %" PRIu32 " from %s/%s: step %" PRIu64 ", replica %" PRIu32
+               ", rank %" PRIu32 ", sequence %" PRIu64,
+               identity->shard_index, where, candidate->label, identity->step, identity->replica,
+               identity->rank, identity->sequence);
+    if (used_p != NULL) *used_p = *identity;
+    status = KEEL_OK;
+  }
+  free(staging);
+  return status;
+}
+
+keel_status keel__ckpt_restore_best(keel_ckpt_registry *registry,
+                                    const keel_ckpt_selector *selector,
+                                    keel__ckpt_candidate *candidates, size_t count, size_t refused,
+                                    const char *where, keel_ckpt_identity *used_p) {
+  keel__ckpt_candidate **order = malloc((count > 0 ? count : 1) * sizeof *order);
+  if (order == NULL) {
+    KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: out of memory", where);
+    return KEEL_ENOMEM;
+  }
+  size_t usable = candidates_select(registry, selector, candidates, count, where, order, &refused);
+  qsort(order, usable, sizeof *order, candidate_compare);
+  keel_status status = KEEL_ENOTFOUND;
+  if (usable > 0) status = candidates_load(registry, order, usable, where, &refused, used_p);
+  if (status == KEEL_ENOTFOUND || status == KEEL_ECORRUPT) {
+    if (refused == 0) {
+      KEEL_LOG_I(KEEL__CKPT_MODULE,
+                 "no complete snapshot of shard %" PRIu32 " of job %" PRIu64 " in %s",
+                 selector->shard_index, selector->job_id, where);
+      status = KEEL_ENOTFOUND;
+    } else {
+      KEEL_LOG_E(KEEL__CKPT_MODULE,
+                 "no usable snapshot of shard %" PRIu32 " of job %" PRIu64
+                 " in %s: %zu refused (reasons above); the registered state is unchanged",
+                 selector->shard_index, selector->job_id, where, refused);
+      status = KEEL_ECORRUPT;
+    }
+  }
+  free(order);
+  return status;
+}
