@@ -196,8 +196,9 @@ static keel_status shm_setup(keel_comm *comm) {
                              .size = comm->size, .spin_limit = spin_limit_for(comm->size),
                              .small_bytes = (size_t)small};
   group_layout(group);
-  /* Touch our own slots now, not in the first timed operation. */
-  memset(slot_of(group, comm->rank, 0), 0, 2 * chunk_bytes);
+  /* No pre-touching of the slots: fresh memory is slow to touch here (MACHINE-NOTES), and a
+   * new epoch's first operation is usually the small redo of a recovery, which would pay
+   * for megabytes it does not use. Pages are touched by the operations that need them. */
   comm->shm = group;
   KEEL_LOG_D(MODULE, "epoch %" PRIu64 ": shared memory for %d ranks, %zu-byte chunks",
              comm->epoch, comm->size, chunk_bytes);
