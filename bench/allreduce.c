@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_stats.h"
+
 #include "keel/comm.h"
 
 #define MAX_SIZES 16
@@ -70,20 +72,6 @@ static int parse_options(int argc, char **argv, options *opts) {
   return 0;
 }
 
-static int compare_doubles(const void *left, const void *right) {
-  double a = *(const double *)left, b = *(const double *)right;
-  return (a > b) - (a < b);
-}
-
-/* Median and mean of times (ns), in microseconds; sorts times. */
-static void summarize(double *times, int64_t count, double *median_us, double *mean_us) {
-  qsort(times, (size_t)count, sizeof *times, compare_doubles);
-  double sum = 0;
-  for (int64_t i = 0; i < count; i++) sum += times[i];
-  double median = count % 2 ? times[count / 2] : (times[count / 2 - 1] + times[count / 2]) / 2;
-  *median_us = median / 1e3;
-  *mean_us = sum / (double)count / 1e3;
-}
 
 static void result_print(const options *opts, const result *r) {
   if (opts->json) {
@@ -211,7 +199,7 @@ static keel_status measure_size(bench *b, uint64_t bytes, double *times, result 
                 .ranks = size,
                 .bytes = bytes,
                 .iterations = iterations};
-  summarize(times + iterations, iterations, &r->median_us, &r->mean_us);
+  bench_summarize(times + iterations, iterations, &r->median_us, &r->mean_us);
   /* 2(n-1)/n is 0 at one rank, where the "allreduce" is a copy: its rate is given instead. */
   double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
   r->busbw_gbps = factor * (double)bytes / (r->median_us * 1e3);
@@ -234,7 +222,7 @@ static void measure_memcpy(bench *b, uint64_t bytes, double *times, result *r) {
     times[i] = (double)(keel_now_ns() - start);
   }
   *r = (result){.impl = "memcpy", .ranks = 1, .bytes = bytes, .iterations = iterations};
-  summarize(times, iterations, &r->median_us, &r->mean_us);
+  bench_summarize(times, iterations, &r->median_us, &r->mean_us);
   r->busbw_gbps = (double)bytes / (r->median_us * 1e3);
 }
 

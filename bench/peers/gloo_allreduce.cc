@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "../bench_stats.h"
+
 #include "gloo/allreduce.h"
 #include "gloo/allreduce_ring.h"
 #include "gloo/barrier.h"
@@ -114,14 +116,9 @@ bool parse_options(int argc, char **argv, Options *opts) {
   return opts->ranks > 0;
 }
 
+// The statistic shared with keel's own benchmark and the MPI harness.
 void summarize(std::vector<double> &times, double *median_us, double *mean_us) {
-  std::sort(times.begin(), times.end());
-  double sum = 0;
-  for (double t : times) sum += t;
-  size_t n = times.size();
-  double median = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
-  *median_us = median / 1e3;
-  *mean_us = sum / (double)n / 1e3;
+  bench_summarize(times.data(), (int64_t)times.size(), median_us, mean_us);
 }
 
 int64_t warmup_iterations(uint64_t bytes) {

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../bench_stats.h"
+
 #define MAX_SIZES 16
 #define MIN_ITERATIONS 10
 #define MAX_ITERATIONS 20000
@@ -89,19 +91,6 @@ static int parse_options(int argc, char **argv, options *opts) {
   return opts->impl ? 0 : -1;
 }
 
-static int compare_doubles(const void *left, const void *right) {
-  double a = *(const double *)left, b = *(const double *)right;
-  return (a > b) - (a < b);
-}
-
-static void summarize(double *times, int64_t count, double *median_us, double *mean_us) {
-  qsort(times, (size_t)count, sizeof *times, compare_doubles);
-  double sum = 0;
-  for (int64_t i = 0; i < count; i++) sum += times[i];
-  double median = count % 2 ? times[count / 2] : (times[count / 2 - 1] + times[count / 2]) / 2;
-  *median_us = median / 1e3;
-  *mean_us = sum / (double)count / 1e3;
-}
 
 static int64_t warmup_iterations(uint64_t bytes) {
   if (bytes >= (8u << 20)) return 2;
@@ -157,7 +146,7 @@ static void measure(const options *opts, uint64_t bytes, float *send, float *rec
   if (rank != 0) return;
   for (int64_t i = 0; i < iterations; i++) times[iterations + i] /= size;
   double median_us, mean_us;
-  summarize(times + iterations, iterations, &median_us, &mean_us);
+  bench_summarize(times + iterations, iterations, &median_us, &mean_us);
   double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
   printf(
       "{\"bench\":\"allreduce\",\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%llu,"
