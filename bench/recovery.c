@@ -342,18 +342,9 @@ static int job_exit_code(const job *j) {
 
 /* true if pid is alive and a child of the launcher: never SIGKILL a recycled pid. */
 static bool is_launcher_child(pid_t pid, pid_t launcher) {
-  char path[64], text[512];
-  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-  FILE *file = fopen(path, "r");
-  if (file == NULL) return false;
-  size_t got = fread(text, 1, sizeof text - 1, file);
-  fclose(file);
-  text[got] = '\0';
-  /* "pid (comm) state ppid ...": comm may hold spaces, so parse after the last ')'. */
-  const char *after = strrchr(text, ')');
   char state;
-  long parent;
-  return after && sscanf(after + 1, " %c %ld", &state, &parent) == 2 && parent == (long)launcher;
+  int parent;
+  return keel_process_stat(pid, &state, &parent) == KEEL_OK && parent == (int)launcher;
 }
 
 /* ---- one trial */

@@ -162,6 +162,10 @@ static inline uint64_t keel_get_le64(const uint8_t *in) {
   return value;
 }
 
+/* ---- processes. Reads the state letter (R, S, T for stopped, Z...) and the parent pid of
+ * pid from /proc. KEEL_ENOTFOUND if there is no such process; outputs set only on success. */
+keel_status keel_process_stat(int pid, char *state_p, int *parent_p);
+
 /* ---- hex helpers for tokens. */
 /* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */
 void keel_hex_encode(const uint8_t *bytes, size_t length, char *text);

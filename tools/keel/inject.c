@@ -62,7 +62,7 @@ static keel_status rank_holder_find(keel_store *store, int64_t rank, uint32_t *u
 static bool pid_is_child_of(pid_t pid, pid_t parent) {
   char state;
   pid_t actual_parent;
-  return keel__process_stat(pid, &state, &actual_parent) == KEEL_OK && actual_parent == parent;
+  return keel_process_stat(pid, &state, &actual_parent) == KEEL_OK && actual_parent == parent;
 }
 
 static int inject_usage(const char *message) {

@@ -211,25 +211,6 @@ bool keel__job_flag(int argc, char **argv, int *index, const char **job_p, bool 
   return true;
 }
 
-keel_status keel__process_stat(pid_t pid, char *state_p, pid_t *parent_p) {
-  char path[64], text[512];
-  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-  FILE *file = fopen(path, "re");
-  if (file == NULL) return KEEL_ENOTFOUND;
-  size_t length = fread(text, 1, sizeof text - 1, file);
-  fclose(file);
-  text[length] = '\0';
-  /* "pid (comm) state ppid ...": comm may hold spaces and parentheses; skip to the last ')'. */
-  const char *close_paren = strrchr(text, ')');
-  char state;
-  long parent;
-  if (close_paren == NULL || sscanf(close_paren + 1, " %c %ld", &state, &parent) != 2)
-    return KEEL_ECORRUPT;
-  *state_p = state;
-  *parent_p = (pid_t)parent;
-  return KEEL_OK;
-}
-
 keel_status keel__uid_from_key(const char *key, const char *prefix, uint32_t *uid_p) {
   size_t prefix_length = strlen(prefix);
   if (strncmp(key, prefix, prefix_length) != 0) return KEEL_EINVAL;

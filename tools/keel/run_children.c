@@ -260,7 +260,7 @@ size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_on
 bool keel__child_stopped(const keel__child *child) {
   char state;
   pid_t parent;
-  if (keel__process_stat(child->pid, &state, &parent) != KEEL_OK) return false;
+  if (keel_process_stat(child->pid, &state, &parent) != KEEL_OK) return false;
   return state == 'T' || state == 't';
 }
 

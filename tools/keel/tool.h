@@ -57,9 +57,6 @@ bool keel__job_flag(int argc, char **argv, int *index, const char **job_p, bool 
 #define KEEL__JOIN_REQUEST_PREFIX "request/join/"
 #define KEEL__JOIN_REFUSED "refused="
 
-/* ---- /proc/<pid>/stat: the process's state letter ('R', 'S', 'T' stopped, ...) and its
- * parent's pid. KEEL_ENOTFOUND when the process is gone. */
-keel_status keel__process_stat(pid_t pid, char *state_p, pid_t *parent_p);
 
 /* ---- proc/<uid> values: "pid=<pid> node=<n> role=<role> rank=<rank> epoch=<e> addr=<a>". */
 typedef struct keel__proc_value {
