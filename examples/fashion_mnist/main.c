@@ -1,14 +1,15 @@
 /* Data-parallel Fashion-MNIST trainer on keel: every rank computes the gradient sum of its
  * slice of the global batch, one resilient allreduce adds them (with the loss and sample
  * count), and every rank applies the same optimizer step. Runs alone or under `keel run`;
- * a failure during a step is recovered inside keel_allreduce_resilient. */
+ * a failure during a step is recovered inside keel_allreduce_resilient, or, under
+ * `keel run --ckpt jit`, saved just in time and resumed by the restarted processes. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "keel/comm.h"
+#include "keel/ckpt.h"
 #include "nn.h"
 
 #define PROGRAM "fashion_mnist"
@@ -312,7 +313,7 @@ static int evaluate(trainer *run, const options *settings) {
   return 0;
 }
 
-static int train(keel_ctx *ctx, trainer *run, const options *settings) {
+static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const options *settings) {
   if (trainer_setup(run, settings) != KEEL_OK) return 1;
   uint64_t step = 0;
   if (register_state(ctx, run, &step) != KEEL_OK) return 1;
@@ -320,6 +321,12 @@ static int train(keel_ctx *ctx, trainer *run, const options *settings) {
   if (status == KEEL_EJOBDONE) return 0; /* a spare that was never needed */
   if (status != KEEL_OK) {
     fprintf(stderr, PROGRAM ": keel_start: %s\n", keel_strerror(status));
+    return 1;
+  }
+  /* Restores `step` and the rest in a restarted process. */
+  status = keel_ckpt_jit_enable(ctx, NULL, jit_p);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": just-in-time checkpoints: %s\n", keel_strerror(status));
     return 1;
   }
 
@@ -356,6 +363,7 @@ static int train(keel_ctx *ctx, trainer *run, const options *settings) {
     status = keel_allreduce_resilient(ctx, send, receive, parameter_count + 2, KEEL_F32, KEEL_SUM,
                                       &recovery);
     if (status == KEEL_EEXCLUDED) return 0; /* declared failed: the job goes on without us */
+    if (status == KEEL_ERESTART) return KEEL_EXIT_RESTART; /* saved; the launcher restarts us */
     if (status != KEEL_OK) {
       fprintf(stderr, PROGRAM ": allreduce at step %llu: %s\n", (unsigned long long)step,
               keel_strerror(status));
@@ -407,8 +415,10 @@ int main(int argc, char **argv) {
   }
   trainer run;
   memset(&run, 0, sizeof run);
-  exit_code = train(ctx, &run, &settings);
+  keel_ckpt_jit *jit = NULL;
+  exit_code = train(ctx, &jit, &run, &settings);
   trainer_release(&run);
   keel_finalize(ctx);
+  keel_ckpt_jit_destroy(jit);
   return exit_code;
 }

@@ -1,13 +1,13 @@
-/* keel ckpt: the checkpoint engine's foundation. A registry of named state buffers, the
+/* keel ckpt: the checkpoint engine. Its foundation: a registry of named state buffers, the
  * snapshot format (a manifest with per-chunk crc32c, counted only once written last, JIT
  * §3.2), two tiers (per-rank files, a caller-provided memory region) and the restore that
  * picks the newest complete snapshot of any data-parallel replica of a shard (JIT §3.3).
- * Policies (the JIT trigger, per-iteration in-memory checkpoints) are built on these and
- * are not here. Depends on core only. */
+ * On it, policies: just-in-time checkpoints (the end of this header), triggered by the
+ * communicator's failure hook. Depends on comm (the policies) and core. */
 #ifndef KEEL_CKPT_H
 #define KEEL_CKPT_H
 
-#include "keel/core.h"
+#include "keel/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -170,6 +170,45 @@ keel_status keel_ckpt_memory_save(const keel_ckpt_registry *registry,
 keel_status keel_ckpt_memory_restore(keel_ckpt_registry *registry, const keel_ckpt_region *regions,
                                      size_t region_count, const keel_ckpt_selector *selector,
                                      keel_ckpt_identity *used_p);
+
+/* ---- just-in-time checkpoints (JIT paper §3, §4.2): nothing is saved in steady state.
+ * When a collective of the job fails or passes its deadline, every healthy rank saves its
+ * registered state, with no collective, into <directory>/<job_id>/step-<s>/rank-<r>/
+ * (manifest last), where s is the minibatch in progress: its starting state, since the
+ * optimizer runs only after the step's allreduce. The launcher then starts the job's
+ * processes again (`keel run --ckpt jit`, KEEL_ON_FAILURE=restart) and each restores the
+ * newest complete snapshot of its shard from any replica, step i or i+1, and redoes at most
+ * that minibatch. With KEEL_ON_FAILURE=replace (in-process JIT) healthy workers never exit:
+ * the runtime hands the step's state to the replacement from a healthy replica, so nothing
+ * is written. Events (docs/RUNTIME.md): jit_save, jit_restore, resumed. */
+typedef struct keel_ckpt_jit keel_ckpt_jit;
+
+typedef struct keel_ckpt_jit_options {
+  const char *directory; /* NULL: KEEL_CKPT_DIR, which `keel run` sets */
+  /* Hybrid sharding (JIT §3.1): the state is cut in shard_count shards, each held by every
+   * replica group; this rank holds shard_index in group replica. shard_count 0 or 1: plain
+   * data parallelism (shard 0 of 1, replica = the rank). */
+  uint32_t shard_count;
+  uint32_t shard_index;
+  uint32_t replica;
+  uint64_t chunk_bytes; /* 0: KEEL_CKPT_DEFAULT_CHUNK_BYTES */
+} keel_ckpt_jit_options;
+
+/* Turns just-in-time checkpoints on when the launcher asks for them (KEEL_CKPT=jit);
+ * otherwise *jit_p is an engine that does nothing, so a program can always call this. Call
+ * after keel_start, once every state buffer is registered: the engine copies the layout,
+ * adds its failure hook and, in a restarted process (keel_restart_count > 0), restores the
+ * registered state now from the newest complete snapshot of this shard (a failure before
+ * any save leaves the state as it is: the job starts over, with a warning). options may be
+ * NULL. KEEL_EINVAL for a bad KEEL_CKPT or options, KEEL_ECORRUPT when every snapshot was
+ * refused (each reason logged). The caller owns *jit_p and frees it after keel_finalize
+ * (the runtime's hook points at it until then). */
+keel_status keel_ckpt_jit_enable(keel_ctx *ctx, const keel_ckpt_jit_options *options,
+                                 keel_ckpt_jit **jit_p);
+/* true when enable restored the state; *used_p (may be NULL) says from which snapshot. */
+bool keel_ckpt_jit_restored(const keel_ckpt_jit *jit, keel_ckpt_identity *used_p);
+/* Frees the engine; call after keel_finalize. NULL is a no-op. */
+void keel_ckpt_jit_destroy(keel_ckpt_jit *jit);
 
 #ifdef __cplusplus
 }

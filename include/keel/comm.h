@@ -56,18 +56,66 @@ keel_comm *keel_world(keel_ctx *ctx);
 /* true if this process received its state from a survivor in keel_start. */
 bool keel_is_newcomer(const keel_ctx *ctx);
 
+/* Exit code of a worker that leaves because the job restarts (KEEL_ERESTART): the launcher
+ * counts it as a healthy process that saved its state, not as a failure (EX_TEMPFAIL). */
+#define KEEL_EXIT_RESTART 75
+
+/* The registered state, for a checkpoint engine: buffer index (< keel_state_count) in the
+ * order of registration. *name_p stays valid until keel_finalize. KEEL_ERANGE past the end. */
+size_t keel_state_count(const keel_ctx *ctx);
+keel_status keel_state_get(const keel_ctx *ctx, size_t index, const char **name_p, void **data_p,
+                           size_t *bytes_p);
+/* The job's id (KEEL_JOB_ID; 1 for a standalone world of one). */
+uint64_t keel_job_id(const keel_ctx *ctx);
+/* How many times the launcher has restarted the job's processes before this one started
+ * (KEEL_RESTART; 0 in the first incarnation). */
+uint32_t keel_restart_count(const keel_ctx *ctx);
+/* The step keel_step last marked; false when none was marked yet. */
+bool keel_current_step(const keel_ctx *ctx, uint64_t *step_p);
+
+/* What the runtime knows when a collective first fails in an epoch. */
+typedef struct keel_failure {
+  keel_status cause;  /* KEEL_EPROCFAILED, KEEL_EREVOKED or KEEL_ETIMEDOUT */
+  uint64_t step;      /* the step keel_step last marked (the minibatch in progress) */
+  bool step_known;    /* false when keel_step was never called */
+  uint64_t epoch;     /* of the communicator that failed */
+  bool in_process;    /* the runtime recovers inside this process (KEEL_ON_FAILURE shrink or
+                         replace); false: the job restarts its processes (restart), so this
+                         process must save what it needs now and exit */
+  int64_t failed_ns;  /* when the collective returned the error (CLOCK_MONOTONIC) */
+} keel_failure;
+/* Called in the thread of the failing collective, after the communicator is revoked (so
+ * every member learns of the failure at once) and before any recovery, at most once per
+ * epoch. The training thread is inside the collective: registered state is the step's
+ * starting state (the optimizer has not run) and stays still during the hook. A hook must
+ * not call collectives. */
+typedef void (*keel_failure_hook)(void *arg, const keel_failure *failure);
+/* Adds a hook (at most 4; called in the order added). KEEL_ERANGE when full. With
+ * KEEL_ON_FAILURE=restart every collective that fails so returns KEEL_ERESTART once the
+ * hooks have run. */
+keel_status keel_on_failure(keel_ctx *ctx, keel_failure_hook hook, void *arg);
+
+/* Says that the registered state was just put back to the start of step (a restore after
+ * a restart): when the minibatch of that step completes (keel_step of a later step), rank 0
+ * reports a `resumed` event, the end of the recovery as the JIT paper's Table 7 counts it.
+ * The resilient allreduce marks its recoveries the same way by itself. */
+void keel_mark_resume(keel_ctx *ctx, uint64_t step, const char *kind);
+
 /* Marks the start of a training step: fault-injection points (KEEL_FAULT) fire here, and
  * joiners waiting to grow the job are noticed. Cheap (no communication in steady state). */
 keel_status keel_step(keel_ctx *ctx, uint64_t step);
-/* A named fault-injection point inside the user's step ("forward", "optimizer"): fires a
- * KEEL_FAULT rule whose point= names it. */
-void keel_fault_point(keel_ctx *ctx, const char *point);
+/* A named fault-injection point inside the user's step ("forward", "optimizer") or a
+ * checkpoint engine's ("save", "saved"): fires a KEEL_FAULT rule whose point= names it.
+ * Returns true when a `corrupt` rule fired: the caller damages what it has just written
+ * (points that write nothing ignore it). */
+bool keel_fault_point(keel_ctx *ctx, const char *point);
 /* Reports progress to the launcher's status line (rank 0's reports are shown). Never
  * blocks and never fails the caller. */
 void keel_report(keel_ctx *ctx, uint64_t step, double loss, double samples_per_second);
-/* Writes one JSON object (without newline, under 3 KiB) as an event line to the launcher's
- * event log, adding uid, rank, epoch and t_ns. */
-void keel_report_event(keel_ctx *ctx, const char *json_fields);
+/* Writes one event line to the launcher's event log: {"event":event, uid, rank, epoch,
+ * t_ns, json_fields} where json_fields (may be NULL; under 3 KiB) are the object's other
+ * members without braces. event: 1..31 characters of [a-z0-9_]. */
+void keel_report_event(keel_ctx *ctx, const char *event, const char *json_fields);
 
 /* Leaves the job in order: tells peers this is a goodbye, not a failure, drops the lease
  * and frees ctx. NULL is allowed. */
@@ -140,7 +188,11 @@ typedef struct keel_recovery {
  * spares take the failed ranks and receive the state) and redoes the same allreduce with
  * the survivors' contributions (and the newcomers'), until it succeeds, so the step goes
  * on without rollback. send must differ from recv and stay unchanged during the call.
- * Returns KEEL_EEXCLUDED if this process was declared failed. *recovery_p is optional. */
+ * Returns KEEL_EEXCLUDED if this process was declared failed. With KEEL_ON_FAILURE=restart
+ * (user-level JIT checkpoints) it does not recover: it revokes, runs the failure hooks (which
+ * save the state) and returns KEEL_ERESTART; the process should then exit with
+ * KEEL_EXIT_RESTART and the launcher starts the job's processes again. *recovery_p is
+ * optional. */
 keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv, size_t count,
                                      keel_dtype dtype, keel_reduce_op op,
                                      keel_recovery *recovery_p);

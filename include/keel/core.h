@@ -36,7 +36,8 @@ extern "C" {
   X(EEXCLUDED, -18, "this process was excluded from the job")                             \
   X(ENOTSUP, -19, "not supported")                                                        \
   X(ECANCELED, -20, "canceled")                                                           \
-  X(EJOBDONE, -21, "the job finished")
+  X(EJOBDONE, -21, "the job finished")                                                     \
+  X(ERESTART, -22, "the job restarts its processes: save done, exit with KEEL_EXIT_RESTART")
 
 typedef enum keel_status {
 #define KEEL_STATUS_ENUM(name, value, text) KEEL_##name = (value),

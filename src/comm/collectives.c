@@ -273,7 +273,7 @@ static keel_status allreduce_direct(keel_comm *comm, const void *send, void *rec
   return KEEL_OK;
 }
 
-keel_status keel_comm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
+static keel_status allreduce_run(keel_comm *comm, const void *send, void *recv, size_t count,
                                 keel_dtype dtype, keel_reduce_op op) {
   keel_status status = check_operation(comm);
   if (status != KEEL_OK) return status;
@@ -297,7 +297,7 @@ keel_status keel_comm_allreduce(keel_comm *comm, const void *send, void *recv, s
   return ring_execute(&plan);
 }
 
-keel_status keel_comm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
+static keel_status reduce_scatter_run(keel_comm *comm, const void *send, void *recv,
                                      size_t count_per_rank, keel_dtype dtype, keel_reduce_op op) {
   keel_status status = check_operation(comm);
   if (status != KEEL_OK) return status;
@@ -322,7 +322,7 @@ keel_status keel_comm_reduce_scatter(keel_comm *comm, const void *send, void *re
   return status;
 }
 
-keel_status keel_comm_allgather(keel_comm *comm, const void *send, void *recv,
+static keel_status allgather_run(keel_comm *comm, const void *send, void *recv,
                                 size_t bytes_per_rank) {
   keel_status status = check_operation(comm);
   if (status != KEEL_OK) return status;
@@ -339,7 +339,7 @@ keel_status keel_comm_allgather(keel_comm *comm, const void *send, void *recv,
 
 /* ---- broadcast: the root sends the buffer, in segments, to every other rank. */
 
-keel_status keel_comm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root) {
+static keel_status broadcast_run(keel_comm *comm, void *buffer, size_t bytes, int root) {
   keel_status status = check_operation(comm);
   if (status != KEEL_OK) return status;
   if (root < 0 || root >= comm->size) return KEEL_EINVAL;
@@ -377,6 +377,28 @@ keel_status keel_comm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int
   }
   if (status == KEEL_OK) keel__slots_reset(ctx);
   return status;
+}
+
+/* The public operations: each runs, then tells the runtime when it failed (failure hooks,
+ * and the revoke that spreads the news). */
+keel_status keel_comm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
+                                keel_dtype dtype, keel_reduce_op op) {
+  return keel__operation_end(comm, allreduce_run(comm, send, recv, count, dtype, op));
+}
+
+keel_status keel_comm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
+                                     size_t count_per_rank, keel_dtype dtype, keel_reduce_op op) {
+  return keel__operation_end(comm,
+                             reduce_scatter_run(comm, send, recv, count_per_rank, dtype, op));
+}
+
+keel_status keel_comm_allgather(keel_comm *comm, const void *send, void *recv,
+                                size_t bytes_per_rank) {
+  return keel__operation_end(comm, allgather_run(comm, send, recv, bytes_per_rank));
+}
+
+keel_status keel_comm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root) {
+  return keel__operation_end(comm, broadcast_run(comm, buffer, bytes, root));
 }
 
 keel_status keel_comm_barrier(keel_comm *comm) {

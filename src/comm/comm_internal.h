@@ -27,7 +27,13 @@
 #define KEEL__STATE_META_INDEX 0xffffu
 
 typedef enum keel__role { KEEL__ROLE_WORKER, KEEL__ROLE_SPARE, KEEL__ROLE_JOINER } keel__role;
-typedef enum keel__policy { KEEL__POLICY_SHRINK, KEEL__POLICY_REPLACE } keel__policy;
+typedef enum keel__policy {
+  KEEL__POLICY_SHRINK,
+  KEEL__POLICY_REPLACE,
+  KEEL__POLICY_RESTART, /* no recovery in process: save (failure hooks) and exit */
+} keel__policy;
+
+#define KEEL__MAX_FAILURE_HOOKS 4
 
 /* A frame waiting its turn on a link; payload stays the sender's unless owned. */
 typedef struct keel__send_item {
@@ -97,6 +103,7 @@ typedef enum keel__fault_action {
   KEEL__FAULT_STOP,
   KEEL__FAULT_DELAY,
   KEEL__FAULT_EXIT,
+  KEEL__FAULT_CORRUPT, /* the point's caller damages what it just wrote */
 } keel__fault_action;
 
 typedef struct keel__fault_rule {
@@ -165,6 +172,21 @@ struct keel_ctx {
 
   uint8_t *scratch;
   size_t scratch_bytes;
+
+  /* This incarnation of the job (the launcher restarts every process under
+   * KEEL__POLICY_RESTART): how many came before, and the uid and epoch it starts with. */
+  uint32_t restart_count;
+  uint32_t first_uid;
+  uint64_t first_epoch;
+  keel_failure_hook failure_hooks[KEEL__MAX_FAILURE_HOOKS];
+  void *failure_hook_args[KEEL__MAX_FAILURE_HOOKS];
+  int failure_hook_count;
+  bool failure_hooks_ran;        /* in failure_hooks_epoch */
+  uint64_t failure_hooks_epoch;
+  /* keel_mark_resume: rank 0 reports `resumed` when a step past resume_step begins. */
+  bool resume_pending;
+  uint64_t resume_step;
+  char resume_kind[16];
 
   keel__fault_rule faults[KEEL__MAX_FAULT_RULES];
   int fault_count;
@@ -274,9 +296,18 @@ void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t ep
 keel_status keel__apply_decision(keel_ctx *ctx, const keel__decision *decision,
                                  bool *received_state_p, int64_t *transfer_ns_p);
 
+/* Ends a public operation on comm: a failure of the current world (a member failed, the
+ * epoch was revoked, the deadline passed) revokes it and runs the failure hooks, once per
+ * epoch, when there are hooks or the job restarts on failure. Returns status, or
+ * KEEL_ERESTART for such a failure when the job restarts on failure. */
+keel_status keel__operation_end(keel_comm *comm, keel_status status);
+/* Whether status is a failure of the communicator that recovery handles. */
+bool keel__recoverable(keel_status status);
+
 /* ---- fault.c */
 keel_status keel__faults_parse(keel_ctx *ctx, const char *text);
-void keel__fault_check(keel_ctx *ctx, const char *point, int64_t counter);
+/* Fires the rules due at point; true when one was a `corrupt` rule. */
+bool keel__fault_check(keel_ctx *ctx, const char *point, int64_t counter);
 
 /* ---- report.c */
 void keel__report_line(keel_ctx *ctx, const char *event, const char *fields);

@@ -96,12 +96,30 @@ static keel_status read_role(keel_ctx *ctx) {
   const char *policy = getenv("KEEL_ON_FAILURE");
   if (policy == NULL || strcmp(policy, "shrink") == 0) ctx->policy = KEEL__POLICY_SHRINK;
   else if (strcmp(policy, "replace") == 0) ctx->policy = KEEL__POLICY_REPLACE;
+  else if (strcmp(policy, "restart") == 0) ctx->policy = KEEL__POLICY_RESTART;
   else {
-    KEEL_LOG_E(MODULE, "KEEL_ON_FAILURE=%s: expected shrink or replace", policy);
+    KEEL_LOG_E(MODULE, "KEEL_ON_FAILURE=%s: expected shrink, replace or restart", policy);
     return KEEL_EINVAL;
   }
   const char *domain = getenv("KEEL_FAILURE_DOMAIN");
   ctx->node_domain = domain != NULL && strcmp(domain, "node") == 0;
+  return KEEL_OK;
+}
+
+/* A job that restarts its processes (KEEL_ON_FAILURE=restart) gives every incarnation
+ * fresh uids and epochs, so that nothing in the store of an earlier one is mistaken for
+ * this one's: ranks are uid - KEEL_FIRST_UID, the first epoch is KEEL_FIRST_EPOCH. */
+static keel_status read_incarnation(keel_ctx *ctx) {
+  int64_t restart = 0, first_uid = 0, first_epoch = 0;
+  if (keel_env_int("KEEL_RESTART", 0, UINT32_MAX, &restart) != KEEL_OK ||
+      keel_env_int("KEEL_FIRST_UID", 0, KEEL__MAX_UIDS - 1, &first_uid) != KEEL_OK ||
+      keel_env_int("KEEL_FIRST_EPOCH", 0, INT64_MAX / 2, &first_epoch) != KEEL_OK) {
+    KEEL_LOG_E(MODULE, "KEEL_RESTART, KEEL_FIRST_UID or KEEL_FIRST_EPOCH is out of range");
+    return KEEL_EINVAL;
+  }
+  ctx->restart_count = (uint32_t)restart;
+  ctx->first_uid = (uint32_t)first_uid;
+  ctx->first_epoch = (uint64_t)first_epoch;
   return KEEL_OK;
 }
 
@@ -136,7 +154,7 @@ static keel_status read_environment(keel_ctx *ctx) {
   if (keel_env_duration_ns("KEEL_HEARTBEAT", &ctx->heartbeat_ns) != KEEL_OK) return KEEL_EINVAL;
   if (keel_env_duration_ns("KEEL_REPLACE_WAIT", &ctx->replace_wait_ns) != KEEL_OK)
     return KEEL_EINVAL;
-  return read_role(ctx);
+  return read_incarnation(ctx) == KEEL_OK ? read_role(ctx) : KEEL_EINVAL;
 }
 
 /* ---- background threads */
@@ -357,11 +375,19 @@ static keel_status join_job(keel_ctx *ctx) {
   if ((status = start_threads(ctx))) return status;
 
   bool worker = ctx->role == KEEL__ROLE_WORKER;
-  if ((status = keel__publish_proc(ctx, worker ? (int)ctx->uid : -1, 0))) return status;
+  if (worker && (ctx->uid < ctx->first_uid || ctx->uid - ctx->first_uid >= (uint32_t)ctx->initial_world)) {
+    KEEL_LOG_E(MODULE, "uid %" PRIu32 " is not a worker of the world KEEL_FIRST_UID=%" PRIu32
+               " KEEL_WORLD=%d", ctx->uid, ctx->first_uid, ctx->initial_world);
+    return KEEL_EINVAL;
+  }
+  int rank = worker ? (int)(ctx->uid - ctx->first_uid) : -1;
+  if ((status = keel__publish_proc(ctx, rank, ctx->first_epoch))) return status;
   if (!worker) return KEEL_OK;
   uint32_t uids[1024];
-  for (int rank = 0; rank < ctx->initial_world; rank++) uids[rank] = (uint32_t)rank;
-  if (keel__comm_create(ctx, 0, uids, ctx->initial_world) == NULL) return KEEL_ENOMEM;
+  for (int member = 0; member < ctx->initial_world; member++)
+    uids[member] = ctx->first_uid + (uint32_t)member;
+  if (keel__comm_create(ctx, ctx->first_epoch, uids, ctx->initial_world) == NULL)
+    return KEEL_ENOMEM;
   return keel__ensure_links(ctx, uids, ctx->initial_world, deadline);
 }
 
@@ -453,6 +479,35 @@ keel_status keel_start(keel_ctx *ctx) {
     keel__contribution mine = {.flags = 1, .rebuild = true, .has_state = false};
     status = keel__agree(ctx->world, &mine, &decision);
   }
+}
+
+size_t keel_state_count(const keel_ctx *ctx) { return (size_t)ctx->state_count; }
+
+keel_status keel_state_get(const keel_ctx *ctx, size_t index, const char **name_p, void **data_p,
+                           size_t *bytes_p) {
+  if (index >= (size_t)ctx->state_count) return KEEL_ERANGE;
+  const keel__state_buffer *buffer = &ctx->state[index];
+  if (name_p) *name_p = buffer->name;
+  if (data_p) *data_p = buffer->data;
+  if (bytes_p) *bytes_p = buffer->bytes;
+  return KEEL_OK;
+}
+
+uint64_t keel_job_id(const keel_ctx *ctx) { return ctx->standalone ? 1 : ctx->auth.job_id; }
+uint32_t keel_restart_count(const keel_ctx *ctx) { return ctx->restart_count; }
+
+bool keel_current_step(const keel_ctx *ctx, uint64_t *step_p) {
+  if (ctx->step_known && step_p) *step_p = ctx->current_step;
+  return ctx->step_known;
+}
+
+keel_status keel_on_failure(keel_ctx *ctx, keel_failure_hook hook, void *arg) {
+  if (hook == NULL) return KEEL_EINVAL;
+  if (ctx->failure_hook_count == KEEL__MAX_FAILURE_HOOKS) return KEEL_ERANGE;
+  ctx->failure_hooks[ctx->failure_hook_count] = hook;
+  ctx->failure_hook_args[ctx->failure_hook_count] = arg;
+  ctx->failure_hook_count++;
+  return KEEL_OK;
 }
 
 keel_comm *keel_world(keel_ctx *ctx) { return ctx->world; }

@@ -18,7 +18,8 @@ static keel_status parse_action(const char *text, size_t length, keel__fault_act
     const char *name;
     keel__fault_action action;
   } actions[] = {{"kill", KEEL__FAULT_KILL}, {"stop", KEEL__FAULT_STOP},
-                 {"delay", KEEL__FAULT_DELAY}, {"exit", KEEL__FAULT_EXIT}};
+                 {"delay", KEEL__FAULT_DELAY}, {"exit", KEEL__FAULT_EXIT},
+                 {"corrupt", KEEL__FAULT_CORRUPT}};
   for (size_t i = 0; i < sizeof actions / sizeof actions[0]; i++) {
     if (strlen(actions[i].name) == length && strncmp(text, actions[i].name, length) == 0) {
       *action_p = actions[i].action;
@@ -92,8 +93,9 @@ static bool rule_applies(const keel_ctx *ctx, const keel__fault_rule *rule, cons
   return strcmp(point, "allreduce") != 0 || counter >= rule->after;
 }
 
-static void fire(keel_ctx *ctx, keel__fault_rule *rule, const char *point) {
-  static const char *const names[] = {"kill", "stop", "delay", "exit"};
+/* Returns true for a `corrupt` rule, which the point's caller carries out. */
+static bool fire(keel_ctx *ctx, keel__fault_rule *rule, const char *point) {
+  static const char *const names[] = {"kill", "stop", "delay", "exit", "corrupt"};
   rule->fired = true;
   char fields[160];
   snprintf(fields, sizeof fields, "\"action\":\"%s\",\"point\":\"%s\",\"step\":%" PRIu64,
@@ -116,13 +118,21 @@ static void fire(keel_ctx *ctx, keel__fault_rule *rule, const char *point) {
     }
     case KEEL__FAULT_EXIT:
       _exit((int)rule->code);
+    case KEEL__FAULT_CORRUPT:
+      return true;
   }
+  return false;
 }
 
-void keel__fault_check(keel_ctx *ctx, const char *point, int64_t counter) {
+bool keel__fault_check(keel_ctx *ctx, const char *point, int64_t counter) {
+  bool corrupt = false;
   for (int i = 0; i < ctx->fault_count; i++) {
-    if (rule_applies(ctx, &ctx->faults[i], point, counter)) fire(ctx, &ctx->faults[i], point);
+    if (rule_applies(ctx, &ctx->faults[i], point, counter))
+      corrupt = fire(ctx, &ctx->faults[i], point) || corrupt;
   }
+  return corrupt;
 }
 
-void keel_fault_point(keel_ctx *ctx, const char *point) { keel__fault_check(ctx, point, 0); }
+bool keel_fault_point(keel_ctx *ctx, const char *point) {
+  return keel__fault_check(ctx, point, 0);
+}

@@ -181,8 +181,26 @@ keel_status keel_comm_grow(keel_comm *comm, keel_comm **new_p) {
 
 /* ---- the resilient allreduce */
 
-static bool recoverable(keel_status status) {
+bool keel__recoverable(keel_status status) {
   return status == KEEL_EPROCFAILED || status == KEEL_EREVOKED || status == KEEL_ETIMEDOUT;
+}
+
+keel_status keel__operation_end(keel_comm *comm, keel_status status) {
+  if (!keel__recoverable(status) || comm == NULL) return status;
+  keel_ctx *ctx = comm->ctx;
+  bool restart = ctx->policy == KEEL__POLICY_RESTART;
+  keel_status outcome = restart ? KEEL_ERESTART : status;
+  if (comm != ctx->world || (ctx->failure_hook_count == 0 && !restart)) return outcome;
+  if (ctx->failure_hooks_ran && ctx->failure_hooks_epoch == comm->epoch) return outcome;
+  ctx->failure_hooks_ran = true;
+  ctx->failure_hooks_epoch = comm->epoch;
+  keel_failure failure = {.cause = status, .step = ctx->current_step,
+                          .step_known = ctx->step_known, .epoch = comm->epoch,
+                          .in_process = !restart, .failed_ns = keel_now_ns()};
+  keel_comm_revoke(comm);
+  for (int i = 0; i < ctx->failure_hook_count; i++)
+    ctx->failure_hooks[i](ctx->failure_hook_args[i], &failure);
+  return outcome;
 }
 
 /* One line per recovery, from one survivor: the state's sender when there was one (rank 0
@@ -209,10 +227,11 @@ static void report_recovery(keel_ctx *ctx, const keel_recovery *recovery, const 
   int used = snprintf(fields, sizeof fields,
                       "\"old_epoch\":%" PRIu64 ",\"new_epoch\":%" PRIu64
                       ",\"old_world\":%d,\"new_world\":%d,\"policy\":\"%s\",\"replaced\":%d,"
-                      "\"restart_step\":%s,\"failed\":[",
+                      "\"restart_step\":%s,\"redo_minibatches\":%d,\"failed\":[",
                       recovery->old_epoch, recovery->new_epoch, recovery->old_size,
                       recovery->new_size, ctx->policy == KEEL__POLICY_REPLACE ? "replace" : "shrink",
-                      recovery->replaced_count, recovery->restart_step ? "true" : "false");
+                      recovery->replaced_count, recovery->restart_step ? "true" : "false",
+                      decision->receiver_count > 0 || decision->grew ? 1 : 0);
   for (int i = 0; i < failed->count && used < (int)sizeof fields - 32; i++)
     used += snprintf(fields + used, sizeof fields - (size_t)used, i ? ",%" PRIu32 : "%" PRIu32,
                      failed->uids[i]);
@@ -265,17 +284,22 @@ keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv
   }
   int64_t detected = keel_now_ns();
   recovery.detect_ns = detected - started;
+  /* User-level JIT: the failure hooks have saved the state; the processes start again. */
+  if (status == KEEL_ERESTART) {
+    if (recovery_p) *recovery_p = recovery;
+    return KEEL_ERESTART;
+  }
   recovery.old_epoch = ctx->world->epoch;
   recovery.old_size = ctx->world->size;
   keel__decision decision;
   failed_set failed = {.count = 0};
-  while (recoverable(status)) {
+  while (keel__recoverable(status)) {
     KEEL_LOG_I(MODULE, "allreduce failed in epoch %" PRIu64 " (%s): recovering",
                ctx->world->epoch, keel_strerror(status));
     bool received = false;
     status = recover_once(ctx, &recovery, &decision, &received);
     if (status == KEEL_OK) failed_set_add(&failed, &decision);
-    if (status == KEEL_EEXCLUDED || (status != KEEL_OK && !recoverable(status))) break;
+    if (status == KEEL_EEXCLUDED || (status != KEEL_OK && !keel__recoverable(status))) break;
     if (status != KEEL_OK) continue;
     recovery.recovered = true;
     recovery.new_epoch = ctx->world->epoch;
@@ -291,7 +315,10 @@ keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv
     recovery.redo_ns += keel_now_ns() - mark;
     if (status == KEEL_OK) ctx->resilient_seq++;
   }
-  if (status == KEEL_OK) report_recovery(ctx, &recovery, &decision, &failed, detected);
+  if (status == KEEL_OK) {
+    report_recovery(ctx, &recovery, &decision, &failed, detected);
+    if (ctx->step_known) keel_mark_resume(ctx, ctx->current_step, "in-process");
+  }
   if (recovery_p) *recovery_p = recovery;
   return status;
 }

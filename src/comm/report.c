@@ -33,9 +33,37 @@ void keel_report(keel_ctx *ctx, uint64_t step, double loss, double samples_per_s
   keel__report_line(ctx, "progress", fields);
 }
 
-void keel_report_event(keel_ctx *ctx, const char *json_fields) {
-  if (json_fields == NULL || strlen(json_fields) > 3072) return;
-  keel__report_line(ctx, "user", json_fields);
+static bool event_name_valid(const char *event) {
+  size_t length = strlen(event);
+  if (length == 0 || length > 31) return false;
+  for (size_t i = 0; i < length; i++) {
+    char c = event[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+void keel_report_event(keel_ctx *ctx, const char *event, const char *json_fields) {
+  if (event == NULL || !event_name_valid(event)) return;
+  if (json_fields != NULL && strlen(json_fields) > 3072) return;
+  keel__report_line(ctx, event, json_fields);
+}
+
+void keel_mark_resume(keel_ctx *ctx, uint64_t step, const char *kind) {
+  ctx->resume_pending = true;
+  ctx->resume_step = step;
+  snprintf(ctx->resume_kind, sizeof ctx->resume_kind, "%s", kind ? kind : "");
+}
+
+/* The minibatch a recovery resumed at has completed once a later step begins. */
+static void report_resumed(keel_ctx *ctx, uint64_t step) {
+  if (!ctx->resume_pending || step <= ctx->resume_step) return;
+  ctx->resume_pending = false;
+  if (ctx->world == NULL || ctx->world->rank != 0) return;
+  char fields[96];
+  snprintf(fields, sizeof fields, "\"step\":%" PRIu64 ",\"kind\":\"%s\"", ctx->resume_step,
+           ctx->resume_kind);
+  keel__report_line(ctx, "resumed", fields);
 }
 
 /* Joiners are looked for at most this often: one store round trip, far from every step. */
@@ -59,6 +87,7 @@ static void look_for_joiners(keel_ctx *ctx) {
 }
 
 keel_status keel_step(keel_ctx *ctx, uint64_t step) {
+  report_resumed(ctx, step);
   ctx->current_step = step;
   ctx->step_known = true;
   keel__fault_check(ctx, "step", 0);

@@ -5,6 +5,7 @@
  * behind. Every run is bounded by a timeout of a few seconds. */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -339,8 +340,9 @@ static void test_timeout_kills_the_job(void **state) {
   events_finish(&log);
 }
 
-/* A usage error is one line on stderr and exit code 2, before anything starts. */
-static void expect_usage_error(const char *const *args) {
+/* A usage error is one line on stderr and exit code 2, before anything starts; the line
+ * holds words when they are not NULL. */
+static void expect_usage_message(const char *const *args, const char *words) {
   keel_test_job files;
   assert_true(keel_test_job_prepare(&files, "keel-launcher"));
   int code = keel_test_keel(args, files.output, 3000);
@@ -351,8 +353,11 @@ static void expect_usage_error(const char *const *args) {
   assert_true(length > 0);
   assert_non_null(strstr(text, "keel"));
   assert_ptr_equal(strchr(text, '\n'), text + length - 1);
+  if (words != NULL && strstr(text, words) == NULL) fail_msg("'%s' lacks '%s'", text, words);
   free(text);
 }
+
+static void expect_usage_error(const char *const *args) { expect_usage_message(args, NULL); }
 
 static void test_bad_flags(void **state) {
   (void)state;
@@ -384,6 +389,186 @@ static void test_help_and_missing_program(void **state) {
   assert_int_equal(
       keel_test_keel(LIST("run", "--quiet", "--", "/nonexistent/keel-program"), "/dev/null", 3000),
       127);
+}
+
+/* ---- --on-failure restart (RUNTIME.md, "Restarting the job"); fake_worker's --restart-job
+ * plays the workers' side: world rank R SIGKILLs itself in incarnation 0, the others save a
+ * marker into KEEL_CKPT_DIR and exit 75, and restarted ones report what they were told in
+ * an "incarnation" status line. */
+#define RESTART_FLAGS "--ckpt", "jit", "--heartbeat", "1s", "--collective-timeout", "1s"
+#define CKPT_DIR_BYTES 300
+
+/* Runs a restart job to its end like launch_expect, with flags, RESTART_FLAGS and a
+ * --ckpt-dir that does not exist yet (the launcher makes it), whose path goes to ckpt_dir
+ * (CKPT_DIR_BYTES). */
+static void launch_restart(keel_test_job *run, const char *const *flags,
+                           const char *const *worker_args, int expected, keel_test_events *log,
+                           char *ckpt_dir) {
+  const char *folder = keel_test_tempdir("keel-ckpt");
+  assert_non_null(folder);
+  snprintf(ckpt_dir, CKPT_DIR_BYTES, "%s/ckpt", folder);
+  const char *const restart_flags[] = {RESTART_FLAGS, "--ckpt-dir", ckpt_dir, NULL};
+  const char *all[32];
+  size_t used = 0;
+  for (size_t i = 0; flags[i] != NULL && used < 20; i++) all[used++] = flags[i];
+  for (size_t i = 0; restart_flags[i] != NULL; i++) all[used++] = restart_flags[i];
+  all[used] = NULL;
+  launch_expect(run, all, worker_args, expected, log);
+}
+
+static bool ckpt_marker_exists(const char *ckpt_dir, long rank) {
+  char path[CKPT_DIR_BYTES + 32];
+  snprintf(path, sizeof path, "%s/saved-rank%ld", ckpt_dir, rank);
+  return access(path, F_OK) == 0;
+}
+
+/* Every worker of the incarnation that starts at first_uid reported the environment of
+ * restart `restart` (world rank, node, first uid and epoch, KEEL_CKPT) and exited 0. */
+static void expect_incarnation(const keel_test_events *log, long restart, long first_uid,
+                               long first_epoch, long world, long per_node) {
+  for (long uid = first_uid; uid < first_uid + world; uid++) {
+    const char *line = keel_test_events_find(log, "incarnation", uid);
+    if (line == NULL) fail_msg("no incarnation line of uid %ld", uid);
+    assert_int_equal(keel_test_event_long(line, "restart"), restart);
+    assert_int_equal(keel_test_event_long(line, "first_uid"), first_uid);
+    assert_int_equal(keel_test_event_long(line, "first_epoch"), first_epoch);
+    assert_int_equal(keel_test_event_long(line, "rank"), uid - first_uid);
+    assert_int_equal(keel_test_event_long(line, "node"), (uid - first_uid) / per_node);
+    assert_true(field_is(line, "ckpt", "jit"));
+    assert_true(field_is(keel_test_events_find(log, "exit", uid), "status", "0"));
+  }
+}
+
+/* The one restart_begin and the restart event that followed it (NULL: none). */
+static const char *expect_one_round(const keel_test_events *log, long failed_uid,
+                                    const char **restart_p) {
+  assert_int_equal(keel_test_events_count(log, "restart_begin"), 1);
+  const char *begin = keel_test_events_find(log, "restart_begin", -1);
+  assert_int_equal(keel_test_event_long(begin, "restart"), 1);
+  assert_int_equal(keel_test_event_long(begin, "failed_uid"), failed_uid);
+  *restart_p = keel_test_events_find(log, "restart", -1);
+  assert_true(keel_test_events_count(log, "restart") <= 1);
+  return begin;
+}
+
+/* Rank 1 of 4 (2 nodes of 2) is killed; ranks 0, 2 and 3 save and exit 75; the launcher
+ * starts uids 4..7 as restart 1 in epoch 1, and their exits are the verdict. */
+static void test_restart_once(void **state) {
+  (void)state;
+  keel_test_job run;
+  keel_test_events log;
+  char ckpt_dir[CKPT_DIR_BYTES], absolute[PATH_MAX];
+  launch_restart(&run, LIST("-n", "4", "--nproc-per-node", "2"), LIST("--restart-job", "1", "300"),
+                 0, &log, ckpt_dir);
+  const char *start = log.lines[0];
+  assert_true(field_is(start, "on_failure", "restart"));
+  assert_true(field_is(start, "ckpt", "jit"));
+  assert_non_null(realpath(ckpt_dir, absolute));
+  assert_true(field_is(start, "ckpt_dir", absolute));
+  const char *restart = NULL, *begin = expect_one_round(&log, 1, &restart);
+  assert_true(field_is(begin, "reason", "SIGKILL"));
+  assert_non_null(restart);
+  assert_int_equal(keel_test_event_long(restart, "restart"), 1);
+  assert_int_equal(keel_test_event_long(restart, "first_uid"), 4);
+  assert_int_equal(keel_test_event_long(restart, "first_epoch"), 1);
+  assert_int_equal(keel_test_event_long(restart, "world"), 4);
+  assert_true(keel_test_event_long(restart, "down_ms") >= 0);
+  assert_true(keel_test_event_long(restart, "t_ns") >= keel_test_event_long(begin, "t_ns"));
+  assert_int_equal(keel_test_events_count(&log, "spawn"), 8);
+  assert_int_equal(keel_test_events_count(&log, "fence"), 0);
+  for (long uid = 0; uid < 4; uid++) {
+    assert_true(
+        field_is(keel_test_events_find(&log, "exit", uid), "status", uid == 1 ? "SIGKILL" : "75"));
+    assert_true(ckpt_marker_exists(ckpt_dir, uid) == (uid != 1));
+    /* The restarted worker of the same rank finds that save in the same folder. */
+    const char *restored =
+        keel_test_event_field(keel_test_events_find(&log, "incarnation", uid + 4), "restored");
+    assert_non_null(restored);
+    assert_int_equal(strncmp(restored, "true", 4) == 0, uid != 1);
+  }
+  expect_incarnation(&log, 1, 4, 1, 4, 2);
+  assert_int_equal(keel_test_event_long(last_line(&log), "code"), 0);
+  events_finish(&log);
+}
+
+/* With no restart left, the round ends the job with the failed worker's code. */
+static void test_restart_limit_reached(void **state) {
+  (void)state;
+  keel_test_job run;
+  keel_test_events log;
+  char ckpt_dir[CKPT_DIR_BYTES];
+  launch_restart(&run, LIST("-n", "3", "--max-restarts", "0"), LIST("--restart-job", "2", "200"),
+                 128 + SIGKILL, &log, ckpt_dir);
+  const char *restart = NULL;
+  expect_one_round(&log, 2, &restart);
+  assert_null(restart);
+  assert_int_equal(keel_test_events_count(&log, "spawn"), 3);
+  assert_true(field_is(keel_test_events_find(&log, "exit", 0), "status", "75"));
+  assert_int_equal(keel_test_event_long(last_line(&log), "code"), 128 + SIGKILL);
+  char *output = keel_test_read_file(run.output, NULL);
+  assert_non_null(output);
+  assert_non_null(strstr(output, "--max-restarts 0 reached"));
+  free(output);
+  events_finish(&log);
+}
+
+/* A worker that neither saves nor leaves is fenced at the round's deadline: the collective
+ * timeout (1 s) plus KEEL_RESTART_GRACE (shortened to 1 s), and the job restarts. */
+static void test_restart_deadline_fences(void **state) {
+  (void)state;
+  keel_test_job run;
+  keel_test_events log;
+  char ckpt_dir[CKPT_DIR_BYTES];
+  setenv("KEEL_RESTART_GRACE", "1s", 1);
+  launch_restart(&run, LIST("-n", "2", "--max-restarts", "1"),
+                 LIST("--only", "1", "--sleep", "60000", "--restart-job", "0", "300"), 0, &log,
+                 ckpt_dir);
+  unsetenv("KEEL_RESTART_GRACE");
+  const char *restart = NULL, *begin = expect_one_round(&log, 0, &restart);
+  const char *fence = keel_test_events_find(&log, "fence", 1);
+  assert_non_null(fence);
+  assert_non_null(strstr(fence, "restart: did not exit in time"));
+  long long waited_ms =
+      (keel_test_event_long(fence, "t_ns") - keel_test_event_long(begin, "t_ns")) / 1000000;
+  assert_in_range(waited_ms, 1900, 4000);
+  assert_true(field_is(keel_test_events_find(&log, "exit", 1), "status", "SIGKILL"));
+  assert_non_null(restart);
+  assert_int_equal(keel_test_event_long(restart, "first_uid"), 2);
+  expect_incarnation(&log, 1, 2, 1, 2, 2);
+  events_finish(&log);
+}
+
+/* With --failure-domain node, the failed worker's node is fenced and one round restarts. */
+static void test_restart_node_domain(void **state) {
+  (void)state;
+  keel_test_job run;
+  keel_test_events log;
+  char ckpt_dir[CKPT_DIR_BYTES];
+  launch_restart(&run, LIST("--nnodes", "2", "--nproc-per-node", "2", "--failure-domain", "node"),
+                 LIST("--restart-job", "1", "300"), 0, &log, ckpt_dir);
+  const char *node_fence = keel_test_events_find(&log, "fence", 0);
+  assert_non_null(node_fence);
+  assert_non_null(strstr(node_fence, "node 0"));
+  const char *restart = NULL;
+  expect_one_round(&log, 1, &restart);
+  assert_non_null(restart);
+  expect_incarnation(&log, 1, 4, 1, 4, 2);
+  events_finish(&log);
+}
+
+static void test_restart_flag_errors(void **state) {
+  (void)state;
+  expect_usage_message(LIST("run", "--on-failure", "restart", "--", "true"),
+                       "--on-failure restart needs checkpoints: add --ckpt jit");
+  expect_usage_message(LIST("run", "--ckpt", "jit", "--on-failure", "shrink", "--", "true"),
+                       "shrink");
+  expect_usage_message(LIST("run", "--ckpt", "mem", "--", "true"), "--ckpt must be jit");
+  expect_usage_message(LIST("run", "--ckpt", "jit", "--spares", "1", "--", "true"), "--spares");
+  expect_usage_message(LIST("run", "-n", "2", "--ckpt", "jit", "--max-world", "3", "--", "true"),
+                       "--max-world");
+  expect_usage_message(LIST("run", "--ckpt-dir", "/tmp", "--", "true"), "--ckpt-dir");
+  expect_usage_error(LIST("run", "--ckpt", "--", "true"));
+  expect_usage_error(LIST("run", "--ckpt", "jit", "--ckpt-dir", "", "--", "true"));
 }
 
 /* What a test waits for: event `name` about each uid from first to last. */
@@ -506,6 +691,11 @@ int main(void) {
       cmocka_unit_test(test_inject_kill),
       cmocka_unit_test(test_stopped_process_is_fenced),
       cmocka_unit_test(test_sigint_stops_the_job),
+      cmocka_unit_test(test_restart_once),
+      cmocka_unit_test(test_restart_limit_reached),
+      cmocka_unit_test(test_restart_deadline_fences),
+      cmocka_unit_test(test_restart_node_domain),
+      cmocka_unit_test(test_restart_flag_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,12 @@
  * that state, so a replacement that got the wrong state, or a redo with the wrong
  * contributions, changes the final checksum. Every process that finishes prints
  *   toy-final rank=R uid=U step=N world=W crc=XXXXXXXX
- * Flags: --steps N --params P --global-batch B --compute-ms M --seed S */
+ * Flags: --steps N --params P --global-batch B --compute-ms M --seed S --shards K
+ * With --shards K (hybrid sharding, JIT §3.1; for `keel run --ckpt jit`, whose restart is
+ * the only recovery of the step's allgather) rank r holds shard r % K of the parameters and
+ * momentum, replicated by every group of K ranks: each step allgathers the shards, reduces
+ * the whole gradient and updates its own shard. The arithmetic is the unsharded run's, so
+ * its crc is the same. Under `keel run --ckpt jit` the state is saved just in time. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,20 +16,22 @@
 #include <string.h>
 #include <time.h>
 
-#include "keel/comm.h"
+#include "keel/ckpt.h"
 
 typedef struct options {
-  int64_t steps, params, global_batch, compute_ms;
+  int64_t steps, params, global_batch, compute_ms, shards;
   uint64_t seed;
 } options;
 
 static int parse_options(int argc, char **argv, options *opts) {
-  *opts = (options){.steps = 40, .params = 4096, .global_batch = 64, .compute_ms = 2, .seed = 7};
+  *opts = (options){
+      .steps = 40, .params = 4096, .global_batch = 64, .compute_ms = 2, .shards = 1, .seed = 7};
   static const struct option long_options[] = {{"steps", required_argument, 0, 's'},
                                                {"params", required_argument, 0, 'p'},
                                                {"global-batch", required_argument, 0, 'b'},
                                                {"compute-ms", required_argument, 0, 'c'},
                                                {"seed", required_argument, 0, 'e'},
+                                               {"shards", required_argument, 0, 'k'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
@@ -38,6 +45,11 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'b') opts->global_batch = value;
     if (option == 'c') opts->compute_ms = value;
     if (option == 'e') opts->seed = (uint64_t)value;
+    if (option == 'k') opts->shards = value;
+  }
+  if (opts->shards < 1 || opts->params % opts->shards != 0) {
+    fprintf(stderr, "toy_train: --shards must divide --params\n");
+    return -1;
   }
   return 0;
 }
@@ -70,58 +82,137 @@ static void compute_gradient(const options *opts, const float *params, uint64_t 
   }
 }
 
+/* The run's memory: the whole parameter vector (assembled every step when sharded), this
+ * rank's shard of parameters and momentum (the registered state), the reduction buffers. */
+typedef struct toy_state {
+  size_t n, shard_n;
+  float *params, *shard_params, *momentum, *send, *recv, *gathered;
+  uint64_t step;
+} toy_state;
+
+static bool toy_allocate(toy_state *toy, const options *opts) {
+  toy->n = (size_t)opts->params;
+  toy->shard_n = toy->n / (size_t)opts->shards;
+  toy->params = calloc(toy->n, sizeof(float));
+  toy->shard_params = calloc(toy->shard_n, sizeof(float));
+  toy->momentum = calloc(toy->shard_n, sizeof(float));
+  toy->send = calloc(toy->n + 1, sizeof(float));
+  toy->recv = calloc(toy->n + 1, sizeof(float));
+  return toy->params && toy->shard_params && toy->momentum && toy->send && toy->recv;
+}
+
+static void toy_release(toy_state *toy) {
+  free(toy->params);
+  free(toy->shard_params);
+  free(toy->momentum);
+  free(toy->send);
+  free(toy->recv);
+  free(toy->gathered);
+}
+
+static size_t shard_of(const options *opts, keel_comm *world) {
+  return (size_t)keel_comm_rank(world) % (size_t)opts->shards;
+}
+
+/* The whole parameter vector from the shards: shard k from rank k, the first replica group
+ * (every group holds the same shards). Unsharded, the registered vector is the whole one. */
+static keel_status params_assemble(toy_state *toy, const options *opts, keel_comm *world) {
+  if (opts->shards == 1) return KEEL_OK;
+  size_t shard_bytes = toy->shard_n * sizeof(float);
+  int size = keel_comm_size(world);
+  if (toy->gathered == NULL) toy->gathered = malloc(shard_bytes * (size_t)size);
+  if (toy->gathered == NULL) return KEEL_ENOMEM;
+  keel_status status = keel_comm_allgather(world, toy->shard_params, toy->gathered, shard_bytes);
+  if (status != KEEL_OK) return status;
+  for (int64_t k = 0; k < opts->shards; k++)
+    memcpy(toy->params + (size_t)k * toy->shard_n, toy->gathered + (size_t)k * toy->shard_n,
+           shard_bytes);
+  return KEEL_OK;
+}
+
+static void optimizer_step(toy_state *toy, const options *opts, keel_comm *world) {
+  size_t first = opts->shards == 1 ? 0 : shard_of(opts, world) * toy->shard_n;
+  float *params = opts->shards == 1 ? toy->params : toy->shard_params;
+  for (size_t i = 0; i < toy->shard_n; i++) {
+    toy->momentum[i] = 0.9f * toy->momentum[i] + toy->recv[first + i] / toy->recv[toy->n];
+    params[i] -= 0.05f * toy->momentum[i];
+  }
+}
+
+/* Returns the exit code: 0, KEEL_EXIT_RESTART after a just-in-time save, 1 on error. */
+static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
+  keel_status status;
+  while (toy->step < (uint64_t)opts->steps) {
+    keel_step(ctx, toy->step);
+    keel_comm *world = keel_world(ctx);
+    status = params_assemble(toy, opts, world);
+    if (status == KEEL_OK) {
+      keel_fault_point(ctx, "forward");
+      compute_gradient(opts, toy->params, toy->step, keel_comm_rank(world), keel_comm_size(world),
+                       toy->send);
+      keel_recovery recovery;
+      status = keel_allreduce_resilient(ctx, toy->send, toy->recv, toy->n + 1, KEEL_F32,
+                                        KEEL_SUM, &recovery);
+      if (status == KEEL_OK && recovery.restart_step) continue;
+    }
+    if (status == KEEL_EEXCLUDED) return 0; /* the job went on without us */
+    if (status == KEEL_ERESTART) return KEEL_EXIT_RESTART; /* saved; started again */
+    if (status != KEEL_OK) {
+      fprintf(stderr, "toy_train: step %llu: %s\n", (unsigned long long)toy->step,
+              keel_strerror(status));
+      return 1;
+    }
+    keel_fault_point(ctx, "optimizer");
+    optimizer_step(toy, opts, keel_world(ctx));
+    toy->step++;
+    keel_report(ctx, toy->step, (double)toy->recv[0], 0);
+  }
+  keel_comm *world = keel_world(ctx);
+  if (params_assemble(toy, opts, world) != KEEL_OK) return KEEL_EXIT_RESTART;
+  printf("toy-final rank=%d uid=%u step=%llu world=%d crc=%08x\n", keel_comm_rank(world),
+         keel_comm_uid(world, keel_comm_rank(world)), (unsigned long long)toy->step,
+         keel_comm_size(world), keel_crc32c(0, toy->params, toy->n * sizeof(float)));
+  fflush(stdout);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   options opts;
   if (parse_options(argc, argv, &opts) != 0) return 2;
   keel_ctx *ctx = NULL;
   if (keel_init(&ctx) != KEEL_OK) return 1;
-  size_t n = (size_t)opts.params;
-  float *params = calloc(n, sizeof(float)), *momentum = calloc(n, sizeof(float));
-  float *send = calloc(n + 1, sizeof(float)), *recv = calloc(n + 1, sizeof(float));
-  uint64_t step = 0;
-  for (size_t i = 0; i < n; i++) params[i] = (float)sin((double)i);
-  keel_state_register(ctx, "params", params, n * sizeof(float));
-  keel_state_register(ctx, "momentum", momentum, n * sizeof(float));
-  keel_state_register(ctx, "step", &step, sizeof step);
+  toy_state toy = {0};
+  keel_ckpt_jit *jit = NULL;
+  int exit_code = 1;
+  if (!toy_allocate(&toy, &opts)) goto done;
+  for (size_t i = 0; i < toy.n; i++) toy.params[i] = (float)sin((double)i);
+  float *held = opts.shards == 1 ? toy.params : toy.shard_params;
+  keel_state_register(ctx, "params", held, toy.shard_n * sizeof(float));
+  keel_state_register(ctx, "momentum", toy.momentum, toy.shard_n * sizeof(float));
+  keel_state_register(ctx, "step", &toy.step, sizeof toy.step);
   keel_status status = keel_start(ctx);
-  int exit_code = 0;
+  exit_code = 0;
   if (status == KEEL_EJOBDONE) goto done; /* a spare that was never needed */
+  exit_code = 1;
+  if (status != KEEL_OK) goto done;
+  keel_comm *world = keel_world(ctx);
+  size_t shard = shard_of(&opts, world);
+  if (opts.shards > 1) {
+    for (size_t i = 0; i < toy.shard_n; i++)
+      toy.shard_params[i] = (float)sin((double)(shard * toy.shard_n + i));
+  }
+  keel_ckpt_jit_options jit_options = {
+      .shard_count = (uint32_t)opts.shards, .shard_index = (uint32_t)shard,
+      .replica = (uint32_t)((size_t)keel_comm_rank(world) / (size_t)opts.shards)};
+  status = keel_ckpt_jit_enable(ctx, &jit_options, &jit);
   if (status != KEEL_OK) {
-    exit_code = 1;
+    fprintf(stderr, "toy_train: just-in-time checkpoints: %s\n", keel_strerror(status));
     goto done;
   }
-  while (step < (uint64_t)opts.steps) {
-    keel_step(ctx, step);
-    keel_comm *world = keel_world(ctx);
-    keel_fault_point(ctx, "forward");
-    compute_gradient(&opts, params, step, keel_comm_rank(world), keel_comm_size(world), send);
-    keel_recovery recovery;
-    status = keel_allreduce_resilient(ctx, send, recv, n + 1, KEEL_F32, KEEL_SUM, &recovery);
-    if (status == KEEL_EEXCLUDED) goto done; /* the job went on without us */
-    if (status != KEEL_OK) {
-      fprintf(stderr, "toy_train: allreduce failed: %s\n", keel_strerror(status));
-      exit_code = 1;
-      goto done;
-    }
-    if (recovery.restart_step) continue;
-    keel_fault_point(ctx, "optimizer");
-    for (size_t i = 0; i < n; i++) {
-      momentum[i] = 0.9f * momentum[i] + recv[i] / recv[n];
-      params[i] -= 0.05f * momentum[i];
-    }
-    step++;
-    keel_report(ctx, step, (double)recv[0], 0);
-  }
-  keel_comm *world = keel_world(ctx);
-  printf("toy-final rank=%d uid=%u step=%llu world=%d crc=%08x\n", keel_comm_rank(world),
-         keel_comm_uid(world, keel_comm_rank(world)), (unsigned long long)step,
-         keel_comm_size(world), keel_crc32c(0, params, n * sizeof(float)));
-  fflush(stdout);
+  exit_code = toy_run(ctx, &toy, &opts);
 done:
   keel_finalize(ctx);
-  free(params);
-  free(momentum);
-  free(send);
-  free(recv);
+  keel_ckpt_jit_destroy(jit);
+  toy_release(&toy);
   return exit_code;
 }

@@ -14,7 +14,13 @@
 typedef enum keel__policy {
   KEEL__ON_FAILURE_SHRINK,
   KEEL__ON_FAILURE_REPLACE,
+  KEEL__ON_FAILURE_RESTART, /* user-level JIT checkpoints: every worker starts anew */
 } keel__policy;
+
+typedef enum keel__ckpt_policy {
+  KEEL__CKPT_NONE,
+  KEEL__CKPT_JIT, /* just-in-time checkpoints, saved by the healthy workers on a failure */
+} keel__ckpt_policy;
 
 typedef struct keel__run_options {
   int64_t world; /* n = nproc_per_node * nnodes */
@@ -23,6 +29,8 @@ typedef struct keel__run_options {
   int64_t spares;
   keel__policy on_failure;
   bool node_failure_domain;
+  keel__ckpt_policy ckpt;
+  const char *ckpt_dir; /* as given (relative or not); NULL: the default */
   int64_t max_restarts;
   int64_t min_world;
   int64_t max_world;
@@ -30,7 +38,8 @@ typedef struct keel__run_options {
   int64_t timeout_ns;    /* -1: none */
   int64_t collective_timeout_ns;
   int64_t heartbeat_ns;
-  const char *events_path; /* NULL: no events file */
+  int64_t restart_grace_ns; /* a restart round waits collective_timeout_ns plus this */
+  const char *events_path;  /* NULL: no events file */
   bool quiet;
   char **program_argv; /* NULL-terminated; points into the command's argv */
 } keel__run_options;
@@ -43,6 +52,10 @@ typedef enum keel__parse_result {
 
 /* argv[0] is "run". Writes *options_p only when it returns KEEL__PARSE_OK. */
 keel__parse_result keel__run_options_parse(int argc, char **argv, keel__run_options *options_p);
+/* "shrink", "replace", "restart": KEEL_ON_FAILURE and the job_start event. */
+const char *keel__policy_name(keel__policy policy);
+/* "jit" or "none": KEEL_CKPT and the job_start event. */
+const char *keel__ckpt_name(keel__ckpt_policy ckpt);
 /* "250ms", "2s": the shortest exact spelling of a duration, for KEEL_* variables. */
 void keel__duration_format(int64_t duration_ns, char *text, size_t capacity);
 
@@ -86,10 +99,11 @@ typedef struct keel__child {
   keel__role role; /* the role it was started with */
   bool alive;
   bool fenced;
-  bool holds_rank;       /* started as a worker, or its proc/ value showed a rank */
-  int64_t rank;          /* the last rank it held; -1: none yet */
-  int64_t epoch;         /* the latest epoch its proc/ value showed */
-  int64_t lease_lost_ns; /* when its proc/ key vanished while it lived; 0: never */
+  bool holds_rank;        /* started as a worker, or its proc/ value showed a rank */
+  int64_t rank;           /* the last rank it held; -1: none yet */
+  int64_t epoch;          /* the latest epoch its proc/ value showed */
+  int64_t lease_lost_ns;  /* when its proc/ key vanished while it lived; 0: never */
+  char fence_reason[128]; /* why the launcher fenced it; empty: not fenced */
   int wait_status;
   uint64_t exit_order; /* 1 for the first process to exit, ...; 0 while alive */
 } keel__child;
@@ -114,6 +128,23 @@ typedef struct keel__display {
   char last_event[160];
 } keel__display;
 
+/* The processes of one start of the job. --on-failure restart starts a new incarnation of
+ * every worker after each failure (fresh uids, a fresh epoch); other policies have one. */
+typedef struct keel__incarnation {
+  int64_t index;       /* KEEL_RESTART: restarts before this incarnation */
+  uint32_t first_uid;  /* KEEL_FIRST_UID: uid of its rank 0; its ranks are uid - first_uid */
+  int64_t first_epoch; /* KEEL_FIRST_EPOCH: the epoch of its first communicator */
+} keel__incarnation;
+
+/* A restart round: from the failure until every process of the incarnation is gone. */
+typedef struct keel__restart_round {
+  bool active;
+  int64_t began_ns;
+  int64_t deadline_ns; /* fence the processes left then; KEEL_NO_DEADLINE once done */
+  uint32_t failed_uid;
+  int failed_code; /* the job's exit code should it not restart */
+} keel__restart_round;
+
 /* Status lines are at most 4 KiB (RUNTIME.md); the buffer holds one whole line and more. */
 #define KEEL__STATUS_LINE_MAX 4096
 
@@ -135,10 +166,13 @@ typedef struct keel__launcher {
   keel__watcher *request_watcher;
   int events_fd;
   char job_file_path[PATH_MAX];
+  char ckpt_dir[PATH_MAX]; /* absolute, made at the start; empty without --ckpt */
   keel__child *children;
   size_t child_count;
   size_t child_capacity;
-  int64_t restarts_used;
+  int64_t restarts_used; /* respawned spares (replace) or restarts of the job (restart) */
+  keel__incarnation incarnation;
+  keel__restart_round restart_round;
   int64_t joiners_delayed; /* joiners of --max-world still to start at join_at_ns */
   int64_t join_at_ns;      /* KEEL_NO_DEADLINE: none delayed */
   int64_t joiners_started; /* every joiner so far, delayed or asked for by `keel join` */
@@ -170,7 +204,8 @@ void keel__children_signal(keel__launcher *launcher, int signal_number);
 size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_only);
 /* Whether the child is stopped (SIGSTOP, a debugger), as /proc/<pid>/stat says. */
 bool keel__child_stopped(const keel__child *child);
-/* The exit code of `keel run` from the children's ends (the rule is at its definition). */
+/* The exit code of `keel run` from the ends of the current incarnation's children (the
+ * rule is at its definition). */
 int keel__children_verdict(const keel__launcher *launcher);
 /* An exit code, or 128+signal for a kill, as a shell reports it. */
 int keel__wait_status_code(int wait_status);

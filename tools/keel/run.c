@@ -1,8 +1,8 @@
 /* `keel run`: the launcher. It starts the embedded store and the processes of a job, then
  * one poll loop (signalfd, status pipe, watcher reports, deadlines) owns the process table:
- * it reaps, fences hung or suspected processes, respawns spares, starts joiners, and ends
- * the job with the workers' verdict. Nothing here kills by name: every signal goes to a pid
- * it started. */
+ * it reaps, fences hung or suspected processes, respawns spares, restarts the whole job
+ * (--on-failure restart), starts joiners, and ends the job with the workers' verdict.
+ * Nothing here kills by name: every signal goes to a pid it started. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "keel/comm.h"
 #include "launcher.h"
 
 #define SECOND_NS INT64_C(1000000000)
@@ -37,6 +38,40 @@ static bool program_resolve(const char *name, char *path, size_t capacity) {
     if (stat(path, &info) == 0 && S_ISREG(info.st_mode) && access(path, X_OK) == 0) return true;
     folder += length + (folder[length] == ':');
   }
+  return false;
+}
+
+/* ---- the checkpoint folder (--ckpt-dir), made before anything starts */
+/* mkdir -p: each missing folder of path is made, private (checkpoints hold the job's
+ * state). path is restored before it returns. */
+static bool directory_make_all(char *path) {
+  for (char *slash = strchr(path + 1, '/');; slash = strchr(slash + 1, '/')) {
+    if (slash != NULL) *slash = '\0';
+    bool made = mkdir(path, 0700) == 0 || errno == EEXIST;
+    if (slash != NULL) *slash = '/';
+    if (!made) return false;
+    if (slash == NULL) return true;
+  }
+}
+
+/* Makes the folder and keeps its absolute path: workers may run in other directories. */
+static bool ckpt_dir_make(keel__launcher *launcher) {
+  const keel__run_options *options = &launcher->options;
+  if (options->ckpt == KEEL__CKPT_NONE) return true;
+  char path[PATH_MAX];
+  if (options->ckpt_dir != NULL)
+    snprintf(path, sizeof path, "%s", options->ckpt_dir);
+  else
+    snprintf(path, sizeof path, "/tmp/keel-%u/ckpt", (unsigned)getuid());
+  struct stat info;
+  bool made = directory_make_all(path) && realpath(path, launcher->ckpt_dir) != NULL;
+  if (made && (stat(launcher->ckpt_dir, &info) != 0 || !S_ISDIR(info.st_mode))) {
+    made = false;
+    errno = ENOTDIR;
+  }
+  if (made) return true;
+  fprintf(stderr, "keel run: cannot make the checkpoint folder %s: %s\n", path, strerror(errno));
+  launcher->ckpt_dir[0] = '\0';
   return false;
 }
 
@@ -64,8 +99,8 @@ static void launcher_terminate(keel__launcher *launcher, int exit_code, int firs
       first_signal == SIGKILL ? KEEL_NO_DEADLINE : keel_deadline_after_ns(GRACE_NS);
 }
 
-static void launcher_begin_ending(keel__launcher *launcher) {
-  launcher->exit_code = keel__children_verdict(launcher);
+static void launcher_begin_ending(keel__launcher *launcher, int exit_code) {
+  launcher->exit_code = exit_code;
   launcher->phase = KEEL__PHASE_ENDING;
   launcher_put_done(launcher);
   launcher->phase_deadline_ns = keel_deadline_after_ns(GRACE_NS);
@@ -75,7 +110,8 @@ static void launcher_begin_ending(keel__launcher *launcher) {
 static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t rank,
                                int64_t epoch) {
   keel__child *child = keel__child_by_uid(launcher, uid);
-  if (child == NULL) return;
+  /* A process of an earlier incarnation (restart) is gone; its key may linger. */
+  if (child == NULL || uid < launcher->incarnation.first_uid) return;
   if (rank >= 0) {
     child->holds_rank = true;
     child->rank = rank;
@@ -108,7 +144,7 @@ static void launcher_check_end(keel__launcher *launcher) {
   if (keel__children_alive(launcher, true) > 0) return;
   launcher_refresh_ranks(launcher);
   if (keel__children_alive(launcher, true) > 0) return;
-  launcher_begin_ending(launcher);
+  launcher_begin_ending(launcher, keel__children_verdict(launcher));
 }
 
 static void launcher_respawn(keel__launcher *launcher, const keel__child *failed) {
@@ -152,15 +188,148 @@ static void launcher_check_min_world(keel__launcher *launcher, const keel__child
   launcher_terminate(launcher, code == 0 ? KEEL__EXIT_FAILURE : code, SIGTERM);
 }
 
+/* ---- --on-failure restart (RUNTIME.md, "Restarting the job") */
+/* Children from first_uid on that are not reaped yet, fenced ones included. */
+static size_t children_unreaped(const keel__launcher *launcher, size_t first_uid) {
+  size_t count = 0;
+  for (size_t i = first_uid; i < launcher->child_count; i++) count += launcher->children[i].alive;
+  return count;
+}
+
+/* Starts count children in role; on a failure the job is killed and it returns false. */
+static bool children_spawn(keel__launcher *launcher, keel__role role, int64_t count) {
+  for (int64_t i = 0; i < count; i++) {
+    if (keel__child_spawn(launcher, role) != KEEL_OK) {
+      launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* What ended a child, as restart_begin says it: "SIGKILL", "exit 3", or why it was fenced. */
+static void child_end_reason(const keel__child *child, char *text, size_t capacity) {
+  if (child->fenced) {
+    snprintf(text, capacity, "%s", child->fence_reason);
+    return;
+  }
+  char outcome[32];
+  keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
+  snprintf(text, capacity, "%s%s", WIFEXITED(child->wait_status) ? "exit " : "", outcome);
+}
+
+/* The healthy workers save and exit KEEL_EXIT_RESTART on their own; the round gives them a
+ * collective deadline (in which they notice the failure) and a grace to save. */
+static void restart_round_begin(keel__launcher *launcher, const keel__child *failed) {
+  const keel__run_options *options = &launcher->options;
+  char reason[160], escaped[320];
+  child_end_reason(failed, reason, sizeof reason);
+  keel__json_escape(reason, escaped, sizeof escaped);
+  int code = keel__wait_status_code(failed->wait_status);
+  launcher->restart_round = (keel__restart_round){
+      .active = true,
+      .began_ns = keel_now_ns(),
+      .deadline_ns =
+          keel_deadline_after_ns(options->collective_timeout_ns + options->restart_grace_ns),
+      .failed_uid = failed->uid,
+      .failed_code = code == 0 ? KEEL__EXIT_FAILURE : code,
+  };
+  keel__event_emit(launcher, "restart_begin",
+                   "\"restart\":%lld,\"failed_uid\":%u,\"reason\":\"%s\"",
+                   (long long)launcher->restarts_used + 1, (unsigned)failed->uid, escaped);
+  keel__display_note(launcher, "uid %u ended (%s): restarting the job", (unsigned)failed->uid,
+                     reason);
+  KEEL_LOG_W("launcher", "uid %u ended (%s): the others save and leave, then the job restarts",
+             (unsigned)failed->uid, reason);
+}
+
+/* Every process of the incarnation is gone: start the next one, or end the job when the
+ * restarts are used up. */
+static void restart_round_finish(keel__launcher *launcher) {
+  keel__restart_round *round = &launcher->restart_round;
+  const keel__run_options *options = &launcher->options;
+  round->active = false;
+  if (launcher->restarts_used >= options->max_restarts) {
+    KEEL_LOG_E("launcher", "uid %u failed and --max-restarts %lld reached: ending the job",
+               (unsigned)round->failed_uid, (long long)options->max_restarts);
+    launcher_begin_ending(launcher, round->failed_code);
+    return;
+  }
+  /* The new epoch must be above every epoch the old processes used, reports of them still
+   * on their way from the watcher included. */
+  launcher_refresh_ranks(launcher);
+  launcher->restarts_used++;
+  launcher->incarnation = (keel__incarnation){
+      .index = launcher->restarts_used,
+      .first_uid = (uint32_t)launcher->child_count,
+      .first_epoch = launcher->max_epoch + 1,
+  };
+  launcher->max_epoch = launcher->incarnation.first_epoch;
+  if (!children_spawn(launcher, KEEL__ROLE_WORKER, options->world)) return;
+  const keel__incarnation *incarnation = &launcher->incarnation;
+  double down_ms = (double)(keel_now_ns() - round->began_ns) / 1e6;
+  keel__event_emit(launcher, "restart",
+                   "\"restart\":%lld,\"first_uid\":%u,\"first_epoch\":%lld,\"world\":%lld,"
+                   "\"down_ms\":%.3f",
+                   (long long)incarnation->index, (unsigned)incarnation->first_uid,
+                   (long long)incarnation->first_epoch, (long long)options->world, down_ms);
+  keel__display_note(launcher, "restart %lld: world %lld from uid %u, epoch %lld, down %.0f ms",
+                     (long long)incarnation->index, (long long)options->world,
+                     (unsigned)incarnation->first_uid, (long long)incarnation->first_epoch,
+                     down_ms);
+}
+
+/* A rank holder of the incarnation that ends badly starts a round (an exit 75 too: a
+ * healthy worker may see the failure and leave before the failed one is reaped); while it
+ * lasts, exits are workers leaving for the restart, and the last one reaped ends it. */
+static void restart_child_exited(keel__launcher *launcher, keel__child *child, bool failed) {
+  if (!launcher->restart_round.active && failed && child->holds_rank) {
+    restart_round_begin(launcher, child);
+    launcher_fence_node(launcher, child);
+  }
+  if (!launcher->restart_round.active) {
+    launcher_check_end(launcher);
+    return;
+  }
+  if (children_unreaped(launcher, launcher->incarnation.first_uid) == 0)
+    restart_round_finish(launcher);
+}
+
+static int64_t restart_round_deadline(const keel__launcher *launcher) {
+  bool waiting = launcher->restart_round.active && launcher->phase == KEEL__PHASE_RUNNING;
+  return waiting ? launcher->restart_round.deadline_ns : KEEL_NO_DEADLINE;
+}
+
+/* Processes of the incarnation still there at the deadline are fenced; the round ends once
+ * they are reaped. */
+static void restart_round_tick(keel__launcher *launcher, int64_t now_ns) {
+  if (now_ns < restart_round_deadline(launcher)) return;
+  launcher->restart_round.deadline_ns = KEEL_NO_DEADLINE;
+  for (size_t i = launcher->incarnation.first_uid; i < launcher->child_count; i++)
+    keel__child_fence(launcher, &launcher->children[i], "restart: did not exit in time");
+}
+
+/* A worker that exits KEEL_EXIT_RESTART during a round saved its state: no failure. */
+static bool child_left_for_restart(const keel__launcher *launcher, const keel__child *child) {
+  return launcher->restart_round.active && !child->fenced && WIFEXITED(child->wait_status) &&
+         WEXITSTATUS(child->wait_status) == KEEL_EXIT_RESTART;
+}
+
 void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child) {
   bool failed =
       child->fenced || !WIFEXITED(child->wait_status) || WEXITSTATUS(child->wait_status) != 0;
-  if (failed) {
+  if (child_left_for_restart(launcher, child)) {
+    keel__display_note(launcher, "uid %u saved and left for the restart", (unsigned)child->uid);
+  } else if (failed) {
     char outcome[32];
     keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
     keel__display_note(launcher, "uid %u ended (%s)", (unsigned)child->uid, outcome);
   }
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
+  if (launcher->options.on_failure == KEEL__ON_FAILURE_RESTART) {
+    restart_child_exited(launcher, child, failed);
+    return;
+  }
   if (failed && child->holds_rank) {
     launcher_fence_node(launcher, child);
     launcher_respawn(launcher, child);
@@ -277,6 +446,7 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
     launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
   }
   launcher_fence_lapsed(launcher, now_ns);
+  restart_round_tick(launcher, now_ns);
   keel__joiners_tick(launcher, now_ns);
   if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
     if (launcher->phase == KEEL__PHASE_ENDING && keel__children_alive(launcher, false) > 0)
@@ -292,6 +462,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   if (launcher->phase == KEEL__PHASE_RUNNING && launcher->timeout_deadline_ns < next)
     next = launcher->timeout_deadline_ns;
   if (keel__joiners_deadline(launcher) < next) next = keel__joiners_deadline(launcher);
+  if (restart_round_deadline(launcher) < next) next = restart_round_deadline(launcher);
   if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
     next = launcher->phase_deadline_ns;
   int64_t now_ns = keel_now_ns();
@@ -306,11 +477,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
 
 /* Done once the job is over and every child, fenced ones included, has been reaped. */
 static bool launcher_finished(const keel__launcher *launcher) {
-  if (launcher->phase == KEEL__PHASE_RUNNING) return false;
-  for (size_t i = 0; i < launcher->child_count; i++) {
-    if (launcher->children[i].alive) return false;
-  }
-  return true;
+  return launcher->phase != KEEL__PHASE_RUNNING && children_unreaped(launcher, 0) == 0;
 }
 
 static void launcher_loop(keel__launcher *launcher) {
@@ -502,10 +669,14 @@ static void launcher_init(keel__launcher *launcher, const keel__run_options *opt
   launcher->status_read_fd = launcher->status_write_fd = -1;
   launcher->report_read_fd = launcher->report_write_fd = -1;
   /* Joiners have a table budget of their own, so that `keel join` never takes the room of
-   * a respawn: enough to grow to --max-world, or to refill it after every rank shrank away. */
-  launcher->joiner_budget = options->max_world;
+   * a respawn: enough to grow to --max-world, or to refill it after every rank shrank away.
+   * A job that restarts does not grow (`keel join` is refused), and each of its restarts
+   * starts the whole world anew. */
+  bool restarts = options->on_failure == KEEL__ON_FAILURE_RESTART;
+  launcher->joiner_budget = restarts ? 0 : options->max_world;
+  int64_t restarted = restarts ? options->world * options->max_restarts : options->max_restarts;
   launcher->child_capacity =
-      (size_t)(options->world + options->spares + options->max_restarts + launcher->joiner_budget);
+      (size_t)(options->world + options->spares + restarted + launcher->joiner_budget);
   launcher->join_at_ns = KEEL_NO_DEADLINE;
   launcher->phase = KEEL__PHASE_RUNNING;
   launcher->timeout_deadline_ns = KEEL_NO_DEADLINE;
@@ -522,35 +693,33 @@ static void launcher_init(keel__launcher *launcher, const keel__run_options *opt
 
 static void launcher_emit_start(keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
-  char program[PATH_MAX * 2];
+  char program[PATH_MAX * 2], ckpt_dir[PATH_MAX * 2 + 2] = "null";
   keel__json_escape(launcher->program_path, program, sizeof program);
+  if (launcher->ckpt_dir[0] != '\0') {
+    char escaped[PATH_MAX * 2];
+    keel__json_escape(launcher->ckpt_dir, escaped, sizeof escaped);
+    snprintf(ckpt_dir, sizeof ckpt_dir, "\"%s\"", escaped);
+  }
   keel__event_emit(
       launcher, "job_start",
       "\"job_id\":\"%llu\",\"store\":\"%s\",\"launcher_pid\":%ld,\"world\":%lld,\"spares\":%lld,"
       "\"nnodes\":%lld,\"nproc_per_node\":%lld,\"on_failure\":\"%s\",\"failure_domain\":\"%s\","
-      "\"max_restarts\":%lld,\"max_world\":%lld,\"join_delay_ns\":%lld,\"heartbeat_ns\":%lld,"
-      "\"program\":\"%s\"",
+      "\"ckpt\":\"%s\",\"ckpt_dir\":%s,\"max_restarts\":%lld,\"max_world\":%lld,"
+      "\"join_delay_ns\":%lld,\"heartbeat_ns\":%lld,\"program\":\"%s\"",
       (unsigned long long)launcher->auth.job_id, launcher->endpoint, (long)getpid(),
       (long long)options->world, (long long)options->spares, (long long)options->nnodes,
-      (long long)options->nproc_per_node,
-      options->on_failure == KEEL__ON_FAILURE_REPLACE ? "replace" : "shrink",
-      options->node_failure_domain ? "node" : "process", (long long)options->max_restarts,
-      (long long)options->max_world, (long long)options->join_delay_ns,
-      (long long)options->heartbeat_ns, program);
+      (long long)options->nproc_per_node, keel__policy_name(options->on_failure),
+      options->node_failure_domain ? "node" : "process", keel__ckpt_name(options->ckpt), ckpt_dir,
+      (long long)options->max_restarts, (long long)options->max_world,
+      (long long)options->join_delay_ns, (long long)options->heartbeat_ns, program);
 }
 
 static void launcher_spawn_all(keel__launcher *launcher) {
   launcher->start_ns = keel_now_ns();
   if (launcher->options.timeout_ns > 0)
     launcher->timeout_deadline_ns = keel_deadline_after_ns(launcher->options.timeout_ns);
-  int64_t total = launcher->options.world + launcher->options.spares;
-  for (int64_t uid = 0; uid < total; uid++) {
-    keel__role role = uid < launcher->options.world ? KEEL__ROLE_WORKER : KEEL__ROLE_SPARE;
-    if (keel__child_spawn(launcher, role) != KEEL_OK) {
-      launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
-      return;
-    }
-  }
+  if (!children_spawn(launcher, KEEL__ROLE_WORKER, launcher->options.world)) return;
+  if (!children_spawn(launcher, KEEL__ROLE_SPARE, launcher->options.spares)) return;
   keel__joiners_schedule(launcher);
 }
 
@@ -569,6 +738,7 @@ int keel__command_run(int argc, char **argv) {
     goto free_launcher;
   }
   exit_code = KEEL__EXIT_FAILURE;
+  if (!ckpt_dir_make(launcher)) goto free_launcher;
   if (launcher_open(launcher) != KEEL_OK) goto free_launcher;
   launcher_emit_start(launcher);
   launcher_spawn_all(launcher);

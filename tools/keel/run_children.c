@@ -16,18 +16,56 @@
 
 extern char **environ;
 
-/* The variables the launcher sets; inherited values of these names are dropped. */
-static const char *const own_variable_names[] = {
-    "KEEL_JOB_ID",    "KEEL_JOB_TOKEN", "KEEL_STORE",     "KEEL_UID",        "KEEL_ROLE",
-    "KEEL_WORLD",     "KEEL_MAX_WORLD", "KEEL_NODE",      "KEEL_ON_FAILURE", "KEEL_FAILURE_DOMAIN",
-    "KEEL_STATUS_FD", "KEEL_TIMEOUT",   "KEEL_HEARTBEAT",
+/* The variables the launcher sets (RUNTIME.md); inherited values of these names are
+ * dropped, those it leaves unset included. */
+typedef enum own_variable {
+  OWN_JOB_ID,
+  OWN_JOB_TOKEN,
+  OWN_STORE,
+  OWN_UID,
+  OWN_ROLE,
+  OWN_WORLD,
+  OWN_MAX_WORLD,
+  OWN_NODE,
+  OWN_ON_FAILURE,
+  OWN_FAILURE_DOMAIN,
+  OWN_STATUS_FD,
+  OWN_TIMEOUT,
+  OWN_HEARTBEAT,
+  OWN_CKPT,     /* unset without --ckpt */
+  OWN_CKPT_DIR, /* unset without --ckpt */
+  OWN_RESTART,
+  OWN_FIRST_UID,
+  OWN_FIRST_EPOCH,
+  OWN_VARIABLE_COUNT,
+} own_variable;
+
+static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
+    [OWN_JOB_ID] = "KEEL_JOB_ID",
+    [OWN_JOB_TOKEN] = "KEEL_JOB_TOKEN",
+    [OWN_STORE] = "KEEL_STORE",
+    [OWN_UID] = "KEEL_UID",
+    [OWN_ROLE] = "KEEL_ROLE",
+    [OWN_WORLD] = "KEEL_WORLD",
+    [OWN_MAX_WORLD] = "KEEL_MAX_WORLD",
+    [OWN_NODE] = "KEEL_NODE",
+    [OWN_ON_FAILURE] = "KEEL_ON_FAILURE",
+    [OWN_FAILURE_DOMAIN] = "KEEL_FAILURE_DOMAIN",
+    [OWN_STATUS_FD] = "KEEL_STATUS_FD",
+    [OWN_TIMEOUT] = "KEEL_TIMEOUT",
+    [OWN_HEARTBEAT] = "KEEL_HEARTBEAT",
+    [OWN_CKPT] = "KEEL_CKPT",
+    [OWN_CKPT_DIR] = "KEEL_CKPT_DIR",
+    [OWN_RESTART] = "KEEL_RESTART",
+    [OWN_FIRST_UID] = "KEEL_FIRST_UID",
+    [OWN_FIRST_EPOCH] = "KEEL_FIRST_EPOCH",
 };
-#define OWN_VARIABLE_COUNT (sizeof own_variable_names / sizeof own_variable_names[0])
-#define OWN_VARIABLE_BYTES 192
+/* Room for the longest value, an absolute KEEL_CKPT_DIR. */
+#define OWN_VARIABLE_BYTES (PATH_MAX + 32)
 
 typedef struct child_environment {
-  char **envp; /* inherited entries (borrowed from environ) followed by own[] */
-  char own[OWN_VARIABLE_COUNT][OWN_VARIABLE_BYTES];
+  char **envp; /* inherited entries (borrowed from environ) followed by the set own[] */
+  char own[OWN_VARIABLE_COUNT][OWN_VARIABLE_BYTES]; /* "": left unset */
 } child_environment;
 
 /* The KEEL_ROLE value of each role (RUNTIME.md). */
@@ -36,10 +74,16 @@ const char *keel__role_name(keel__role role) {
   return (size_t)role < sizeof names / sizeof names[0] ? names[role] : "worker";
 }
 
-/* Workers fill nodes in uid order; spares, respawns and joiners fill further nodes of the
+/* A worker's rank in its incarnation's first communicator. */
+static int64_t worker_rank(const keel__launcher *launcher, uint32_t uid) {
+  return (int64_t)uid - (int64_t)launcher->incarnation.first_uid;
+}
+
+/* Workers fill nodes in rank order; spares, respawns and joiners fill further nodes of the
  * same size after them, so a node's failure never takes the spares that are to replace it. */
-static int64_t child_node(const keel__run_options *options, uint32_t uid) {
-  if ((int64_t)uid < options->world) return (int64_t)uid / options->nproc_per_node;
+static int64_t child_node(const keel__launcher *launcher, uint32_t uid, keel__role role) {
+  const keel__run_options *options = &launcher->options;
+  if (role == KEEL__ROLE_WORKER) return worker_rank(launcher, uid) / options->nproc_per_node;
   return options->nnodes + ((int64_t)uid - options->world) / options->nproc_per_node;
 }
 
@@ -54,10 +98,10 @@ static bool is_own_variable(const char *entry) {
 }
 
 /* Writes "NAME=value" into slot index of the child's own variables. */
-static void own_variable_set(child_environment *environment, size_t index, const char *format, ...)
-    __attribute__((format(printf, 3, 4)));
+static void own_variable_set(child_environment *environment, own_variable index, const char *format,
+                             ...) __attribute__((format(printf, 3, 4)));
 
-static void own_variable_set(child_environment *environment, size_t index, const char *format,
+static void own_variable_set(child_environment *environment, own_variable index, const char *format,
                              ...) {
   char *slot = environment->own[index];
   int used = snprintf(slot, OWN_VARIABLE_BYTES, "%s=", own_variable_names[index]);
@@ -67,27 +111,41 @@ static void own_variable_set(child_environment *environment, size_t index, const
   va_end(arguments);
 }
 
+/* The checkpoint variables, set only with --ckpt. */
+static void own_ckpt_variables_fill(const keel__launcher *launcher,
+                                    child_environment *environment) {
+  if (launcher->options.ckpt == KEEL__CKPT_NONE) return;
+  own_variable_set(environment, OWN_CKPT, "%s", keel__ckpt_name(launcher->options.ckpt));
+  own_variable_set(environment, OWN_CKPT_DIR, "%s", launcher->ckpt_dir);
+}
+
 static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, keel__role role,
                                child_environment *environment) {
   const keel__run_options *options = &launcher->options;
+  const keel__incarnation *incarnation = &launcher->incarnation;
   char token[2 * KEEL_TOKEN_BYTES + 1], timeout[32], heartbeat[32];
   keel_hex_encode(launcher->auth.token, KEEL_TOKEN_BYTES, token);
   keel__duration_format(options->collective_timeout_ns, timeout, sizeof timeout);
   keel__duration_format(options->heartbeat_ns, heartbeat, sizeof heartbeat);
-  own_variable_set(environment, 0, "%llu", (unsigned long long)launcher->auth.job_id);
-  own_variable_set(environment, 1, "%s", token);
-  own_variable_set(environment, 2, "%s", launcher->endpoint);
-  own_variable_set(environment, 3, "%u", (unsigned)uid);
-  own_variable_set(environment, 4, "%s", keel__role_name(role));
-  own_variable_set(environment, 5, "%lld", (long long)options->world);
-  own_variable_set(environment, 6, "%lld", (long long)options->max_world);
-  own_variable_set(environment, 7, "%lld", (long long)child_node(options, uid));
-  own_variable_set(environment, 8, "%s",
-                   options->on_failure == KEEL__ON_FAILURE_REPLACE ? "replace" : "shrink");
-  own_variable_set(environment, 9, "%s", options->node_failure_domain ? "node" : "process");
-  own_variable_set(environment, 10, "%d", launcher->status_write_fd);
-  own_variable_set(environment, 11, "%s", timeout);
-  own_variable_set(environment, 12, "%s", heartbeat);
+  for (size_t i = 0; i < OWN_VARIABLE_COUNT; i++) environment->own[i][0] = '\0';
+  own_variable_set(environment, OWN_JOB_ID, "%llu", (unsigned long long)launcher->auth.job_id);
+  own_variable_set(environment, OWN_JOB_TOKEN, "%s", token);
+  own_variable_set(environment, OWN_STORE, "%s", launcher->endpoint);
+  own_variable_set(environment, OWN_UID, "%u", (unsigned)uid);
+  own_variable_set(environment, OWN_ROLE, "%s", keel__role_name(role));
+  own_variable_set(environment, OWN_WORLD, "%lld", (long long)options->world);
+  own_variable_set(environment, OWN_MAX_WORLD, "%lld", (long long)options->max_world);
+  own_variable_set(environment, OWN_NODE, "%lld", (long long)child_node(launcher, uid, role));
+  own_variable_set(environment, OWN_ON_FAILURE, "%s", keel__policy_name(options->on_failure));
+  own_variable_set(environment, OWN_FAILURE_DOMAIN, "%s",
+                   options->node_failure_domain ? "node" : "process");
+  own_variable_set(environment, OWN_STATUS_FD, "%d", launcher->status_write_fd);
+  own_variable_set(environment, OWN_TIMEOUT, "%s", timeout);
+  own_variable_set(environment, OWN_HEARTBEAT, "%s", heartbeat);
+  own_ckpt_variables_fill(launcher, environment);
+  own_variable_set(environment, OWN_RESTART, "%lld", (long long)incarnation->index);
+  own_variable_set(environment, OWN_FIRST_UID, "%u", (unsigned)incarnation->first_uid);
+  own_variable_set(environment, OWN_FIRST_EPOCH, "%lld", (long long)incarnation->first_epoch);
 }
 
 /* Builds the whole environment before fork: the child may only call async-signal-safe
@@ -103,7 +161,9 @@ static keel_status environment_build(const keel__launcher *launcher, uint32_t ui
   for (size_t i = 0; i < inherited; i++) {
     if (!is_own_variable(environ[i])) environment->envp[used++] = environ[i];
   }
-  for (size_t i = 0; i < OWN_VARIABLE_COUNT; i++) environment->envp[used++] = environment->own[i];
+  for (size_t i = 0; i < OWN_VARIABLE_COUNT; i++) {
+    if (environment->own[i][0] != '\0') environment->envp[used++] = environment->own[i];
+  }
   return KEEL_OK;
 }
 
@@ -149,11 +209,12 @@ keel_status keel__child_spawn(keel__launcher *launcher, keel__role role) {
   *child = (keel__child){
       .uid = uid,
       .pid = pid,
-      .node = child_node(&launcher->options, uid),
+      .node = child_node(launcher, uid, role),
       .role = role,
       .alive = true,
       .holds_rank = role == KEEL__ROLE_WORKER,
-      .rank = role == KEEL__ROLE_WORKER ? (int64_t)uid : -1,
+      .rank = role == KEEL__ROLE_WORKER ? worker_rank(launcher, uid) : -1,
+      .epoch = launcher->incarnation.first_epoch,
   };
   keel__event_emit(launcher, "spawn", "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"node\":%lld",
                    (unsigned)uid, (long)pid, keel__role_name(role), (long long)child->node);
@@ -233,6 +294,7 @@ void keel__child_fence(keel__launcher *launcher, keel__child *child, const char 
     return;
   }
   child->fenced = true;
+  snprintf(child->fence_reason, sizeof child->fence_reason, "%s", reason);
   char escaped[256];
   keel__json_escape(reason, escaped, sizeof escaped);
   keel__event_emit(launcher, "fence", "\"uid\":%u,\"pid\":%ld,\"reason\":\"%s\"",
@@ -285,7 +347,8 @@ static bool finished_in_last_epoch(const keel__launcher *launcher, const keel__c
 int keel__children_verdict(const keel__launcher *launcher) {
   const keel__child *first_nonzero = NULL, *first_bad = NULL;
   bool any_finished = false;
-  for (size_t i = 0; i < launcher->child_count; i++) {
+  /* Earlier incarnations (--on-failure restart) failed and were restarted: no verdict. */
+  for (size_t i = launcher->incarnation.first_uid; i < launcher->child_count; i++) {
     const keel__child *child = &launcher->children[i];
     if (!child->holds_rank || child->alive) continue;
     int code = keel__wait_status_code(child->wait_status);

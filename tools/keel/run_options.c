@@ -3,13 +3,20 @@
  * "--flag=value" are accepted; the program starts after "--" or at the first non-flag. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "launcher.h"
 
 #define MAX_PROCESSES 4096
 #define MAX_RESTARTS 10000
-#define DEFAULT_RESTARTS_WHEN_REPLACING 3
+/* Every restart of the job starts all its workers anew, each with a uid of its own: the
+ * process table holds them all, so their number over the job is bounded. */
+#define MAX_PROCESSES_OVER_JOB (1 << 20)
+#define DEFAULT_RESTARTS 3 /* with replace or restart; none with shrink */
+#define SECOND_NS INT64_C(1000000000)
+#define DEFAULT_RESTART_GRACE_NS (30 * SECOND_NS)
+#define RESTART_GRACE_VARIABLE "KEEL_RESTART_GRACE"
 
 static const char run_help_text[] =
     "usage: keel run [flags] -- PROG ARGS...\n"
@@ -21,9 +28,14 @@ static const char run_help_text[] =
     "  --nproc-per-node P        workers per node (failure domain)\n"
     "  --nnodes M                nodes; N = P * M\n"
     "  --spares S                idle processes that take a failed rank's place (default 0)\n"
-    "  --on-failure POLICY       shrink (default) or replace\n"
+    "  --on-failure POLICY       shrink (default), replace, or restart: every worker ends\n"
+    "                            and the job starts anew from its checkpoints (needs --ckpt)\n"
+    "  --ckpt jit                just-in-time checkpoints: on a failure the healthy workers\n"
+    "                            save; means --on-failure restart unless replace is given\n"
+    "  --ckpt-dir DIR            where they save (default /tmp/keel-<uid>/ckpt, made if missing)\n"
     "  --failure-domain D        process (default) or node: a failure drops its whole node\n"
-    "  --max-restarts R          fresh spares started after failures (default 3 with replace)\n"
+    "  --max-restarts R          fresh spares (replace) or restarts of the job (restart)\n"
+    "                            after failures (default 3 with replace or restart)\n"
     "  --min-world A             stop the job when fewer than A ranks can remain (default 1)\n"
     "  --max-world B             largest world a grow may reach (default N); B > N starts\n"
     "                            B - N joiners that enter the job as they become ready\n"
@@ -46,6 +58,8 @@ typedef enum flag_id {
   FLAG_NNODES,
   FLAG_SPARES,
   FLAG_ON_FAILURE,
+  FLAG_CKPT,
+  FLAG_CKPT_DIR,
   FLAG_FAILURE_DOMAIN,
   FLAG_MAX_RESTARTS,
   FLAG_MIN_WORLD,
@@ -73,6 +87,8 @@ static const flag_spec flag_table[] = {
     {"--nnodes", FLAG_NNODES, true},
     {"--spares", FLAG_SPARES, true},
     {"--on-failure", FLAG_ON_FAILURE, true},
+    {"--ckpt", FLAG_CKPT, true},
+    {"--ckpt-dir", FLAG_CKPT_DIR, true},
     {"--failure-domain", FLAG_FAILURE_DOMAIN, true},
     {"--max-restarts", FLAG_MAX_RESTARTS, true},
     {"--min-world", FLAG_MIN_WORLD, true},
@@ -140,17 +156,39 @@ static bool parse_duration(const char *flag, const char *text, int64_t *value_p)
   return reject("%s needs a duration such as 0, 500ms or 30s, not '%s'", flag, text);
 }
 
-static bool parse_choice(const char *flag, const char *text, const char *first, const char *second,
-                         bool *is_second_p) {
-  if (strcmp(text, first) == 0 || strcmp(text, second) == 0) {
-    *is_second_p = strcmp(text, second) == 0;
-    return true;
+/* Indexed by keel__policy; NULL-terminated for parse_choice. */
+static const char *const policy_names[] = {"shrink", "replace", "restart", NULL};
+static const char *const ckpt_choices[] = {"jit", NULL};
+static const char *const domain_choices[] = {"process", "node", NULL};
+
+const char *keel__policy_name(keel__policy policy) {
+  size_t count = sizeof policy_names / sizeof policy_names[0] - 1; /* the NULL is no name */
+  return (size_t)policy < count ? policy_names[policy] : "shrink";
+}
+
+const char *keel__ckpt_name(keel__ckpt_policy ckpt) {
+  return ckpt == KEEL__CKPT_JIT ? "jit" : "none";
+}
+
+/* Finds text among choices (NULL-terminated): *index_p gets its position. */
+static bool parse_choice(const char *flag, const char *text, const char *const *choices,
+                         int *index_p) {
+  char list[128] = "";
+  size_t used = 0;
+  for (int i = 0; choices[i] != NULL; i++) {
+    if (strcmp(text, choices[i]) == 0) {
+      *index_p = i;
+      return true;
+    }
+    const char *separator = i == 0 ? "" : choices[i + 1] == NULL ? " or " : ", ";
+    if (used < sizeof list)
+      used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", separator, choices[i]);
   }
-  return reject("%s must be %s or %s, not '%s'", flag, first, second, text);
+  return reject("%s must be %s, not '%s'", flag, list, text);
 }
 
 static bool flag_apply(keel__run_options *options, const flag_spec *flag, const char *value) {
-  bool choice = false;
+  int choice = 0;
   switch (flag->id) {
     case FLAG_WORLD:
       return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->world);
@@ -161,12 +199,20 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
     case FLAG_SPARES:
       return parse_count(flag->name, value, 0, MAX_PROCESSES, &options->spares);
     case FLAG_ON_FAILURE:
-      if (!parse_choice(flag->name, value, "shrink", "replace", &choice)) return false;
-      options->on_failure = choice ? KEEL__ON_FAILURE_REPLACE : KEEL__ON_FAILURE_SHRINK;
+      if (!parse_choice(flag->name, value, policy_names, &choice)) return false;
+      options->on_failure = (keel__policy)choice;
+      return true;
+    case FLAG_CKPT:
+      if (!parse_choice(flag->name, value, ckpt_choices, &choice)) return false;
+      options->ckpt = KEEL__CKPT_JIT;
+      return true;
+    case FLAG_CKPT_DIR:
+      if (*value == '\0') return reject("--ckpt-dir needs a directory name");
+      options->ckpt_dir = value;
       return true;
     case FLAG_FAILURE_DOMAIN:
-      if (!parse_choice(flag->name, value, "process", "node", &choice)) return false;
-      options->node_failure_domain = choice;
+      if (!parse_choice(flag->name, value, domain_choices, &choice)) return false;
+      options->node_failure_domain = choice == 1;
       return true;
     case FLAG_MAX_RESTARTS:
       return parse_count(flag->name, value, 0, MAX_RESTARTS, &options->max_restarts);
@@ -214,11 +260,43 @@ static bool options_resolve_shape(keel__run_options *options, const bool *given)
   return true;
 }
 
+/* The grace of a restart round comes from the environment, so that tests can shorten it. */
+static bool restart_grace_read(keel__run_options *options) {
+  const char *text = getenv(RESTART_GRACE_VARIABLE);
+  return text == NULL || parse_duration(RESTART_GRACE_VARIABLE, text, &options->restart_grace_ns);
+}
+
+/* --on-failure and --ckpt: restart means every worker ends and starts anew from the JIT
+ * checkpoints, so it needs them, and it has no use for spares or joiners (each restart
+ * starts the whole world). JIT checkpoints also serve replace (in-process recovery), but
+ * shrink changes the world and has nothing to restore. */
+static bool options_resolve_recovery(keel__run_options *options, const bool *given) {
+  if (options->ckpt == KEEL__CKPT_JIT && !given[FLAG_ON_FAILURE])
+    options->on_failure = KEEL__ON_FAILURE_RESTART;
+  if (given[FLAG_CKPT_DIR] && options->ckpt == KEEL__CKPT_NONE)
+    return reject("--ckpt-dir needs --ckpt jit");
+  if (options->ckpt == KEEL__CKPT_JIT && options->on_failure == KEEL__ON_FAILURE_SHRINK)
+    return reject("--ckpt jit goes with --on-failure restart or replace, not shrink");
+  if (options->on_failure != KEEL__ON_FAILURE_RESTART) return true;
+  if (options->ckpt != KEEL__CKPT_JIT)
+    return reject("--on-failure restart needs checkpoints: add --ckpt jit");
+  if (options->spares > 0)
+    return reject("--spares does not go with --on-failure restart: a restart starts every worker");
+  if (given[FLAG_MAX_WORLD] && options->max_world > options->world)
+    return reject("--max-world does not go with --on-failure restart: a restarted job cannot grow");
+  return restart_grace_read(options);
+}
+
 static bool options_resolve(keel__run_options *options, const bool *given) {
   if (!options_resolve_shape(options, given)) return false;
+  if (!options_resolve_recovery(options, given)) return false;
   if (!given[FLAG_MAX_RESTARTS])
-    options->max_restarts =
-        options->on_failure == KEEL__ON_FAILURE_REPLACE ? DEFAULT_RESTARTS_WHEN_REPLACING : 0;
+    options->max_restarts = options->on_failure == KEEL__ON_FAILURE_SHRINK ? 0 : DEFAULT_RESTARTS;
+  if (options->on_failure == KEEL__ON_FAILURE_RESTART &&
+      options->world * (1 + options->max_restarts) > MAX_PROCESSES_OVER_JOB)
+    return reject("-n %lld with --max-restarts %lld would start more than %d processes",
+                  (long long)options->world, (long long)options->max_restarts,
+                  MAX_PROCESSES_OVER_JOB);
   if (!given[FLAG_MAX_WORLD]) options->max_world = options->world;
   if (options->min_world > options->world)
     return reject("--min-world %lld is above the %lld workers", (long long)options->min_world,
@@ -239,8 +317,9 @@ static void options_default(keel__run_options *options) {
       .on_failure = KEEL__ON_FAILURE_SHRINK,
       .min_world = 1,
       .timeout_ns = -1,
-      .collective_timeout_ns = 30 * INT64_C(1000000000),
-      .heartbeat_ns = 2 * INT64_C(1000000000),
+      .collective_timeout_ns = 30 * SECOND_NS,
+      .heartbeat_ns = 2 * SECOND_NS,
+      .restart_grace_ns = DEFAULT_RESTART_GRACE_NS,
   };
 }
 

@@ -1,0 +1,273 @@
+/* Just-in-time checkpoints (JIT paper §3): the policy that saves only when a collective
+ * fails. Its failure hook writes this rank's registered state into the persistent tier with
+ * no collective; in a restarted process it restores the newest complete snapshot of this
+ * rank's shard from any replica. Registry, format, tiers and restore are the engine's. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt_internal.h"
+
+#define MODULE "jit"
+
+struct keel_ckpt_jit {
+  keel_ctx *ctx;
+  bool enabled;
+  keel_ckpt_registry *registry;
+  keel_ckpt_jit_options options;
+  char directory[PATH_MAX];
+  bool restored;
+  keel_ckpt_identity used;
+};
+
+/* ---- configuration */
+
+/* KEEL_CKPT: a comma-separated list of policies; `jit` is the one this engine knows. */
+static keel_status policy_parse(const char *text, bool *jit_p) {
+  *jit_p = false;
+  if (text == NULL || *text == '\0' || strcmp(text, "none") == 0) return KEEL_OK;
+  char copy[256];
+  if (strlen(text) >= sizeof copy) return KEEL_EINVAL;
+  snprintf(copy, sizeof copy, "%s", text);
+  char *cursor = copy, *policy;
+  while ((policy = strsep(&cursor, ",")) != NULL) {
+    if (strcmp(policy, "jit") != 0) {
+      KEEL_LOG_E(MODULE, "KEEL_CKPT=%s: unknown checkpoint policy '%s' (expected jit)", text,
+                 policy);
+      return KEEL_EINVAL;
+    }
+    *jit_p = true;
+  }
+  return KEEL_OK;
+}
+
+/* Makes the directory and its parents, like mkdir -p. */
+static keel_status directory_make(const char *path) {
+  char partial[PATH_MAX];
+  size_t length = strlen(path);
+  if (length == 0 || length >= sizeof partial) return KEEL_EINVAL;
+  for (size_t i = 1; i <= length; i++) {
+    if (path[i] != '/' && path[i] != '\0') continue;
+    memcpy(partial, path, i);
+    partial[i] = '\0';
+    if (mkdir(partial, 0755) != 0 && errno != EEXIST) {
+      KEEL_LOG_E(MODULE, "cannot make the checkpoint directory %s: %s", partial, strerror(errno));
+      return keel_status_from_errno(errno);
+    }
+  }
+  return KEEL_OK;
+}
+
+static keel_status options_resolve(keel_ckpt_jit *jit, const keel_ckpt_jit_options *options) {
+  if (options != NULL) jit->options = *options;
+  keel_ckpt_jit_options *resolved = &jit->options;
+  int rank = keel_comm_rank(keel_world(jit->ctx));
+  if (resolved->shard_count <= 1) {
+    resolved->shard_count = 1;
+    resolved->shard_index = 0;
+    resolved->replica = rank < 0 ? 0 : (uint32_t)rank;
+  }
+  if (resolved->shard_index >= resolved->shard_count) {
+    KEEL_LOG_E(MODULE, "shard %" PRIu32 " of %" PRIu32 " does not exist", resolved->shard_index,
+               resolved->shard_count);
+    return KEEL_EINVAL;
+  }
+  const char *directory = resolved->directory ? resolved->directory : getenv("KEEL_CKPT_DIR");
+  if (directory == NULL || *directory == '\0') {
+    KEEL_LOG_E(MODULE, "just-in-time checkpoints need a directory (KEEL_CKPT_DIR)");
+    return KEEL_EINVAL;
+  }
+  if (strlen(directory) >= sizeof jit->directory) return KEEL_EINVAL;
+  snprintf(jit->directory, sizeof jit->directory, "%s", directory);
+  resolved->directory = jit->directory;
+  return directory_make(jit->directory);
+}
+
+/* The engine's registry mirrors the runtime's registered state, buffer for buffer. */
+static keel_status registry_mirror(keel_ckpt_jit *jit) {
+  keel_status status = keel_ckpt_registry_create(&jit->registry);
+  size_t count = keel_state_count(jit->ctx);
+  for (size_t i = 0; status == KEEL_OK && i < count; i++) {
+    const char *name = NULL;
+    void *data = NULL;
+    size_t bytes = 0;
+    status = keel_state_get(jit->ctx, i, &name, &data, &bytes);
+    if (status == KEEL_OK) status = keel_ckpt_registry_add(jit->registry, name, data, bytes);
+  }
+  if (status != KEEL_OK)
+    KEEL_LOG_E(MODULE, "cannot mirror the registered state: %s", keel_strerror(status));
+  return status;
+}
+
+/* ---- the save, on failure */
+
+/* The save's file operations are the POSIX ones, except that the "save" fault point fires
+ * just before the manifest is renamed into place: a kill there leaves every buffer written
+ * and no manifest, the half-done save the restore must pass over. */
+static int fault_renameat(void *context, int directory, const char *from, const char *to) {
+  if (strcmp(to, "manifest") == 0) keel_fault_point((keel_ctx *)context, "save");
+  return keel__ckpt_posix_file_ops.renameat(context, directory, from, to);
+}
+
+/* KEEL_FAULT corrupt@...,point=saved: flips one byte in the middle of the first non-empty
+ * buffer file of the snapshot just saved, leaving its manifest whole, so only the chunk's
+ * checksum can tell. */
+static void snapshot_corrupt(const keel_ckpt_jit *jit, const keel_ckpt_identity *identity) {
+  for (size_t index = 0; index < keel_ckpt_registry_count(jit->registry); index++) {
+    char path[PATH_MAX + 96];
+    snprintf(path, sizeof path, "%s/%" PRIu64 "/step-%" PRIu64 "/rank-%" PRIu32 "/buffer-%zu",
+             jit->directory, identity->job_id, identity->step, identity->rank, index);
+    int file = open(path, O_RDWR | O_CLOEXEC);
+    if (file < 0) continue;
+    struct stat info;
+    uint8_t byte = 0;
+    off_t middle = fstat(file, &info) == 0 ? info.st_size / 2 : 0;
+    bool done = info.st_size > 0 && pread(file, &byte, 1, middle) == 1;
+    byte ^= 0x5a;
+    done = done && pwrite(file, &byte, 1, middle) == 1;
+    close(file);
+    if (done) {
+      KEEL_LOG_W(MODULE, "injected fault: corrupted %s", path);
+      return;
+    }
+  }
+}
+
+static void report_save(const keel_ckpt_jit *jit, const keel_failure *failure,
+                        keel_status status, int64_t save_ns) {
+  char fields[320];
+  snprintf(fields, sizeof fields,
+           "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"save_ms\":%.3f,\"status\":\"%s\","
+           "\"cause\":\"%s\",\"t_failed_ns\":%" PRId64,
+           failure->step, keel_ckpt_registry_bytes(jit->registry), (double)save_ns / 1e6,
+           status == KEEL_OK ? "ok" : keel_status_name(status), keel_status_name(failure->cause),
+           failure->failed_ns);
+  keel_report_event(jit->ctx, "jit_save", fields);
+}
+
+static void jit_on_failure(void *arg, const keel_failure *failure) {
+  keel_ckpt_jit *jit = arg;
+  /* In-process recovery hands the state over from a healthy replica's memory; before the
+   * first step there is nothing worth saving. */
+  if (!jit->enabled || failure->in_process || !failure->step_known) return;
+  keel_comm *world = keel_world(jit->ctx);
+  keel_ckpt_identity identity = {
+      .job_id = keel_job_id(jit->ctx),
+      .rank = (uint32_t)keel_comm_rank(world),
+      .shard_index = jit->options.shard_index,
+      .shard_count = jit->options.shard_count,
+      .replica = jit->options.replica,
+      .step = failure->step,
+      .sequence = ((uint64_t)keel_restart_count(jit->ctx) << 32) | (failure->epoch & 0xffffffffu),
+  };
+  int64_t started = keel_now_ns();
+  keel__ckpt_file_ops operations = keel__ckpt_posix_file_ops;
+  operations.renameat = fault_renameat;
+  keel_status status = keel__ckpt_persistent_save_with(&operations, jit->ctx, jit->registry,
+                                                       jit->directory, &identity,
+                                                       jit->options.chunk_bytes);
+  int64_t save_ns = keel_now_ns() - started;
+  if (status == KEEL_OK && keel_fault_point(jit->ctx, "saved")) snapshot_corrupt(jit, &identity);
+  report_save(jit, failure, status, save_ns);
+  if (status == KEEL_OK) {
+    KEEL_LOG_I(MODULE, "saved step %" PRIu64 " in %.1f ms after %s", failure->step,
+               (double)save_ns / 1e6, keel_strerror(failure->cause));
+  } else {
+    KEEL_LOG_E(MODULE, "just-in-time save of step %" PRIu64 " failed: %s (another replica's "
+               "snapshot will be used)", failure->step, keel_strerror(status));
+  }
+}
+
+/* ---- the restore, in a restarted process */
+
+static void report_restore(const keel_ckpt_jit *jit, keel_status status, int64_t restore_ns) {
+  char fields[400];
+  const keel_ckpt_identity *used = &jit->used;
+  const char *outcome = status == KEEL_OK           ? "ok"
+                        : status == KEEL_ENOTFOUND ? "none"
+                                                   : keel_status_name(status);
+  int length = snprintf(fields, sizeof fields,
+                        "\"restart\":%" PRIu32 ",\"status\":\"%s\",\"restore_ms\":%.3f",
+                        keel_restart_count(jit->ctx), outcome, (double)restore_ns / 1e6);
+  if (status == KEEL_OK) {
+    snprintf(fields + length, sizeof fields - (size_t)length,
+             ",\"step\":%" PRIu64 ",\"from_rank\":%" PRIu32 ",\"replica\":%" PRIu32
+             ",\"sequence\":%" PRIu64,
+             used->step, used->rank, used->replica, used->sequence);
+  }
+  keel_report_event(jit->ctx, "jit_restore", fields);
+}
+
+static keel_status jit_restore(keel_ckpt_jit *jit) {
+  keel_ckpt_selector selector = {.job_id = keel_job_id(jit->ctx),
+                                 .shard_index = jit->options.shard_index,
+                                 .shard_count = jit->options.shard_count,
+                                 .max_step = UINT64_MAX};
+  int64_t started = keel_now_ns();
+  keel_status status =
+      keel_ckpt_persistent_restore(jit->registry, jit->directory, &selector, &jit->used);
+  report_restore(jit, status, keel_now_ns() - started);
+  if (status == KEEL_ENOTFOUND) {
+    KEEL_LOG_W(MODULE, "restart %" PRIu32 ": no complete checkpoint of shard %" PRIu32
+               " in %s; starting from the initial state", keel_restart_count(jit->ctx),
+               jit->options.shard_index, jit->directory);
+    return KEEL_OK;
+  }
+  if (status != KEEL_OK) {
+    KEEL_LOG_E(MODULE, "restart %" PRIu32 ": cannot restore from %s: %s",
+               keel_restart_count(jit->ctx), jit->directory, keel_strerror(status));
+    return status;
+  }
+  jit->restored = true;
+  keel_mark_resume(jit->ctx, jit->used.step, "restart");
+  KEEL_LOG_I(MODULE, "restored step %" PRIu64 " from rank %" PRIu32 " (replica %" PRIu32 ")",
+             jit->used.step, jit->used.rank, jit->used.replica);
+  return KEEL_OK;
+}
+
+/* ---- the public face */
+
+keel_status keel_ckpt_jit_enable(keel_ctx *ctx, const keel_ckpt_jit_options *options,
+                                 keel_ckpt_jit **jit_p) {
+  if (ctx == NULL || jit_p == NULL) return KEEL_EINVAL;
+  bool wanted = false;
+  keel_status status = policy_parse(getenv("KEEL_CKPT"), &wanted);
+  if (status != KEEL_OK) return status;
+  keel_ckpt_jit *jit = calloc(1, sizeof *jit);
+  if (jit == NULL) return KEEL_ENOMEM;
+  jit->ctx = ctx;
+  if (!wanted) {
+    *jit_p = jit;
+    return KEEL_OK;
+  }
+  jit->enabled = true;
+  if ((status = options_resolve(jit, options)) != KEEL_OK) goto fail_free;
+  if ((status = registry_mirror(jit)) != KEEL_OK) goto fail_free;
+  if (keel_restart_count(ctx) > 0 && (status = jit_restore(jit)) != KEEL_OK) goto fail_free;
+  if ((status = keel_on_failure(ctx, jit_on_failure, jit)) != KEEL_OK) goto fail_free;
+  *jit_p = jit;
+  return KEEL_OK;
+
+fail_free:
+  keel_ckpt_registry_destroy(jit->registry);
+  free(jit);
+  return status;
+}
+
+bool keel_ckpt_jit_restored(const keel_ckpt_jit *jit, keel_ckpt_identity *used_p) {
+  if (jit == NULL || !jit->restored) return false;
+  if (used_p) *used_p = jit->used;
+  return true;
+}
+
+void keel_ckpt_jit_destroy(keel_ckpt_jit *jit) {
+  if (jit == NULL) return;
+  keel_ckpt_registry_destroy(jit->registry);
+  free(jit);
+}
