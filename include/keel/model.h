@@ -5,7 +5,9 @@
 #ifndef KEEL_MODEL_H
 #define KEEL_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "keel/core.h"
 
@@ -79,17 +81,75 @@ typedef struct keel_model_measured {
   double minibatch_s;          /* m: their time over their steps */
   size_t faults;               /* "fault" lines (injected faults) */
   size_t failed_exits;         /* "exit" lines with a signal or a non-zero code */
+  size_t redo_recoveries;      /* recoveries whose lines give redo_minibatches (in-process JIT) */
+  double recovery_redo_minibatches; /* its mean: minibatches redone per in-process recovery */
+  /* Job restarts (user-level JIT, keel_model_restart), one per failure: */
+  size_t restarts;                 /* restarts put together (restart_begin or restart lines) */
+  size_t saved_restarts;           /* of those, the ones with a jit_save line */
+  double jit_save_s;               /* o: mean over them of the slowest rank's save */
+  size_t costed_restarts;          /* the ones whose restart_cost_ms is known */
+  double jit_restart_cost_s;       /* r: mean restart_cost_ms over them */
+  size_t redo_restarts;            /* the ones whose redo_minibatches is known */
+  double restart_redo_minibatches; /* its mean: minibatches redone per restart */
+  size_t started_over;             /* restarts that restored no snapshot (the job began again) */
 } keel_model_measured;
+
+/* One restart of the whole job (user-level JIT: the healthy ranks save, the launcher starts
+ * every worker again, they restore and redo at most one minibatch), put together from its
+ * events (docs/RUNTIME.md: the failed process's exit or fault line, jit_save, restart_begin,
+ * restart, jit_restore, resumed), split like the JIT paper's Table 7. Spans are in ms, NAN
+ * where an event that bounds them is missing or the events disagree (a negative span). The
+ * spans may overlap (the launcher may begin the restart while healthy ranks still save), so
+ * they need not add up to total_ms. */
+typedef struct keel_model_restart {
+  int64_t restart;           /* its number in the job, from 1 */
+  int64_t failed_uid;        /* the process whose failure caused it; -1: not named */
+  char reason[32];           /* how it failed ("SIGKILL"), as restart_begin says; may be empty */
+  int64_t begin_t_ns;        /* restart_begin's t_ns (CLOCK_MONOTONIC); -1: no such line */
+  int64_t first_uid;         /* the respawned workers are uids first_uid.. (-1: no restart line) */
+  int64_t world;             /* how many were respawned; -1: no restart line */
+  double detect_ms;          /* the failed process's death -> the first failed collective */
+  double save_ms;            /* that -> the last healthy rank's save ended */
+  double restart_ms;         /* restart_begin -> restart: teardown and respawn */
+  double restore_ms;         /* the slowest rank's restore alone */
+  double start_restore_ms;   /* restart -> the last rank restored: process start, init, restore */
+  double redo_ms;            /* last rank restored -> the restored minibatch completed (resumed) */
+  double total_ms;           /* death -> resumed */
+  double slowest_save_ms;    /* the slowest rank's own save time: the model's o for this failure */
+  double restart_cost_ms;    /* death -> last rank restored, less slowest_save_ms: the model's r */
+  int64_t newest_saved_step; /* the newest minibatch a healthy rank saved (or tried to); -1 */
+  int64_t restored_step;     /* the step the new workers restored (the oldest if they differ) */
+  int64_t redo_minibatches;  /* newest_saved_step - restored_step + 1, or newest_saved_step + 1
+                                when the job started over at step 0; -1: unknown */
+  bool started_over;         /* jit_restore lines came, and none restored a snapshot */
+  size_t saved_ranks;        /* jit_save lines with status "ok" */
+  size_t failed_saves;       /* jit_save lines with another status */
+  size_t restored_ranks;     /* jit_restore lines with status "ok" */
+  uint64_t save_bytes;       /* bytes of the saves that succeeded, summed over ranks */
+} keel_model_restart;
 
 /* Reads the events file at path and fills *measured_p. Progress lines give m from pairs
  * of lines of one uid within one epoch (a recovery's pause is not a minibatch); recovery
- * lines give o and r; a value whose count is 0 is left 0. Lines over 64 KiB, lines that do
+ * lines give o and r of keel's in-process recovery, and job restarts (user-level JIT) give
+ * them for a restart (jit_save_s, jit_restart_cost_s); a value whose count is 0 is left 0.
+ * Lines over 64 KiB, lines that do
  * not scan and lines with negative or non-finite times are skipped and counted. Blocks on
  * the file's reads; allocates bounded tables, freed before return. On error nothing is
  * written or logged (the caller reports it): errno's status when the file cannot be opened
  * (KEEL_ENOTFOUND when it does not exist), KEEL_EIO for a failed read, KEEL_ENOMEM, and
  * KEEL_EINVAL for NULL arguments. */
 keel_status keel_model_measure_file(const char *path, keel_model_measured *measured_p);
+
+/* keel_model_measure_file that also hands back each job restart the file tells of, in the
+ * file's order: the first capacity of them into restarts (the caller's array; NULL when
+ * capacity is 0), and in *restart_count_p (may be NULL) how many there were. measured_p may
+ * be NULL. Restarts, saves and restores past the reader's bounded tables are not put
+ * together. Blocks, allocates and fails like keel_model_measure_file, but on error only
+ * *measured_p and *restart_count_p are left as they were: restarts may hold some records.
+ * Restarts are told apart within one job: a job_start line begins a new one. */
+keel_status keel_model_measure_restarts(const char *path, keel_model_measured *measured_p,
+                                        keel_model_restart *restarts, size_t capacity,
+                                        size_t *restart_count_p);
 
 #ifdef __cplusplus
 }

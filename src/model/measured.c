@@ -1,6 +1,7 @@
 /* Reads the model's inputs from a keel events file (docs/RUNTIME.md): recovery lines give
- * the checkpoint (state transfer) and fixed recovery costs, progress lines the minibatch
- * time. A small bounded scanner reads only top-level members; it never builds a tree. */
+ * the checkpoint (state transfer) and fixed recovery costs, job restarts (restart.c puts them
+ * together) the just-in-time save and restart costs, progress lines the minibatch time. A
+ * small bounded scanner reads only top-level members; it never builds a tree. */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -9,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "keel/model.h"
+#include "model/model_internal.h"
 
 /* Status lines are under 4 KiB; launcher lines carry a program path. Longer is not ours. */
 #define LINE_MAXIMUM (64 * 1024)
 /* Progress is tracked per uid in a table indexed by uid; uids past it are not sampled. */
-#define UID_MAXIMUM 4096
+#define UID_MAXIMUM KEEL__MODEL_UID_MAXIMUM
 /* Distinct recoveries remembered for deduplication; later ones still count, undeduplicated. */
 #define RECOVERY_MAXIMUM 4096
 
@@ -31,6 +32,7 @@ typedef struct recovery_mark {
   double fixed_ms;    /* detect + revoke + agree + rebuild */
   double transfer_ms; /* state_transfer */
   double redo_ms;
+  int64_t redo_minibatches; /* -1: not given */
 } recovery_mark;
 
 typedef struct measure_context {
@@ -41,6 +43,12 @@ typedef struct measure_context {
   size_t settled_count;
   double settled_fixed_ms, settled_transfer_ms, settled_redo_ms;
   size_t settled_transfers;
+  double settled_redo_minibatches;
+  keel__restart_log *restart_log; /* the current job's restarts */
+  /* Restarts put together (at each job's end): the caller's array, and sums for the means. */
+  keel_model_restart *restarts;
+  size_t restart_capacity;
+  double restart_save_ms, restart_cost_ms, restart_redo_minibatches;
   double step_ns_sum;
   size_t step_count;
   keel_model_measured measured; /* counts; the means are computed at the end */
@@ -140,6 +148,20 @@ static bool member_is(const char *line, const char *key, const char *text) {
   return strncmp(value + 1, text, length) == 0 && value[1 + length] == '"';
 }
 
+/* String member key into text, truncated to fit; escapes are copied, not decoded (the
+ * values read here, signal and status names, have none). false when it is not a string. */
+static bool member_text(const char *line, const char *key, char *text, size_t capacity) {
+  const char *value = member_value(line, key);
+  if (value == NULL || *value != '"' || capacity == 0) return false;
+  const char *end = string_end(value + 1);
+  if (end == NULL) return false;
+  size_t length = (size_t)(end - value - 1);
+  if (length >= capacity) length = capacity - 1;
+  memcpy(text, value + 1, length);
+  text[length] = '\0';
+  return true;
+}
+
 /* ---- the events */
 
 /* A time split in milliseconds: present, finite and not negative, or the line is refused. */
@@ -156,15 +178,49 @@ static void recovery_settle(measure_context *context, const recovery_mark *mark)
     context->settled_transfer_ms += mark->transfer_ms;
     context->settled_transfers++;
   }
+  if (mark->redo_minibatches >= 0) {
+    context->measured.redo_recoveries++;
+    context->settled_redo_minibatches += (double)mark->redo_minibatches;
+  }
 }
 
-/* A new job in the same file (runs appended to one events file) numbers its epochs and
- * uids afresh: what came before can no longer merge with what follows. */
-static void job_start(measure_context *context) {
+/* Puts the job's restarts together, hands them to the caller's array while it has room and
+ * adds them to the sums of the means. */
+static void restarts_settle(measure_context *context) {
+  keel__restart_log *log = context->restart_log;
+  keel_model_measured *measured = &context->measured;
+  for (size_t i = 0; i < log->restart_count; i++) {
+    keel_model_restart restart;
+    keel__restart_assemble(log, i, &restart);
+    if (measured->restarts < context->restart_capacity)
+      context->restarts[measured->restarts] = restart;
+    measured->restarts++;
+    if (!isnan(restart.slowest_save_ms)) {
+      measured->saved_restarts++;
+      context->restart_save_ms += restart.slowest_save_ms;
+    }
+    if (!isnan(restart.restart_cost_ms)) {
+      measured->costed_restarts++;
+      context->restart_cost_ms += restart.restart_cost_ms;
+    }
+    if (restart.redo_minibatches >= 0) {
+      measured->redo_restarts++;
+      context->restart_redo_minibatches += (double)restart.redo_minibatches;
+    }
+    if (restart.started_over) measured->started_over++;
+  }
+  keel__restart_log_clear(log);
+}
+
+/* A new job in the same file (runs appended to one events file) numbers its epochs, uids
+ * and restarts afresh: what came before can no longer merge with what follows. */
+static bool job_start(measure_context *context, const char *line) {
   for (size_t i = 0; i < context->recovery_count; i++)
     recovery_settle(context, &context->recoveries[i]);
   context->recovery_count = 0;
   memset(context->marks, 0, UID_MAXIMUM * sizeof *context->marks);
+  restarts_settle(context);
+  return true;
 }
 
 /* Several ranks may report one recovery: keep the slowest, since the job waits for it. */
@@ -172,7 +228,10 @@ static void recovery_keep(measure_context *context, const recovery_mark *mark) {
   for (size_t i = 0; i < context->recovery_count; i++) {
     recovery_mark *old = &context->recoveries[i];
     if (old->new_epoch != mark->new_epoch) continue;
+    int64_t redo = old->redo_minibatches > mark->redo_minibatches ? old->redo_minibatches
+                                                                  : mark->redo_minibatches;
     if (mark->fixed_ms + mark->transfer_ms > old->fixed_ms + old->transfer_ms) *old = *mark;
+    old->redo_minibatches = redo;
     return;
   }
   if (context->recovery_count < RECOVERY_MAXIMUM)
@@ -197,6 +256,10 @@ static bool scan_recovery(measure_context *context, const char *line) {
   mark.fixed_ms = detect + revoke + agree + rebuild;
   mark.transfer_ms = transfer;
   mark.redo_ms = redo;
+  /* In-process JIT says whether the minibatch was redone; older lines do not. */
+  if (!member_integer(line, "redo_minibatches", &mark.redo_minibatches) ||
+      mark.redo_minibatches < 0)
+    mark.redo_minibatches = -1;
   recovery_keep(context, &mark);
   return true;
 }
@@ -219,30 +282,127 @@ static bool scan_progress(measure_context *context, const char *line) {
   return true;
 }
 
+/* ---- the events of job restarts, kept in the restart log until the job ends */
+
+static bool scan_time(const char *line, int64_t *t_ns_p) {
+  return member_integer(line, "t_ns", t_ns_p) && *t_ns_p >= 0;
+}
+
+/* The death record of the line's uid; NULL when it names none the table holds. */
+static keel__death_mark *death_mark(measure_context *context, const char *line) {
+  int64_t uid;
+  if (!member_integer(line, "uid", &uid) || uid < 0 || uid >= UID_MAXIMUM) return NULL;
+  return &context->restart_log->deaths[uid];
+}
+
 static bool scan_exit(measure_context *context, const char *line) {
-  int64_t code = 0;
+  int64_t code = 0, t_ns;
   bool signalled = member_value(line, "signal") != NULL;
-  if (signalled || (member_integer(line, "code", &code) && code != 0))
-    context->measured.failed_exits++;
+  bool coded = member_integer(line, "code", &code);
+  if (signalled || (coded && code != 0)) context->measured.failed_exits++;
+  keel__death_mark *death = death_mark(context, line);
+  if (death == NULL || !scan_time(line, &t_ns)) return true;
+  death->exit_t_ns = t_ns;
+  death->exit_failed = signalled || (coded && code != 0 && code != KEEL__MODEL_EXIT_RESTART);
   return true;
 }
+
+/* A fault line is written just before the fault fires: the death when the fault ends the
+ * process or hangs it (a delay or a corrupted snapshot does neither). */
+static bool scan_fault(measure_context *context, const char *line) {
+  int64_t t_ns;
+  context->measured.faults++;
+  bool fatal = member_is(line, "action", "kill") || member_is(line, "action", "exit") ||
+               member_is(line, "action", "stop");
+  keel__death_mark *death = death_mark(context, line);
+  if (fatal && death != NULL && death->fault_t_ns < 0 && scan_time(line, &t_ns))
+    death->fault_t_ns = t_ns;
+  return true;
+}
+
+/* restart_begin and restart lines of one restart number fill one record. */
+static bool scan_restart(measure_context *context, const char *line) {
+  int64_t number, t_ns;
+  if (!member_integer(line, "restart", &number) || !scan_time(line, &t_ns)) return false;
+  keel__restart_mark *mark = keel__restart_log_mark(context->restart_log, number);
+  if (mark == NULL) return true;
+  if (member_is(line, "event", "restart_begin")) {
+    mark->begin_t_ns = t_ns;
+    (void)member_integer(line, "failed_uid", &mark->failed_uid);
+    (void)member_text(line, "reason", mark->reason, sizeof mark->reason);
+  } else {
+    mark->spawn_t_ns = t_ns;
+    (void)member_integer(line, "first_uid", &mark->first_uid);
+    (void)member_integer(line, "world", &mark->world);
+  }
+  return true;
+}
+
+static bool scan_jit_save(measure_context *context, const char *line) {
+  keel__save_mark save = {.t_failed_ns = -1};
+  int64_t bytes = 0;
+  if (!scan_time(line, &save.t_ns) || !member_integer(line, "step", &save.step) || save.step < 0 ||
+      !member_milliseconds(line, "save_ms", &save.save_ms))
+    return false;
+  (void)member_integer(line, "t_failed_ns", &save.t_failed_ns);
+  if (member_integer(line, "bytes", &bytes) && bytes > 0) save.bytes = (uint64_t)bytes;
+  save.ok = member_is(line, "status", "ok");
+  keel__restart_log *log = context->restart_log;
+  if (log->save_count < KEEL__MODEL_RANK_EVENT_MAXIMUM) log->saves[log->save_count++] = save;
+  return true;
+}
+
+static bool scan_jit_restore(measure_context *context, const char *line) {
+  keel__restore_mark restore = {.step = -1, .restore_ms = NAN};
+  if (!scan_time(line, &restore.t_ns) || !member_integer(line, "restart", &restore.restart))
+    return false;
+  restore.ok = member_is(line, "status", "ok");
+  if (restore.ok && (!member_integer(line, "step", &restore.step) || restore.step < 0))
+    return false;
+  double restore_ms;
+  if (member_milliseconds(line, "restore_ms", &restore_ms)) restore.restore_ms = restore_ms;
+  keel__restart_log *log = context->restart_log;
+  if (log->restore_count < KEEL__MODEL_RANK_EVENT_MAXIMUM)
+    log->restores[log->restore_count++] = restore;
+  return true;
+}
+
+static bool scan_resumed(measure_context *context, const char *line) {
+  keel__resumed_mark resumed = {.in_process = member_is(line, "kind", "in-process")};
+  if (!scan_time(line, &resumed.t_ns)) return false;
+  keel__restart_log *log = context->restart_log;
+  if (log->resumed_count < KEEL__MODEL_RESTART_MAXIMUM)
+    log->resumed[log->resumed_count++] = resumed;
+  return true;
+}
+
+/* ---- lines */
+
+static const struct {
+  const char *event;
+  bool (*scan)(measure_context *context, const char *line);
+} scanners[] = {
+    {"recovery", scan_recovery}, {"progress", scan_progress}, {"exit", scan_exit},
+    {"fault", scan_fault},       {"job_start", job_start},    {"restart_begin", scan_restart},
+    {"restart", scan_restart},   {"jit_save", scan_jit_save}, {"jit_restore", scan_jit_restore},
+    {"resumed", scan_resumed},
+};
 
 /* One line; false when it is malformed (counted as skipped). Unknown events are fine. */
 static bool scan_line(measure_context *context, const char *line) {
   const char *event = member_value(line, "event");
   if (event == NULL || *event != '"') return false;
-  if (member_is(line, "event", "recovery")) return scan_recovery(context, line);
-  if (member_is(line, "event", "progress")) return scan_progress(context, line);
-  if (member_is(line, "event", "exit")) return scan_exit(context, line);
-  if (member_is(line, "event", "fault")) context->measured.faults++;
-  if (member_is(line, "event", "job_start")) job_start(context);
+  for (size_t i = 0; i < sizeof scanners / sizeof scanners[0]; i++)
+    if (member_is(line, "event", scanners[i].event)) return scanners[i].scan(context, line);
   return true;
 }
+
+static double mean(double sum, size_t count) { return count > 0 ? sum / (double)count : 0.0; }
 
 /* Turns the sums into the means of keel_model_measured. */
 static void measure_finish(measure_context *context) {
   keel_model_measured *measured = &context->measured;
-  job_start(context); /* settles the last job's recoveries */
+  job_start(context, NULL); /* settles the last job's recoveries and restarts */
   size_t count = context->settled_count, transfers = context->settled_transfers;
   measured->recoveries = count;
   measured->state_recoveries = transfers;
@@ -258,6 +418,12 @@ static void measure_finish(measure_context *context) {
   measured->minibatch_samples = context->step_count;
   if (context->step_count > 0)
     measured->minibatch_s = context->step_ns_sum / 1e9 / (double)context->step_count;
+  measured->recovery_redo_minibatches =
+      mean(context->settled_redo_minibatches, measured->redo_recoveries);
+  measured->jit_save_s = mean(context->restart_save_ms / 1e3, measured->saved_restarts);
+  measured->jit_restart_cost_s = mean(context->restart_cost_ms / 1e3, measured->costed_restarts);
+  measured->restart_redo_minibatches =
+      mean(context->restart_redo_minibatches, measured->redo_restarts);
 }
 
 /* Reads the rest of an overlong line so the next read starts at the next line. */
@@ -287,9 +453,16 @@ static keel_status measure_stream(measure_context *context, FILE *file, char *li
 }
 
 keel_status keel_model_measure_file(const char *path, keel_model_measured *measured_p) {
-  if (path == NULL || measured_p == NULL) return KEEL_EINVAL;
+  if (measured_p == NULL) return KEEL_EINVAL;
+  return keel_model_measure_restarts(path, measured_p, NULL, 0, NULL);
+}
+
+keel_status keel_model_measure_restarts(const char *path, keel_model_measured *measured_p,
+                                        keel_model_restart *restarts, size_t capacity,
+                                        size_t *restart_count_p) {
+  if (path == NULL || (restarts == NULL && capacity > 0)) return KEEL_EINVAL;
   keel_status status = KEEL_ENOMEM;
-  measure_context context = {0};
+  measure_context context = {.restarts = restarts, .restart_capacity = capacity};
   FILE *file = NULL;
   char *line = malloc(LINE_MAXIMUM + 2);
   if (line == NULL) goto fail;
@@ -297,19 +470,25 @@ keel_status keel_model_measure_file(const char *path, keel_model_measured *measu
   if (context.marks == NULL) goto fail_free_line;
   context.recoveries = calloc(RECOVERY_MAXIMUM, sizeof *context.recoveries);
   if (context.recoveries == NULL) goto fail_free_marks;
+  context.restart_log = malloc(sizeof *context.restart_log);
+  if (context.restart_log == NULL) goto fail_free_recoveries;
+  keel__restart_log_clear(context.restart_log);
   file = fopen(path, "r");
   /* Not logged here: the status says what went wrong and the caller, who knows why it
    * read the file, reports it once. */
   if (file == NULL) {
     status = keel_status_from_errno(errno);
-    goto fail_free_recoveries;
+    goto fail_free_restart_log;
   }
   status = measure_stream(&context, file, line);
   fclose(file);
   if (status == KEEL_OK) {
     measure_finish(&context);
-    *measured_p = context.measured;
+    if (measured_p != NULL) *measured_p = context.measured;
+    if (restart_count_p != NULL) *restart_count_p = context.measured.restarts;
   }
+fail_free_restart_log:
+  free(context.restart_log);
 fail_free_recoveries:
   free(context.recoveries);
 fail_free_marks:

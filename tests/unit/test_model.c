@@ -513,6 +513,289 @@ static void test_measured_two_jobs(void **state) {
   remove_written(path);
 }
 
+/* ---- job restarts (user-level JIT), as the launcher and the workers report them */
+
+/* Job 1, 4 workers, m = 20 ms (steps 100 -> 150 in 1 s).
+ * Restart 1: uid 2 killed (fault 3.010 s, exit 3.012 s); saves of steps 150, 150, 151 (the
+ * failed collectives from 3.0150 s, the last save ended 3.0195 s, the slowest took 4 ms);
+ * teardown and respawn 3.013 -> 3.133 s; restores of step 150 (the 151 snapshot refused)
+ * ending 3.183 s, the slowest 2.5 ms; resumed 3.203 s: redo 151 - 150 + 1 = 2 minibatches.
+ * Restart 2: uid 5 killed at 5.000 s; every save fails (step 160), nothing restored: the job
+ * starts over and redoes 161 minibatches; an in-process resumed line is not its.
+ * Two in-process recoveries redo 1 and 0 minibatches (epoch 3 reported by two ranks).
+ * A delay and a corrupted snapshot are faults that kill no process: no death.
+ * Job 2: its restart 1 has no save; uid 1's death in job 1 must not count for it. */
+static const char restart_events_text[] =
+    "{\"event\":\"job_start\",\"t_ns\":1000000000,\"world\":4}\n"
+    "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":100,\"t_ns\":2000000000}\n"
+    "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":150,\"t_ns\":3000000000}\n"
+    "{\"event\":\"fault\",\"uid\":3,\"action\":\"delay\",\"ms\":5,\"t_ns\":2500000000}\n"
+    "{\"event\":\"fault\",\"uid\":1,\"action\":\"corrupt\",\"point\":\"saved\",\"t_ns\":2600000000}"
+    "\n"
+    "{\"event\":\"fault\",\"uid\":2,\"action\":\"kill\",\"point\":\"allreduce\",\"step\":150,"
+    "\"t_ns\":3010000000}\n"
+    "{\"event\":\"jit_save\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":150,\"bytes\":437000,"
+    "\"save_ms\":3.0,\"status\":\"ok\",\"cause\":\"KEEL_EPROCFAILED\",\"t_failed_ns\":3015000000,"
+    "\"t_ns\":3018000000}\n"
+    "{\"event\":\"exit\",\"uid\":2,\"pid\":102,\"rank\":2,\"signal\":\"SIGKILL\",\"t_ns\":"
+    "3012000000}\n"
+    "{\"event\":\"restart_begin\",\"restart\":1,\"failed_uid\":2,\"reason\":\"SIGKILL\","
+    "\"t_ns\":3013000000}\n"
+    "{\"event\":\"jit_save\",\"uid\":1,\"rank\":1,\"epoch\":0,\"step\":150,\"bytes\":437000,"
+    "\"save_ms\":4.0,\"status\":\"ok\",\"cause\":\"KEEL_EPROCFAILED\",\"t_failed_ns\":3015500000,"
+    "\"t_ns\":3019500000}\n"
+    "{\"event\":\"jit_save\",\"uid\":3,\"rank\":3,\"epoch\":0,\"step\":151,\"bytes\":437000,"
+    "\"save_ms\":2.0,\"status\":\"ok\",\"cause\":\"KEEL_ETIMEDOUT\",\"t_failed_ns\":3017000000,"
+    "\"t_ns\":3019000000}\n"
+    "{\"event\":\"exit\",\"uid\":1,\"rank\":1,\"signal\":\"SIGTERM\",\"t_ns\":3030000000}\n"
+    "{\"event\":\"restart\",\"restart\":1,\"first_uid\":4,\"first_epoch\":1,\"world\":4,"
+    "\"down_ms\":120.0,\"t_ns\":3133000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":4,\"rank\":0,\"epoch\":1,\"restart\":1,\"status\":\"ok\","
+    "\"step\":150,\"from_rank\":0,\"replica\":0,\"restore_ms\":2.0,\"t_ns\":3180000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":5,\"rank\":1,\"epoch\":1,\"restart\":1,\"status\":\"ok\","
+    "\"step\":150,\"from_rank\":1,\"replica\":1,\"restore_ms\":2.5,\"t_ns\":3181000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":6,\"rank\":2,\"epoch\":1,\"restart\":1,\"status\":\"ok\","
+    "\"step\":150,\"from_rank\":0,\"replica\":0,\"restore_ms\":1.0,\"t_ns\":3183000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":7,\"rank\":3,\"epoch\":1,\"restart\":1,\"status\":\"ok\","
+    "\"step\":150,\"from_rank\":1,\"replica\":1,\"restore_ms\":2.25,\"t_ns\":3182000000}\n"
+    "{\"event\":\"resumed\",\"uid\":4,\"rank\":0,\"epoch\":1,\"step\":150,\"kind\":\"restart\","
+    "\"t_ns\":3203000000}\n"
+    "{\"event\":\"fault\",\"uid\":5,\"action\":\"kill\",\"point\":\"step\",\"step\":160,"
+    "\"t_ns\":5000000000}\n"
+    "{\"event\":\"exit\",\"uid\":5,\"signal\":\"SIGKILL\",\"t_ns\":5001000000}\n"
+    "{\"event\":\"restart_begin\",\"restart\":2,\"failed_uid\":5,\"reason\":\"SIGKILL\","
+    "\"t_ns\":5002000000}\n"
+    "{\"event\":\"jit_save\",\"uid\":4,\"rank\":0,\"epoch\":1,\"step\":160,\"bytes\":437000,"
+    "\"save_ms\":1.0,\"status\":\"KEEL_ENOSPC\",\"t_failed_ns\":5004000000,\"t_ns\":5005000000}\n"
+    "{\"event\":\"jit_save\",\"uid\":6,\"rank\":2,\"epoch\":1,\"step\":160,\"bytes\":437000,"
+    "\"save_ms\":1.5,\"status\":\"KEEL_ENOSPC\",\"t_failed_ns\":5004200000,\"t_ns\":5005500000}\n"
+    "{\"event\":\"jit_save\",\"uid\":7,\"rank\":3,\"epoch\":1,\"step\":160,\"bytes\":437000,"
+    "\"save_ms\":0.5,\"status\":\"KEEL_ENOSPC\",\"t_failed_ns\":5004100000,\"t_ns\":5004600000}\n"
+    "{\"event\":\"restart\",\"restart\":2,\"first_uid\":8,\"first_epoch\":2,\"world\":4,"
+    "\"t_ns\":5100000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":8,\"restart\":2,\"status\":\"none\",\"restore_ms\":0.5,"
+    "\"t_ns\":5150000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":9,\"restart\":2,\"status\":\"none\",\"restore_ms\":0.75,"
+    "\"t_ns\":5152000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":10,\"restart\":2,\"status\":\"none\",\"restore_ms\":0.5,"
+    "\"t_ns\":5151000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":11,\"restart\":2,\"status\":\"none\",\"restore_ms\":0.5,"
+    "\"t_ns\":5150500000}\n"
+    "{\"event\":\"recovery\",\"uid\":8,\"new_epoch\":3,\"detect_ms\":1,\"revoke_ms\":0,\"agree_"
+    "ms\":0,"
+    "\"rebuild_ms\":0,\"state_transfer_ms\":1,\"redo_ms\":1,\"redo_minibatches\":1,\"t_ns\":"
+    "5290000000}\n"
+    "{\"event\":\"recovery\",\"uid\":9,\"new_epoch\":3,\"detect_ms\":2,\"revoke_ms\":0,\"agree_"
+    "ms\":0,"
+    "\"rebuild_ms\":0,\"state_transfer_ms\":1,\"redo_ms\":1,\"redo_minibatches\":1,\"t_ns\":"
+    "5290000000}\n"
+    "{\"event\":\"resumed\",\"uid\":8,\"rank\":0,\"epoch\":3,\"step\":5,\"kind\":\"in-process\","
+    "\"t_ns\":5300000000}\n"
+    "{\"event\":\"recovery\",\"uid\":8,\"new_epoch\":4,\"detect_ms\":1,\"revoke_ms\":0,\"agree_"
+    "ms\":0,"
+    "\"rebuild_ms\":0,\"state_transfer_ms\":0,\"redo_ms\":0,\"redo_minibatches\":0,\"t_ns\":"
+    "5400000000}\n"
+    "{\"event\":\"job_start\",\"t_ns\":9000000000,\"world\":2}\n"
+    "{\"event\":\"restart_begin\",\"restart\":1,\"failed_uid\":1,\"reason\":\"exit code 3\","
+    "\"t_ns\":9100000000}\n"
+    "{\"event\":\"restart\",\"restart\":1,\"first_uid\":2,\"first_epoch\":1,\"world\":2,"
+    "\"t_ns\":9150000000}\n"
+    "{\"event\":\"jit_restore\",\"uid\":2,\"restart\":1,\"status\":\"none\",\"restore_ms\":0.1,"
+    "\"t_ns\":9200000000}\n";
+
+/* Checks a span to the nanosecond; NAN is expected as NAN. */
+static void check_span(double actual, double expected, const char *what) {
+  if (isnan(expected)) {
+    if (!isnan(actual)) fail_msg("%s: got %.9g, expected unknown (NAN)", what, actual);
+    return;
+  }
+  check_near(actual, expected, 1e-6, what);
+}
+
+typedef struct restart_expected {
+  double detect, save, restart, restore, start_restore, redo, total, slowest_save, cost;
+  int64_t newest_saved, restored, redo_minibatches;
+  bool started_over;
+  size_t saved_ranks, failed_saves, restored_ranks;
+  uint64_t save_bytes;
+} restart_expected;
+
+static void check_restart(const keel_model_restart *restart, const restart_expected *expected) {
+  check_span(restart->detect_ms, expected->detect, "detect");
+  check_span(restart->save_ms, expected->save, "save");
+  check_span(restart->restart_ms, expected->restart, "restart");
+  check_span(restart->restore_ms, expected->restore, "restore");
+  check_span(restart->start_restore_ms, expected->start_restore, "start+restore");
+  check_span(restart->redo_ms, expected->redo, "redo");
+  check_span(restart->total_ms, expected->total, "total");
+  check_span(restart->slowest_save_ms, expected->slowest_save, "slowest save");
+  check_span(restart->restart_cost_ms, expected->cost, "restart cost");
+  assert_int_equal(restart->newest_saved_step, expected->newest_saved);
+  assert_int_equal(restart->restored_step, expected->restored);
+  assert_int_equal(restart->redo_minibatches, expected->redo_minibatches);
+  assert_int_equal(restart->started_over, expected->started_over);
+  assert_int_equal(restart->saved_ranks, expected->saved_ranks);
+  assert_int_equal(restart->failed_saves, expected->failed_saves);
+  assert_int_equal(restart->restored_ranks, expected->restored_ranks);
+  assert_int_equal(restart->save_bytes, expected->save_bytes);
+}
+
+static void test_measured_restarts(void **state) {
+  (void)state;
+  const char *path = write_file("restarts.jsonl", restart_events_text);
+  keel_model_restart restarts[4];
+  keel_model_measured measured;
+  size_t count = 0;
+  assert_int_equal(keel_model_measure_restarts(path, &measured, restarts, 4, &count), KEEL_OK);
+  assert_int_equal(count, 3);
+  assert_int_equal(measured.skipped_lines, 0);
+  assert_int_equal(restarts[0].restart, 1);
+  assert_int_equal(restarts[0].failed_uid, 2);
+  assert_string_equal(restarts[0].reason, "SIGKILL");
+  assert_int_equal(restarts[0].begin_t_ns, 3013000000);
+  assert_int_equal(restarts[0].first_uid, 4);
+  assert_int_equal(restarts[0].world, 4);
+  check_restart(&restarts[0], &(restart_expected){.detect = 5.0,
+                                                  .save = 4.5,
+                                                  .restart = 120.0,
+                                                  .restore = 2.5,
+                                                  .start_restore = 50.0,
+                                                  .redo = 20.0,
+                                                  .total = 193.0,
+                                                  .slowest_save = 4.0,
+                                                  .cost = 173.0 - 4.0,
+                                                  .newest_saved = 151,
+                                                  .restored = 150,
+                                                  .redo_minibatches = 2,
+                                                  .saved_ranks = 3,
+                                                  .restored_ranks = 4,
+                                                  .save_bytes = 1311000});
+  check_restart(&restarts[1], &(restart_expected){.detect = 4.0,
+                                                  .save = 1.5,
+                                                  .restart = 98.0,
+                                                  .restore = 0.75,
+                                                  .start_restore = 52.0,
+                                                  .redo = NAN,
+                                                  .total = NAN,
+                                                  .slowest_save = 1.5,
+                                                  .cost = 152.0 - 1.5,
+                                                  .newest_saved = 160,
+                                                  .restored = -1,
+                                                  .redo_minibatches = 161,
+                                                  .started_over = true,
+                                                  .failed_saves = 3});
+  assert_int_equal(restarts[2].restart, 1);
+  assert_string_equal(restarts[2].reason, "exit code 3");
+  check_restart(&restarts[2], &(restart_expected){.detect = NAN,
+                                                  .save = NAN,
+                                                  .restart = 50.0,
+                                                  .restore = 0.1,
+                                                  .start_restore = 50.0,
+                                                  .redo = NAN,
+                                                  .total = NAN,
+                                                  .slowest_save = NAN,
+                                                  .cost = NAN,
+                                                  .newest_saved = -1,
+                                                  .restored = -1,
+                                                  .redo_minibatches = -1,
+                                                  .started_over = true});
+  /* The model's inputs: o from both saves, r from both restarts whose death is known. */
+  assert_int_equal(measured.restarts, 3);
+  assert_int_equal(measured.saved_restarts, 2);
+  check_near(measured.jit_save_s, (0.004 + 0.0015) / 2.0, 1e-12, "o = mean slowest save");
+  assert_int_equal(measured.costed_restarts, 2);
+  check_near(measured.jit_restart_cost_s, (0.169 + 0.1505) / 2.0, 1e-12, "r = mean restart");
+  assert_int_equal(measured.redo_restarts, 2);
+  check_near(measured.restart_redo_minibatches, (2.0 + 161.0) / 2.0, 1e-12, "mean redo");
+  assert_int_equal(measured.started_over, 2);
+  assert_int_equal(measured.redo_recoveries, 2);
+  check_near(measured.recovery_redo_minibatches, 0.5, 1e-12, "in-process redo");
+  assert_int_equal(measured.recoveries, 2);
+  assert_int_equal(measured.minibatch_samples, 50);
+  check_near(measured.minibatch_s, 0.02, 1e-12, "m");
+  /* Less room than restarts: the first are kept, all are counted and measured. */
+  keel_model_measured again;
+  memset(restarts, 0, sizeof restarts);
+  assert_int_equal(keel_model_measure_restarts(path, &again, restarts, 1, &count), KEEL_OK);
+  assert_int_equal(count, 3);
+  assert_int_equal(restarts[0].redo_minibatches, 2);
+  assert_int_equal(restarts[1].restart, 0);
+  assert_memory_equal(&again, &measured, sizeof again);
+  assert_int_equal(keel_model_measure_file(path, &again), KEEL_OK);
+  assert_memory_equal(&again, &measured, sizeof again);
+  assert_int_equal(keel_model_measure_restarts(path, NULL, NULL, 1, &count), KEEL_EINVAL);
+  assert_int_equal(keel_model_measure_restarts(path, NULL, NULL, 0, NULL), KEEL_OK);
+  remove_written(path);
+}
+
+/* The launcher names uid 0, which saved and left (exit 75) before uid 1, killed at 100 ms,
+ * was reaped at 104 ms: the death is uid 1's fault line, else its exit, never uid 0's. */
+#define HEALTHY_NAMED_START "{\"event\":\"job_start\",\"t_ns\":1}\n"
+#define HEALTHY_NAMED_FAULT \
+  "{\"event\":\"fault\",\"uid\":1,\"action\":\"kill\",\"step\":4,\"t_ns\":100000000}\n"
+#define HEALTHY_NAMED_REST                                                                      \
+  "{\"event\":\"jit_save\",\"uid\":0,\"step\":4,\"bytes\":8,\"save_ms\":1.0,\"status\":\"ok\"," \
+  "\"t_failed_ns\":101000000,\"t_ns\":102000000}\n"                                             \
+  "{\"event\":\"exit\",\"uid\":0,\"code\":75,\"t_ns\":103000000}\n"                             \
+  "{\"event\":\"restart_begin\",\"restart\":1,\"failed_uid\":0,\"reason\":\"exit 75\","         \
+  "\"t_ns\":103500000}\n"                                                                       \
+  "{\"event\":\"exit\",\"uid\":1,\"signal\":\"SIGKILL\",\"t_ns\":104000000}\n"                  \
+  "{\"event\":\"restart\",\"restart\":1,\"first_uid\":2,\"world\":2,\"t_ns\":150000000}\n"      \
+  "{\"event\":\"jit_restore\",\"uid\":2,\"restart\":1,\"status\":\"ok\",\"step\":4,\"restore_"  \
+  "ms\":1,"                                                                                     \
+  "\"t_ns\":161000000}\n"                                                                       \
+  "{\"event\":\"resumed\",\"uid\":2,\"kind\":\"restart\",\"step\":4,\"t_ns\":170000000}\n"
+
+static void check_healthy_named(const char *text, double detect_ms, double total_ms) {
+  const char *path = write_file("healthy-named.jsonl", text);
+  keel_model_restart restart;
+  size_t count = 0;
+  assert_int_equal(keel_model_measure_restarts(path, NULL, &restart, 1, &count), KEEL_OK);
+  assert_int_equal(count, 1);
+  assert_int_equal(restart.failed_uid, 0);
+  check_span(restart.detect_ms, detect_ms, "detect");
+  check_span(restart.total_ms, total_ms, "total");
+  assert_int_equal(restart.redo_minibatches, 1);
+  remove_written(path);
+}
+
+static void test_measured_restart_named_healthy(void **state) {
+  (void)state;
+  check_healthy_named(HEALTHY_NAMED_START HEALTHY_NAMED_FAULT HEALTHY_NAMED_REST, 1.0, 70.0);
+  /* Reaped after the survivors saw the failure: no detect, rather than a negative one. */
+  check_healthy_named(HEALTHY_NAMED_START HEALTHY_NAMED_REST, NAN, 66.0);
+}
+
+/* Lines of restart events without the members they need are skipped, not trusted; a
+ * restart line alone (no restart_begin) still makes a restart. */
+static void test_measured_restart_garbage(void **state) {
+  (void)state;
+  const char *path =
+      write_file("restart-garbage.jsonl",
+                 "{\"event\":\"restart_begin\",\"failed_uid\":2,\"t_ns\":1}\n"
+                 "{\"event\":\"restart\",\"restart\":1,\"t_ns\":-5}\n"
+                 "{\"event\":\"jit_save\",\"step\":3,\"t_ns\":10}\n"
+                 "{\"event\":\"jit_save\",\"step\":-3,\"save_ms\":1,\"t_ns\":10}\n"
+                 "{\"event\":\"jit_restore\",\"restart\":1,\"status\":\"ok\",\"t_ns\":20}\n"
+                 "{\"event\":\"resumed\",\"kind\":\"restart\"}\n"
+                 "{\"event\":\"restart\",\"restart\":7,\"world\":2,\"first_uid\":9,\"t_ns\":30}\n");
+  keel_model_restart restart;
+  keel_model_measured measured;
+  size_t count = 0;
+  assert_int_equal(keel_model_measure_restarts(path, &measured, &restart, 1, &count), KEEL_OK);
+  assert_int_equal(measured.skipped_lines, 6);
+  assert_int_equal(count, 1);
+  assert_int_equal(restart.restart, 7);
+  assert_int_equal(restart.begin_t_ns, -1);
+  assert_int_equal(restart.failed_uid, -1);
+  assert_int_equal(restart.first_uid, 9);
+  assert_true(isnan(restart.restart_ms) && isnan(restart.total_ms));
+  assert_int_equal(restart.redo_minibatches, -1);
+  assert_false(restart.started_over);
+  assert_int_equal(measured.saved_restarts + measured.costed_restarts + measured.redo_restarts, 0);
+  remove_written(path);
+}
+
 static void test_measured_empty_and_missing(void **state) {
   (void)state;
   keel_model_measured measured;
@@ -546,6 +829,9 @@ int main(void) {
       cmocka_unit_test(test_measured_events),
       cmocka_unit_test(test_measured_long_line),
       cmocka_unit_test(test_measured_two_jobs),
+      cmocka_unit_test(test_measured_restarts),
+      cmocka_unit_test(test_measured_restart_garbage),
+      cmocka_unit_test(test_measured_restart_named_healthy),
       cmocka_unit_test(test_measured_empty_and_missing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,7 +39,9 @@ static const char usage_text[] =
     "                             second in eq. 8 (default 0: eq. 8 as printed)\n"
     "  --interval DURATION        also evaluate periodic checkpoints every DURATION (eq. 1)\n"
     "  --measured FILE            take o, r, m and the in-process cost from a keel events\n"
-    "                             file (keel run --events); flags given override them\n"
+    "                             file (keel run --events): o and r from its job restarts\n"
+    "                             (user-level JIT) where it has some, else from its in-process\n"
+    "                             recoveries; flags given override them\n"
     "output:\n"
     "  --sweep N,N,...            one row per GPU count, like the paper's Table 8\n"
     "  --json                     one JSON object instead of text\n"
@@ -279,7 +281,9 @@ static int parse_options(int argc, char **argv, model_options *options) {
 }
 
 /* Measured values fill the inputs that no flag set, and only those the file has evidence
- * for: o needs a recovery that moved state, r a recovery, m progress over some steps. */
+ * for, the first source listed winning: o needs a restart's save (user-level JIT's own o)
+ * or else a recovery that moved state, r a restart or else a recovery, m progress over some
+ * steps. */
 static void measured_apply(model_options *options) {
   const keel_model_measured *measured = &options->measured;
   struct {
@@ -287,13 +291,15 @@ static void measured_apply(model_options *options) {
     size_t evidence;
     double value;
   } fills[] = {
+      {INPUT_CHECKPOINT, measured->saved_restarts, measured->jit_save_s},
       {INPUT_CHECKPOINT, measured->state_recoveries, measured->checkpoint_cost_s},
+      {INPUT_RESTART, measured->costed_restarts, measured->jit_restart_cost_s},
       {INPUT_RESTART, measured->recoveries, measured->restart_cost_s},
       {INPUT_INPROCESS, measured->recoveries, measured->inprocess_recovery_s},
       {INPUT_MINIBATCH, measured->minibatch_samples, measured->minibatch_s},
   };
   for (size_t i = 0; i < sizeof fills / sizeof fills[0]; i++) {
-    if (fills[i].evidence == 0 || options->sources[fills[i].input] == SOURCE_FLAG) continue;
+    if (fills[i].evidence == 0 || options->sources[fills[i].input] != SOURCE_DEFAULT) continue;
     options->values[fills[i].input] = fills[i].value;
     options->sources[fills[i].input] = SOURCE_MEASURED;
   }
@@ -379,27 +385,67 @@ static void print_inputs(const model_options *options) {
 }
 
 static const char *recoveries_word(size_t count) { return count == 1 ? "recovery" : "recoveries"; }
+static const char *restarts_word(size_t count) { return count == 1 ? "restart" : "restarts"; }
 
-static void print_measured(const model_options *options) {
-  const keel_model_measured *m = &options->measured;
-  printf("measured from %s: %zu lines read, %zu skipped as malformed\n", options->measured_path,
-         m->lines, m->skipped_lines);
-  if (m->state_recoveries > 0)
+/* o: a restart's just-in-time save where the file has one, else a recovery's state transfer. */
+static void print_measured_checkpoint(const keel_model_measured *m) {
+  if (m->saved_restarts > 0)
+    printf(
+        "  o = %.4g s: mean just-in-time save (the slowest rank's, per failure) over %zu job\n"
+        "      %s; the periodic rows use it too: a periodic checkpoint writes the same state\n",
+        m->jit_save_s, m->saved_restarts, restarts_word(m->saved_restarts));
+  else if (m->state_recoveries > 0)
     printf("  o = %.4g s: mean state transfer of the %zu %s that moved state\n",
            m->checkpoint_cost_s, m->state_recoveries, recoveries_word(m->state_recoveries));
   else
-    printf("  o not derived: no recovery moved state (a shrink moves none)\n");
-  if (m->recoveries > 0) {
+    printf("  o not derived: no restart saved and no recovery moved state (a shrink moves none)\n");
+}
+
+/* r: a job restart's cost where the file has one, else keel's in-process recovery's. */
+static void print_measured_restart(const keel_model_measured *m) {
+  if (m->costed_restarts > 0)
+    printf(
+        "  r = %.4g s: mean over %zu job %s of the failed process's death to the restored\n"
+        "      state, less the save (detect, teardown, respawn, process start, restore)\n",
+        m->jit_restart_cost_s, m->costed_restarts, restarts_word(m->costed_restarts));
+  else if (m->recoveries > 0)
     printf(
         "  r = %.4g s: mean detect + revoke + agree + rebuild over %zu %s (keel's in-process\n"
         "      recovery; a user-level restart would add process start and data loading)\n",
         m->restart_cost_s, m->recoveries, recoveries_word(m->recoveries));
-    printf("  in-process recovery = %.4g s: r plus state transfer, mean over %zu %s\n",
-           m->inprocess_recovery_s, m->recoveries, recoveries_word(m->recoveries));
+  else
+    printf("  r not derived: no job restart restored its state and no recovery lines\n");
+}
+
+/* What each failure made the job do twice, against the model's m/2 (eqs. 7 and 8). */
+static void print_measured_redo(const keel_model_measured *m) {
+  if (m->redo_restarts > 0)
+    printf(
+        "  user-level JIT: redo_minibatches %.4g per failure, mean over %zu %s (%zu started\n"
+        "      over at step 0); the model charges m/2\n",
+        m->restart_redo_minibatches, m->redo_restarts, restarts_word(m->redo_restarts),
+        m->started_over);
+  if (m->redo_recoveries > 0)
+    printf(
+        "  in-process JIT: redo_minibatches %.4g per failure, mean over %zu %s; the model\n"
+        "      charges m/2\n",
+        m->recovery_redo_minibatches, m->redo_recoveries, recoveries_word(m->redo_recoveries));
+}
+
+static void print_measured(const model_options *options) {
+  const keel_model_measured *m = &options->measured;
+  printf("measured from %s: %zu lines read, %zu skipped as malformed, %zu job %s, %zu %s\n",
+         options->measured_path, m->lines, m->skipped_lines, m->restarts,
+         restarts_word(m->restarts), m->recoveries, recoveries_word(m->recoveries));
+  print_measured_checkpoint(m);
+  print_measured_restart(m);
+  if (m->recoveries > 0) {
+    printf(
+        "  in-process recovery = %.4g s: detect..rebuild plus state transfer, mean over %zu %s\n",
+        m->inprocess_recovery_s, m->recoveries, recoveries_word(m->recoveries));
     printf("  (mean redo %.4g s per recovery; the model charges m/2)\n", m->redo_s);
-  } else {
-    printf("  r not derived: no recovery lines\n");
   }
+  print_measured_redo(m);
   if (m->minibatch_samples > 0)
     printf("  m = %.4g s: progress lines over %zu steps\n", m->minibatch_s, m->minibatch_samples);
   else
@@ -596,6 +642,19 @@ static void json_measured(const model_options *options, bool *first) {
   json_number("minibatch_s", m->minibatch_samples > 0 ? m->minibatch_s : INFINITY, &inner);
   json_count("faults", m->faults, &inner);
   json_count("failed_exits", m->failed_exits, &inner);
+  json_count("redo_recoveries", m->redo_recoveries, &inner);
+  json_number("recovery_redo_minibatches",
+              m->redo_recoveries > 0 ? m->recovery_redo_minibatches : INFINITY, &inner);
+  json_count("restarts", m->restarts, &inner);
+  json_count("saved_restarts", m->saved_restarts, &inner);
+  json_number("jit_save_s", m->saved_restarts > 0 ? m->jit_save_s : INFINITY, &inner);
+  json_count("costed_restarts", m->costed_restarts, &inner);
+  json_number("jit_restart_cost_s", m->costed_restarts > 0 ? m->jit_restart_cost_s : INFINITY,
+              &inner);
+  json_count("redo_restarts", m->redo_restarts, &inner);
+  json_number("restart_redo_minibatches",
+              m->redo_restarts > 0 ? m->restart_redo_minibatches : INFINITY, &inner);
+  json_count("started_over", m->started_over, &inner);
   printf("}");
 }
 

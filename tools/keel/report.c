@@ -1,6 +1,7 @@
 /* `keel report EVENTS_FILE`: tells what a job did from its --events file: start and end,
- * the faults injected, each failure, and each recovery with its time broken down and the
- * time from the failed process's death to the end of its recovery. A line that is not one
+ * the faults injected, each failure, each in-process recovery with its time broken down and
+ * the time from the failed process's death to the end of its recovery, and each restart of
+ * the whole job (user-level JIT) as libkeel's model puts it together. A line that is not one
  * whole JSON object (garbage, a file cut mid-line) is skipped and counted, never trusted. */
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "keel/model.h"
 #include "tool.h"
 
 /* Events lines are under 9 KiB (run_status.c); a longer line is garbage. */
@@ -56,7 +58,29 @@ typedef struct report_recovery {
   int64_t failed[MAX_FAILED_UIDS];
   size_t failed_count;
   double phase_ms[PHASE_COUNT]; /* negative: missing from the line */
+  int64_t redo_minibatches;     /* in-process JIT: 0 or 1; -1: missing from the line */
 } report_recovery;
+
+/* A restart's breakdown (keel_model_restart), in the order the report prints it. */
+static const char *const restart_phase_keys[] = {
+    "detect_ms", "save_ms", "restart_ms", "restore_ms", "start_restore_ms", "redo_ms", "total_ms"};
+static const char *const restart_phase_names[] = {"detect",        "save", "restart", "restore",
+                                                  "start+restore", "redo", "total"};
+#define RESTART_PHASE_COUNT (sizeof restart_phase_keys / sizeof restart_phase_keys[0])
+
+static void restart_phases(const keel_model_restart *restart, double ms[RESTART_PHASE_COUNT]) {
+  const double phases[] = {restart->detect_ms,  restart->save_ms,          restart->restart_ms,
+                           restart->restore_ms, restart->start_restore_ms, restart->redo_ms,
+                           restart->total_ms};
+  _Static_assert(sizeof phases / sizeof phases[0] == RESTART_PHASE_COUNT, "one value a phase");
+  memcpy(ms, phases, sizeof phases);
+}
+
+/* rank 0's line once the first minibatch after a recovery has completed. */
+typedef struct report_resumed {
+  int64_t t_ns, epoch;
+  bool in_process;
+} report_resumed;
 
 /* A line may hold anything a number parses to; nan and inf would not be JSON in --json. */
 static bool phase_known(double ms) { return isfinite(ms) && ms >= 0; }
@@ -72,8 +96,11 @@ typedef struct report_data {
   report_recovery recoveries[MAX_RECORDS];
   report_fault faults[MAX_RECORDS];
   report_exit exits[MAX_EXITS];
-  size_t failure_count, recovery_count, fault_count, exit_count;
-  size_t idle_stopped; /* spares and joiners that ended badly without ever holding a rank */
+  report_resumed resumed[MAX_RECORDS];
+  keel_model_restart restarts[MAX_RECORDS];
+  size_t failure_count, recovery_count, fault_count, exit_count, resumed_count;
+  size_t restart_count; /* restarts in the file; those past MAX_RECORDS are not kept */
+  size_t idle_stopped;  /* spares and joiners that ended badly without ever holding a rank */
   size_t spawned_workers, spawned_spares, spawned_joiners;
   size_t joins_accepted, joins_refused; /* join_request events (`keel join`) */
   size_t lines, skipped, not_kept;
@@ -183,6 +210,20 @@ static void recovery_read(report_data *data, const char *line, int64_t t_ns) {
     recovery->phase_ms[i] = -1;
     keel__json_double(line, phase_keys[i], &recovery->phase_ms[i]);
   }
+  recovery->redo_minibatches = member_int(line, "redo_minibatches", -1);
+}
+
+static void resumed_read(report_data *data, const char *line, int64_t t_ns) {
+  if (data->resumed_count == MAX_RECORDS) {
+    data->not_kept++;
+    return;
+  }
+  char kind[16] = "";
+  keel__json_string(line, "kind", kind, sizeof kind);
+  data->resumed[data->resumed_count++] =
+      (report_resumed){.t_ns = t_ns,
+                       .epoch = member_int(line, "epoch", -1),
+                       .in_process = strcmp(kind, "in-process") == 0};
 }
 
 static void fault_read(report_data *data, const char *line, int64_t t_ns) {
@@ -235,6 +276,7 @@ static void line_read(report_data *data, const char *line) {
   if (strcmp(event, "fault") == 0) fault_read(data, line, t_ns);
   if (strcmp(event, "spawn") == 0) spawn_read(data, line);
   if (strcmp(event, "join_request") == 0) join_request_read(data, line);
+  if (strcmp(event, "resumed") == 0) resumed_read(data, line, t_ns);
 }
 
 /* Reads the next line into line (NUL-terminated, newline removed). *bad_p: it was too
@@ -269,10 +311,10 @@ static bool events_read(FILE *file, report_data *data) {
   return !ferror(file);
 }
 
-/* ---- the death-to-recovered figure: from the first exit among the recovery's failed uids
- * (at or before the recovery) to the recovery line. false when none of them exited. */
-static bool death_to_recovered_ms(const report_data *data, const report_recovery *recovery,
-                                  double *ms_p) {
+/* ---- an in-process recovery's figures from death: its death is the first exit among its
+ * failed uids at or before the recovery line. false when none of them exited. */
+static bool recovery_death_t_ns(const report_data *data, const report_recovery *recovery,
+                                int64_t *death_p) {
   bool found = false;
   int64_t death = 0;
   for (size_t e = 0; e < data->exit_count; e++) {
@@ -284,8 +326,39 @@ static bool death_to_recovered_ms(const report_data *data, const report_recovery
       found = true;
     }
   }
-  if (found) *ms_p = (double)(recovery->t_ns - death) / NS_PER_MS;
+  if (found) *death_p = death;
   return found;
+}
+
+/* From the recovery's death to the recovery line. */
+static bool death_to_recovered_ms(const report_data *data, const report_recovery *recovery,
+                                  double *ms_p) {
+  int64_t death;
+  if (!recovery_death_t_ns(data, recovery, &death)) return false;
+  *ms_p = (double)(recovery->t_ns - death) / NS_PER_MS;
+  return true;
+}
+
+/* The resumed line of an in-process recovery: rank 0 writes it in the recovery's new epoch. */
+static const report_resumed *recovery_resumed(const report_data *data,
+                                              const report_recovery *recovery) {
+  for (size_t i = 0; i < data->resumed_count; i++) {
+    const report_resumed *resumed = &data->resumed[i];
+    if (resumed->in_process && resumed->epoch == recovery->new_epoch &&
+        resumed->t_ns >= recovery->t_ns)
+      return resumed;
+  }
+  return NULL;
+}
+
+/* From the recovery's death to its resumed line; false when either is missing. */
+static bool death_to_resumed_ms(const report_data *data, const report_recovery *recovery,
+                                double *ms_p) {
+  const report_resumed *resumed = recovery_resumed(data, recovery);
+  int64_t death;
+  if (resumed == NULL || !recovery_death_t_ns(data, recovery, &death)) return false;
+  *ms_p = (double)(resumed->t_ns - death) / NS_PER_MS;
+  return true;
 }
 
 /* ---- the human summary */
@@ -353,6 +426,37 @@ static void failures_print(FILE *out, const report_data *data) {
   }
 }
 
+/* One line of figures, "detect 1.0 ms, revoke ?, ...": "?" where a phase is unknown. */
+static void phases_print(FILE *out, const char *const *names, const double *ms, size_t count) {
+  fprintf(out, "%14s", "");
+  for (size_t i = 0; i < count; i++) {
+    fprintf(out, "%s%s ", i ? ", " : "", names[i]);
+    if (!phase_known(ms[i]))
+      fprintf(out, "?");
+    else
+      fprintf(out, "%.1f ms", ms[i]);
+  }
+  fputc('\n', out);
+}
+
+/* In-process JIT's line: whether the minibatch was redone, and death to its completion. */
+static void recovery_resume_print(FILE *out, const report_data *data,
+                                  const report_recovery *recovery) {
+  bool resumed = recovery_resumed(data, recovery) != NULL;
+  if (recovery->redo_minibatches < 0 && !resumed) return;
+  fprintf(out, "%14sredo_minibatches ", "");
+  if (recovery->redo_minibatches >= 0)
+    fprintf(out, "%lld", (long long)recovery->redo_minibatches);
+  else
+    fprintf(out, "?");
+  double ms;
+  if (death_to_resumed_ms(data, recovery, &ms))
+    fprintf(out, ", death to resumed: %.1f ms", ms);
+  else if (resumed && recovery->failed_count > 0)
+    fprintf(out, ", death to resumed: n/a (no exit of a failed uid before it)");
+  fputc('\n', out);
+}
+
 static void recovery_print(FILE *out, const report_data *data, const report_recovery *recovery) {
   fprintf(out, "  %+8.3f s  epoch %lld -> %lld, world %lld -> %lld, policy %s, failed uids ",
           seconds_since_origin(data, recovery->t_ns), (long long)recovery->old_epoch,
@@ -361,20 +465,66 @@ static void recovery_print(FILE *out, const report_data *data, const report_reco
   uid_list_print(out, recovery->failed, recovery->failed_count);
   fprintf(out, "%s, replaced %lld\n", recovery->failed_count == 0 ? " (a grow)" : "",
           (long long)recovery->replaced);
-  fprintf(out, "%14s", "");
-  for (size_t i = 0; i < PHASE_COUNT; i++) {
-    fprintf(out, "%s%s ", i ? ", " : "", phase_names[i]);
-    if (!phase_known(recovery->phase_ms[i]))
-      fprintf(out, "?");
-    else
-      fprintf(out, "%.1f ms", recovery->phase_ms[i]);
-  }
-  fputc('\n', out);
+  phases_print(out, phase_names, recovery->phase_ms, PHASE_COUNT);
   double ms;
   if (death_to_recovered_ms(data, recovery, &ms))
     fprintf(out, "%14sdeath to recovered: %.1f ms\n", "", ms);
   else if (recovery->failed_count > 0)
     fprintf(out, "%14sdeath to recovered: n/a (no exit of a failed uid before it)\n", "");
+  recovery_resume_print(out, data, recovery);
+}
+
+static const char *ranks_word(size_t count) { return count == 1 ? "rank" : "ranks"; }
+
+/* "saves: 3 ranks, 1311000 bytes, newest step 151, 1 failed" */
+static void restart_saves_print(FILE *out, const keel_model_restart *restart) {
+  if (restart->saved_ranks + restart->failed_saves == 0)
+    fprintf(out, "saves: none (no jit_save)");
+  else if (restart->saved_ranks == 0)
+    fprintf(out, "saves: all %zu failed (step %lld)", restart->failed_saves,
+            (long long)restart->newest_saved_step);
+  else
+    fprintf(out, "saves: %zu %s, %llu bytes, newest step %lld", restart->saved_ranks,
+            ranks_word(restart->saved_ranks), (unsigned long long)restart->save_bytes,
+            (long long)restart->newest_saved_step);
+  if (restart->saved_ranks > 0 && restart->failed_saves > 0)
+    fprintf(out, ", %zu failed", restart->failed_saves);
+}
+
+/* "restored step 150 on 4 ranks, redo_minibatches 2" */
+static void restart_restores_print(FILE *out, const keel_model_restart *restart) {
+  if (restart->started_over)
+    fprintf(out, "no snapshot restored: the job started over at step 0");
+  else if (restart->restored_ranks > 0)
+    fprintf(out, "restored step %lld on %zu %s", (long long)restart->restored_step,
+            restart->restored_ranks, ranks_word(restart->restored_ranks));
+  else
+    fprintf(out, "no jit_restore");
+  if (restart->redo_minibatches >= 0)
+    fprintf(out, ", redo_minibatches %lld\n", (long long)restart->redo_minibatches);
+  else
+    fprintf(out, ", redo_minibatches ?\n");
+}
+
+static void restart_print(FILE *out, const report_data *data, const keel_model_restart *restart) {
+  if (restart->begin_t_ns >= 0)
+    fprintf(out, "  %+8.3f s  ", seconds_since_origin(data, restart->begin_t_ns));
+  else
+    fprintf(out, "  %10s  ", "?");
+  fprintf(out, "restart %lld: uid %lld failed (%s), ", (long long)restart->restart,
+          (long long)restart->failed_uid, restart->reason[0] ? restart->reason : "?");
+  if (restart->world >= 0)
+    fprintf(out, "%lld workers started again as uids %lld-%lld\n", (long long)restart->world,
+            (long long)restart->first_uid, (long long)(restart->first_uid + restart->world - 1));
+  else
+    fprintf(out, "no restart event (its workers were not started again)\n");
+  double ms[RESTART_PHASE_COUNT];
+  restart_phases(restart, ms);
+  phases_print(out, restart_phase_names, ms, RESTART_PHASE_COUNT);
+  fprintf(out, "%14s", "");
+  restart_saves_print(out, restart);
+  fprintf(out, "; ");
+  restart_restores_print(out, restart);
 }
 
 static void summary_print(FILE *out, const char *path, const report_data *data) {
@@ -385,6 +535,9 @@ static void summary_print(FILE *out, const char *path, const report_data *data) 
   failures_print(out, data);
   fprintf(out, "recoveries: %zu\n", data->recovery_count);
   for (size_t i = 0; i < data->recovery_count; i++) recovery_print(out, data, &data->recoveries[i]);
+  fprintf(out, "restarts: %zu\n", data->restart_count);
+  for (size_t i = 0; i < data->restart_count && i < MAX_RECORDS; i++)
+    restart_print(out, data, &data->restarts[i]);
   if (data->idle_stopped > 0)
     fprintf(out, "idle spares or joiners ended without a rank: %zu (stopped at the end)\n",
             data->idle_stopped);
@@ -392,7 +545,26 @@ static void summary_print(FILE *out, const char *path, const report_data *data) 
   fprintf(out, "skipped lines (not a whole JSON event): %zu\n", data->skipped);
 }
 
-/* ---- --json: one object per recovery */
+/* ---- --json: one object per recovery, then one per restart */
+static void json_ms_print(FILE *out, const char *key, double ms) {
+  if (!phase_known(ms))
+    fprintf(out, ",\"%s\":null", key);
+  else
+    fprintf(out, ",\"%s\":%.3f", key, ms);
+}
+
+static void phases_json_print(FILE *out, const char *const *keys, const double *ms, size_t count) {
+  for (size_t i = 0; i < count; i++) json_ms_print(out, keys[i], ms[i]);
+}
+
+/* A step or count that -1 marks unknown. */
+static void json_count_print(FILE *out, const char *key, int64_t value) {
+  if (value < 0)
+    fprintf(out, ",\"%s\":null", key);
+  else
+    fprintf(out, ",\"%s\":%lld", key, (long long)value);
+}
+
 static void recovery_json_print(FILE *out, const report_data *data,
                                 const report_recovery *recovery) {
   char policy[64];
@@ -404,17 +576,34 @@ static void recovery_json_print(FILE *out, const report_data *data,
           (long long)recovery->old_world, (long long)recovery->new_world, policy);
   uid_list_print(out, recovery->failed, recovery->failed_count);
   fprintf(out, ",\"replaced\":%lld", (long long)recovery->replaced);
-  for (size_t i = 0; i < PHASE_COUNT; i++) {
-    if (!phase_known(recovery->phase_ms[i]))
-      fprintf(out, ",\"%s\":null", phase_keys[i]);
-    else
-      fprintf(out, ",\"%s\":%.3f", phase_keys[i], recovery->phase_ms[i]);
-  }
+  phases_json_print(out, phase_keys, recovery->phase_ms, PHASE_COUNT);
+  json_count_print(out, "redo_minibatches", recovery->redo_minibatches);
   double ms;
+  json_ms_print(out, "death_to_resumed_ms", death_to_resumed_ms(data, recovery, &ms) ? ms : NAN);
   if (death_to_recovered_ms(data, recovery, &ms))
     fprintf(out, ",\"death_to_recovered_ms\":%.3f}\n", ms);
   else
     fprintf(out, ",\"death_to_recovered_ms\":null}\n");
+}
+
+static void restart_json_print(FILE *out, const keel_model_restart *restart) {
+  char reason[80];
+  keel__json_escape(restart->reason, reason, sizeof reason);
+  fprintf(out, "{\"restart\":%lld", (long long)restart->restart);
+  json_count_print(out, "t_ns", restart->begin_t_ns);
+  json_count_print(out, "failed_uid", restart->failed_uid);
+  fprintf(out, ",\"reason\":\"%s\"", reason);
+  double ms[RESTART_PHASE_COUNT];
+  restart_phases(restart, ms);
+  phases_json_print(out, restart_phase_keys, ms, RESTART_PHASE_COUNT);
+  json_count_print(out, "restored_step", restart->restored_step);
+  json_count_print(out, "newest_saved_step", restart->newest_saved_step);
+  json_count_print(out, "redo_minibatches", restart->redo_minibatches);
+  fprintf(out,
+          ",\"started_over\":%s,\"saved_ranks\":%zu,\"failed_saves\":%zu,"
+          "\"restored_ranks\":%zu,\"save_bytes\":%llu}\n",
+          restart->started_over ? "true" : "false", restart->saved_ranks, restart->failed_saves,
+          restart->restored_ranks, (unsigned long long)restart->save_bytes);
 }
 
 static int report_usage(const char *message) {
@@ -448,10 +637,21 @@ int keel__command_report(int argc, char **argv) {
     fprintf(stderr, "keel report: cannot read %s: %s\n", path, strerror(errno));
     goto close_file;
   }
+  /* The model's reader puts the restarts together, the same way `keel model --measured`
+   * takes its inputs from them. */
+  keel_status status =
+      keel_model_measure_restarts(path, NULL, data->restarts, MAX_RECORDS, &data->restart_count);
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel report: cannot read %s: %s\n", path, keel_strerror(status));
+    goto close_file;
+  }
+  if (data->restart_count > MAX_RECORDS) data->not_kept += data->restart_count - MAX_RECORDS;
   exit_code = 0;
   if (!json) summary_print(stdout, path, data);
   for (size_t i = 0; json && i < data->recovery_count; i++)
     recovery_json_print(stdout, data, &data->recoveries[i]);
+  for (size_t i = 0; json && i < data->restart_count && i < MAX_RECORDS; i++)
+    restart_json_print(stdout, &data->restarts[i]);
   if (json && data->skipped > 0)
     fprintf(stderr, "keel report: skipped %zu lines that are not a whole JSON event\n",
             data->skipped);
