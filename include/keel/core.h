@@ -167,6 +167,12 @@ static inline uint64_t keel_get_le64(const uint8_t *in) {
  * pid from /proc. KEEL_ENOTFOUND if there is no such process; outputs set only on success. */
 keel_status keel_process_stat(int pid, char *state_p, int *parent_p);
 
+/* ---- folders. Makes path and every missing folder above it (mkdir -p), new ones with
+ * mode; folders that exist are fine. The launcher's job and checkpoint folders and the JIT
+ * engine's checkpoint folder are made this way. KEEL_EINVAL for an empty or too long path,
+ * otherwise the status of the mkdir that failed (KEEL_ENOSPC, ...). */
+keel_status keel_directory_make(const char *path, unsigned mode);
+
 /* ---- hex helpers for tokens. */
 /* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */
 void keel_hex_encode(const uint8_t *bytes, size_t length, char *text);

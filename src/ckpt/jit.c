@@ -47,23 +47,6 @@ static keel_status policy_parse(const char *text, bool *jit_p) {
   return KEEL_OK;
 }
 
-/* Makes the directory and its parents, like mkdir -p. */
-static keel_status directory_make(const char *path) {
-  char partial[PATH_MAX];
-  size_t length = strlen(path);
-  if (length == 0 || length >= sizeof partial) return KEEL_EINVAL;
-  for (size_t i = 1; i <= length; i++) {
-    if (path[i] != '/' && path[i] != '\0') continue;
-    memcpy(partial, path, i);
-    partial[i] = '\0';
-    if (mkdir(partial, 0755) != 0 && errno != EEXIST) {
-      KEEL_LOG_E(MODULE, "cannot make the checkpoint directory %s: %s", partial, strerror(errno));
-      return keel_status_from_errno(errno);
-    }
-  }
-  return KEEL_OK;
-}
-
 static keel_status options_resolve(keel_ckpt_jit *jit, const keel_ckpt_jit_options *options) {
   if (options != NULL) jit->options = *options;
   keel_ckpt_jit_options *resolved = &jit->options;
@@ -86,7 +69,11 @@ static keel_status options_resolve(keel_ckpt_jit *jit, const keel_ckpt_jit_optio
   if (strlen(directory) >= sizeof jit->directory) return KEEL_EINVAL;
   snprintf(jit->directory, sizeof jit->directory, "%s", directory);
   resolved->directory = jit->directory;
-  return directory_make(jit->directory);
+  keel_status status = keel_directory_make(jit->directory, 0700);
+  if (status != KEEL_OK)
+    KEEL_LOG_E(MODULE, "cannot make the checkpoint directory %s: %s", jit->directory,
+               keel_strerror(status));
+  return status;
 }
 
 /* The engine's registry mirrors the runtime's registered state, buffer for buffer. */

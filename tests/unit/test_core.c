@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "keel/core.h"
+#include "test_support.h"
 
 /* ---- crc32c */
 
@@ -365,6 +368,29 @@ static void test_clock(void **state) {
   assert_int_equal(keel_poll_timeout_ms(keel_now_ns() + 200000), 1); /* rounds up, never spins */
 }
 
+/* mkdir -p: nested folders are made with the mode asked for, existing ones are fine, and a
+ * file in the way or an empty path is an error, not a crash. */
+static void test_directory_make(void **state) {
+  (void)state;
+  char path[512], file_path[512];
+  const char *root = keel_test_tempdir("keel-core-dir");
+  snprintf(path, sizeof path, "%s/a/b/c", root);
+  assert_int_equal(keel_directory_make(path, 0700), KEEL_OK);
+  struct stat info;
+  assert_int_equal(stat(path, &info), 0);
+  assert_true(S_ISDIR(info.st_mode));
+  assert_int_equal(info.st_mode & 0777, 0700);
+  assert_int_equal(keel_directory_make(path, 0700), KEEL_OK);
+  snprintf(file_path, sizeof file_path, "%s/a/file", root);
+  FILE *file = fopen(file_path, "w");
+  assert_non_null(file);
+  fclose(file);
+  snprintf(path, sizeof path, "%s/a/file/d", root);
+  assert_int_not_equal(keel_directory_make(path, 0700), KEEL_OK);
+  assert_int_equal(keel_directory_make("", 0700), KEEL_EINVAL);
+  assert_int_equal(keel_directory_make(NULL, 0700), KEEL_EINVAL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crc32c_check_value),
@@ -380,6 +406,7 @@ int main(void) {
       cmocka_unit_test(test_random_determinism),
       cmocka_unit_test(test_status_names),
       cmocka_unit_test(test_clock),
+      cmocka_unit_test(test_directory_make),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

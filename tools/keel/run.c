@@ -42,18 +42,6 @@ static bool program_resolve(const char *name, char *path, size_t capacity) {
 }
 
 /* ---- the checkpoint folder (--ckpt-dir), made before anything starts */
-/* mkdir -p: each missing folder of path is made, private (checkpoints hold the job's
- * state). path is restored before it returns. */
-static bool directory_make_all(char *path) {
-  for (char *slash = strchr(path + 1, '/');; slash = strchr(slash + 1, '/')) {
-    if (slash != NULL) *slash = '\0';
-    bool made = mkdir(path, 0700) == 0 || errno == EEXIST;
-    if (slash != NULL) *slash = '/';
-    if (!made) return false;
-    if (slash == NULL) return true;
-  }
-}
-
 /* Makes the folder and keeps its absolute path: workers may run in other directories. */
 static bool ckpt_dir_make(keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
@@ -63,14 +51,16 @@ static bool ckpt_dir_make(keel__launcher *launcher) {
     snprintf(path, sizeof path, "%s", options->ckpt_dir);
   else
     snprintf(path, sizeof path, "/tmp/keel-%u/ckpt", (unsigned)getuid());
+  /* Private: checkpoints hold the job's state. */
+  keel_status status = keel_directory_make(path, 0700);
+  if (status == KEEL_OK && realpath(path, launcher->ckpt_dir) == NULL)
+    status = keel_status_from_errno(errno);
   struct stat info;
-  bool made = directory_make_all(path) && realpath(path, launcher->ckpt_dir) != NULL;
-  if (made && (stat(launcher->ckpt_dir, &info) != 0 || !S_ISDIR(info.st_mode))) {
-    made = false;
-    errno = ENOTDIR;
-  }
-  if (made) return true;
-  fprintf(stderr, "keel run: cannot make the checkpoint folder %s: %s\n", path, strerror(errno));
+  if (status == KEEL_OK && (stat(launcher->ckpt_dir, &info) != 0 || !S_ISDIR(info.st_mode)))
+    status = KEEL_EINVAL;
+  if (status == KEEL_OK) return true;
+  fprintf(stderr, "keel run: cannot make the checkpoint folder %s: %s\n", path,
+          keel_strerror(status));
   launcher->ckpt_dir[0] = '\0';
   return false;
 }
