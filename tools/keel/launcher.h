@@ -196,6 +196,10 @@ typedef struct keel__launcher {
 /* Starts the next uid in role; the child gets the environment of docs/RUNTIME.md. */
 keel_status keel__child_spawn(keel__launcher *launcher, keel__role role);
 keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid);
+/* Starts count children in role; on a failure the job is killed and it returns false. */
+bool keel__children_spawn(keel__launcher *launcher, keel__role role, int64_t count);
+/* Children from uid first_uid on that are not reaped yet, fenced ones included. */
+size_t keel__children_unreaped(const keel__launcher *launcher, size_t first_uid);
 /* Reaps every child that has exited and calls keel__launcher_child_exited for each. */
 void keel__children_reap(keel__launcher *launcher);
 /* SIGKILLs a live child on the launcher's decision and records why (a `fence` event). */
@@ -216,6 +220,27 @@ const char *keel__role_name(keel__role role);
 
 /* run.c */
 void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child);
+/* Kills every child: first_signal now, SIGKILL after the grace period (or at once when
+ * already terminating); exit_code is the job's. */
+void keel__launcher_terminate(keel__launcher *launcher, int exit_code, int first_signal);
+/* The workers are done: job/done, then the spares and joiners get a grace period. */
+void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code);
+/* Reads proc/ itself: rank and epoch changes the watcher may not have reported yet. */
+void keel__launcher_refresh_ranks(keel__launcher *launcher);
+/* Ends the job once no process that holds a rank is left. */
+void keel__launcher_check_end(keel__launcher *launcher);
+/* With --failure-domain node, fences the failed worker's node. */
+void keel__launcher_fence_node(keel__launcher *launcher, const keel__child *failed);
+
+/* run_restart.c: --on-failure restart (RUNTIME.md, "Restarting the job"). */
+/* A child of the current incarnation exited (failed: abnormally or non-zero): starts the
+ * restart round, or ends it once the whole incarnation is reaped. */
+void keel__restart_child_exited(keel__launcher *launcher, keel__child *child, bool failed);
+/* When the round's processes that have not left are fenced (KEEL_NO_DEADLINE: none). */
+int64_t keel__restart_round_deadline(const keel__launcher *launcher);
+void keel__restart_round_tick(keel__launcher *launcher, int64_t now_ns);
+/* A worker that exited KEEL_EXIT_RESTART during a round: it saved, it did not fail. */
+bool keel__child_left_for_restart(const keel__launcher *launcher, const keel__child *child);
 
 /* run_join.c: growing the job (RUNTIME.md, "Growing the job"). */
 /* At the start: the max_world - world joiners of --max-world, now or after --join-delay. */

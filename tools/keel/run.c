@@ -14,7 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "keel/comm.h"
 #include "launcher.h"
 
 #define SECOND_NS INT64_C(1000000000)
@@ -75,7 +74,7 @@ static void launcher_put_done(keel__launcher *launcher) {
 
 /* Kills every child: first_signal now, SIGKILL after the grace period unless it was
  * SIGKILL already. A second request while terminating goes straight to SIGKILL. */
-static void launcher_terminate(keel__launcher *launcher, int exit_code, int first_signal) {
+void keel__launcher_terminate(keel__launcher *launcher, int exit_code, int first_signal) {
   if (launcher->phase == KEEL__PHASE_TERMINATING) {
     keel__children_signal(launcher, SIGKILL);
     launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
@@ -89,7 +88,7 @@ static void launcher_terminate(keel__launcher *launcher, int exit_code, int firs
       first_signal == SIGKILL ? KEEL_NO_DEADLINE : keel_deadline_after_ns(GRACE_NS);
 }
 
-static void launcher_begin_ending(keel__launcher *launcher, int exit_code) {
+void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code) {
   launcher->exit_code = exit_code;
   launcher->phase = KEEL__PHASE_ENDING;
   launcher_put_done(launcher);
@@ -113,7 +112,7 @@ static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t r
 
 /* A spare may have taken a rank so recently that its proc/ change is still on its way from
  * the watcher; before declaring the job over, the loop reads proc/ itself. */
-static void launcher_refresh_ranks(keel__launcher *launcher) {
+void keel__launcher_refresh_ranks(keel__launcher *launcher) {
   keel_store_entry *entries = NULL;
   size_t count = 0;
   if (keel_store_list(launcher->store, "proc/", &entries, &count, NULL) != KEEL_OK) return;
@@ -129,12 +128,12 @@ static void launcher_refresh_ranks(keel__launcher *launcher) {
 
 /* The job is over when no process that holds a rank is left: the spares and joiners still
  * alive are idle by then, and job/done tells them to go. */
-static void launcher_check_end(keel__launcher *launcher) {
+void keel__launcher_check_end(keel__launcher *launcher) {
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (keel__children_alive(launcher, true) > 0) return;
-  launcher_refresh_ranks(launcher);
+  keel__launcher_refresh_ranks(launcher);
   if (keel__children_alive(launcher, true) > 0) return;
-  launcher_begin_ending(launcher, keel__children_verdict(launcher));
+  keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
 }
 
 static void launcher_respawn(keel__launcher *launcher, const keel__child *failed) {
@@ -152,7 +151,7 @@ static void launcher_respawn(keel__launcher *launcher, const keel__child *failed
 }
 
 /* With --failure-domain node, a failed worker takes its node down with it. */
-static void launcher_fence_node(keel__launcher *launcher, const keel__child *failed) {
+void keel__launcher_fence_node(keel__launcher *launcher, const keel__child *failed) {
   if (!launcher->options.node_failure_domain) return;
   char reason[96];
   snprintf(reason, sizeof reason, "node %lld failed (uid %u)", (long long)failed->node,
@@ -175,140 +174,13 @@ static void launcher_check_min_world(keel__launcher *launcher, const keel__child
              " stopping the job",
              remaining, (unsigned)failed->uid, (long long)launcher->options.min_world);
   int code = keel__wait_status_code(failed->wait_status);
-  launcher_terminate(launcher, code == 0 ? KEEL__EXIT_FAILURE : code, SIGTERM);
-}
-
-/* ---- --on-failure restart (RUNTIME.md, "Restarting the job") */
-/* Children from first_uid on that are not reaped yet, fenced ones included. */
-static size_t children_unreaped(const keel__launcher *launcher, size_t first_uid) {
-  size_t count = 0;
-  for (size_t i = first_uid; i < launcher->child_count; i++) count += launcher->children[i].alive;
-  return count;
-}
-
-/* Starts count children in role; on a failure the job is killed and it returns false. */
-static bool children_spawn(keel__launcher *launcher, keel__role role, int64_t count) {
-  for (int64_t i = 0; i < count; i++) {
-    if (keel__child_spawn(launcher, role) != KEEL_OK) {
-      launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
-      return false;
-    }
-  }
-  return true;
-}
-
-/* What ended a child, as restart_begin says it: "SIGKILL", "exit 3", or why it was fenced. */
-static void child_end_reason(const keel__child *child, char *text, size_t capacity) {
-  if (child->fenced) {
-    snprintf(text, capacity, "%s", child->fence_reason);
-    return;
-  }
-  char outcome[32];
-  keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
-  snprintf(text, capacity, "%s%s", WIFEXITED(child->wait_status) ? "exit " : "", outcome);
-}
-
-/* The healthy workers save and exit KEEL_EXIT_RESTART on their own; the round gives them a
- * collective deadline (in which they notice the failure) and a grace to save. */
-static void restart_round_begin(keel__launcher *launcher, const keel__child *failed) {
-  const keel__run_options *options = &launcher->options;
-  char reason[160], escaped[320];
-  child_end_reason(failed, reason, sizeof reason);
-  keel__json_escape(reason, escaped, sizeof escaped);
-  int code = keel__wait_status_code(failed->wait_status);
-  launcher->restart_round = (keel__restart_round){
-      .active = true,
-      .began_ns = keel_now_ns(),
-      .deadline_ns =
-          keel_deadline_after_ns(options->collective_timeout_ns + options->restart_grace_ns),
-      .failed_uid = failed->uid,
-      .failed_code = code == 0 ? KEEL__EXIT_FAILURE : code,
-  };
-  keel__event_emit(launcher, "restart_begin",
-                   "\"restart\":%lld,\"failed_uid\":%u,\"reason\":\"%s\"",
-                   (long long)launcher->restarts_used + 1, (unsigned)failed->uid, escaped);
-  keel__display_note(launcher, "uid %u ended (%s): restarting the job", (unsigned)failed->uid,
-                     reason);
-  KEEL_LOG_W("launcher", "uid %u ended (%s): the others save and leave, then the job restarts",
-             (unsigned)failed->uid, reason);
-}
-
-/* Every process of the incarnation is gone: start the next one, or end the job when the
- * restarts are used up. */
-static void restart_round_finish(keel__launcher *launcher) {
-  keel__restart_round *round = &launcher->restart_round;
-  const keel__run_options *options = &launcher->options;
-  round->active = false;
-  if (launcher->restarts_used >= options->max_restarts) {
-    KEEL_LOG_E("launcher", "uid %u failed and --max-restarts %lld reached: ending the job",
-               (unsigned)round->failed_uid, (long long)options->max_restarts);
-    launcher_begin_ending(launcher, round->failed_code);
-    return;
-  }
-  /* The new epoch must be above every epoch the old processes used, reports of them still
-   * on their way from the watcher included. */
-  launcher_refresh_ranks(launcher);
-  launcher->restarts_used++;
-  launcher->incarnation = (keel__incarnation){
-      .index = launcher->restarts_used,
-      .first_uid = (uint32_t)launcher->child_count,
-      .first_epoch = launcher->max_epoch + 1,
-  };
-  launcher->max_epoch = launcher->incarnation.first_epoch;
-  if (!children_spawn(launcher, KEEL__ROLE_WORKER, options->world)) return;
-  const keel__incarnation *incarnation = &launcher->incarnation;
-  double down_ms = (double)(keel_now_ns() - round->began_ns) / 1e6;
-  keel__event_emit(launcher, "restart",
-                   "\"restart\":%lld,\"first_uid\":%u,\"first_epoch\":%lld,\"world\":%lld,"
-                   "\"down_ms\":%.3f",
-                   (long long)incarnation->index, (unsigned)incarnation->first_uid,
-                   (long long)incarnation->first_epoch, (long long)options->world, down_ms);
-  keel__display_note(launcher, "restart %lld: world %lld from uid %u, epoch %lld, down %.0f ms",
-                     (long long)incarnation->index, (long long)options->world,
-                     (unsigned)incarnation->first_uid, (long long)incarnation->first_epoch,
-                     down_ms);
-}
-
-/* A rank holder of the incarnation that ends badly starts a round (an exit 75 too: a
- * healthy worker may see the failure and leave before the failed one is reaped); while it
- * lasts, exits are workers leaving for the restart, and the last one reaped ends it. */
-static void restart_child_exited(keel__launcher *launcher, keel__child *child, bool failed) {
-  if (!launcher->restart_round.active && failed && child->holds_rank) {
-    restart_round_begin(launcher, child);
-    launcher_fence_node(launcher, child);
-  }
-  if (!launcher->restart_round.active) {
-    launcher_check_end(launcher);
-    return;
-  }
-  if (children_unreaped(launcher, launcher->incarnation.first_uid) == 0)
-    restart_round_finish(launcher);
-}
-
-static int64_t restart_round_deadline(const keel__launcher *launcher) {
-  bool waiting = launcher->restart_round.active && launcher->phase == KEEL__PHASE_RUNNING;
-  return waiting ? launcher->restart_round.deadline_ns : KEEL_NO_DEADLINE;
-}
-
-/* Processes of the incarnation still there at the deadline are fenced; the round ends once
- * they are reaped. */
-static void restart_round_tick(keel__launcher *launcher, int64_t now_ns) {
-  if (now_ns < restart_round_deadline(launcher)) return;
-  launcher->restart_round.deadline_ns = KEEL_NO_DEADLINE;
-  for (size_t i = launcher->incarnation.first_uid; i < launcher->child_count; i++)
-    keel__child_fence(launcher, &launcher->children[i], "restart: did not exit in time");
-}
-
-/* A worker that exits KEEL_EXIT_RESTART during a round saved its state: no failure. */
-static bool child_left_for_restart(const keel__launcher *launcher, const keel__child *child) {
-  return launcher->restart_round.active && !child->fenced && WIFEXITED(child->wait_status) &&
-         WEXITSTATUS(child->wait_status) == KEEL_EXIT_RESTART;
+  keel__launcher_terminate(launcher, code == 0 ? KEEL__EXIT_FAILURE : code, SIGTERM);
 }
 
 void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child) {
   bool failed =
       child->fenced || !WIFEXITED(child->wait_status) || WEXITSTATUS(child->wait_status) != 0;
-  if (child_left_for_restart(launcher, child)) {
+  if (keel__child_left_for_restart(launcher, child)) {
     keel__display_note(launcher, "uid %u saved and left for the restart", (unsigned)child->uid);
   } else if (failed) {
     char outcome[32];
@@ -317,15 +189,15 @@ void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child) {
   }
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (launcher->options.on_failure == KEEL__ON_FAILURE_RESTART) {
-    restart_child_exited(launcher, child, failed);
+    keel__restart_child_exited(launcher, child, failed);
     return;
   }
   if (failed && child->holds_rank) {
-    launcher_fence_node(launcher, child);
+    keel__launcher_fence_node(launcher, child);
     launcher_respawn(launcher, child);
     launcher_check_min_world(launcher, child);
   }
-  launcher_check_end(launcher);
+  keel__launcher_check_end(launcher);
 }
 
 /* ---- the loop's inputs */
@@ -334,7 +206,7 @@ static void launcher_handle_signals(keel__launcher *launcher) {
   while (read(launcher->signal_fd, &info, sizeof info) == (ssize_t)sizeof info) {
     if (info.ssi_signo == SIGCHLD) continue;
     KEEL_LOG_W("launcher", "%s: stopping the job", strsignal((int)info.ssi_signo));
-    launcher_terminate(launcher, 128 + (int)info.ssi_signo, SIGTERM);
+    keel__launcher_terminate(launcher, 128 + (int)info.ssi_signo, SIGTERM);
   }
   keel__children_reap(launcher);
 }
@@ -433,10 +305,10 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
   if (launcher->phase == KEEL__PHASE_RUNNING && now_ns >= launcher->timeout_deadline_ns) {
     KEEL_LOG_E("launcher", "--timeout passed: killing the job");
     keel__event_emit(launcher, "timeout", NULL);
-    launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
+    keel__launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
   }
   launcher_fence_lapsed(launcher, now_ns);
-  restart_round_tick(launcher, now_ns);
+  keel__restart_round_tick(launcher, now_ns);
   keel__joiners_tick(launcher, now_ns);
   if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
     if (launcher->phase == KEEL__PHASE_ENDING && keel__children_alive(launcher, false) > 0)
@@ -452,7 +324,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   if (launcher->phase == KEEL__PHASE_RUNNING && launcher->timeout_deadline_ns < next)
     next = launcher->timeout_deadline_ns;
   if (keel__joiners_deadline(launcher) < next) next = keel__joiners_deadline(launcher);
-  if (restart_round_deadline(launcher) < next) next = restart_round_deadline(launcher);
+  if (keel__restart_round_deadline(launcher) < next) next = keel__restart_round_deadline(launcher);
   if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
     next = launcher->phase_deadline_ns;
   int64_t now_ns = keel_now_ns();
@@ -467,7 +339,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
 
 /* Done once the job is over and every child, fenced ones included, has been reaped. */
 static bool launcher_finished(const keel__launcher *launcher) {
-  return launcher->phase != KEEL__PHASE_RUNNING && children_unreaped(launcher, 0) == 0;
+  return launcher->phase != KEEL__PHASE_RUNNING && keel__children_unreaped(launcher, 0) == 0;
 }
 
 static void launcher_loop(keel__launcher *launcher) {
@@ -480,7 +352,7 @@ static void launcher_loop(keel__launcher *launcher) {
     int ready = poll(fds, 3, keel_poll_timeout_ms(launcher_next_deadline(launcher)));
     if (ready < 0 && errno != EINTR) {
       KEEL_LOG_E("launcher", "poll: %s", strerror(errno));
-      launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
+      keel__launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
     }
     if (ready > 0 && fds[0].revents != 0) launcher_handle_signals(launcher);
     if (ready > 0 && fds[1].revents != 0) keel__status_drain(launcher);
@@ -708,8 +580,8 @@ static void launcher_spawn_all(keel__launcher *launcher) {
   launcher->start_ns = keel_now_ns();
   if (launcher->options.timeout_ns > 0)
     launcher->timeout_deadline_ns = keel_deadline_after_ns(launcher->options.timeout_ns);
-  if (!children_spawn(launcher, KEEL__ROLE_WORKER, launcher->options.world)) return;
-  if (!children_spawn(launcher, KEEL__ROLE_SPARE, launcher->options.spares)) return;
+  if (!keel__children_spawn(launcher, KEEL__ROLE_WORKER, launcher->options.world)) return;
+  if (!keel__children_spawn(launcher, KEEL__ROLE_SPARE, launcher->options.spares)) return;
   keel__joiners_schedule(launcher);
 }
 

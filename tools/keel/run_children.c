@@ -363,3 +363,21 @@ int keel__children_verdict(const keel__launcher *launcher) {
   if (any_finished || first_bad == NULL) return 0;
   return keel__wait_status_code(first_bad->wait_status);
 }
+
+/* Children from first_uid on that are not reaped yet, fenced ones included. */
+size_t keel__children_unreaped(const keel__launcher *launcher, size_t first_uid) {
+  size_t count = 0;
+  for (size_t i = first_uid; i < launcher->child_count; i++) count += launcher->children[i].alive;
+  return count;
+}
+
+/* Starts count children in role; on a failure the job is killed and it returns false. */
+bool keel__children_spawn(keel__launcher *launcher, keel__role role, int64_t count) {
+  for (int64_t i = 0; i < count; i++) {
+    if (keel__child_spawn(launcher, role) != KEEL_OK) {
+      keel__launcher_terminate(launcher, KEEL__EXIT_FAILURE, SIGKILL);
+      return false;
+    }
+  }
+  return true;
+}
