@@ -4,28 +4,22 @@
  * Usage: recovery [--json] [--policy shrink|replace|both] [--trials N] [--keel PATH] [--keep]
  *        recovery --worker [--seconds S]   (what the jobs run: small resilient allreduces) */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
-#include <limits.h>
 #include <math.h>
 #include <signal.h>
-#include <spawn.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_jobs.h"
+#include "bench_stats.h"
 #include "keel/comm.h"
-
-extern char **environ;
 
 #define WORLD 4
 #define MAX_TRIALS 1000
-#define SECOND_NS ((int64_t)1000 * 1000 * 1000)
+#define SECOND_NS BENCH_SECOND_NS
 /* Bounds of one trial: to start, to recover after the kill, to end after the recovery. */
 #define START_LIMIT_NS (30 * SECOND_NS)
 #define RECOVERY_LIMIT_NS (30 * SECOND_NS)
@@ -34,7 +28,6 @@ extern char **environ;
  * allreduce), then a random delay up to KILL_JITTER_NS so it lands anywhere in a step. */
 #define WARM_STEPS 30
 #define KILL_JITTER_NS (5 * 1000 * 1000)
-#define POLL_INTERVAL_NS (2 * 1000 * 1000)
 /* Worker: elements of the allreduce (4 KiB of f32), pause per step, steps after recovery. */
 #define WORKER_COUNT 1024
 #define WORKER_PAUSE_NS (1000 * 1000)
@@ -136,8 +129,7 @@ static const char *const part_names[PART_COUNT] = {"detect_ms",  "revoke_ms",   
                                                    "rebuild_ms", "state_transfer_ms", "redo_ms"};
 
 typedef struct trial {
-  bool ok;
-  char why[160];            /* when not ok */
+  bench_verdict verdict;
   double latency_ms;        /* kill -> recovery event's t_ns */
   double kill_to_detect_ms; /* kill -> t_detect_ns, when a survivor's collective failed */
   double parts[PART_COUNT];
@@ -177,104 +169,42 @@ static int parse_options(int argc, char **argv, options *opts) {
   return 0;
 }
 
-static void sleep_ns(int64_t duration_ns) {
-  struct timespec pause = {duration_ns / SECOND_NS, duration_ns % SECOND_NS};
-  nanosleep(&pause, NULL);
-}
-
 /* ---- reading the job's events file as it grows */
 
 typedef struct job_view {
-  char line[8192]; /* the incomplete tail of what was read */
-  size_t length;
-  int fd;
+  bench_lines lines;
+  int64_t kill_ns;          /* recovery events count only after it (0: not yet killed) */
   pid_t worker_pids[WORLD]; /* by uid, from "spawn" events; 0: not seen */
   int64_t epoch0_step;      /* highest step a progress line of epoch 0 showed */
   bool recovered;
   char recovery[4096]; /* the first recovery event after the kill */
 } job_view;
 
-/* The number after "key": in a flat JSON line. */
-static bool json_int64(const char *line, const char *key, int64_t *value_p) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  if (at == NULL) return false;
-  char *end;
-  errno = 0;
-  long long value = strtoll(at + strlen(pattern), &end, 10);
-  if (errno != 0 || end == at + strlen(pattern)) return false;
-  *value_p = value;
-  return true;
-}
-
-static bool json_double(const char *line, const char *key, double *value_p) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  if (at == NULL) return false;
-  char *end;
-  double value = strtod(at + strlen(pattern), &end);
-  if (end == at + strlen(pattern)) return false;
-  *value_p = value;
-  return true;
-}
-
-static bool json_has(const char *line, const char *key, const char *text) {
-  char pattern[128];
-  snprintf(pattern, sizeof pattern, "\"%s\":\"%s\"", key, text);
-  return strstr(line, pattern) != NULL;
-}
-
-static void view_line(job_view *view, const char *line, int64_t kill_ns) {
+static void view_line(const char *line, void *arg) {
+  job_view *view = arg;
   int64_t uid, pid, step, epoch, t_ns;
-  if (json_has(line, "event", "spawn") && json_has(line, "role", "worker") &&
-      json_int64(line, "uid", &uid) && json_int64(line, "pid", &pid) && uid >= 0 && uid < WORLD)
+  if (bench_json_has(line, "event", "spawn") && bench_json_has(line, "role", "worker") &&
+      bench_json_int64(line, "uid", &uid) && bench_json_int64(line, "pid", &pid) && uid >= 0 &&
+      uid < WORLD)
     view->worker_pids[uid] = (pid_t)pid;
-  if (json_has(line, "event", "progress") && json_int64(line, "epoch", &epoch) && epoch == 0 &&
-      json_int64(line, "step", &step) && step > view->epoch0_step)
+  if (bench_json_has(line, "event", "progress") && bench_json_int64(line, "epoch", &epoch) &&
+      epoch == 0 && bench_json_int64(line, "step", &step) && step > view->epoch0_step)
     view->epoch0_step = step;
-  if (json_has(line, "event", "recovery") && !view->recovered && kill_ns > 0 &&
-      json_int64(line, "t_ns", &t_ns) && t_ns > kill_ns) {
+  if (bench_json_has(line, "event", "recovery") && !view->recovered && view->kill_ns > 0 &&
+      bench_json_int64(line, "t_ns", &t_ns) && t_ns > view->kill_ns) {
     int length = snprintf(view->recovery, sizeof view->recovery, "%s", line);
     view->recovered = length > 0 && (size_t)length < sizeof view->recovery;
   }
 }
 
-/* Reads what the launcher appended and handles each complete line. kill_ns: recovery
- * events are taken only after it (0: not yet killed). */
-static void view_update(job_view *view, const char *path, int64_t kill_ns) {
-  if (view->fd < 0) view->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (view->fd < 0) return; /* the launcher has not created it yet */
-  for (;;) {
-    ssize_t got = read(view->fd, view->line + view->length, sizeof view->line - 1 - view->length);
-    if (got <= 0) return;
-    view->length += (size_t)got;
-    view->line[view->length] = '\0';
-    char *start = view->line, *newline;
-    while ((newline = strchr(start, '\n')) != NULL) {
-      *newline = '\0';
-      view_line(view, start, kill_ns);
-      start = newline + 1;
-    }
-    view->length -= (size_t)(start - view->line);
-    memmove(view->line, start, view->length);
-    /* A line longer than the buffer is no line of RUNTIME.md's: drop it. */
-    if (view->length == sizeof view->line - 1) view->length = 0;
-  }
+/* Reads what the launcher appended and handles each complete line. */
+static void view_update(job_view *view, const char *path) {
+  bench_lines_read(&view->lines, path, view_line, view);
 }
 
 /* ---- the job */
 
-typedef struct job {
-  pid_t launcher;
-  bool reaped;
-  int wait_status;
-  char events_path[PATH_MAX];
-  char log_path[PATH_MAX];
-} job;
-
-static keel_status job_start(job *j, const char *keel, const char *self, policy which,
+static keel_status job_start(bench_job *j, const char *keel, const char *self, policy which,
                              int64_t seconds) {
   char world[16], worker_seconds[16], limit[32];
   snprintf(world, sizeof world, "%d", WORLD);
@@ -292,52 +222,7 @@ static keel_status job_start(job *j, const char *keel, const char *self, policy 
   }
   const char *tail[] = {"--", self, "--worker", "--seconds", worker_seconds, NULL};
   for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[argc++] = tail[i];
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, j->log_path,
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  int error = posix_spawn(&j->launcher, keel, &actions, NULL, (char *const *)argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) {
-    fprintf(stderr, "recovery: cannot start %s: %s\n", keel, strerror(error));
-    return keel_status_from_errno(error);
-  }
-  return KEEL_OK;
-}
-
-static bool job_try_reap(job *j) {
-  if (j->reaped) return true;
-  pid_t got = waitpid(j->launcher, &j->wait_status, WNOHANG);
-  if (got == j->launcher) j->reaped = true;
-  return j->reaped;
-}
-
-/* Waits up to limit_ns for the launcher to exit; false if it is still running. */
-static bool job_wait(job *j, int64_t limit_ns) {
-  int64_t deadline = keel_now_ns() + limit_ns;
-  while (!job_try_reap(j)) {
-    if (keel_now_ns() >= deadline) return false;
-    sleep_ns(POLL_INTERVAL_NS);
-  }
-  return true;
-}
-
-/* Ends the job by the launcher's pid: SIGTERM lets it kill and reap its children; SIGKILL
- * if it does not (its children then die of PR_SET_PDEATHSIG). Always reaps the launcher. */
-static void job_kill(job *j) {
-  if (j->reaped) return;
-  kill(j->launcher, SIGTERM);
-  if (job_wait(j, 3 * SECOND_NS)) return;
-  kill(j->launcher, SIGKILL);
-  waitpid(j->launcher, &j->wait_status, 0);
-  j->reaped = true;
-}
-
-static int job_exit_code(const job *j) {
-  if (WIFEXITED(j->wait_status)) return WEXITSTATUS(j->wait_status);
-  return WIFSIGNALED(j->wait_status) ? 128 + WTERMSIG(j->wait_status) : -1;
+  return bench_job_spawn(j, argv, NULL);
 }
 
 /* true if pid is alive and a child of the launcher: never SIGKILL a recycled pid. */
@@ -357,54 +242,44 @@ typedef struct driver {
   keel_random random;
 } driver;
 
-static bool trial_fail(trial *t, const char *format, ...) __attribute__((format(printf, 2, 3)));
-
-/* Records why the trial failed (truncated to fit); returns false for the caller to pass on. */
-static bool trial_fail(trial *t, const char *format, ...) {
-  t->ok = false;
-  va_list arguments;
-  va_start(arguments, format);
-  vsnprintf(t->why, sizeof t->why, format, arguments);
-  va_end(arguments);
-  return false;
-}
-
 /* Phase 1: until every rank is in the loop; false if the job ended or took too long. */
-static bool wait_until_running(job *j, job_view *view, trial *t) {
+static bool wait_until_running(bench_job *j, job_view *view, trial *t) {
   int64_t deadline = keel_now_ns() + START_LIMIT_NS;
   while (view->epoch0_step < WARM_STEPS) {
-    view_update(view, j->events_path, 0);
-    if (job_try_reap(j)) return trial_fail(t, "job ended before it was running (%s)", j->log_path);
+    view_update(view, j->events_path);
+    if (bench_job_try_reap(j))
+      return bench_fail(&t->verdict, "job ended before it was running (%s)", j->log_path);
     if (keel_now_ns() >= deadline)
-      return trial_fail(t, "job not running after 30 s (%s)", j->log_path);
-    sleep_ns(POLL_INTERVAL_NS);
+      return bench_fail(&t->verdict, "job not running after 30 s (%s)", j->log_path);
+    bench_sleep_ns(BENCH_POLL_INTERVAL_NS);
   }
   return true;
 }
 
 /* Phase 2: kills a random non-zero rank; *kill_ns_p is taken right before kill(). */
-static bool kill_one(driver *d, job *j, job_view *view, trial *t, int64_t *kill_ns_p) {
-  sleep_ns((int64_t)keel_random_below(&d->random, KILL_JITTER_NS));
+static bool kill_one(driver *d, bench_job *j, job_view *view, trial *t, int64_t *kill_ns_p) {
+  bench_sleep_ns((int64_t)keel_random_below(&d->random, KILL_JITTER_NS));
   uint32_t victim = 1 + (uint32_t)keel_random_below(&d->random, WORLD - 1);
   pid_t pid = view->worker_pids[victim];
   if (pid <= 0 || !is_launcher_child(pid, j->launcher))
-    return trial_fail(t, "no live worker pid for the victim (%s)", j->events_path);
+    return bench_fail(&t->verdict, "no live worker pid for the victim (%s)", j->events_path);
   *kill_ns_p = keel_now_ns();
-  if (kill(pid, SIGKILL) != 0) return trial_fail(t, "kill: %s", strerror(errno));
+  view->kill_ns = *kill_ns_p;
+  if (kill(pid, SIGKILL) != 0) return bench_fail(&t->verdict, "kill: %s", strerror(errno));
   if (d->opts->verbose) fprintf(stderr, "recovery: killed uid %u (pid %ld)\n", victim, (long)pid);
   return true;
 }
 
 /* Phase 3: until the recovery event after the kill. */
-static bool wait_for_recovery(job *j, job_view *view, trial *t, int64_t kill_ns) {
+static bool wait_for_recovery(bench_job *j, job_view *view, trial *t, int64_t kill_ns) {
   while (!view->recovered) {
-    view_update(view, j->events_path, kill_ns);
+    view_update(view, j->events_path);
     if (view->recovered) break;
-    if (job_try_reap(j))
-      return trial_fail(t, "job ended without a recovery event (%s)", j->events_path);
+    if (bench_job_try_reap(j))
+      return bench_fail(&t->verdict, "job ended without a recovery event (%s)", j->events_path);
     if (keel_now_ns() - kill_ns >= RECOVERY_LIMIT_NS)
-      return trial_fail(t, "no recovery within 30 s of the kill (%s)", j->events_path);
-    sleep_ns(POLL_INTERVAL_NS);
+      return bench_fail(&t->verdict, "no recovery within 30 s of the kill (%s)", j->events_path);
+    bench_sleep_ns(BENCH_POLL_INTERVAL_NS);
   }
   return true;
 }
@@ -413,61 +288,57 @@ static bool wait_for_recovery(job *j, job_view *view, trial *t, int64_t kill_ns)
 static bool trial_record(trial *t, const job_view *view, policy which, int64_t kill_ns) {
   int64_t t_ns, detect_ns, new_world, replaced;
   const char *event = view->recovery;
-  if (!json_int64(event, "t_ns", &t_ns) || !json_int64(event, "new_world", &new_world))
-    return trial_fail(t, "malformed recovery event: %.100s", event);
+  if (!bench_json_int64(event, "t_ns", &t_ns) || !bench_json_int64(event, "new_world", &new_world))
+    return bench_fail(&t->verdict, "malformed recovery event: %.100s", event);
   int64_t expected_world = which == POLICY_SHRINK ? WORLD - 1 : WORLD;
   if (new_world != expected_world ||
-      (which == POLICY_REPLACE && (!json_int64(event, "replaced", &replaced) || replaced != 1)))
-    return trial_fail(t, "unexpected membership after recovery: %.100s", event);
+      (which == POLICY_REPLACE &&
+       (!bench_json_int64(event, "replaced", &replaced) || replaced != 1)))
+    return bench_fail(&t->verdict, "unexpected membership after recovery: %.100s", event);
   t->latency_ms = (double)(t_ns - kill_ns) / 1e6;
-  t->kill_to_detect_ms =
-      json_int64(event, "t_detect_ns", &detect_ns) ? (double)(detect_ns - kill_ns) / 1e6 : NAN;
+  t->kill_to_detect_ms = bench_json_int64(event, "t_detect_ns", &detect_ns)
+                             ? (double)(detect_ns - kill_ns) / 1e6
+                             : NAN;
   for (int i = 0; i < PART_COUNT; i++) {
-    if (!json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
+    if (!bench_json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
   }
-  t->ok = true;
+  t->verdict.ok = true;
   return true;
 }
 
 static void trial_run(driver *d, policy which, int index, trial *t) {
-  job j = {0};
-  job_view view = {.fd = -1};
+  bench_job j = {0};
+  job_view view = {.lines.fd = -1};
   *t = (trial){0};
-  int events_length = snprintf(j.events_path, sizeof j.events_path, "%s/%s-%02d.events",
-                               d->directory, policy_names[which], index);
-  int log_length = snprintf(j.log_path, sizeof j.log_path, "%s/%s-%02d.log", d->directory,
-                            policy_names[which], index);
-  if (events_length >= (int)sizeof j.events_path || log_length >= (int)sizeof j.log_path) {
-    trial_fail(t, "path too long under %s", d->directory);
+  char name[32];
+  snprintf(name, sizeof name, "%s-%02d", policy_names[which], index);
+  if (!bench_job_paths(&j, d->directory, name)) {
+    bench_fail(&t->verdict, "path too long under %s", d->directory);
     return;
   }
   if (job_start(&j, d->keel, d->self, which, d->opts->worker_seconds) != KEEL_OK) {
-    trial_fail(t, "cannot start %s", d->keel);
+    bench_fail(&t->verdict, "cannot start %s", d->keel);
     return;
   }
   int64_t kill_ns = 0;
   bool going = wait_until_running(&j, &view, t) && kill_one(d, &j, &view, t, &kill_ns) &&
                wait_for_recovery(&j, &view, t, kill_ns) && trial_record(t, &view, which, kill_ns);
   /* The job should end by itself some steps after the recovery, and end well. */
-  if (going && !job_wait(&j, EXIT_LIMIT_NS))
-    trial_fail(t, "job still running 30 s after recovery (%s)", j.log_path);
-  job_kill(&j);
-  if (going && t->ok && job_exit_code(&j) != 0) {
-    trial_fail(t, "job exited %d after recovering (%s)", job_exit_code(&j), j.log_path);
+  if (going && !bench_job_wait(&j, EXIT_LIMIT_NS))
+    bench_fail(&t->verdict, "job still running 30 s after recovery (%s)", j.log_path);
+  bench_job_kill(&j);
+  if (going && t->verdict.ok && bench_job_exit_code(&j) != 0) {
+    bench_fail(&t->verdict, "job exited %d after recovering (%s)", bench_job_exit_code(&j),
+               j.log_path);
   }
-  if (view.fd >= 0) close(view.fd);
-  if (!d->opts->keep && t->ok) {
+  if (view.lines.fd >= 0) close(view.lines.fd);
+  if (!d->opts->keep && t->verdict.ok) {
     unlink(j.events_path);
     unlink(j.log_path);
   }
 }
 
 /* ---- summaries */
-
-static int compare_doubles(const void *left, const void *right) {
-  double a = *(const double *)left, b = *(const double *)right;
-  return (a > b) - (a < b);
-}
 
 /* Nearest-rank percentile of sorted values (with 20 values, p99 is the largest). */
 static double percentile(const double *sorted, int count, double p) {
@@ -485,7 +356,7 @@ static void summarize(const trial *trials, int count, summary *s) {
   double latencies[MAX_TRIALS];
   *s = (summary){0};
   for (int i = 0; i < count; i++) {
-    if (!trials[i].ok) {
+    if (!trials[i].verdict.ok) {
       s->failed++;
       continue;
     }
@@ -494,7 +365,7 @@ static void summarize(const trial *trials, int count, summary *s) {
     for (int p = 0; p < PART_COUNT; p++) s->parts[p] += trials[i].parts[p];
   }
   if (s->ok == 0) return;
-  qsort(latencies, (size_t)s->ok, sizeof latencies[0], compare_doubles);
+  qsort(latencies, (size_t)s->ok, sizeof latencies[0], bench_compare_doubles);
   s->p50 = percentile(latencies, s->ok, 50);
   s->p99 = percentile(latencies, s->ok, 99);
   s->min = latencies[0];
@@ -547,8 +418,9 @@ static int run_policy(driver *d, policy which) {
   static trial trials[MAX_TRIALS];
   for (int i = 0; i < d->opts->trials; i++) {
     trial_run(d, which, i, &trials[i]);
-    if (!trials[i].ok)
-      fprintf(stderr, "recovery: %s trial %d failed: %s\n", policy_names[which], i, trials[i].why);
+    if (!trials[i].verdict.ok)
+      fprintf(stderr, "recovery: %s trial %d failed: %s\n", policy_names[which], i,
+              trials[i].verdict.why);
     else if (d->opts->verbose)
       fprintf(stderr, "recovery: %s trial %d: %.2f ms\n", policy_names[which], i,
               trials[i].latency_ms);
@@ -561,28 +433,9 @@ static int run_policy(driver *d, policy which) {
 
 /* keel is found next to this program (<dir>/../bin/keel) unless --keel names it. */
 static bool driver_paths(driver *d, const char *argv0) {
-  ssize_t length = readlink("/proc/self/exe", d->self, sizeof d->self - 1);
-  if (length <= 0 && realpath(argv0, d->self) == NULL) return false;
-  if (length > 0) d->self[length] = '\0';
-  int used;
-  if (d->opts->keel_path) {
-    used = snprintf(d->keel, sizeof d->keel, "%s", d->opts->keel_path);
-  } else {
-    const char *slash = strrchr(d->self, '/');
-    int dir_length = slash ? (int)(slash - d->self) : 1;
-    used = snprintf(d->keel, sizeof d->keel, "%.*s/../bin/keel", dir_length, slash ? d->self : ".");
-  }
-  if (used >= (int)sizeof d->keel || access(d->keel, X_OK) != 0) {
-    fprintf(stderr, "recovery: no keel binary at %s (build keel_tool, or pass --keel PATH)\n",
-            d->keel);
-    return false;
-  }
-  snprintf(d->directory, sizeof d->directory, "/tmp/keel-bench-recovery-XXXXXX");
-  if (mkdtemp(d->directory) == NULL) {
-    fprintf(stderr, "recovery: cannot make a directory in /tmp: %s\n", strerror(errno));
-    return false;
-  }
-  return true;
+  return bench_self_path(argv0, d->self, sizeof d->self) &&
+         bench_program_path(d->self, d->opts->keel_path, "bin/keel", d->keel, sizeof d->keel) &&
+         bench_make_directory("recovery", d->directory, sizeof d->directory);
 }
 
 static int driver_main(const options *opts, const char *argv0) {

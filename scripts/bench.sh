@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: keel's allreduce against its peers on this machine, and keel's recovery
-# benchmark, in one run. Usage: scripts/bench.sh BUILD_DIR
+# `make bench`: keel's allreduce against its peers on this machine, and keel's recovery and
+# just-in-time checkpoint benchmarks, in one run. Usage: scripts/bench.sh BUILD_DIR
 #
 # 1. Installs the peers (scripts/deps.sh --bench: Gloo, Open MPI, MPICH) and builds their
 #    harnesses (bench/peers/build.sh). A peer that cannot be installed or built is reported
@@ -19,7 +19,9 @@
 #      keel-*-resilient    keel_allreduce_resilient, both transports (no failure: the
 #                          bookkeeping's cost)
 #      memcpy              one thread, the largest size, by rank 0 of each keel run
-# 3. Runs bench/recovery --policy both (kill -9 of a worker, shrink and replace).
+# 3. Runs bench/recovery --policy both (kill -9 of a worker, shrink and replace), then
+#    bench/jit (Fashion-MNIST on 4 ranks: JIT's steady-state cost, recovery breakdown of
+#    user-level and in-process JIT, wasted minibatches, bit-exact parameters; about 1.5 min).
 # 4. Prints the tables: time per operation with each peer's time / keel's on the same kind
 #    of transport (>1: keel is faster): openmpi-shm and mpich (shared memory) against
 #    keel-shm, openmpi-tcp and gloo-* against keel-tcp; bus bandwidth with keel's fraction
@@ -28,13 +30,14 @@
 # BENCH_JSON=1: JSON lines only on stdout (one object per measurement, recovery's too);
 # notes and tables go nowhere, progress to stderr. BENCH_NO_INSTALL=1 skips scripts/deps.sh
 # (the peers that are not installed are then reported missing). Every command runs under
-# a time limit (BENCH_TIMEOUT_S, default 300 s); the whole run takes 3-4 minutes here.
+# a time limit (BENCH_TIMEOUT_S, default 300 s); the whole run takes 5-6 minutes here.
 set -euo pipefail
 
 build=${1:-build}
 keel="$build/bin/keel"
 allreduce="$build/bench/allreduce"
 recovery="$build/bench/recovery"
+jit="$build/bench/jit"
 peers="$build/bench/peers"
 json=${BENCH_JSON:-0}
 sizes=${BENCH_SIZES:-4KiB,256KiB,1MiB,16MiB,64MiB}
@@ -47,7 +50,7 @@ note() {
   if [ "$json" = 1 ]; then echo "$*" >&2; else echo "$*"; fi
 }
 
-for program in "$keel" "$allreduce" "$recovery"; do
+for program in "$keel" "$allreduce" "$recovery" "$jit"; do
   if [ ! -x "$program" ]; then
     echo "bench: $program is missing (build first: make build, or cmake --build $build)" >&2
     exit 1
@@ -139,6 +142,12 @@ if [ "$json" = 1 ]; then
   "$recovery" --policy both --json
 else
   "$recovery" --policy both >"$work/recovery.txt"
+fi
+echo "bench: jit" >&2
+if [ "$json" = 1 ]; then
+  "$jit" --json || failed[jit]="exit $?"
+else
+  "$jit" >"$work/jit.txt" || failed[jit]="exit $?"
 fi
 elapsed=$(($(date +%s) - started))
 echo "bench: done in ${elapsed} s" >&2
@@ -282,6 +291,10 @@ note ""
 note "## Recovery: $recovery --policy both"
 note ""
 cat "$work/recovery.txt"
+note ""
+note "## Just-in-time checkpoints: $jit"
+note ""
+cat "$work/jit.txt"
 note ""
 note "# notes: mpich with more ranks than cores gets half the time per size (it spins);"
 note "# Open MPI runs with --bind-to none, as keel does not pin its ranks."
