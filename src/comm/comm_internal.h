@@ -149,6 +149,7 @@ struct keel_ctx {
   pthread_t acceptor_thread;
   bool acceptor_started;
   int wake_fd; /* eventfd: a link is waiting in accepted */
+  int stop_fd; /* eventfd: keel_finalize wakes both threads to stop */
   pthread_mutex_t accepted_mutex;
   keel_link *accepted[64];
   int accepted_count;

@@ -161,10 +161,12 @@ static keel_status read_environment(keel_ctx *ctx) {
 
 static void *keepalive_main(void *argument) {
   keel_ctx *ctx = argument;
-  int64_t period_ns = ctx->heartbeat_ns / 3;
+  int period_ms = (int)(ctx->heartbeat_ns / 3 / 1000000);
   while (!atomic_load(&ctx->stopping)) {
-    struct timespec pause = {(time_t)(period_ns / 1000000000), (long)(period_ns % 1000000000)};
-    nanosleep(&pause, NULL);
+    /* Sleeps on the stop descriptor, so that keel_finalize (a worker leaving for a restart
+     * among them) does not wait out a keepalive period. */
+    struct pollfd stop = {.fd = ctx->stop_fd, .events = POLLIN};
+    poll(&stop, 1, period_ms > 0 ? period_ms : 1);
     if (atomic_load(&ctx->stopping)) break;
     keel_status status = keel_store_lease_keepalive(ctx->keepalive_store, ctx->lease);
     if (status == KEEL_ENOTFOUND) {
@@ -180,8 +182,9 @@ static void *keepalive_main(void *argument) {
 static void *acceptor_main(void *argument) {
   keel_ctx *ctx = argument;
   while (!atomic_load(&ctx->stopping)) {
-    struct pollfd poller = {.fd = keel_listener_fd(ctx->listener), .events = POLLIN};
-    if (poll(&poller, 1, 100) <= 0) continue;
+    struct pollfd pollers[2] = {{.fd = keel_listener_fd(ctx->listener), .events = POLLIN},
+                                {.fd = ctx->stop_fd, .events = POLLIN}};
+    if (poll(pollers, 2, 100) <= 0 || pollers[0].revents == 0) continue;
     keel_link *link = NULL;
     keel_status status =
         keel_listener_accept(ctx->listener, &ctx->auth, keel_deadline_after_ns(2000000000), &link);
@@ -320,6 +323,7 @@ keel_status keel__publish_proc(keel_ctx *ctx, int rank, uint64_t epoch) {
 static void ctx_defaults(keel_ctx *ctx) {
   ctx->status_fd = -1;
   ctx->wake_fd = -1;
+  ctx->stop_fd = -1;
   ctx->timeout_ns = 30 * (int64_t)1000000000;
   /* Two seconds: a lease must survive a process not being scheduled for a while on a
    * loaded machine, or a slow process is taken for a hung one. */
@@ -372,6 +376,8 @@ static keel_status join_job(keel_ctx *ctx) {
   snprintf(ctx->address, sizeof ctx->address, "%s", keel_listener_address(ctx->listener));
   ctx->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (ctx->wake_fd < 0) return keel_status_from_errno(errno);
+  ctx->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (ctx->stop_fd < 0) return keel_status_from_errno(errno);
   if ((status = start_threads(ctx))) return status;
 
   bool worker = ctx->role == KEEL__ROLE_WORKER;
@@ -559,6 +565,11 @@ void keel_finalize(keel_ctx *ctx) {
     keel__progress(ctx, 0);
   }
   atomic_store(&ctx->stopping, true);
+  if (ctx->stop_fd >= 0) {
+    uint64_t one = 1;
+    ssize_t ignored = write(ctx->stop_fd, &one, sizeof one);
+    (void)ignored;
+  }
   if (ctx->acceptor_started) pthread_join(ctx->acceptor_thread, NULL);
   if (ctx->keepalive_started) pthread_join(ctx->keepalive_thread, NULL);
   if (ctx->lease != 0 && ctx->store != NULL) {
@@ -586,6 +597,7 @@ void keel_finalize(keel_ctx *ctx) {
   keel_store_close(ctx->keepalive_store);
   keel_store_close(ctx->store);
   if (ctx->wake_fd >= 0) close(ctx->wake_fd);
+  if (ctx->stop_fd >= 0) close(ctx->stop_fd);
   pthread_mutex_destroy(&ctx->accepted_mutex);
   free(ctx->scratch);
   free(ctx);
