@@ -2,8 +2,8 @@
  * `--ckpt jit` the healthy ranks save when a collective fails, every process restarts and
  * resumes from the newest complete snapshot, for a failure at each phase of a minibatch,
  * during the save itself, twice in a row, with a corrupted snapshot, with a hang, with a
- * full disk, and with hybrid sharding; with `--on-failure replace` (in-process JIT) nothing
- * is saved. Every case ends bit-identical to a run without failure and redoes at most the
+ * full disk, and with hybrid sharding, and the Fashion-MNIST example on real data; with
+ * `--on-failure replace` (in-process JIT) nothing is saved. Every case ends bit-identical to a run without failure and redoes at most the
  * minibatch in which the failure happened, as the events file shows. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -243,6 +243,40 @@ static void test_in_process_two_failures(void **state) {
   keel_test_events_free(&log);
 }
 
+/* ---- the real example: Fashion-MNIST, a restart at the optimizer step */
+
+/* Runs fashion_mnist (200 steps) under `keel run FLAGS` with fault; returns its result line
+ * ("test-accuracy A params-crc32c C") in line. */
+static void fashion_run(keel_test_job *run, const char *const *flags, const char *fault,
+                        char *line, size_t capacity) {
+  char program[512]; /* keel_test_bin's storage is reused when the job finds keel */
+  snprintf(program, sizeof program, "%s", keel_test_bin("fashion_mnist"));
+  int code = keel_test_job_run(run, JOB_TIMEOUT, JOB_TIMEOUT_MS, flags, program,
+                               LIST("--steps", "200", "--quiet"), fault);
+  if (code != 0) keel_test_print_file("job output", run->output);
+  assert_int_equal(code, 0);
+  if (!keel_test_last_line_with(run->output, "test-accuracy", line, capacity))
+    fail_msg("no result line in %s", run->output);
+}
+
+static void test_fashion_mnist_restart_is_exact(void **state) {
+  (void)state;
+  keel_test_job clean_run, failed_run;
+  char clean[128], failed[128];
+  assert_true(keel_test_job_prepare(&clean_run, "keel-jit"));
+  fashion_run(&clean_run, LIST("-n", "4"), NULL, clean, sizeof clean);
+  assert_true(keel_test_job_prepare(&failed_run, "keel-jit"));
+  jit_flags flags;
+  fashion_run(&failed_run, jit_flags_make(&flags, &failed_run, NULL),
+              "kill@rank=1,step=120,point=optimizer", failed, sizeof failed);
+  if (strcmp(clean, failed) != 0) fail_msg("clean run: %s\nafter a restart: %s", clean, failed);
+  keel_test_events log;
+  keel_test_events_read(failed_run.events, MAX_EVENTS, &log);
+  assert_int_equal(assert_restarts_redo_one(&log), 1);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
 /* ---- the table of cases */
 static restart_case restarts[] = {
     {"jit_kill_at_forward", "kill@rank=2,step=7,point=forward", 1, NULL, -1},
@@ -275,12 +309,13 @@ static struct CMUnitTest case_test(const char *name, CMUnitTestFunction function
 }
 
 int main(void) {
-  struct CMUnitTest tests[CASE_COUNT(restarts) + 3];
+  struct CMUnitTest tests[CASE_COUNT(restarts) + 4];
   size_t count = 0;
   for (size_t i = 0; i < CASE_COUNT(restarts); i++)
     tests[count++] = case_test(restarts[i].name, test_restart_is_exact, &restarts[i]);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_half_saved_snapshot_is_there);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_full_disk_starts_over);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_in_process_two_failures);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_fashion_mnist_restart_is_exact);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
