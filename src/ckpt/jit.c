@@ -2,7 +2,6 @@
  * fails. Its failure hook writes this rank's registered state into the persistent tier with
  * no collective; in a restarted process it restores the newest complete snapshot of this
  * rank's shard from any replica. Registry, format, tiers and restore are the engine's. */
-#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
