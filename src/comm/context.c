@@ -14,6 +14,9 @@
 #include "comm/comm_internal.h"
 
 #define MODULE "comm"
+/* How long a leaving process waits for its peers' goodbyes after its own: peers that finish
+ * with it say it at once; a busier one has had this long to read what we sent. */
+#define LINGER_NS ((int64_t)1000 * 1000 * 1000)
 
 size_t keel_dtype_size(keel_dtype dtype) {
   switch (dtype) {
@@ -541,6 +544,24 @@ static void say_goodbye(keel_ctx *ctx) {
   keel__flush(ctx, keel_deadline_after_ns(1000000000));
 }
 
+/* Whether every linked peer has said goodbye (a goodbye is a peer's last frame) or is gone. */
+static bool peers_all_done(const keel_ctx *ctx) {
+  for (uint32_t uid = 0; uid < KEEL__MAX_UIDS; uid++) {
+    const keel__peer *peer = ctx->peers[uid];
+    if (peer != NULL && peer->link != NULL && !peer->failed && !peer->left) return false;
+  }
+  return true;
+}
+
+/* A lingering close: after its goodbye a process reads what its peers still send until
+ * each has said goodbye too or is gone, or the deadline, so that no unread byte makes
+ * close() reset a connection whose last data a slower peer has not read yet. */
+static void linger_until_peers_done(keel_ctx *ctx, int64_t deadline_ns) {
+  while (!peers_all_done(ctx) && keel_now_ns() < deadline_ns)
+    keel__progress(ctx, keel_deadline_after_ns(50 * 1000000));
+  keel__progress(ctx, 0);
+}
+
 static void free_peers(keel_ctx *ctx) {
   for (uint32_t uid = 0; uid < KEEL__MAX_UIDS; uid++) {
     keel__peer *peer = ctx->peers[uid];
@@ -560,9 +581,7 @@ void keel_finalize(keel_ctx *ctx) {
   if (ctx == NULL) return;
   if (!ctx->standalone && ctx->store != NULL) {
     say_goodbye(ctx);
-    /* Read what peers sent last: closing a socket with unread data resets the connection,
-     * and a reset can destroy data the peer has not read yet. */
-    keel__progress(ctx, 0);
+    linger_until_peers_done(ctx, keel_deadline_after_ns(LINGER_NS));
   }
   atomic_store(&ctx->stopping, true);
   if (ctx->stop_fd >= 0) {

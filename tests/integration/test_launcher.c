@@ -86,6 +86,7 @@ static bool json_line_valid(const char *line) {
 
 /* ---- the events file */
 static bool field_is(const char *line, const char *key, const char *text) {
+  if (line == NULL) return false;
   const char *at = keel_test_event_field(line, key);
   return at != NULL && *at == '"' && strncmp(at + 1, text, strlen(text)) == 0 &&
          at[1 + strlen(text)] == '"';
@@ -481,8 +482,9 @@ static void test_restart_once(void **state) {
         field_is(keel_test_events_find(&log, "exit", uid), "status", uid == 1 ? "SIGKILL" : "75"));
     assert_true(ckpt_marker_exists(ckpt_dir, uid) == (uid != 1));
     /* The restarted worker of the same rank finds that save in the same folder. */
-    const char *restored =
-        keel_test_event_field(keel_test_events_find(&log, "incarnation", uid + 4), "restored");
+    const char *line = keel_test_events_find(&log, "incarnation", uid + 4);
+    if (line == NULL) fail_msg("no incarnation line of uid %ld in %s", uid + 4, run.events);
+    const char *restored = keel_test_event_field(line, "restored");
     assert_non_null(restored);
     assert_int_equal(strncmp(restored, "true", 4) == 0, uid != 1);
   }

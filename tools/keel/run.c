@@ -605,6 +605,8 @@ int keel__command_run(int argc, char **argv) {
   launcher_emit_start(launcher);
   launcher_spawn_all(launcher);
   launcher_loop(launcher);
+  /* Lines the last processes wrote just before they exited may still be in the pipe. */
+  keel__status_drain(launcher);
   exit_code = launcher->exit_code;
   keel__display_finish(launcher);
   keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
