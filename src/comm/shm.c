@@ -24,9 +24,11 @@
 #define MODULE "shm"
 #define CACHE_LINE 64
 /* One chunk of the pipeline; the segment holds 2 per rank and 2 for results. Each chunk
- * costs two barriers, and a barrier that ends in a futex wake-up costs tens of microseconds
- * here: 4 MiB chunks were 1.7 times faster than 1 MiB ones at 64 MiB (BENCHMARKS.md). */
-#define DEFAULT_CHUNK_BYTES ((size_t)4 << 20)
+ * costs two barriers, so chunks must not be small; but the chunks of every rank in flight
+ * must stay in the cache (L2 is 1 MiB a core here): since waiting spins before it sleeps,
+ * 1 MiB chunks beat 4 MiB ones at 64 MiB, 54 against 70 ms with 4 ranks and 22 against
+ * 29 ms with 2 (medians of 4 alternating runs; BENCHMARKS.md). */
+#define DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
 /* Up to this many bytes every rank reduces the whole buffer itself: one barrier, not two.
  * 256 KiB: at 256 KiB this was 4-5 times faster than the slice path, at 512 KiB slower. */
 #define SMALL_BYTES ((size_t)256 << 10)
