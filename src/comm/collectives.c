@@ -309,6 +309,10 @@ static keel_status reduce_scatter_run(keel_comm *comm, const void *send, void *r
     if (send != recv && block > 0) memmove(recv, send, block);
     return KEEL_OK;
   }
+  bool used_shared_memory = false;
+  status = keel__shm_reduce_scatter(comm, send, recv, count_per_rank, dtype, op,
+                                    &used_shared_memory);
+  if (used_shared_memory || status != KEEL_OK) return status;
   if ((status = keel__scratch_reserve(comm->ctx, 2 * total)) != KEEL_OK) return status;
   ring_plan plan = {.comm = comm, .dtype = dtype, .op = op, .element_size = element_size,
                     .count = count_per_rank * (size_t)comm->size, .input = send,
@@ -327,6 +331,11 @@ static keel_status allgather_run(keel_comm *comm, const void *send, void *recv,
   keel_status status = check_operation(comm);
   if (status != KEEL_OK) return status;
   uint8_t *own = (uint8_t *)recv + (size_t)comm->rank * bytes_per_rank;
+  if (comm->size > 1) {
+    bool used_shared_memory = false;
+    status = keel__shm_allgather(comm, send, recv, bytes_per_rank, &used_shared_memory);
+    if (used_shared_memory || status != KEEL_OK) return status;
+  }
   if (own != send && bytes_per_rank > 0) memmove(own, send, bytes_per_rank);
   if (comm->size == 1) return KEEL_OK;
   ring_plan plan = {.comm = comm, .dtype = KEEL_I32, .op = KEEL_SUM, .element_size = 1,
@@ -344,6 +353,9 @@ static keel_status broadcast_run(keel_comm *comm, void *buffer, size_t bytes, in
   if (status != KEEL_OK) return status;
   if (root < 0 || root >= comm->size) return KEEL_EINVAL;
   if (comm->size == 1) return KEEL_OK;
+  bool used_shared_memory = false;
+  status = keel__shm_broadcast(comm, buffer, bytes, root, &used_shared_memory);
+  if (used_shared_memory || status != KEEL_OK) return status;
   keel_ctx *ctx = comm->ctx;
   uint64_t op_seq = comm->op_seq++;
   int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);

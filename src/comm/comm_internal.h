@@ -244,6 +244,14 @@ keel_status keel__wait_posted(keel_comm *comm, size_t first_slot, int *sends_pen
  * first use, collectively). *used_p false: not eligible, the caller uses the links. */
 keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
                                 keel_dtype dtype, keel_reduce_op op, bool *used_p);
+/* The other collectives through the same segment; *used_p false: go over the links. */
+keel_status keel__shm_allgather(keel_comm *comm, const void *send, void *recv,
+                                size_t bytes_per_rank, bool *used_p);
+keel_status keel__shm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root,
+                                bool *used_p);
+keel_status keel__shm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
+                                     size_t count_per_rank, keel_dtype dtype, keel_reduce_op op,
+                                     bool *used_p);
 void keel__shm_release(keel_comm *comm);
 
 /* ---- reduce.c */

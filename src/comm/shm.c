@@ -152,6 +152,8 @@ static keel_status shm_setup(keel_comm *comm) {
   int64_t chunk = (int64_t)DEFAULT_CHUNK_BYTES;
   if (keel_env_int("KEEL_SHM_CHUNK", 4096, (int64_t)1 << 30, &chunk) != KEEL_OK)
     chunk = (int64_t)DEFAULT_CHUNK_BYTES;
+  /* A reduce-scatter round cuts a chunk in size pieces: each must hold whole elements. */
+  if (chunk < (int64_t)comm->size * CACHE_LINE) chunk = (int64_t)comm->size * CACHE_LINE;
   size_t chunk_bytes = align_up((size_t)chunk, CACHE_LINE);
   size_t bytes = segment_bytes(comm->size, chunk_bytes);
   /* Rank 0 creates the segment before it says its name, so nobody opens it too early; an
@@ -278,6 +280,17 @@ static void reduce_slice(keel__shm_group *group, uint64_t sequence, keel_dtype d
   if (op == KEEL_AVG) keel__divide(dtype, destination, count, group->size);
 }
 
+/* Every rank publishes that its slot of the round is written and waits for all the others':
+ * the round's slots can then be read until this rank writes the same parity two rounds
+ * later, which needs every rank's arrival in the next round, so after they read this one. */
+static keel_status round_meet(keel_comm *comm, bool allreduce, int64_t deadline_ns) {
+  keel__shm_group *group = comm->shm;
+  uint64_t sequence = group->sequence;
+  publish(group, &group->arrived[comm->rank], sequence + 1);
+  if (allreduce) keel__fault_check(comm->ctx, "allreduce", (int64_t)sequence + 1);
+  return wait_all(comm, group->arrived, sequence + 1, deadline_ns);
+}
+
 static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv, size_t count,
                              keel_dtype dtype, keel_reduce_op op, int64_t deadline_ns,
                              bool small) {
@@ -285,9 +298,7 @@ static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv
   size_t element_size = keel_dtype_size(dtype);
   uint64_t sequence = group->sequence;
   if (count > 0) memcpy(slot_of(group, comm->rank, sequence), send, count * element_size);
-  publish(group, &group->arrived[comm->rank], sequence + 1);
-  keel__fault_check(comm->ctx, "allreduce", (int64_t)sequence + 1);
-  keel_status status = wait_all(comm, group->arrived, sequence + 1, deadline_ns);
+  keel_status status = round_meet(comm, true, deadline_ns);
   if (status != KEEL_OK) return status;
   if (small) {
     if (count > 0) reduce_slice(group, sequence, dtype, op, element_size, 0, count, recv);
@@ -308,30 +319,118 @@ static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv
   return KEEL_OK;
 }
 
-keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
-                                keel_dtype dtype, keel_reduce_op op, bool *used_p) {
-  *used_p = false;
+/* The epoch's group, set up collectively on first use; NULL when the ranks are not all on
+ * this host (or KEEL_TRANSPORT=tcp): the caller goes over the links. Every shared-memory
+ * operation counts as one operation, to keep op_seq in step with the links' path. */
+static keel_status group_get(keel_comm *comm, keel__shm_group **group_p) {
+  *group_p = NULL;
   if (comm->shm == NULL && !comm->shm_tried) {
     keel_status status = shm_setup(comm);
     if (status != KEEL_OK) return status;
   }
-  keel__shm_group *group = comm->shm;
-  if (group == NULL) return KEEL_OK;
-  *used_p = true;
+  *group_p = comm->shm;
+  if (*group_p != NULL) comm->op_seq++;
+  return KEEL_OK;
+}
+
+keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
+                                keel_dtype dtype, keel_reduce_op op, bool *used_p) {
+  keel__shm_group *group = NULL;
+  keel_status status = group_get(comm, &group);
+  *used_p = group != NULL;
+  if (status != KEEL_OK || group == NULL) return status;
   size_t element_size = keel_dtype_size(dtype);
   size_t per_chunk = group->chunk_bytes / element_size;
   size_t bytes = count * element_size;
   int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
-  comm->op_seq++; /* keep the count of operations in step with the TCP path */
   bool small = bytes <= group->small_bytes && bytes <= group->chunk_bytes;
   size_t done = 0;
   do {
     size_t count_now = count - done < per_chunk ? count - done : per_chunk;
-    keel_status status =
-        shm_chunk(comm, (const uint8_t *)send + done * element_size,
-                  (uint8_t *)recv + done * element_size, count_now, dtype, op, deadline, small);
+    status = shm_chunk(comm, (const uint8_t *)send + done * element_size,
+                       (uint8_t *)recv + done * element_size, count_now, dtype, op, deadline,
+                       small);
     if (status != KEEL_OK) return status;
     done += count_now;
   } while (done < count);
+  return KEEL_OK;
+}
+
+/* Allgather: in each round every rank puts the next piece of its contribution in its slot,
+ * and after the meeting copies every rank's piece to its place. */
+keel_status keel__shm_allgather(keel_comm *comm, const void *send, void *recv,
+                                size_t bytes_per_rank, bool *used_p) {
+  keel__shm_group *group = NULL;
+  keel_status status = group_get(comm, &group);
+  *used_p = group != NULL;
+  if (status != KEEL_OK || group == NULL) return status;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  size_t done = 0;
+  do {
+    size_t length = bytes_per_rank - done < group->chunk_bytes ? bytes_per_rank - done
+                                                               : group->chunk_bytes;
+    uint64_t sequence = group->sequence;
+    if (length > 0) memcpy(slot_of(group, comm->rank, sequence), (const uint8_t *)send + done, length);
+    if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
+    for (int rank = 0; rank < group->size && length > 0; rank++)
+      memcpy((uint8_t *)recv + (size_t)rank * bytes_per_rank + done, slot_of(group, rank, sequence),
+             length);
+    group->sequence = sequence + 1;
+    done += length;
+  } while (done < bytes_per_rank);
+  return KEEL_OK;
+}
+
+/* Broadcast: the root puts each piece in its slot; after the meeting the others copy it. */
+keel_status keel__shm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root,
+                                bool *used_p) {
+  keel__shm_group *group = NULL;
+  keel_status status = group_get(comm, &group);
+  *used_p = group != NULL;
+  if (status != KEEL_OK || group == NULL) return status;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  size_t done = 0;
+  do {
+    size_t length = bytes - done < group->chunk_bytes ? bytes - done : group->chunk_bytes;
+    uint64_t sequence = group->sequence;
+    uint8_t *piece = (uint8_t *)buffer + done;
+    if (comm->rank == root && length > 0) memcpy(slot_of(group, root, sequence), piece, length);
+    if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
+    if (comm->rank != root && length > 0) memcpy(piece, slot_of(group, root, sequence), length);
+    group->sequence = sequence + 1;
+    done += length;
+  } while (done < bytes);
+  return KEEL_OK;
+}
+
+/* Reduce-scatter: a round carries the same stretch of every rank's block (the slot is cut in
+ * size pieces), so every rank has its share of the reduction in every round; after the
+ * meeting each rank reduces its block's piece over all slots, in rank order, into recv. */
+keel_status keel__shm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
+                                     size_t count_per_rank, keel_dtype dtype, keel_reduce_op op,
+                                     bool *used_p) {
+  keel__shm_group *group = NULL;
+  keel_status status = group_get(comm, &group);
+  *used_p = group != NULL;
+  if (status != KEEL_OK || group == NULL) return status;
+  size_t element_size = keel_dtype_size(dtype);
+  size_t per_piece = group->chunk_bytes / (size_t)group->size / element_size; /* >= 8 */
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  size_t block_bytes = count_per_rank * element_size, done = 0;
+  do {
+    size_t count_now = count_per_rank - done < per_piece ? count_per_rank - done : per_piece;
+    size_t piece_bytes = per_piece * element_size, length = count_now * element_size;
+    uint64_t sequence = group->sequence;
+    uint8_t *slot = slot_of(group, comm->rank, sequence);
+    for (int block = 0; block < group->size && length > 0; block++)
+      memcpy(slot + (size_t)block * piece_bytes,
+             (const uint8_t *)send + (size_t)block * block_bytes + done * element_size, length);
+    if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
+    if (count_now > 0)
+      reduce_slice(group, sequence, dtype, op, element_size, (size_t)comm->rank * per_piece,
+                   count_now, (uint8_t *)recv + done * element_size);
+    group->sequence = sequence + 1;
+    done += count_now;
+  } while (done < count_per_rank);
   return KEEL_OK;
 }
