@@ -356,81 +356,131 @@ keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, s
   return KEEL_OK;
 }
 
-/* Allgather: in each round every rank puts the next piece of its contribution in its slot,
- * and after the meeting copies every rank's piece to its place. */
-keel_status keel__shm_allgather(keel_comm *comm, const void *send, void *recv,
-                                size_t bytes_per_rank, bool *used_p) {
+/* The collectives that move bytes through the slots in rounds: `total` bytes (of one rank's
+ * contribution or block) go a stretch [done, done + length) a round; before each meeting
+ * `put` fills this rank's slot, after it `take` reads the round's slots. */
+typedef struct shm_rounds {
+  keel__shm_group *group;
+  int rank;
+  uint64_t sequence;
+  size_t per_round; /* the most a round moves: the size of a slot's piece */
+  size_t done, length;
+  void *context;
+} shm_rounds;
+
+typedef void (*shm_round_fn)(const shm_rounds *round);
+
+static keel_status rounds_run(keel_comm *comm, size_t total, size_t pieces, size_t element_size,
+                              shm_round_fn put, shm_round_fn take, void *context, bool *used_p) {
   keel__shm_group *group = NULL;
   keel_status status = group_get(comm, &group);
   *used_p = group != NULL;
   if (status != KEEL_OK || group == NULL) return status;
+  /* A slot is cut in `pieces` pieces of whole elements (setup makes a chunk hold at least
+   * a cache line per rank). */
+  size_t per_round = group->chunk_bytes / pieces / element_size * element_size;
   int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
-  size_t done = 0;
+  shm_rounds round = {
+      .group = group, .rank = comm->rank, .per_round = per_round, .context = context};
   do {
-    size_t length = bytes_per_rank - done < group->chunk_bytes ? bytes_per_rank - done
-                                                               : group->chunk_bytes;
-    uint64_t sequence = group->sequence;
-    if (length > 0) memcpy(slot_of(group, comm->rank, sequence), (const uint8_t *)send + done, length);
+    round.sequence = group->sequence;
+    round.length = total - round.done < per_round ? total - round.done : per_round;
+    if (round.length > 0) put(&round);
     if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
-    for (int rank = 0; rank < group->size && length > 0; rank++)
-      memcpy((uint8_t *)recv + (size_t)rank * bytes_per_rank + done, slot_of(group, rank, sequence),
-             length);
-    group->sequence = sequence + 1;
-    done += length;
-  } while (done < bytes_per_rank);
+    if (round.length > 0) take(&round);
+    group->sequence = round.sequence + 1;
+    round.done += round.length;
+  } while (round.done < total);
   return KEEL_OK;
 }
 
-/* Broadcast: the root puts each piece in its slot; after the meeting the others copy it. */
+/* Allgather: every rank puts the next piece of its contribution in its slot, then copies
+ * every rank's piece to its place. */
+typedef struct allgather_job {
+  const uint8_t *send;
+  uint8_t *recv;
+  size_t bytes_per_rank;
+} allgather_job;
+
+static void allgather_put(const shm_rounds *round) {
+  const allgather_job *job = round->context;
+  memcpy(slot_of(round->group, round->rank, round->sequence), job->send + round->done,
+         round->length);
+}
+
+static void allgather_take(const shm_rounds *round) {
+  const allgather_job *job = round->context;
+  for (int rank = 0; rank < round->group->size; rank++)
+    memcpy(job->recv + (size_t)rank * job->bytes_per_rank + round->done,
+           slot_of(round->group, rank, round->sequence), round->length);
+}
+
+keel_status keel__shm_allgather(keel_comm *comm, const void *send, void *recv,
+                                size_t bytes_per_rank, bool *used_p) {
+  allgather_job job = {.send = send, .recv = recv, .bytes_per_rank = bytes_per_rank};
+  return rounds_run(comm, bytes_per_rank, 1, 1, allgather_put, allgather_take, &job, used_p);
+}
+
+/* Broadcast: the root puts each piece in its slot; the others copy it. */
+typedef struct broadcast_job {
+  uint8_t *buffer;
+  int root;
+} broadcast_job;
+
+static void broadcast_put(const shm_rounds *round) {
+  const broadcast_job *job = round->context;
+  if (round->rank == job->root)
+    memcpy(slot_of(round->group, job->root, round->sequence), job->buffer + round->done,
+           round->length);
+}
+
+static void broadcast_take(const shm_rounds *round) {
+  const broadcast_job *job = round->context;
+  if (round->rank != job->root)
+    memcpy(job->buffer + round->done, slot_of(round->group, job->root, round->sequence),
+           round->length);
+}
+
 keel_status keel__shm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root,
                                 bool *used_p) {
-  keel__shm_group *group = NULL;
-  keel_status status = group_get(comm, &group);
-  *used_p = group != NULL;
-  if (status != KEEL_OK || group == NULL) return status;
-  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
-  size_t done = 0;
-  do {
-    size_t length = bytes - done < group->chunk_bytes ? bytes - done : group->chunk_bytes;
-    uint64_t sequence = group->sequence;
-    uint8_t *piece = (uint8_t *)buffer + done;
-    if (comm->rank == root && length > 0) memcpy(slot_of(group, root, sequence), piece, length);
-    if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
-    if (comm->rank != root && length > 0) memcpy(piece, slot_of(group, root, sequence), length);
-    group->sequence = sequence + 1;
-    done += length;
-  } while (done < bytes);
-  return KEEL_OK;
+  broadcast_job job = {.buffer = buffer, .root = root};
+  return rounds_run(comm, bytes, 1, 1, broadcast_put, broadcast_take, &job, used_p);
 }
 
 /* Reduce-scatter: a round carries the same stretch of every rank's block (the slot is cut in
  * size pieces), so every rank has its share of the reduction in every round; after the
  * meeting each rank reduces its block's piece over all slots, in rank order, into recv. */
+typedef struct reduce_scatter_job {
+  const uint8_t *send;
+  uint8_t *recv;
+  size_t block_bytes, element_size;
+  keel_dtype dtype;
+  keel_reduce_op op;
+} reduce_scatter_job;
+
+static void reduce_scatter_put(const shm_rounds *round) {
+  const reduce_scatter_job *job = round->context;
+  uint8_t *slot = slot_of(round->group, round->rank, round->sequence);
+  for (int block = 0; block < round->group->size; block++)
+    memcpy(slot + (size_t)block * round->per_round,
+           job->send + (size_t)block * job->block_bytes + round->done, round->length);
+}
+
+static void reduce_scatter_take(const shm_rounds *round) {
+  const reduce_scatter_job *job = round->context;
+  size_t piece_elements = round->per_round / job->element_size;
+  reduce_slice(round->group, round->sequence, job->dtype, job->op, job->element_size,
+               (size_t)round->rank * piece_elements, round->length / job->element_size,
+               job->recv + round->done);
+}
+
 keel_status keel__shm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
                                      size_t count_per_rank, keel_dtype dtype, keel_reduce_op op,
                                      bool *used_p) {
-  keel__shm_group *group = NULL;
-  keel_status status = group_get(comm, &group);
-  *used_p = group != NULL;
-  if (status != KEEL_OK || group == NULL) return status;
   size_t element_size = keel_dtype_size(dtype);
-  size_t per_piece = group->chunk_bytes / (size_t)group->size / element_size; /* >= 8 */
-  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
-  size_t block_bytes = count_per_rank * element_size, done = 0;
-  do {
-    size_t count_now = count_per_rank - done < per_piece ? count_per_rank - done : per_piece;
-    size_t piece_bytes = per_piece * element_size, length = count_now * element_size;
-    uint64_t sequence = group->sequence;
-    uint8_t *slot = slot_of(group, comm->rank, sequence);
-    for (int block = 0; block < group->size && length > 0; block++)
-      memcpy(slot + (size_t)block * piece_bytes,
-             (const uint8_t *)send + (size_t)block * block_bytes + done * element_size, length);
-    if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
-    if (count_now > 0)
-      reduce_slice(group, sequence, dtype, op, element_size, (size_t)comm->rank * per_piece,
-                   count_now, (uint8_t *)recv + done * element_size);
-    group->sequence = sequence + 1;
-    done += count_now;
-  } while (done < count_per_rank);
-  return KEEL_OK;
+  reduce_scatter_job job = {.send = send, .recv = recv,
+                            .block_bytes = count_per_rank * element_size,
+                            .element_size = element_size, .dtype = dtype, .op = op};
+  return rounds_run(comm, job.block_bytes, (size_t)comm->size, element_size, reduce_scatter_put,
+                    reduce_scatter_take, &job, used_p);
 }
