@@ -131,9 +131,9 @@ uint64_t keel_comm_epoch(const keel_comm *comm);
 /* The uid (job-wide process id) of a rank. */
 uint32_t keel_comm_uid(const keel_comm *comm, int rank);
 void keel_comm_set_timeout(keel_comm *comm, int64_t timeout_ns);
-/* How this communicator's allreduce moves data: "shm" (shared memory, every rank on this
+/* How this communicator's collectives move data: "shm" (shared memory, every rank on this
  * host), "tcp" (the links), or "self" (a world of one). Shared memory is set up by the first
- * allreduce of an epoch; before it, "tcp". KEEL_TRANSPORT=tcp in the environment turns
+ * collective of an epoch; before it, "tcp". KEEL_TRANSPORT=tcp in the environment turns
  * shared memory off. */
 const char *keel_comm_transport(const keel_comm *comm);
 
