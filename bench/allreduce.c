@@ -1,8 +1,10 @@
 /* Allreduce benchmark, a worker run under `keel run -n N`: times f32-sum allreduces (out of
  * place) of several sizes, reports per-op time and bus bandwidth, and, at rank 0, memcpy of
- * the largest size in the same run as a yardstick.
+ * the largest size in the same run as a yardstick. --collective times another collective
+ * instead, sizes then being the whole result (allgather), the whole input (reduce-scatter)
+ * or the buffer (broadcast from rank 0).
  * Usage: keel run -n 4 -- allreduce [--json] [--sizes 4KiB,1MiB,64MiB] [--iterations K]
- *                                  [--resilient] */
+ *          [--resilient] [--collective allreduce|allgather|broadcast|reduce-scatter] */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +20,20 @@
 #define MIN_ITERATIONS 10
 #define MAX_ITERATIONS 20000
 
+typedef enum collective {
+  COLLECTIVE_ALLREDUCE,
+  COLLECTIVE_ALLGATHER,
+  COLLECTIVE_BROADCAST,
+  COLLECTIVE_REDUCE_SCATTER,
+} collective;
+
+static const char *const collective_names[] = {"allreduce", "allgather", "broadcast",
+                                               "reduce-scatter"};
+
 typedef struct options {
   bool json;
   bool resilient;
+  collective operation;
   int64_t iterations; /* 0: adaptive */
   uint64_t sizes[MAX_SIZES];
   int size_count;
@@ -56,6 +69,7 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"resilient", no_argument, 0, 'r'},
                                                {"iterations", required_argument, 0, 'i'},
                                                {"sizes", required_argument, 0, 's'},
+                                               {"collective", required_argument, 0, 'c'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
@@ -64,6 +78,12 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'r') opts->resilient = true;
     if (option == 'i') ok = keel_parse_int(optarg, 1, MAX_ITERATIONS, &opts->iterations) == KEEL_OK;
     if (option == 's') ok = parse_sizes(optarg, opts);
+    for (int c = 0; option == 'c' && c < 4; c++) {
+      if (strcmp(optarg, collective_names[c]) == 0) opts->operation = (collective)c;
+      ok = ok || strcmp(optarg, collective_names[c]) == 0;
+    }
+    /* Only the allreduce has a resilient twin. */
+    ok = ok && !(opts->resilient && opts->operation != COLLECTIVE_ALLREDUCE);
     if (!ok) {
       fprintf(stderr, "allreduce: bad flag (see the file's header)\n");
       return -1;
@@ -104,10 +124,24 @@ typedef struct bench {
   char impl[32]; /* "keel-shm", "keel-tcp-resilient", ... */
 } bench;
 
+/* One operation over count f32 elements (the whole result or input: a rank's block is
+ * count / size of them). */
 static keel_status one_allreduce(bench *b, size_t count) {
+  keel_comm *world = keel_world(b->ctx);
+  size_t block = count / (size_t)keel_comm_size(world);
+  switch (b->opts->operation) {
+    case COLLECTIVE_ALLGATHER:
+      return keel_comm_allgather(world, b->send, b->recv, block * sizeof(float));
+    case COLLECTIVE_BROADCAST:
+      return keel_comm_broadcast(world, b->recv, count * sizeof(float), 0);
+    case COLLECTIVE_REDUCE_SCATTER:
+      return keel_comm_reduce_scatter(world, b->send, b->recv, block, KEEL_F32, KEEL_SUM);
+    case COLLECTIVE_ALLREDUCE:
+      break;
+  }
   if (b->opts->resilient)
     return keel_allreduce_resilient(b->ctx, b->send, b->recv, count, KEEL_F32, KEEL_SUM, NULL);
-  return keel_comm_allreduce(keel_world(b->ctx), b->send, b->recv, count, KEEL_F32, KEEL_SUM);
+  return keel_comm_allreduce(world, b->send, b->recv, count, KEEL_F32, KEEL_SUM);
 }
 
 /* Runs iterations allreduces back to back; times[i] gets iteration i's duration here. */
@@ -157,9 +191,28 @@ static void fill_send(float *send, size_t count, int rank) {
   for (size_t i = 0; i < count; i++) send[i] = (float)(i % 7) + (float)rank;
 }
 
-static bool result_correct(const float *recv, size_t count, int size) {
-  for (size_t i = 0; i < count; i++) {
-    float expected = (float)size * (float)(i % 7) + (float)(size * (size - 1) / 2);
+/* What element i of the result must be, given fill_send's inputs. */
+static float expected_at(collective operation, size_t i, size_t block, int rank, int size) {
+  switch (operation) {
+    case COLLECTIVE_ALLGATHER: /* rank i / block's element i % block */
+      return (float)((i % block) % 7) + (float)(i / block);
+    case COLLECTIVE_BROADCAST: /* rank 0's */
+      return (float)(i % 7);
+    case COLLECTIVE_REDUCE_SCATTER: /* this rank's block, summed */
+      return (float)size * (float)(((size_t)rank * block + i) % 7) + (float)(size * (size - 1) / 2);
+    case COLLECTIVE_ALLREDUCE:
+      break;
+  }
+  return (float)size * (float)(i % 7) + (float)(size * (size - 1) / 2);
+}
+
+static bool result_correct(collective operation, const float *recv, size_t count, int rank,
+                           int size) {
+  size_t block = count / (size_t)size;
+  size_t checked = operation == COLLECTIVE_REDUCE_SCATTER ? block : count;
+  if (operation == COLLECTIVE_ALLGATHER) checked = block * (size_t)size;
+  for (size_t i = 0; i < checked; i++) {
+    float expected = expected_at(operation, i, block, rank, size);
     if (recv[i] != expected) {
       fprintf(stderr, "allreduce: wrong result at element %zu: %g, expected %g\n", i,
               (double)recv[i], (double)expected);
@@ -173,7 +226,10 @@ static keel_status measure_size(bench *b, uint64_t bytes, double *times, result 
   keel_comm *world = keel_world(b->ctx);
   int size = keel_comm_size(world);
   size_t count = bytes / sizeof(float);
+  if (count < (size_t)size) return KEEL_EINVAL; /* a block of at least one element */
   fill_send(b->send, count, keel_comm_rank(world));
+  /* Broadcast works in place: every rank's buffer starts as its own, rank 0's wins. */
+  if (b->opts->operation == COLLECTIVE_BROADCAST) fill_send(b->recv, count, keel_comm_rank(world));
   int64_t warmup = warmup_iterations(bytes), iterations;
   int64_t start = keel_now_ns();
   keel_status status = run_timed(b, count, warmup, NULL);
@@ -182,7 +238,8 @@ static keel_status measure_size(bench *b, uint64_t bytes, double *times, result 
   if (status == KEEL_OK) status = keel_comm_barrier(world);
   if (status == KEEL_OK) status = run_timed(b, count, iterations, times);
   if (status != KEEL_OK) return status;
-  if (!result_correct(b->recv, count, size)) return KEEL_ECORRUPT;
+  if (!result_correct(b->opts->operation, b->recv, count, keel_comm_rank(world), size))
+    return KEEL_ECORRUPT;
   /* An iteration's time is the average over ranks of the time each spent in it (the OSU
    * benchmarks' convention). The slowest rank's time would overstate back-to-back
    * operations: a rank that starts early counts its wait for the others, so the sum of the
@@ -193,15 +250,20 @@ static keel_status measure_size(bench *b, uint64_t bytes, double *times, result 
   /* The impl names the transport the allreduce really used ("keel-shm", "keel-tcp"). */
   const char *detection = getenv("KEEL_FAILURE_DETECTION");
   bool detecting = detection == NULL || strcmp(detection, "off") != 0;
-  snprintf(b->impl, sizeof b->impl, "keel-%s%s%s", keel_comm_transport(world),
-           b->opts->resilient ? "-resilient" : "", detecting ? "" : "-nodetect");
+  bool allreduce = b->opts->operation == COLLECTIVE_ALLREDUCE;
+  snprintf(b->impl, sizeof b->impl, "keel-%s%s%s%s%s", keel_comm_transport(world),
+           b->opts->resilient ? "-resilient" : "", detecting ? "" : "-nodetect",
+           allreduce ? "" : "-", allreduce ? "" : collective_names[b->opts->operation]);
   *r = (result){.impl = b->impl,
                 .ranks = size,
                 .bytes = bytes,
                 .iterations = iterations};
   bench_summarize(times + iterations, iterations, &r->median_us, &r->mean_us);
-  /* 2(n-1)/n is 0 at one rank, where the "allreduce" is a copy: its rate is given instead. */
-  double factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+  /* NCCL's bus factors: 2(n-1)/n for allreduce, (n-1)/n for allgather and reduce-scatter,
+   * 1 for broadcast; at one rank, where the operation is a copy, its rate is given. */
+  double factor = size > 1 ? (double)(size - 1) / size : 1.0;
+  if (allreduce && size > 1) factor *= 2.0;
+  if (b->opts->operation == COLLECTIVE_BROADCAST) factor = 1.0;
   r->busbw_gbps = factor * (double)bytes / (r->median_us * 1e3);
   return KEEL_OK;
 }
