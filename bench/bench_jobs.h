@@ -1,6 +1,6 @@
 /* What the benchmarks that start whole `keel run` jobs share (bench/recovery.c, bench/jit.c):
  * finding the programs, starting a launcher with its output in a log, bounding and reaping
- * it, reading its events file line by line, and looking members up in those flat JSON lines.
+ * it, reading its events file line by line (members are looked up with core's keel_json_*).
  * Header-only, like bench_stats.h; single-threaded callers. */
 #ifndef KEEL_BENCH_JOBS_H
 #define KEEL_BENCH_JOBS_H
@@ -52,42 +52,6 @@ static inline bool bench_fail(bench_verdict *verdict, const char *format, ...) {
 }
 
 /* ---- members of the flat one-line JSON objects of RUNTIME.md (no nesting to speak of) */
-
-/* The text after "key": in line, or NULL. */
-static inline const char *bench_json_value(const char *line, const char *key) {
-  char pattern[64];
-  snprintf(pattern, sizeof pattern, "\"%s\":", key);
-  const char *at = strstr(line, pattern);
-  return at ? at + strlen(pattern) : NULL;
-}
-
-static inline bool bench_json_int64(const char *line, const char *key, int64_t *value_p) {
-  const char *value = bench_json_value(line, key);
-  if (value == NULL) return false;
-  char *end;
-  errno = 0;
-  long long number = strtoll(value, &end, 10);
-  if (errno != 0 || end == value) return false;
-  *value_p = number;
-  return true;
-}
-
-static inline bool bench_json_double(const char *line, const char *key, double *value_p) {
-  const char *value = bench_json_value(line, key);
-  if (value == NULL) return false;
-  char *end;
-  double number = strtod(value, &end);
-  if (end == value) return false;
-  *value_p = number;
-  return true;
-}
-
-/* true if line has "key":"text". */
-static inline bool bench_json_has(const char *line, const char *key, const char *text) {
-  char pattern[128];
-  snprintf(pattern, sizeof pattern, "\"%s\":\"%s\"", key, text);
-  return strstr(line, pattern) != NULL;
-}
 
 /* ---- reading a file that a launcher appends to, one complete line at a time */
 

@@ -183,15 +183,15 @@ typedef struct job_view {
 static void view_line(const char *line, void *arg) {
   job_view *view = arg;
   int64_t uid, pid, step, epoch, t_ns;
-  if (bench_json_has(line, "event", "spawn") && bench_json_has(line, "role", "worker") &&
-      bench_json_int64(line, "uid", &uid) && bench_json_int64(line, "pid", &pid) && uid >= 0 &&
+  if (keel_json_string_is(line, "event", "spawn") && keel_json_string_is(line, "role", "worker") &&
+      keel_json_int(line, "uid", &uid) && keel_json_int(line, "pid", &pid) && uid >= 0 &&
       uid < WORLD)
     view->worker_pids[uid] = (pid_t)pid;
-  if (bench_json_has(line, "event", "progress") && bench_json_int64(line, "epoch", &epoch) &&
-      epoch == 0 && bench_json_int64(line, "step", &step) && step > view->epoch0_step)
+  if (keel_json_string_is(line, "event", "progress") && keel_json_int(line, "epoch", &epoch) &&
+      epoch == 0 && keel_json_int(line, "step", &step) && step > view->epoch0_step)
     view->epoch0_step = step;
-  if (bench_json_has(line, "event", "recovery") && !view->recovered && view->kill_ns > 0 &&
-      bench_json_int64(line, "t_ns", &t_ns) && t_ns > view->kill_ns) {
+  if (keel_json_string_is(line, "event", "recovery") && !view->recovered && view->kill_ns > 0 &&
+      keel_json_int(line, "t_ns", &t_ns) && t_ns > view->kill_ns) {
     int length = snprintf(view->recovery, sizeof view->recovery, "%s", line);
     view->recovered = length > 0 && (size_t)length < sizeof view->recovery;
   }
@@ -288,19 +288,19 @@ static bool wait_for_recovery(bench_job *j, job_view *view, trial *t, int64_t ki
 static bool trial_record(trial *t, const job_view *view, policy which, int64_t kill_ns) {
   int64_t t_ns, detect_ns, new_world, replaced;
   const char *event = view->recovery;
-  if (!bench_json_int64(event, "t_ns", &t_ns) || !bench_json_int64(event, "new_world", &new_world))
+  if (!keel_json_int(event, "t_ns", &t_ns) || !keel_json_int(event, "new_world", &new_world))
     return bench_fail(&t->verdict, "malformed recovery event: %.100s", event);
   int64_t expected_world = which == POLICY_SHRINK ? WORLD - 1 : WORLD;
   if (new_world != expected_world ||
       (which == POLICY_REPLACE &&
-       (!bench_json_int64(event, "replaced", &replaced) || replaced != 1)))
+       (!keel_json_int(event, "replaced", &replaced) || replaced != 1)))
     return bench_fail(&t->verdict, "unexpected membership after recovery: %.100s", event);
   t->latency_ms = (double)(t_ns - kill_ns) / 1e6;
-  t->kill_to_detect_ms = bench_json_int64(event, "t_detect_ns", &detect_ns)
+  t->kill_to_detect_ms = keel_json_int(event, "t_detect_ns", &detect_ns)
                              ? (double)(detect_ns - kill_ns) / 1e6
                              : NAN;
   for (int i = 0; i < PART_COUNT; i++) {
-    if (!bench_json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
+    if (!keel_json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
   }
   t->verdict.ok = true;
   return true;

@@ -54,119 +54,11 @@ typedef struct measure_context {
   keel_model_measured measured; /* counts; the means are computed at the end */
 } measure_context;
 
-/* ---- the scanner */
-
-static const char *skip_space(const char *text) {
-  while (*text == ' ' || *text == '\t' || *text == '\r' || *text == '\n') text++;
-  return text;
-}
-
-/* The closing quote of the string whose first character is at text, or NULL when the line
- * ends first. Escapes are stepped over, not decoded: keys we look for have none. */
-static const char *string_end(const char *text) {
-  while (*text != '\0' && *text != '"') {
-    if (*text == '\\') {
-      text++;
-      if (*text == '\0') return NULL;
-    }
-    text++;
-  }
-  return *text == '"' ? text : NULL;
-}
-
-/* Where the value of top-level member key starts, or NULL when the line is not an object,
- * the key is absent, or the line breaks off. A key only matches where a key can stand (after
- * '{' or ',' at depth 1), so a string value that happens to read "key": never does. */
-static const char *member_value(const char *line, const char *key) {
-  size_t key_length = strlen(key);
-  const char *cursor = skip_space(line);
-  if (*cursor != '{') return NULL;
-  int depth = 0;
-  bool at_key = false;
-  for (; *cursor != '\0'; cursor++) {
-    char c = *cursor;
-    if (c == '"') {
-      const char *end = string_end(cursor + 1);
-      if (end == NULL) return NULL;
-      if (depth == 1 && at_key) {
-        const char *colon = skip_space(end + 1);
-        if (*colon != ':') return NULL;
-        if ((size_t)(end - cursor - 1) == key_length && memcmp(cursor + 1, key, key_length) == 0)
-          return skip_space(colon + 1);
-        end = colon;
-        at_key = false;
-      }
-      cursor = end;
-    } else if (c == '{' || c == '[') {
-      depth++;
-      at_key = (c == '{' && depth == 1);
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return NULL;
-    } else if (c == ',') {
-      at_key = (depth == 1);
-    }
-  }
-  return NULL;
-}
-
-/* A JSON number must end where the member ends; strtod alone would take "12abc" or "nan". */
-static bool number_ends(const char *end) {
-  end = skip_space(end);
-  return *end == ',' || *end == '}';
-}
-
-static bool number_starts(const char *value) {
-  return value != NULL && (*value == '-' || (*value >= '0' && *value <= '9'));
-}
-
-static bool member_double(const char *line, const char *key, double *value_p) {
-  const char *value = member_value(line, key);
-  if (!number_starts(value)) return false;
-  char *end = NULL;
-  double number = strtod(value, &end);
-  if (end == value || !number_ends(end) || !isfinite(number)) return false;
-  *value_p = number;
-  return true;
-}
-
-static bool member_integer(const char *line, const char *key, int64_t *value_p) {
-  const char *value = member_value(line, key);
-  if (!number_starts(value)) return false;
-  char *end = NULL;
-  errno = 0;
-  long long number = strtoll(value, &end, 10);
-  if (end == value || errno != 0 || !number_ends(end)) return false;
-  *value_p = number;
-  return true;
-}
-
-/* True when member key is the string text exactly. */
-static bool member_is(const char *line, const char *key, const char *text) {
-  const char *value = member_value(line, key);
-  if (value == NULL || *value != '"') return false;
-  size_t length = strlen(text);
-  return strncmp(value + 1, text, length) == 0 && value[1 + length] == '"';
-}
-
-/* String member key into text, truncated to fit; escapes are copied, not decoded (the
- * values read here, signal and status names, have none). false when it is not a string. */
-static bool member_text(const char *line, const char *key, char *text, size_t capacity) {
-  const char *value = member_value(line, key);
-  if (value == NULL || *value != '"' || capacity == 0) return false;
-  const char *end = string_end(value + 1);
-  if (end == NULL) return false;
-  size_t length = (size_t)(end - value - 1);
-  if (length >= capacity) length = capacity - 1;
-  memcpy(text, value + 1, length);
-  text[length] = '\0';
-  return true;
-}
-
 /* ---- the events */
 
 /* A time split in milliseconds: present, finite and not negative, or the line is refused. */
 static bool member_milliseconds(const char *line, const char *key, double *value_p) {
-  return member_double(line, key, value_p) && *value_p >= 0.0;
+  return keel_json_double(line, key, value_p) && *value_p >= 0.0;
 }
 
 static void recovery_settle(measure_context *context, const recovery_mark *mark) {
@@ -251,13 +143,13 @@ static bool scan_recovery(measure_context *context, const char *line) {
       !member_milliseconds(line, "redo_ms", &redo))
     return false;
   /* Without an epoch the line is its own recovery: -1 - count never matches a real one. */
-  if (!member_integer(line, "new_epoch", &mark.new_epoch))
+  if (!keel_json_int(line, "new_epoch", &mark.new_epoch))
     mark.new_epoch = -1 - (int64_t)context->recovery_count;
   mark.fixed_ms = detect + revoke + agree + rebuild;
   mark.transfer_ms = transfer;
   mark.redo_ms = redo;
   /* In-process JIT says whether the minibatch was redone; older lines do not. */
-  if (!member_integer(line, "redo_minibatches", &mark.redo_minibatches) ||
+  if (!keel_json_int(line, "redo_minibatches", &mark.redo_minibatches) ||
       mark.redo_minibatches < 0)
     mark.redo_minibatches = -1;
   recovery_keep(context, &mark);
@@ -268,10 +160,10 @@ static bool scan_recovery(measure_context *context, const char *line) {
  * between them is not training) and only when the step moved forward (a redo repeats one). */
 static bool scan_progress(measure_context *context, const char *line) {
   int64_t uid, epoch = 0, step, t_ns;
-  if (!member_integer(line, "uid", &uid) || !member_integer(line, "step", &step) ||
-      !member_integer(line, "t_ns", &t_ns) || t_ns < 0 || step < 0)
+  if (!keel_json_int(line, "uid", &uid) || !keel_json_int(line, "step", &step) ||
+      !keel_json_int(line, "t_ns", &t_ns) || t_ns < 0 || step < 0)
     return false;
-  (void)member_integer(line, "epoch", &epoch);
+  (void)keel_json_int(line, "epoch", &epoch);
   if (uid < 0 || uid >= UID_MAXIMUM) return true;
   progress_mark *mark = &context->marks[uid];
   if (mark->seen && mark->epoch == epoch && step > mark->step && t_ns > mark->t_ns) {
@@ -285,20 +177,20 @@ static bool scan_progress(measure_context *context, const char *line) {
 /* ---- the events of job restarts, kept in the restart log until the job ends */
 
 static bool scan_time(const char *line, int64_t *t_ns_p) {
-  return member_integer(line, "t_ns", t_ns_p) && *t_ns_p >= 0;
+  return keel_json_int(line, "t_ns", t_ns_p) && *t_ns_p >= 0;
 }
 
 /* The death record of the line's uid; NULL when it names none the table holds. */
 static keel__death_mark *death_mark(measure_context *context, const char *line) {
   int64_t uid;
-  if (!member_integer(line, "uid", &uid) || uid < 0 || uid >= UID_MAXIMUM) return NULL;
+  if (!keel_json_int(line, "uid", &uid) || uid < 0 || uid >= UID_MAXIMUM) return NULL;
   return &context->restart_log->deaths[uid];
 }
 
 static bool scan_exit(measure_context *context, const char *line) {
   int64_t code = 0, t_ns;
-  bool signalled = member_value(line, "signal") != NULL;
-  bool coded = member_integer(line, "code", &code);
+  bool signalled = keel_json_member(line, "signal") != NULL;
+  bool coded = keel_json_int(line, "code", &code);
   if (signalled || (coded && code != 0)) context->measured.failed_exits++;
   keel__death_mark *death = death_mark(context, line);
   if (death == NULL || !scan_time(line, &t_ns)) return true;
@@ -312,8 +204,8 @@ static bool scan_exit(measure_context *context, const char *line) {
 static bool scan_fault(measure_context *context, const char *line) {
   int64_t t_ns;
   context->measured.faults++;
-  bool fatal = member_is(line, "action", "kill") || member_is(line, "action", "exit") ||
-               member_is(line, "action", "stop");
+  bool fatal = keel_json_string_is(line, "action", "kill") || keel_json_string_is(line, "action", "exit") ||
+               keel_json_string_is(line, "action", "stop");
   keel__death_mark *death = death_mark(context, line);
   if (fatal && death != NULL && death->fault_t_ns < 0 && scan_time(line, &t_ns))
     death->fault_t_ns = t_ns;
@@ -323,17 +215,17 @@ static bool scan_fault(measure_context *context, const char *line) {
 /* restart_begin and restart lines of one restart number fill one record. */
 static bool scan_restart(measure_context *context, const char *line) {
   int64_t number, t_ns;
-  if (!member_integer(line, "restart", &number) || !scan_time(line, &t_ns)) return false;
+  if (!keel_json_int(line, "restart", &number) || !scan_time(line, &t_ns)) return false;
   keel__restart_mark *mark = keel__restart_log_mark(context->restart_log, number);
   if (mark == NULL) return true;
-  if (member_is(line, "event", "restart_begin")) {
+  if (keel_json_string_is(line, "event", "restart_begin")) {
     mark->begin_t_ns = t_ns;
-    (void)member_integer(line, "failed_uid", &mark->failed_uid);
-    (void)member_text(line, "reason", mark->reason, sizeof mark->reason);
+    (void)keel_json_int(line, "failed_uid", &mark->failed_uid);
+    (void)keel_json_string(line, "reason", mark->reason, sizeof mark->reason);
   } else {
     mark->spawn_t_ns = t_ns;
-    (void)member_integer(line, "first_uid", &mark->first_uid);
-    (void)member_integer(line, "world", &mark->world);
+    (void)keel_json_int(line, "first_uid", &mark->first_uid);
+    (void)keel_json_int(line, "world", &mark->world);
   }
   return true;
 }
@@ -341,12 +233,12 @@ static bool scan_restart(measure_context *context, const char *line) {
 static bool scan_jit_save(measure_context *context, const char *line) {
   keel__save_mark save = {.t_failed_ns = -1};
   int64_t bytes = 0;
-  if (!scan_time(line, &save.t_ns) || !member_integer(line, "step", &save.step) || save.step < 0 ||
+  if (!scan_time(line, &save.t_ns) || !keel_json_int(line, "step", &save.step) || save.step < 0 ||
       !member_milliseconds(line, "save_ms", &save.save_ms))
     return false;
-  (void)member_integer(line, "t_failed_ns", &save.t_failed_ns);
-  if (member_integer(line, "bytes", &bytes) && bytes > 0) save.bytes = (uint64_t)bytes;
-  save.ok = member_is(line, "status", "ok");
+  (void)keel_json_int(line, "t_failed_ns", &save.t_failed_ns);
+  if (keel_json_int(line, "bytes", &bytes) && bytes > 0) save.bytes = (uint64_t)bytes;
+  save.ok = keel_json_string_is(line, "status", "ok");
   keel__restart_log *log = context->restart_log;
   if (log->save_count < KEEL__MODEL_RANK_EVENT_MAXIMUM) log->saves[log->save_count++] = save;
   return true;
@@ -354,10 +246,10 @@ static bool scan_jit_save(measure_context *context, const char *line) {
 
 static bool scan_jit_restore(measure_context *context, const char *line) {
   keel__restore_mark restore = {.step = -1, .restore_ms = NAN};
-  if (!scan_time(line, &restore.t_ns) || !member_integer(line, "restart", &restore.restart))
+  if (!scan_time(line, &restore.t_ns) || !keel_json_int(line, "restart", &restore.restart))
     return false;
-  restore.ok = member_is(line, "status", "ok");
-  if (restore.ok && (!member_integer(line, "step", &restore.step) || restore.step < 0))
+  restore.ok = keel_json_string_is(line, "status", "ok");
+  if (restore.ok && (!keel_json_int(line, "step", &restore.step) || restore.step < 0))
     return false;
   double restore_ms;
   if (member_milliseconds(line, "restore_ms", &restore_ms)) restore.restore_ms = restore_ms;
@@ -368,7 +260,7 @@ static bool scan_jit_restore(measure_context *context, const char *line) {
 }
 
 static bool scan_resumed(measure_context *context, const char *line) {
-  keel__resumed_mark resumed = {.in_process = member_is(line, "kind", "in-process")};
+  keel__resumed_mark resumed = {.in_process = keel_json_string_is(line, "kind", "in-process")};
   if (!scan_time(line, &resumed.t_ns)) return false;
   keel__restart_log *log = context->restart_log;
   if (log->resumed_count < KEEL__MODEL_RESTART_MAXIMUM)
@@ -390,10 +282,10 @@ static const struct {
 
 /* One line; false when it is malformed (counted as skipped). Unknown events are fine. */
 static bool scan_line(measure_context *context, const char *line) {
-  const char *event = member_value(line, "event");
+  const char *event = keel_json_member(line, "event");
   if (event == NULL || *event != '"') return false;
   for (size_t i = 0; i < sizeof scanners / sizeof scanners[0]; i++)
-    if (member_is(line, "event", scanners[i].event)) return scanners[i].scan(context, line);
+    if (keel_json_string_is(line, "event", scanners[i].event)) return scanners[i].scan(context, line);
   return true;
 }
 
@@ -433,7 +325,7 @@ static void discard_rest_of_line(FILE *file) {
   }
 }
 
-static bool line_is_blank(const char *line) { return *skip_space(line) == '\0'; }
+static bool line_is_blank(const char *line) { return line[strspn(line, " \t\r\n")] == '\0'; }
 
 static keel_status measure_stream(measure_context *context, FILE *file, char *line) {
   while (fgets(line, LINE_MAXIMUM + 2, file) != NULL) {

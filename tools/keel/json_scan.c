@@ -1,6 +1,8 @@
 /* A tiny bounded reader and writer of one-line JSON objects, shared by the launcher (status
- * lines of workers) and `keel report` (events files): a few members are looked up by name
- * rather than parsed into a tree, and a line that is not one whole object is refused. */
+ * lines of workers) and `keel report` (events files): members are found with core's
+ * keel_json_member; here are the readers of the tool's own needs (an array's first number,
+ * decoded strings), the escaper, and the validator that refuses a line that is not one
+ * whole object. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,27 +30,8 @@ void keel__json_escape(const char *text, char *escaped, size_t capacity) {
   if (capacity > 0) escaped[used] = '\0';
 }
 
-/* A member counts only where one can start (after '{' or ','), so a key quoted inside a
- * string value rarely fools it; rarely is enough for lines that are only read, never run. */
-const char *keel__json_member(const char *line, const char *key) {
-  size_t key_length = strlen(key);
-  for (const char *quote = strchr(line, '"'); quote != NULL; quote = strchr(quote + 1, '"')) {
-    if (strncmp(quote + 1, key, key_length) != 0 || quote[1 + key_length] != '"') continue;
-    const char *before = quote;
-    while (before > line && before[-1] == ' ') before--;
-    if (before == line || (before[-1] != '{' && before[-1] != ',')) continue;
-    const char *value = quote + 2 + key_length;
-    while (*value == ' ') value++;
-    if (*value != ':') continue;
-    value++;
-    while (*value == ' ') value++;
-    return value;
-  }
-  return NULL;
-}
-
 bool keel__json_int(const char *line, const char *key, int64_t *value_p) {
-  const char *value = keel__json_member(line, key);
+  const char *value = keel_json_member(line, key);
   if (value == NULL) return false;
   if (*value == '[') value++;
   char *end;
@@ -58,18 +41,8 @@ bool keel__json_int(const char *line, const char *key, int64_t *value_p) {
   return true;
 }
 
-bool keel__json_double(const char *line, const char *key, double *value_p) {
-  const char *value = keel__json_member(line, key);
-  if (value == NULL) return false;
-  char *end;
-  double number = strtod(value, &end);
-  if (end == value) return false;
-  *value_p = number;
-  return true;
-}
-
 bool keel__json_string(const char *line, const char *key, char *text, size_t capacity) {
-  const char *value = keel__json_member(line, key);
+  const char *value = keel_json_member(line, key);
   if (value == NULL || *value != '"' || capacity == 0) return false;
   size_t used = 0;
   for (value++; *value != '"'; value++) {
@@ -83,7 +56,7 @@ bool keel__json_string(const char *line, const char *key, char *text, size_t cap
 
 size_t keel__json_int_array(const char *line, const char *key, int64_t *values, size_t capacity,
                             size_t *total_p) {
-  const char *at = keel__json_member(line, key);
+  const char *at = keel_json_member(line, key);
   size_t stored = 0, total = 0;
   if (at != NULL && *at == '[') {
     for (at++; *at != ']' && *at != '\0';) {

@@ -133,7 +133,7 @@ static void job_start_read(report_data *data, const char *line, int64_t t_ns) {
 static void job_end_read(report_data *data, const char *line) {
   data->job.ended = true;
   data->job.code = member_int(line, "code", -1);
-  keel__json_double(line, "seconds", &data->job.seconds);
+  keel_json_double(line, "seconds", &data->job.seconds);
 }
 
 static report_failure *failure_add(report_data *data, const char *line, int64_t t_ns) {
@@ -173,7 +173,7 @@ static void exit_read(report_data *data, const char *line, int64_t t_ns) {
   char outcome[32] = "";
   if (!keel__json_string(line, "signal", outcome, sizeof outcome))
     snprintf(outcome, sizeof outcome, "%lld", (long long)member_int(line, "code", 0));
-  const char *fenced_value = keel__json_member(line, "fenced");
+  const char *fenced_value = keel_json_member(line, "fenced");
   bool fenced = fenced_value != NULL && strncmp(fenced_value, "true", 4) == 0;
   if (strcmp(outcome, "0") == 0 && !fenced) return;
   /* A spare or joiner that never held a rank and ends badly was idle: most are the ones
@@ -208,7 +208,7 @@ static void recovery_read(report_data *data, const char *line, int64_t t_ns) {
       keel__json_int_array(line, "failed", recovery->failed, MAX_FAILED_UIDS, NULL);
   for (size_t i = 0; i < PHASE_COUNT; i++) {
     recovery->phase_ms[i] = -1;
-    keel__json_double(line, phase_keys[i], &recovery->phase_ms[i]);
+    keel_json_double(line, phase_keys[i], &recovery->phase_ms[i]);
   }
   recovery->redo_minibatches = member_int(line, "redo_minibatches", -1);
 }
@@ -248,7 +248,7 @@ static void spawn_read(report_data *data, const char *line) {
 }
 
 static void join_request_read(report_data *data, const char *line) {
-  const char *accepted = keel__json_member(line, "accepted");
+  const char *accepted = keel_json_member(line, "accepted");
   if (accepted != NULL && strncmp(accepted, "true", 4) == 0)
     data->joins_accepted++;
   else

@@ -60,7 +60,7 @@ static void status_line_copy(keel__launcher *launcher, const char *line, size_t 
   keel_buffer copy;
   keel_buffer_init(&copy, EVENT_MAX_BYTES);
   keel_status status = keel_buffer_append(&copy, line, length - 1);
-  if (status == KEEL_OK && keel__json_member(line, "t_ns") == NULL)
+  if (status == KEEL_OK && keel_json_member(line, "t_ns") == NULL)
     status = keel_buffer_appendf(&copy, ",\"t_ns\":%lld", (long long)keel_now_ns());
   if (status == KEEL_OK)
     status = keel_buffer_appendf(&copy, ",\"wall_ns\":%lld}\n", (long long)keel_wall_ns());
@@ -76,8 +76,8 @@ static void status_progress(keel__launcher *launcher, const char *line) {
   keel__json_int(line, "step", &display->step);
   keel__json_int(line, "world", &display->world);
   keel__json_int(line, "epoch", &display->epoch);
-  keel__json_double(line, "loss", &display->loss);
-  keel__json_double(line, "samples_per_s", &display->samples_per_s);
+  keel_json_double(line, "loss", &display->loss);
+  keel_json_double(line, "samples_per_s", &display->samples_per_s);
   display->dirty = true;
 }
 
@@ -89,7 +89,7 @@ static void status_recovery(keel__launcher *launcher, const char *line) {
   char policy[16] = "";
   keel__json_int(line, "failed", &failed);
   keel__json_int(line, "new_world", &new_world);
-  keel__json_double(line, "total_ms", &total_ms);
+  keel_json_double(line, "total_ms", &total_ms);
   keel__json_string(line, "policy", policy, sizeof policy);
   if (failed < 0) {
     keel__display_note(launcher, "grew: world %lld in %.0f ms", (long long)new_world, total_ms);

@@ -73,12 +73,10 @@ keel_status keel__proc_value_parse(const char *text, keel__proc_value *value_p);
 /* The uid in key "<prefix><uid>" (decimal, nothing after it); KEEL_EINVAL otherwise. */
 keel_status keel__uid_from_key(const char *key, const char *prefix, uint32_t *uid_p);
 
-/* ---- one-line JSON objects (status lines, events files), read without a parse tree. */
-/* Where the value of member key starts (after the colon), or NULL. */
-const char *keel__json_member(const char *line, const char *key);
+/* ---- one-line JSON objects (status lines, events files), read without a parse tree; the
+ * member lookup, keel_json_member and keel_json_double, is core's. */
 /* An integer member, or the first element of an integer array ("failed":[2]). */
 bool keel__json_int(const char *line, const char *key, int64_t *value_p);
-bool keel__json_double(const char *line, const char *key, double *value_p);
 /* A string member, escapes kept as the character after the backslash, truncated to fit. */
 bool keel__json_string(const char *line, const char *key, char *text, size_t capacity);
 /* The integers of an array member: stores at most capacity of them and returns how many it
