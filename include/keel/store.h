@@ -49,6 +49,19 @@ keel_status keel_store_connect(const char *endpoint, const keel_auth *auth, int6
 /* Closes the link; leases the client held expire on their own (no implicit revoke). */
 void keel_store_close(keel_store *store);
 
+/* How long each request of this handle may take to be answered (a wait: on top of its own
+ * deadline); 10 s until set. A request that misses it returns KEEL_ETIMEDOUT, one whose
+ * link breaks KEEL_ECLOSED; either way the handle drops its link, and its next request
+ * first reconnects (the job's handshake, within that request's timeout; a failed attempt
+ * returns KEEL_ETIMEDOUT or KEEL_ECLOSED too) and then proceeds, so a handle outlives a
+ * store that stalls or drops it. A failed request may or may not have been applied; it
+ * is never sent twice. Applies from the next request; callable from any thread.
+ * KEEL_EINVAL unless timeout_ns > 0. */
+keel_status keel_store_set_timeout(keel_store *store, int64_t timeout_ns);
+/* How many times the handle re-established its link (0 while it never lost one), for a
+ * keepalive thread to report; callable from any thread, never blocks. */
+uint64_t keel_store_reconnects(const keel_store *store);
+
 /* Sets key to value. lease 0: none; else the key is deleted when that lease expires or is
  * revoked (KEEL_ENOTFOUND if the lease does not exist). *revision_p (optional) receives
  * the revision of this change. */

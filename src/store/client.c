@@ -62,6 +62,15 @@ fail_free_store:
   return status;
 }
 
+keel_status keel_store_set_timeout(keel_store *store, int64_t timeout_ns) {
+  if (store == NULL || timeout_ns <= 0) return KEEL_EINVAL;
+  return store->ops->set_timeout(store->backend, timeout_ns);
+}
+
+uint64_t keel_store_reconnects(const keel_store *store) {
+  return store == NULL ? 0 : store->ops->reconnects(store->backend);
+}
+
 void keel_store_close(keel_store *store) {
   if (store == NULL) return;
   store->ops->close(store->backend);

@@ -1,41 +1,93 @@
 /* The embedded backend of the store client: one authenticated link to the embedded
  * server, requests serialised by a mutex, each one bounded by a deadline so that a store
- * that stops answering turns into KEEL_ETIMEDOUT or KEEL_ECLOSED, never a hang. */
+ * that stops answering turns into KEEL_ETIMEDOUT or KEEL_ECLOSED, never a hang. A failed
+ * link is dropped and the next request opens a new one, so a handle outlives a stall. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/store_internal.h"
 
-/* Generous: the server answers in microseconds unless the machine is badly overloaded. */
+/* The default request timeout (keel_store_set_timeout changes it). Generous: the server
+ * answers in microseconds unless the machine is badly overloaded. */
 #define EMBEDDED_REQUEST_TIMEOUT_NS (10 * (int64_t)1000000000)
 /* A wait is sent in slices of at most this; the server may answer sooner (it clamps). */
 #define EMBEDDED_WAIT_SLICE_NS (60 * (int64_t)1000000000)
 
 typedef struct embedded_client {
   pthread_mutex_t lock; /* serialises requests: one link, one request in flight */
-  keel_link *link;
+  keel_link *link;      /* NULL once dropped after a failure; the next request reconnects */
+  char *address;        /* with auth, what a reconnect needs */
+  keel_auth auth;
   keel_buffer request; /* reused for every encoded request */
   uint64_t next_id;
-  bool broken; /* the link failed or fell out of step; every later call is KEEL_ECLOSED */
+  bool reconnect_failing; /* a failed reconnect was logged; quiet until one succeeds */
+  /* Atomic, not under lock: set and read by other threads while a request is in flight. */
+  _Atomic int64_t timeout_ns;
+  _Atomic uint64_t reconnects;
 } embedded_client;
+
+/* Opens the client's link, bounded by deadline_ns; the net layer logs why it could not. */
+static keel_status link_open(embedded_client *client, int64_t deadline_ns) {
+  keel_link *link;
+  keel_status status = keel_link_connect(client->address, &client->auth, deadline_ns, &link);
+  if (status != KEEL_OK) return status;
+  keel_link_set_max_payload(link, KEEL__STORE_MAX_RESPONSE);
+  client->link = link;
+  return KEEL_OK;
+}
+
+/* Replaces a dropped link for the request about to be sent. A connect that fails for any
+ * reason but a missed deadline, memory or a refused token means the store cannot be
+ * reached: KEEL_ECLOSED, as for a broken link. */
+static keel_status link_reopen(embedded_client *client, int64_t deadline_ns) {
+  keel_status status = link_open(client, deadline_ns);
+  if (status == KEEL_OK) {
+    uint64_t count = atomic_fetch_add(&client->reconnects, 1) + 1;
+    KEEL_LOG_I("store", "reconnected to the store at %s (reconnect %llu of this handle)",
+               client->address, (unsigned long long)count);
+    client->reconnect_failing = false;
+    return KEEL_OK;
+  }
+  if (!client->reconnect_failing) {
+    KEEL_LOG_W("store", "cannot reconnect to the store at %s (%s); each request tries again",
+               client->address, keel_strerror(status));
+    client->reconnect_failing = true;
+  }
+  if (status != KEEL_ETIMEDOUT && status != KEEL_ENOMEM && status != KEEL_EAUTH)
+    status = KEEL_ECLOSED;
+  return status;
+}
+
+/* Drops the link after a failure. A late answer to the abandoned request could otherwise
+ * be taken for the next request's; a new link never carries it. */
+static void link_drop(embedded_client *client) {
+  keel_link_close(client->link);
+  client->link = NULL;
+}
 
 static keel_status embedded_connect(const char *address, const keel_auth *auth,
                                     int64_t deadline_ns, void **backend_p) {
   embedded_client *client = calloc(1, sizeof *client);
   if (client == NULL) return KEEL_ENOMEM;
   keel_status status = KEEL_ENOMEM;
-  if (pthread_mutex_init(&client->lock, NULL) != 0) goto fail_free_client;
+  client->address = strdup(address);
+  if (client->address == NULL) goto fail_free_client;
+  client->auth = *auth;
+  atomic_init(&client->timeout_ns, EMBEDDED_REQUEST_TIMEOUT_NS);
+  atomic_init(&client->reconnects, 0);
+  if (pthread_mutex_init(&client->lock, NULL) != 0) goto fail_free_address;
   keel_buffer_init(&client->request, KEEL__STORE_REQUEST_BUFFER_MAX);
-  /* The net layer logs why a connection failed. */
-  status = keel_link_connect(address, auth, deadline_ns, &client->link);
+  status = link_open(client, deadline_ns);
   if (status != KEEL_OK) goto fail_destroy_lock;
-  keel_link_set_max_payload(client->link, KEEL__STORE_MAX_RESPONSE);
   *backend_p = client;
   return KEEL_OK;
 
 fail_destroy_lock:
   pthread_mutex_destroy(&client->lock);
+fail_free_address:
+  free(client->address);
 fail_free_client:
   free(client);
   return status;
@@ -46,25 +98,45 @@ static void embedded_close(void *backend) {
   keel_link_close(client->link);
   keel_buffer_free(&client->request);
   pthread_mutex_destroy(&client->lock);
+  free(client->address);
+  /* The job's token stays in memory no longer than the handle that needed it. */
+  explicit_bzero(&client->auth, sizeof client->auth);
   free(client);
 }
 
-/* Sends request and receives its answer within timeout_ns. KEEL_OK means the server
- * answered: *response_p holds its status and points into *payload_p, which the caller
- * frees. Any other status is the link's, and the link is then given up: an answer that
- * arrives late would otherwise be taken for the next request's. */
+static keel_status embedded_set_timeout(void *backend, int64_t timeout_ns) {
+  embedded_client *client = backend;
+  atomic_store(&client->timeout_ns, timeout_ns);
+  return KEEL_OK;
+}
+
+static uint64_t embedded_reconnects(const void *backend) {
+  const embedded_client *client = backend;
+  return atomic_load(&client->reconnects);
+}
+
+/* Sends request and receives its answer within wait_ns plus the handle's timeout,
+ * reconnecting first (within the timeout) if an earlier failure dropped the link. KEEL_OK
+ * means the server answered: *response_p holds its status and points into *payload_p,
+ * which the caller frees. Any other status is the link's, and the link is then dropped.
+ * A request is never sent twice: one that failed may or may not have been applied, and
+ * only the caller knows whether it is safe to repeat. */
 static keel_status round_trip(embedded_client *client, keel__store_request *request,
-                              int64_t timeout_ns, void **payload_p,
-                              keel__store_response *response_p) {
+                              int64_t wait_ns, void **payload_p, keel__store_response *response_p) {
   pthread_mutex_lock(&client->lock);
-  keel_status status = KEEL_ECLOSED;
+  int64_t timeout_ns = atomic_load(&client->timeout_ns);
+  int64_t connect_deadline_ns = keel_deadline_after_ns(timeout_ns);
+  int64_t deadline_ns = timeout_ns > KEEL_NO_DEADLINE - wait_ns
+                            ? KEEL_NO_DEADLINE
+                            : keel_deadline_after_ns(wait_ns + timeout_ns);
   void *payload = NULL;
-  if (client->broken) goto unlock;
+  keel_status status = KEEL_OK;
+  if (client->link == NULL) status = link_reopen(client, connect_deadline_ns);
+  if (status != KEEL_OK) goto unlock;
   request->id = ++client->next_id;
   keel_buffer_reset(&client->request);
   status = keel__store_request_encode(request, &client->request);
   if (status != KEEL_OK) goto unlock;
-  int64_t deadline_ns = keel_deadline_after_ns(timeout_ns);
   keel_frame frame = {.type = KEEL_FRAME_STORE_REQUEST, .tag = request->id};
   status = keel_link_send(client->link, &frame, client->request.data, client->request.length,
                           deadline_ns);
@@ -72,12 +144,14 @@ static keel_status round_trip(embedded_client *client, keel__store_request *requ
   if (status != KEEL_OK) {
     /* The net layer logs a broken link itself, but not the two verdicts that are ours. */
     if (status == KEEL_ETIMEDOUT)
-      KEEL_LOG_W("store", "the store did not answer in time; giving up the link");
+      KEEL_LOG_W("store",
+                 "the store did not answer in time; dropping the link (the next "
+                 "request reconnects)");
     else if (status == KEEL_ECLOSED)
-      KEEL_LOG_W("store", "the store closed the link");
-    client->broken = true;
-    /* A link that breaks (reset, end of stream, bad frame) means the store is gone for
-     * this handle; only a missed deadline keeps its own name. */
+      KEEL_LOG_W("store", "the store closed the link (the next request reconnects)");
+    link_drop(client);
+    /* A link that breaks (reset, end of stream, bad frame) is KEEL_ECLOSED to the caller;
+     * only a missed deadline keeps its own name. */
     if (status != KEEL_ETIMEDOUT && status != KEEL_ENOMEM) status = KEEL_ECLOSED;
     goto unlock;
   }
@@ -85,12 +159,13 @@ static keel_status round_trip(embedded_client *client, keel__store_request *requ
   status = frame.type == KEEL_FRAME_STORE_RESPONSE
                ? keel__store_response_decode(payload, frame.length, &response)
                : KEEL_EPROTO;
+  /* A new link per failure already keeps stale answers out; the id check stays as the
+   * proof that this answer is this request's. */
   if (status == KEEL_OK && (response.id != request->id || response.op != request->op))
     status = KEEL_EPROTO;
   if (status != KEEL_OK) {
-    KEEL_LOG_E("store", "bad answer from the store (%s); giving up the link",
-               keel_strerror(status));
-    client->broken = true;
+    KEEL_LOG_E("store", "bad answer from the store (%s); dropping the link", keel_strerror(status));
+    link_drop(client);
     free(payload);
     payload = NULL;
     goto unlock;
@@ -108,8 +183,7 @@ static keel_status simple_request(embedded_client *client, keel__store_request *
                                   uint64_t *revision_p, int64_t *lease_p) {
   void *payload;
   keel__store_response response;
-  keel_status status =
-      round_trip(client, request, EMBEDDED_REQUEST_TIMEOUT_NS, &payload, &response);
+  keel_status status = round_trip(client, request, 0, &payload, &response);
   if (status != KEEL_OK) return status;
   status = response.status;
   free(payload);
@@ -146,8 +220,7 @@ static keel_status entries_request(embedded_client *client, keel__store_request 
                                    uint64_t *revision_p) {
   void *payload;
   keel__store_response response;
-  keel_status status =
-      round_trip(client, request, EMBEDDED_REQUEST_TIMEOUT_NS, &payload, &response);
+  keel_status status = round_trip(client, request, 0, &payload, &response);
   if (status != KEEL_OK) return status;
   status = response.status;
   if (status == KEEL_OK && request->op == KEEL__STORE_OP_GET && response.entry_count != 1) {
@@ -192,8 +265,7 @@ static keel_status embedded_wait(void *backend, const char *prefix, uint64_t aft
     request.duration_ns = remaining_ns;
     void *payload;
     keel__store_response response;
-    keel_status status = round_trip(backend, &request, remaining_ns + EMBEDDED_REQUEST_TIMEOUT_NS,
-                                    &payload, &response);
+    keel_status status = round_trip(backend, &request, remaining_ns, &payload, &response);
     if (status != KEEL_OK) return status;
     free(payload);
     /* The server clamps long waits: its timeout before ours means ask again. */
@@ -230,4 +302,6 @@ const keel__store_ops keel__store_embedded_ops = {
     .lease_grant = embedded_lease_grant,
     .lease_keepalive = embedded_lease_keepalive,
     .lease_revoke = embedded_lease_revoke,
+    .set_timeout = embedded_set_timeout,
+    .reconnects = embedded_reconnects,
 };

@@ -1,7 +1,7 @@
 /* The embedded store's state: keys sorted in one array (binary search, prefix ranges in
- * order for list), leases sorted by id, a global revision and a bounded ring of recent
- * deletions so that a wait also sees keys that are gone. Single-threaded by contract: the
- * server holds its mutex around every call. */
+ * order for list), leases sorted by id (with grace after a stall of the server), a global
+ * revision and a bounded ring of recent deletions so that a wait also sees keys that are
+ * gone. Single-threaded by contract: the server holds its mutex around every call. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +45,9 @@ struct keel__store_kv {
   size_t deletion_next;
   size_t deletion_count;
   uint64_t forgotten_revision; /* newest revision of a deletion the ring dropped */
+  int64_t serviced_ns;         /* latest time keel__store_kv_expire ran, once serviced */
+  bool serviced;
+  uint64_t stalls;             /* gaps that earned the leases grace */
 };
 
 keel_status keel__store_kv_create(keel__store_kv **kv_p) {
@@ -173,7 +176,40 @@ static bool sweep_doomed_leases(keel__store_kv *kv) {
   return removed;
 }
 
+static int64_t saturating_add(int64_t now_ns, int64_t duration_ns) {
+  return duration_ns > KEEL_NO_DEADLINE - now_ns ? KEEL_NO_DEADLINE : now_ns + duration_ns;
+}
+
+/* The grace of keel__store_kv_expire. Only the kv's own gap counts, never a lease's
+ * silence: the lease thread services the kv every tick while leases exist, so a holder
+ * that stopped cannot open a gap here. An idle store without leases may go unserviced for
+ * long; with nothing to extend, that is no stall. */
+static void grant_stall_grace(keel__store_kv *kv, int64_t now_ns) {
+  if (kv->serviced && now_ns - kv->serviced_ns > KEEL__STORE_STALL_NS) {
+    size_t extended = 0;
+    for (size_t i = 0; i < kv->lease_count; i++) {
+      int64_t floor_ns = saturating_add(now_ns, kv->leases[i].ttl_ns);
+      if (kv->leases[i].expiry_ns < floor_ns) {
+        kv->leases[i].expiry_ns = floor_ns;
+        extended++;
+      }
+    }
+    if (extended > 0) {
+      kv->stalls++;
+      KEEL_LOG_W("store",
+                 "the store did not run for %lld ms; %zu leases get their ttl from "
+                 "now instead of expiring at once",
+                 (long long)((now_ns - kv->serviced_ns) / 1000000), extended);
+    }
+  }
+  /* A caller may pass a time older than the previous call's (the tests do); gaps are
+   * measured from the latest. */
+  if (!kv->serviced || now_ns > kv->serviced_ns) kv->serviced_ns = now_ns;
+  kv->serviced = true;
+}
+
 bool keel__store_kv_expire(keel__store_kv *kv, int64_t now_ns) {
+  grant_stall_grace(kv, now_ns);
   bool any = false;
   for (size_t i = 0; i < kv->lease_count; i++) {
     if (kv->leases[i].expiry_ns <= now_ns) {
@@ -209,8 +245,8 @@ bool keel__store_kv_changed_since(const keel__store_kv *kv, const char *prefix,
   return false;
 }
 
-static int64_t saturating_add(int64_t now_ns, int64_t duration_ns) {
-  return duration_ns > KEEL_NO_DEADLINE - now_ns ? KEEL_NO_DEADLINE : now_ns + duration_ns;
+uint64_t keel__store_kv_stalls(const keel__store_kv *kv) {
+  return kv->stalls;
 }
 
 /* Put and cas: every check before the first change, so a refusal changes nothing. */

@@ -1,7 +1,8 @@
 /* The embedded store server: an accept thread that runs each handshake (so a slow
  * connector never delays requests), a thread per client link that decodes its requests
  * and applies them to the key-value state under one mutex, and a lease thread that
- * expires leases on time and wakes the waiters their keys concern. */
+ * expires leases on time, wakes the waiters their keys concern, and ticks while leases
+ * exist so that the state can tell when this process itself stalled. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -74,9 +75,14 @@ static void *lease_thread_main(void *argument) {
   keel_store_server *server = argument;
   pthread_mutex_lock(&server->lock);
   while (!server->stopping) {
-    if (keel__store_kv_expire(server->kv, keel_now_ns()))
-      pthread_cond_broadcast(&server->changed);
-    wait_until(&server->lease_changed, &server->lock, keel__store_kv_next_expiry(server->kv));
+    int64_t now_ns = keel_now_ns();
+    if (keel__store_kv_expire(server->kv, now_ns)) pthread_cond_broadcast(&server->changed);
+    /* While leases exist, wake every tick even with no expiry near: the kv tells a stall
+     * of this process from an idle store by the gaps between its services. */
+    int64_t wake_ns = keel__store_kv_next_expiry(server->kv);
+    if (wake_ns != KEEL_NO_DEADLINE && wake_ns - now_ns > KEEL__STORE_LEASE_TICK_NS)
+      wake_ns = now_ns + KEEL__STORE_LEASE_TICK_NS;
+    wait_until(&server->lease_changed, &server->lock, wake_ns);
   }
   pthread_mutex_unlock(&server->lock);
   return NULL;

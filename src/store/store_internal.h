@@ -102,6 +102,20 @@ keel_status keel__store_response_entries(const keel__store_response *response,
  * calls it under its one mutex. Time is passed in (keel_now_ns) so tests can drive it. */
 typedef struct keel__store_kv keel__store_kv;
 
+/* While leases exist the server services the kv (keel__store_kv_expire) at least this
+ * often, even with nothing to expire, so that a long gap between two services can only
+ * mean the server itself did not run. */
+#define KEEL__STORE_LEASE_TICK_NS ((int64_t)100 * 1000000)
+/* A gap between two services of the kv longer than this is a stall of the server (its
+ * process stopped, or not scheduled), and earns every lease a grace period (see
+ * keel__store_kv_expire). Five lease ticks, not a fraction of the shortest ttl: the
+ * scheduling delays of a loaded machine stay well below it, so grace is never handed out
+ * in normal running (where it would keep a dead holder's short lease alive tick after
+ * tick). A holder sends keepalives every third of its ttl, so only a gap over two thirds
+ * of the ttl can cost a healthy holder its lease: for every ttl from 750 ms up (the
+ * runtime's are seconds) such a gap is seen as a stall. */
+#define KEEL__STORE_STALL_NS ((int64_t)500 * 1000000)
+
 keel_status keel__store_kv_create(keel__store_kv **kv_p);
 void keel__store_kv_destroy(keel__store_kv *kv);
 uint64_t keel__store_kv_revision(const keel__store_kv *kv);
@@ -112,11 +126,19 @@ uint64_t keel__store_kv_revision(const keel__store_kv *kv);
  * unless *changed_p says otherwise. */
 keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *request,
                                  int64_t now_ns, keel_buffer *response, bool *changed_p);
-/* Expires every lease whose ttl has passed at now_ns, deleting their keys with one
- * revision; returns true when that changed the store. */
+/* Services the kv at now_ns: expires every lease whose ttl has passed, deleting their
+ * keys with one revision; returns true when that changed the store. keel__store_kv_apply
+ * calls it first. Stall grace, as etcd gives leases when a new leader takes over: when
+ * more than KEEL__STORE_STALL_NS passed since the previous service, the server itself did
+ * not run while the holders kept trying to reach it, so every lease first gets at least
+ * its ttl from now_ns (expiry = max(expiry, now_ns + ttl)) and the stall is counted. A
+ * holder that really died still loses its lease one ttl after the resume at the latest;
+ * a holder that stops while the server runs gets no grace. */
 bool keel__store_kv_expire(keel__store_kv *kv, int64_t now_ns);
 /* Earliest time a lease expires; KEEL_NO_DEADLINE when there are none. */
 int64_t keel__store_kv_next_expiry(const keel__store_kv *kv);
+/* How many stalls earned the leases a grace period (for tests and diagnostics). */
+uint64_t keel__store_kv_stalls(const keel__store_kv *kv);
 /* True when a key starting with prefix was created, changed or deleted at a revision
  * above after_revision. The history of deletions is bounded: when after_revision is older
  * than the deletions still remembered, the answer is true (a wake the caller confirms
@@ -144,6 +166,10 @@ typedef struct keel__store_ops {
   keel_status (*lease_grant)(void *backend, int64_t ttl_ns, int64_t *lease_p);
   keel_status (*lease_keepalive)(void *backend, int64_t lease);
   keel_status (*lease_revoke)(void *backend, int64_t lease);
+  /* Every backend fills these two: the handle's request timeout (> 0, checked by
+   * client.c) and how many times it re-established its connection. */
+  keel_status (*set_timeout)(void *backend, int64_t timeout_ns);
+  uint64_t (*reconnects)(const void *backend);
 } keel__store_ops;
 
 extern const keel__store_ops keel__store_embedded_ops;
