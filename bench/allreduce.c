@@ -12,7 +12,7 @@
 
 #include "bench_stats.h"
 
-#include "keel/comm.h"
+#include "keel/keel.h"
 
 #define MAX_SIZES 16
 /* Without --iterations, each measurement runs for about this long (across all ranks). */
@@ -122,6 +122,7 @@ typedef struct bench {
   const options *opts;
   float *send, *recv;
   char impl[32]; /* "keel-shm", "keel-tcp-resilient", ... */
+  uint64_t step;  /* the resilient path's step transactions */
 } bench;
 
 /* One operation over count f32 elements (the whole result or input: a rank's block is
@@ -139,9 +140,13 @@ static keel_status one_allreduce(bench *b, size_t count) {
     case COLLECTIVE_ALLREDUCE:
       break;
   }
-  if (b->opts->resilient)
-    return keel_allreduce_resilient(b->ctx, b->send, b->recv, count, KEEL_F32, KEEL_SUM, NULL);
-  return keel_comm_allreduce(world, b->send, b->recv, count, KEEL_F32, KEEL_SUM);
+  if (!b->opts->resilient) return keel_comm_allreduce(world, b->send, b->recv, count, KEEL_F32, KEEL_SUM);
+  /* The resilient path is a whole step transaction around the one allreduce. */
+  keel_status status = keel_step_begin(b->ctx, b->step);
+  if (status == KEEL_OK) status = keel_step_allreduce(b->ctx, b->send, b->recv, count, KEEL_F32, KEEL_SUM);
+  if (status == KEEL_OK) status = keel_step_commit(b->ctx);
+  b->step++;
+  return status;
 }
 
 /* Runs iterations allreduces back to back; times[i] gets iteration i's duration here. */

@@ -15,7 +15,7 @@
 
 #include "bench_jobs.h"
 #include "bench_stats.h"
-#include "keel/comm.h"
+#include "keel/keel.h"
 
 #define WORLD 4
 #define MAX_TRIALS 1000
@@ -75,20 +75,22 @@ static void worker_after_step(worker *w) {
 static int worker_loop(worker *w) {
   struct timespec pause = {0, WORKER_PAUSE_NS};
   for (;;) {
-    keel_step(w->ctx, w->step);
-    nanosleep(&pause, NULL);
-    worker_fill(w);
-    keel_recovery recovery;
-    keel_status status = keel_allreduce_resilient(w->ctx, w->send, w->recv, WORKER_COUNT, KEEL_F32,
-                                                  KEEL_SUM, &recovery);
-    if (status == KEEL_EEXCLUDED) return 0;
-    if (status != KEEL_OK) {
-      fprintf(stderr, "recovery --worker: allreduce failed: %s\n", keel_strerror(status));
-      return 1;
+    keel_status status = keel_step_begin(w->ctx, w->step);
+    if (status == KEEL_OK) {
+      nanosleep(&pause, NULL);
+      worker_fill(w);
+      status = keel_step_allreduce(w->ctx, w->send, w->recv, WORKER_COUNT, KEEL_F32, KEEL_SUM);
     }
-    if (recovery.restart_step) continue; /* state replaced: redo the step from it */
+    if (status == KEEL_EREDO) continue; /* state replaced: redo the step from it */
+    if (status != KEEL_OK) {
+      if (keel_exit_code(status) == 1)
+        fprintf(stderr, "recovery --worker: allreduce failed: %s\n", keel_strerror(status));
+      return keel_exit_code(status);
+    }
     if (w->recv[0] > 0) return 0;
     worker_after_step(w);
+    status = keel_step_commit(w->ctx);
+    if (status != KEEL_OK) return keel_exit_code(status);
   }
 }
 

@@ -1,15 +1,16 @@
-/* Data-parallel Fashion-MNIST trainer on keel: every rank computes the gradient sum of its
- * slice of the global batch, one resilient allreduce adds them (with the loss and sample
- * count), and every rank applies the same optimizer step. Runs alone or under `keel run`;
- * a failure during a step is recovered inside keel_allreduce_resilient, or, under
- * `keel run --ckpt jit`, saved just in time and resumed by the restarted processes. */
+/* Data-parallel Fashion-MNIST trainer on keel: every step is a transaction in which every
+ * rank computes the gradient sum of its slice of the global batch, one allreduce adds them
+ * (with the loss and sample count), and every rank applies the same optimizer step. Runs
+ * alone or under `keel run`; a failure during a step is recovered by the runtime (the step
+ * is redone when it says so), or, under `keel run --ckpt jit`, saved just in time and
+ * resumed by the restarted processes. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "keel/ckpt.h"
+#include "keel/keel.h"
 #include "nn.h"
 
 #define PROGRAM "fashion_mnist"
@@ -313,16 +314,22 @@ static int evaluate(trainer *run, const options *settings) {
   return 0;
 }
 
+/* The exit code for a status keel ended the run with; a real error is named here (the
+ * runtime has said why it stops, restarts or goes on without us). */
+static int run_end(const char *what, uint64_t step, keel_status status) {
+  int code = keel_exit_code(status);
+  if (code == 1)
+    fprintf(stderr, PROGRAM ": %s at step %llu: %s\n", what, (unsigned long long)step,
+            keel_strerror(status));
+  return code;
+}
+
 static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const options *settings) {
   if (trainer_setup(run, settings) != KEEL_OK) return 1;
   uint64_t step = 0;
   if (register_state(ctx, run, &step) != KEEL_OK) return 1;
   keel_status status = keel_start(ctx);
-  if (status == KEEL_EJOBDONE) return 0; /* a spare that was never needed */
-  if (status != KEEL_OK) {
-    fprintf(stderr, PROGRAM ": keel_start: %s\n", keel_strerror(status));
-    return 1;
-  }
+  if (status != KEEL_OK) return run_end("keel_start", step, status); /* EJOBDONE: an unused spare */
   /* Restores `step` and the rest in a restarted process. */
   status = keel_ckpt_jit_enable(ctx, NULL, jit_p);
   if (status != KEEL_OK) {
@@ -336,8 +343,8 @@ static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const optio
   int64_t started_ns = keel_now_ns();
   uint64_t steps_done = 0;
   while (step < settings->steps) {
-    status = keel_step(ctx, step);
-    if (status != KEEL_OK) fprintf(stderr, PROGRAM ": keel_step: %s\n", keel_strerror(status));
+    status = keel_step_begin(ctx, step);
+    if (status != KEEL_OK) return run_end("keel_step_begin", step, status);
     keel_comm *world = keel_world(ctx);
     int rank = keel_comm_rank(world), size = keel_comm_size(world);
     size_t count = 0;
@@ -359,18 +366,10 @@ static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const optio
     send[parameter_count] = (float)(local_loss * (double)count);
     send[parameter_count + 1] = (float)count;
 
-    keel_recovery recovery;
-    status = keel_allreduce_resilient(ctx, send, receive, parameter_count + 2, KEEL_F32, KEEL_SUM,
-                                      &recovery);
-    if (status == KEEL_EEXCLUDED) return 0; /* declared failed: the job goes on without us */
-    if (status == KEEL_ERESTART) return KEEL_EXIT_RESTART; /* saved; the launcher restarts us */
-    if (status != KEEL_OK) {
-      fprintf(stderr, PROGRAM ": allreduce at step %llu: %s\n", (unsigned long long)step,
-              keel_strerror(status));
-      return 1;
-    }
-    /* State was replaced by a survivor's, or the world grew: the step restarts from it. */
-    if (recovery.restart_step) continue;
+    status = keel_step_allreduce(ctx, send, receive, parameter_count + 2, KEEL_F32, KEEL_SUM);
+    /* A failure was recovered and the step must be redone from the registered state. */
+    if (status == KEEL_EREDO) continue;
+    if (status != KEEL_OK) return run_end("allreduce", step, status);
 
     float global_count = receive[parameter_count + 1];
     if (!(global_count > 0.0f)) {
@@ -386,6 +385,8 @@ static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const optio
     nn_optimizer_set_learning_rate(run->optimizer, learning_rate_at(settings, step));
     nn_optimizer_step(run->optimizer, parameters, receive);
     step++;
+    status = keel_step_commit(ctx);
+    if (status != KEEL_OK) return run_end("commit", step, status);
     steps_done++;
     double elapsed_s = (double)(keel_now_ns() - started_ns) * 1e-9;
     double samples_per_second =

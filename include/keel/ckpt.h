@@ -1,49 +1,26 @@
-/* keel ckpt: the checkpoint engine. Its foundation: a registry of named state buffers, the
- * snapshot format (a manifest with per-chunk crc32c, counted only once written last, JIT
- * §3.2), two tiers (per-rank files, a caller-provided memory region) and the restore that
- * picks the newest complete snapshot of any data-parallel replica of a shard (JIT §3.3).
- * On it, policies: just-in-time checkpoints (the end of this header), triggered by the
- * communicator's failure hook. Depends on comm (the policies) and core. */
+/* keel ckpt: the checkpoint engine over the runtime's one state registry: the snapshot
+ * format (a manifest with per-chunk crc32c, counted only once written last, JIT §3.2), two
+ * tiers (per-rank files, a caller-provided memory region) and the restore that picks the
+ * newest complete snapshot of any data-parallel replica of a shard (JIT §3.3). On it,
+ * policies: just-in-time checkpoints (the end of this header), triggered by the runtime's
+ * failure hook, and the persistent tier as a state source. Depends on the runtime. */
 #ifndef KEEL_CKPT_H
 #define KEEL_CKPT_H
 
-#include "keel/comm.h"
+#include "keel/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- limits: every count and length read from a manifest is checked against these
- * before anything is allocated. */
-#define KEEL_CKPT_NAME_MAX 63                             /* bytes of a buffer name, no NUL */
-#define KEEL_CKPT_MAX_BUFFERS 256                         /* buffers in one registry/snapshot */
+/* ---- limits: every count and length read from a manifest is checked against these (and
+ * the registry's, keel/limits.h) before anything is allocated. */
 #define KEEL_CKPT_MAX_CHUNKS (1u << 22)                   /* chunks in one snapshot */
 #define KEEL_CKPT_MAX_CHUNK_BYTES ((uint64_t)1 << 30)     /* 1 GiB */
 #define KEEL_CKPT_DEFAULT_CHUNK_BYTES ((uint64_t)4 << 20) /* 4 MiB, used when 0 is passed */
 /* The largest encoded manifest: header, every name at its longest, every crc, trailer. */
 #define KEEL_CKPT_MANIFEST_MAX_BYTES \
-  (72u + KEEL_CKPT_MAX_BUFFERS * (1u + KEEL_CKPT_NAME_MAX + 8u) + 4u * KEEL_CKPT_MAX_CHUNKS + 4u)
-
-/* ---- the state registry: named buffers of training state (parameters, optimizer state,
- * step counter, data position, RNG). The caller owns the memory and keeps it alive and
- * unmoved while the registry is used; a save reads it, a restore overwrites it. Not
- * thread-safe: add buffers at setup, before any save or restore. */
-typedef struct keel_ckpt_registry keel_ckpt_registry;
-
-/* Makes an empty registry (room for KEEL_CKPT_MAX_BUFFERS, allocated now so that a save
- * after a failure allocates no registry memory). The caller owns *registry_p. */
-keel_status keel_ckpt_registry_create(keel_ckpt_registry **registry_p);
-/* Frees the registry (not the registered memory). NULL is a no-op. */
-void keel_ckpt_registry_destroy(keel_ckpt_registry *registry);
-/* Adds a buffer. name: 1..KEEL_CKPT_NAME_MAX printable ASCII bytes, unique in the registry,
- * copied. data may be NULL only when bytes is 0. Snapshots keep the order of the adds, and
- * a restore requires the same names and sizes in the same order. KEEL_EINVAL for a bad
- * name or pointer, KEEL_EEXIST for a duplicate name, KEEL_ERANGE past the limits. */
-keel_status keel_ckpt_registry_add(keel_ckpt_registry *registry, const char *name, void *data,
-                                   size_t bytes);
-size_t keel_ckpt_registry_count(const keel_ckpt_registry *registry);
-/* Sum of the registered sizes. */
-uint64_t keel_ckpt_registry_bytes(const keel_ckpt_registry *registry);
+  (72u + KEEL_MAX_STATE_BUFFERS * (1u + KEEL_STATE_NAME_MAX + 8u) + 4u * KEEL_CKPT_MAX_CHUNKS + 4u)
 
 /* ---- the snapshot description. */
 
@@ -64,7 +41,7 @@ typedef struct keel_ckpt_identity {
 
 /* One buffer of a snapshot: its chunks are chunk_crc32c[first_chunk .. +chunk_count). */
 typedef struct keel_ckpt_entry {
-  char name[KEEL_CKPT_NAME_MAX + 1];
+  char name[KEEL_STATE_NAME_MAX + 1];
   uint64_t bytes;
   uint32_t first_chunk;
   uint32_t chunk_count; /* ceil(bytes / chunk_bytes); 0 for an empty buffer */
@@ -87,7 +64,7 @@ typedef struct keel_ckpt_manifest {
  * KEEL_CKPT_DEFAULT_CHUNK_BYTES. Writes *manifest_p only on success; the caller frees it
  * with keel_ckpt_manifest_free. KEEL_EINVAL for a bad identity, KEEL_ERANGE past the limits,
  * KEEL_ENOMEM. */
-keel_status keel_ckpt_manifest_build(const keel_ckpt_registry *registry,
+keel_status keel_ckpt_manifest_build(const keel_registry *registry,
                                      const keel_ckpt_identity *identity, uint64_t chunk_bytes,
                                      keel_ckpt_manifest *manifest_p);
 /* Bytes keel_ckpt_manifest_encode writes for this manifest. */
@@ -113,6 +90,7 @@ typedef struct keel_ckpt_selector {
   uint32_t shard_index; /* the shard to restore; other shards' snapshots are passed over */
   uint32_t shard_count; /* 0: any; otherwise a snapshot of another sharding is refused */
   uint64_t max_step;    /* the newest step at or below this; UINT64_MAX for the newest */
+  uint64_t min_step;    /* and at or above this (0: any): min = max asks for one step */
 } keel_ckpt_selector;
 
 /* ---- the persistent tier: <root>/<job_id>/step-<step>/rank-<rank>/ holds one file per
@@ -127,7 +105,7 @@ typedef struct keel_ckpt_selector {
  * (KEEL_ENOSPC, KEEL_EIO, ...; logged here) the new snapshot has no manifest and every other
  * snapshot is as it was, except that a save over an existing snapshot of the same step and
  * rank may leave that directory with no manifest once all new data is safely written. */
-keel_status keel_ckpt_persistent_save(const keel_ckpt_registry *registry, const char *root,
+keel_status keel_ckpt_persistent_save(const keel_registry *registry, const char *root,
                                       const keel_ckpt_identity *identity, uint64_t chunk_bytes);
 
 /* Restores the registered buffers from the newest usable snapshot under <root>/<job_id> of
@@ -140,7 +118,7 @@ keel_status keel_ckpt_persistent_save(const keel_ckpt_registry *registry, const 
  * success. Writes *used_p (may be NULL) only on success. KEEL_ENOTFOUND when there is no
  * complete snapshot of the shard, KEEL_ECORRUPT when all were refused (logged),
  * KEEL_ENOMEM. Blocks on file I/O. */
-keel_status keel_ckpt_persistent_restore(keel_ckpt_registry *registry, const char *root,
+keel_status keel_ckpt_persistent_restore(keel_registry *registry, const char *root,
                                          const keel_ckpt_selector *selector,
                                          keel_ckpt_identity *used_p);
 
@@ -154,22 +132,35 @@ typedef struct keel_ckpt_region {
 } keel_ckpt_region;
 
 /* The region size a snapshot of the registry with this chunk size needs. */
-keel_status keel_ckpt_memory_bytes(const keel_ckpt_registry *registry, uint64_t chunk_bytes,
+keel_status keel_ckpt_memory_bytes(const keel_registry *registry, uint64_t chunk_bytes,
                                    size_t *bytes_p);
 /* Saves the registered state into the region, replacing what it held: the seal is made odd
  * (incomplete) first and made even with a release store last, so a reader that finds it even
  * before and after reading saw one complete snapshot. A crash mid-save leaves an incomplete
  * region (keep two regions to always have a complete one). One writer at a time; readers
  * may run concurrently. KEEL_ERANGE when the region is too small (nothing written). */
-keel_status keel_ckpt_memory_save(const keel_ckpt_registry *registry,
+keel_status keel_ckpt_memory_save(const keel_registry *registry,
                                   const keel_ckpt_identity *identity, uint64_t chunk_bytes,
                                   const keel_ckpt_region *region);
 /* Restore from memory regions (this rank's and copies of other replicas'), by the rules and
  * with the guarantees of keel_ckpt_persistent_restore: an unsealed region, or one rewritten
  * while it was read, is skipped like a snapshot with no manifest. */
-keel_status keel_ckpt_memory_restore(keel_ckpt_registry *registry, const keel_ckpt_region *regions,
+keel_status keel_ckpt_memory_restore(keel_registry *registry, const keel_ckpt_region *regions,
                                      size_t region_count, const keel_ckpt_selector *selector,
                                      keel_ckpt_identity *used_p);
+
+/* ---- the persistent tier as a policy and a state source: the registered state is saved
+ * (persistent tier, under <directory>/<job_id>/step-<s+1>/rank-<r>/) when every_steps-th
+ * step s commits; and a rank that lacks its shard after a failure (no survivor holds it)
+ * gets the snapshot of exactly the step the job is at from it. The caller owns *persist_p
+ * and frees it after keel_finalize. KEEL_EINVAL, KEEL_ERANGE (no room for another hook or
+ * source), or the status of making the folder. Event: persist_save (step, bytes, save_ms). */
+typedef struct keel_ckpt_persist keel_ckpt_persist;
+keel_status keel_ckpt_persist_enable(keel_ctx *ctx, const char *directory, uint64_t every_steps,
+                                     keel_ckpt_persist **persist_p);
+/* How many snapshots this process has saved. */
+uint64_t keel_ckpt_persist_saves(const keel_ckpt_persist *persist);
+void keel_ckpt_persist_destroy(keel_ckpt_persist *persist);
 
 /* ---- just-in-time checkpoints (JIT paper §3, §4.2): nothing is saved in steady state.
  * When a collective of the job fails or passes its deadline, every healthy rank saves its
@@ -183,23 +174,21 @@ keel_status keel_ckpt_memory_restore(keel_ckpt_registry *registry, const keel_ck
  * is written. Events (docs/RUNTIME.md): jit_save, jit_restore, resumed. */
 typedef struct keel_ckpt_jit keel_ckpt_jit;
 
+/* Hybrid sharding (JIT §3.1) is the runtime's: with keel_state_shard(ctx, K) rank r saves
+ * and restores shard r % K, any replica group's snapshot of it will do. */
 typedef struct keel_ckpt_jit_options {
   const char *directory; /* NULL: KEEL_CKPT_DIR, which `keel run` sets */
-  /* Hybrid sharding (JIT §3.1): the state is cut in shard_count shards, each held by every
-   * replica group; this rank holds shard_index in group replica. shard_count 0 or 1: plain
-   * data parallelism (shard 0 of 1, replica = the rank). */
-  uint32_t shard_count;
-  uint32_t shard_index;
-  uint32_t replica;
-  uint64_t chunk_bytes; /* 0: KEEL_CKPT_DEFAULT_CHUNK_BYTES */
+  uint64_t chunk_bytes;  /* 0: KEEL_CKPT_DEFAULT_CHUNK_BYTES */
 } keel_ckpt_jit_options;
 
 /* Turns just-in-time checkpoints on when the launcher asks for them (KEEL_CKPT=jit);
  * otherwise *jit_p is an engine that does nothing, so a program can always call this. Call
- * after keel_start, once every state buffer is registered: the engine copies the layout,
- * adds its failure hook and, in a restarted process (keel_restart_count > 0), restores the
- * registered state now from the newest complete snapshot of this shard (a failure before
- * any save leaves the state as it is: the job starts over, with a warning). options may be
+ * after keel_start, once every state buffer is registered: the engine adds its failure hook
+ * and, in a restarted process (keel_restart_count > 0) or a resumed job (`keel run
+ * --resume DIR`: the old job's snapshots), restores the registered state now from the
+ * newest complete snapshot of this shard (a failure before any save leaves the state as it
+ * is: the job starts over, with a warning). A stop of the job or a lost launcher saves like
+ * a restart does. options may be
  * NULL. KEEL_EINVAL for a bad KEEL_CKPT or options, KEEL_ECORRUPT when every snapshot was
  * refused (each reason logged). The caller owns *jit_p and frees it after keel_finalize
  * (the runtime's hook points at it until then). */

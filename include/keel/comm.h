@@ -1,9 +1,10 @@
-/* keel comm: the process's runtime context and its communicator. Collectives that
- * complete or fail with KEEL_EPROCFAILED / KEEL_EREVOKED / KEEL_ETIMEDOUT, never hang past
- * their deadline; ULFM's revoke, agree and shrink; grow and replacement by spares; and the
- * forward-recovery helper that redoes a failed allreduce (ULFM elastic paper, 3.1-3.3).
- * Depends on core, net and store. The launcher's contract with this layer is in
- * docs/RUNTIME.md (environment variables, store keys, status lines). */
+/* keel comm: the process's endpoint (its links to the other processes of the job) and the
+ * communicators built on it. Collectives complete or fail with KEEL_EPROCFAILED /
+ * KEEL_EREVOKED / KEEL_ETIMEDOUT and never hang past their deadline; ULFM's revoke, agree
+ * and shrink, grow by spares and joiners, and point-to-point requests that progress in the
+ * background while a collective runs (ULFM elastic paper, 3.1-3.3). Moving bytes is the
+ * business of transports (tcp links, shared memory) behind one operations table.
+ * Depends on core, net and store; knows nothing of training state (the runtime does). */
 #ifndef KEEL_COMM_H
 #define KEEL_COMM_H
 
@@ -13,8 +14,9 @@
 extern "C" {
 #endif
 
-typedef struct keel_ctx keel_ctx;
+typedef struct keel_endpoint keel_endpoint;
 typedef struct keel_comm keel_comm;
+typedef struct keel_request keel_request;
 
 typedef enum keel_dtype {
   KEEL_F32 = 0,
@@ -33,113 +35,94 @@ typedef enum keel_reduce_op {
 
 size_t keel_dtype_size(keel_dtype dtype);
 
-/* ---- the process's runtime. */
+/* ---- what the endpoint needs from the process's membership in the job. The runtime
+ * provides it (its failure detector and store session); a test may provide its own. */
+typedef struct keel_membership_ops {
+  /* The "host:port" uid listens on, into address; KEEL_ENOTFOUND while it is not published
+   * yet. May block briefly (a store read); never called from the progress loop. */
+  keel_status (*address)(void *context, uint32_t uid, char *address, size_t capacity);
+  /* The endpoint saw uid's link break. Called from the progress loop: must not block. */
+  void (*suspect)(void *context, uint32_t uid, const char *reason);
+  /* Brings the failure detector's view up to date (may block: a store read). The
+   * agreement calls it between its looks at the votes. */
+  keel_status (*refresh)(void *context);
+  /* Whether uid is dead by the detector's current view, and its node (-1: unknown). Must
+   * not block. */
+  bool (*dead)(void *context, uint32_t uid);
+  int (*node)(void *context, uint32_t uid);
+  /* KEEL_OK, or the status that must end every wait at once: the job is stopping
+   * (KEEL_ESTOPPED), its launcher is gone (KEEL_EORPHANED), this process was declared dead
+   * (KEEL_EEXCLUDED), the job is done (KEEL_EJOBDONE). Must not block. */
+  keel_status (*interrupted)(void *context);
+} keel_membership_ops;
 
-/* Joins the job described by the environment `keel run` sets (docs/RUNTIME.md): connects
- * to the store, listens, takes a lease that is this process's heartbeat, and links with
- * every other process of the job. Does not block on other workers beyond connecting. The
- * caller owns *ctx_p and ends it with keel_finalize. */
-keel_status keel_init(keel_ctx **ctx_p);
+typedef struct keel_endpoint_config {
+  uint32_t uid;        /* this process's id in the job (< KEEL_MAX_UIDS) */
+  keel_auth auth;      /* the job's id and token; local_id is set to uid */
+  keel_store *store;   /* the job's store (not owned); NULL: a world of one, no links */
+  int64_t lease;       /* the lease the pool keys (spare/, join/) live with */
+  const char *host;    /* where to listen; NULL: 127.0.0.1 */
+  int node;            /* this process's failure domain */
+  bool node_domain;    /* a member's failure takes every member of its node */
+  int max_world;       /* a grow stops at this size */
+  int64_t timeout_ns;  /* default deadline of every operation; 0: 30 s */
+  int64_t spare_wait_ns; /* replace: how long an agreement waits for spares; 0: 10 s */
+  bool failure_detection; /* false: operations end only by completion or deadline (a
+                             benchmark's switch, KEEL_FAILURE_DETECTION=off) */
+  keel_fault_plan *faults; /* points "allreduce", "agree"; may be NULL; not owned */
+  const keel_membership_ops *membership; /* required with a store */
+  void *membership_context;
+} keel_endpoint_config;
 
-/* Registers a buffer of training state (parameters, optimizer state, step counter, data
- * position, RNG) that a newcomer receives from a survivor. Call in the same order with the
- * same sizes in every process, before keel_start. The memory stays the caller's. */
-keel_status keel_state_register(keel_ctx *ctx, const char *name, void *data, size_t bytes);
+/* Listens and starts the thread that authenticates incoming links. The caller owns
+ * *endpoint_p and ends it with keel_endpoint_close. */
+keel_status keel_endpoint_create(const keel_endpoint_config *config, keel_endpoint **endpoint_p);
+/* "host:port" where the endpoint listens ("" for a world of one); valid until close. */
+const char *keel_endpoint_address(const keel_endpoint *endpoint);
+/* Any thread: makes an operation that waits on this endpoint look at membership->interrupted
+ * at once. */
+void keel_endpoint_wake(keel_endpoint *endpoint);
+/* Leaves in order: tells every linked peer this is a goodbye, not a failure, reads what they
+ * still send until each said goodbye or linger_ns passed, then frees every communicator,
+ * request and link. NULL is allowed. */
+void keel_endpoint_close(keel_endpoint *endpoint, int64_t linger_ns);
+/* The endpoint's newest communicator (NULL before the first); operations on older ones
+ * fail with KEEL_EREVOKED. */
+keel_comm *keel_endpoint_current(keel_endpoint *endpoint);
 
-/* Starts training. A worker returns at once. A spare or a joiner blocks until it is given a
- * rank (then its registered state has been overwritten with a survivor's) or the job ends
- * (KEEL_EJOBDONE: exit 0). */
-keel_status keel_start(keel_ctx *ctx);
+/* Links with uid now if it is not linked yet, best effort by deadline (a spare does it ahead
+ * of time, so that taking a rank costs no handshake). Only uids below this process's connect;
+ * higher ones are waited for by keel_comm_create. */
+keel_status keel_endpoint_link(keel_endpoint *endpoint, uint32_t uid, int64_t deadline_ns);
 
-/* The current communicator (it changes after a recovery); owned by ctx. */
-keel_comm *keel_world(keel_ctx *ctx);
-/* true if this process received its state from a survivor in keel_start. */
-bool keel_is_newcomer(const keel_ctx *ctx);
+/* Makes the communicator of epoch over uids (rank order; this process among them) and
+ * links with every member: connects to lower uids, waits for higher ones, by deadline. It
+ * becomes the endpoint's current one. *comm_p is owned by the endpoint. */
+keel_status keel_comm_create(keel_endpoint *endpoint, uint64_t epoch, const uint32_t *uids,
+                             int count, int64_t deadline_ns, keel_comm **comm_p);
 
-/* Exit code of a worker that leaves because the job restarts (KEEL_ERESTART): the launcher
- * counts it as a healthy process that saved its state, not as a failure (EX_TEMPFAIL). */
-#define KEEL_EXIT_RESTART 75
-
-/* The registered state, for a checkpoint engine: buffer index (< keel_state_count) in the
- * order of registration. *name_p stays valid until keel_finalize. KEEL_ERANGE past the end. */
-size_t keel_state_count(const keel_ctx *ctx);
-keel_status keel_state_get(const keel_ctx *ctx, size_t index, const char **name_p, void **data_p,
-                           size_t *bytes_p);
-/* The job's id (KEEL_JOB_ID; 1 for a standalone world of one). */
-uint64_t keel_job_id(const keel_ctx *ctx);
-/* How many times the launcher has restarted the job's processes before this one started
- * (KEEL_RESTART; 0 in the first incarnation). */
-uint32_t keel_restart_count(const keel_ctx *ctx);
-/* The step keel_step last marked; false when none was marked yet. */
-bool keel_current_step(const keel_ctx *ctx, uint64_t *step_p);
-
-/* What the runtime knows when a collective first fails in an epoch. */
-typedef struct keel_failure {
-  keel_status cause;  /* KEEL_EPROCFAILED, KEEL_EREVOKED or KEEL_ETIMEDOUT */
-  uint64_t step;      /* the step keel_step last marked (the minibatch in progress) */
-  bool step_known;    /* false when keel_step was never called */
-  uint64_t epoch;     /* of the communicator that failed */
-  bool in_process;    /* the runtime recovers inside this process (KEEL_ON_FAILURE shrink or
-                         replace); false: the job restarts its processes (restart), so this
-                         process must save what it needs now and exit */
-  int64_t failed_ns;  /* when the collective returned the error (CLOCK_MONOTONIC) */
-} keel_failure;
-/* Called in the thread of the failing collective, after the communicator is revoked (so
- * every member learns of the failure at once) and before any recovery, at most once per
- * epoch. The training thread is inside the collective: registered state is the step's
- * starting state (the optimizer has not run) and stays still during the hook. A hook must
- * not call collectives. */
-typedef void (*keel_failure_hook)(void *arg, const keel_failure *failure);
-/* Adds a hook (at most 4; called in the order added). KEEL_ERANGE when full. With
- * KEEL_ON_FAILURE=restart every collective that fails so returns KEEL_ERESTART once the
- * hooks have run. */
-keel_status keel_on_failure(keel_ctx *ctx, keel_failure_hook hook, void *arg);
-
-/* Says that the registered state was just put back to the start of step (a restore after
- * a restart): when the minibatch of that step completes (keel_step of a later step), rank 0
- * reports a `resumed` event, the end of the recovery as the JIT paper's Table 7 counts it.
- * The resilient allreduce marks its recoveries the same way by itself. */
-void keel_mark_resume(keel_ctx *ctx, uint64_t step, const char *kind);
-
-/* Marks the start of a training step: fault-injection points (KEEL_FAULT) fire here, and
- * joiners waiting to grow the job are noticed. Cheap (no communication in steady state). */
-keel_status keel_step(keel_ctx *ctx, uint64_t step);
-/* A named fault-injection point inside the user's step ("forward", "optimizer") or a
- * checkpoint engine's ("save", "saved"): fires a KEEL_FAULT rule whose point= names it.
- * Returns true when a `corrupt` rule fired: the caller damages what it has just written
- * (points that write nothing ignore it). */
-bool keel_fault_point(keel_ctx *ctx, const char *point);
-/* Reports progress to the launcher's status line (rank 0's reports are shown). Never
- * blocks and never fails the caller. */
-void keel_report(keel_ctx *ctx, uint64_t step, double loss, double samples_per_second);
-/* Writes one event line to the launcher's event log: {"event":event, uid, rank, epoch,
- * t_ns, json_fields} where json_fields (may be NULL; under 3 KiB) are the object's other
- * members without braces. event: 1..31 characters of [a-z0-9_]. */
-void keel_report_event(keel_ctx *ctx, const char *event, const char *json_fields);
-
-/* Leaves the job in order: tells peers this is a goodbye, not a failure, drops the lease
- * and frees ctx. NULL is allowed. */
-void keel_finalize(keel_ctx *ctx);
-
-/* ---- the communicator. Handles are owned by ctx; a handle of an old epoch stays valid
- * (its operations fail with KEEL_EREVOKED) until keel_finalize. Operations are called by
- * one thread. Every operation waits at most the communicator's deadline (KEEL_TIMEOUT,
- * default 30 s). */
+/* ---- the communicator. Handles are owned by the endpoint and stay valid until it closes
+ * (an old epoch's operations fail with KEEL_EREVOKED). Operations are called by one thread.
+ * Every operation waits at most the communicator's deadline. */
 int keel_comm_rank(const keel_comm *comm);
 int keel_comm_size(const keel_comm *comm);
 uint64_t keel_comm_epoch(const keel_comm *comm);
-/* The uid (job-wide process id) of a rank. */
+/* The uid (job-wide process id) of a rank; UINT32_MAX when out of range. */
 uint32_t keel_comm_uid(const keel_comm *comm, int rank);
+/* The rank of uid in comm, or -1. */
+int keel_comm_rank_of(const keel_comm *comm, uint32_t uid);
 void keel_comm_set_timeout(keel_comm *comm, int64_t timeout_ns);
-/* How this communicator's collectives move data: "shm" (shared memory, every rank on this
- * host), "tcp" (the links), or "self" (a world of one). Shared memory is set up by the first
- * collective of an epoch; before it, "tcp". KEEL_TRANSPORT=tcp in the environment turns
- * shared memory off. */
+int64_t keel_comm_timeout(const keel_comm *comm);
+/* The transport the collectives use: "shm" (shared memory, every rank on this host),
+ * "tcp" (the links), or "self" (a world of one). Chosen by the first collective of an
+ * epoch; "tcp" before it. KEEL_TRANSPORT=tcp in the environment rules shared memory out. */
 const char *keel_comm_transport(const keel_comm *comm);
+/* KEEL_OK, or why an operation on comm would fail now: KEEL_EREVOKED, KEEL_EPROCFAILED. */
+keel_status keel_comm_health(keel_comm *comm);
 
-/* send may equal recv (in place). Out of place, send is never written, which is what lets
- * the resilient helper redo the operation. The result is bit-for-bit identical at every
- * rank and from run to run: the order of reduction depends only on rank and size. */
+/* send may equal recv (in place). Out of place, send is never written, which is what lets a
+ * failed allreduce be redone. The result is bit-for-bit identical at every rank and from run
+ * to run: the order of reduction depends only on rank and size. */
 keel_status keel_comm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
                                 keel_dtype dtype, keel_reduce_op op);
 keel_status keel_comm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root);
@@ -151,6 +134,30 @@ keel_status keel_comm_reduce_scatter(keel_comm *comm, const void *send, void *re
                                      size_t count_per_rank, keel_dtype dtype, keel_reduce_op op);
 keel_status keel_comm_barrier(keel_comm *comm);
 
+/* ---- point-to-point requests: each has its own slots in the progress engine, so it moves
+ * whenever any operation of the endpoint waits (a collective included): a background
+ * transfer. The buffer stays the caller's and must stay valid until the request completes
+ * or is freed. tag is the caller's; a send matches the receive with the same tag. */
+keel_status keel_comm_isend(keel_comm *comm, int rank, uint64_t tag, const void *buffer,
+                            size_t bytes, keel_request **request_p);
+/* A receive of exactly bytes bytes (a frame of another length fails it, KEEL_EPROTO). */
+keel_status keel_comm_irecv(keel_comm *comm, int rank, uint64_t tag, void *buffer, size_t bytes,
+                            keel_request **request_p);
+/* Moves whatever can move without waiting; *done_p says whether the request is complete.
+ * Returns the request's failure once it has one (KEEL_EPROCFAILED, KEEL_EREVOKED, ...). */
+keel_status keel_request_test(keel_request *request, bool *done_p);
+/* Waits until the request completes, fails, or deadline (KEEL_ETIMEDOUT). */
+keel_status keel_request_wait(keel_request *request, int64_t deadline_ns);
+/* Frees a request; one still in flight is abandoned first (its frames are finished from
+ * copies or dropped, so the caller's buffer is free on return). NULL is allowed. */
+void keel_request_free(keel_request *request);
+/* Blocking forms, by the communicator's deadline. */
+keel_status keel_comm_send(keel_comm *comm, int rank, uint64_t tag, const void *buffer,
+                           size_t bytes);
+keel_status keel_comm_recv(keel_comm *comm, int rank, uint64_t tag, void *buffer, size_t bytes);
+
+/* ---- ULFM: revoke, agree, shrink; and elastic membership. */
+
 /* Revokes the communicator: every pending and later operation on its epoch fails with
  * KEEL_EREVOKED at every member (a reliable broadcast of the mark). Idempotent. */
 keel_status keel_comm_revoke(keel_comm *comm);
@@ -158,44 +165,67 @@ keel_status keel_comm_revoke(keel_comm *comm);
 /* Fault-tolerant agreement: every surviving member returns the same *flags (the bitwise AND
  * of the survivors' inputs) and the same failed set, even if members fail during it.
  * failed_uids (optional, capacity entries) receives the uids of members that failed, and
- * *failed_count_p their number. Works on a revoked communicator. */
+ * *failed_count_p their number. Works on a revoked communicator. KEEL_ETIMEDOUT if it cannot
+ * decide by the communicator's deadline (members that stay silent that long are suspected
+ * first, which makes the job fence them, and given one more deadline). */
 keel_status keel_comm_agree(keel_comm *comm, uint32_t *flags, uint32_t *failed_uids,
                             size_t capacity, size_t *failed_count_p);
 
-/* Builds the communicator of the next epoch from the survivors, ranks in their old order,
- * and makes it the world. *new_p is owned by ctx. */
+/* What a member asks of a membership change, and the change all members agreed on. */
+typedef struct keel_rebuild_vote {
+  uint32_t flags;     /* ANDed over the voters, as keel_comm_agree */
+  bool rebuild;       /* make the next epoch (false: a plain agreement) */
+  bool shrink_only;   /* no spares: the survivors alone (ULFM shrink) */
+  bool admit_spares;  /* failed members' places go to idle spares, waiting for them a while */
+  bool admit_joiners; /* joiners waiting (join/ keys) are admitted, up to the maximum world */
+  char note[KEEL_NOTE_MAX]; /* the member's word to the others (the runtime: what state it
+                               holds); printable ASCII, no spaces */
+} keel_rebuild_vote;
+
+typedef struct keel_decision {
+  uint64_t epoch;     /* of the communicator that decided; the new one is epoch + 1 */
+  uint32_t round;
+  bool rebuild;
+  uint32_t flags;
+  int member_count;   /* of the new epoch, in rank order */
+  uint32_t members[KEEL_MAX_WORLD];
+  char notes[KEEL_MAX_WORLD][KEEL_NOTE_MAX]; /* each member's note; "" for a newcomer */
+  int failed_count;
+  uint32_t failed[KEEL_MAX_WORLD];
+  int replaced_count; /* failed members replaced by spares */
+  int joined_count;   /* joiners admitted */
+} keel_decision;
+
+/* Agrees with the survivors on the next epoch and moves to it (links with every member,
+ * newcomers included), ranks in the survivors' old order with spares in the failed members'
+ * places and joiners at the end. decision (caller's memory: it is large) receives what was
+ * decided; *new_p (owned by the endpoint; may be NULL) the new communicator. Returns
+ * KEEL_EEXCLUDED when the others went on without this process. Moving state to newcomers is
+ * the caller's business (the decision names them). */
+keel_status keel_comm_rebuild(keel_comm *comm, const keel_rebuild_vote *vote,
+                              keel_decision *decision, keel_comm **new_p);
+/* The two halves of keel_comm_rebuild, for a caller that times them: agree on the decision
+ * (the vote's rebuild flag is set for it), then move to it (links with every member of the
+ * new epoch; KEEL_EEXCLUDED when this process is not one). */
+keel_status keel_comm_decide(keel_comm *comm, const keel_rebuild_vote *vote,
+                             keel_decision *decision);
+keel_status keel_endpoint_adopt(keel_endpoint *endpoint, const keel_decision *decision,
+                                keel_comm **comm_p);
+/* keel_comm_rebuild with the survivors alone. *new_p is owned by the endpoint. */
 keel_status keel_comm_shrink(keel_comm *comm, keel_comm **new_p);
-/* Like shrink, and admits idle spares and waiting joiners (up to the job's maximum world);
- * the lowest surviving rank sends them the registered state. Call at a step boundary, at
- * every member. */
+/* keel_comm_rebuild admitting idle spares and waiting joiners, up to the maximum world.
+ * Call at a step boundary, at every member; the newcomers get state from the runtime. */
 keel_status keel_comm_grow(keel_comm *comm, keel_comm **new_p);
 
-/* ---- forward recovery (ULFM elastic paper 3.2, 3.3). */
-typedef struct keel_recovery {
-  bool recovered;     /* a failure happened and was recovered during this call */
-  bool restart_step;  /* the registered state was replaced or the world grew: redo the step
-                         from the (new) state instead of applying this result */
-  uint64_t old_epoch, new_epoch;
-  int old_size, new_size;
-  int failed_count;
-  int replaced_count; /* failed ranks taken over by spares */
-  /* Time broken down, nanoseconds. */
-  int64_t detect_ns, revoke_ns, agree_ns, rebuild_ns, state_transfer_ns, redo_ns;
-} keel_recovery;
-
-/* Allreduce that survives failures: on KEEL_EPROCFAILED, KEEL_EREVOKED or KEEL_ETIMEDOUT it
- * revokes, agrees, rebuilds the communicator by the job's policy (shrink; or replace, where
- * spares take the failed ranks and receive the state) and redoes the same allreduce with
- * the survivors' contributions (and the newcomers'), until it succeeds, so the step goes
- * on without rollback. send must differ from recv and stay unchanged during the call.
- * Returns KEEL_EEXCLUDED if this process was declared failed. With KEEL_ON_FAILURE=restart
- * (user-level JIT checkpoints) it does not recover: it revokes, runs the failure hooks (which
- * save the state) and returns KEEL_ERESTART; the process should then exit with
- * KEEL_EXIT_RESTART and the launcher starts the job's processes again. *recovery_p is
- * optional. */
-keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv, size_t count,
-                                     keel_dtype dtype, keel_reduce_op op,
-                                     keel_recovery *recovery_p);
+/* A process that is not a member yet offers itself: as a spare (takes a failed member's
+ * place) or as a joiner (grows the job). Its key lives with the endpoint's lease. */
+typedef enum keel_offer { KEEL_OFFER_SPARE, KEEL_OFFER_JOINER } keel_offer;
+keel_status keel_endpoint_offer(keel_endpoint *endpoint, keel_offer offer);
+/* Waits until a membership change admits this process (then links with the members and
+ * returns its communicator and the decision), or membership->interrupted ends the wait
+ * (KEEL_EJOBDONE when the job finished), or deadline. Withdraws the offer on return. */
+keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadline_ns,
+                                          keel_decision *decision, keel_comm **comm_p);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "keel/limits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -37,7 +39,10 @@ extern "C" {
   X(ENOTSUP, -19, "not supported")                                                        \
   X(ECANCELED, -20, "canceled")                                                           \
   X(EJOBDONE, -21, "the job finished")                                                     \
-  X(ERESTART, -22, "the job restarts its processes: save done, exit with KEEL_EXIT_RESTART")
+  X(ERESTART, -22, "the job restarts its processes: save done, exit with KEEL_EXIT_RESTART")   \
+  X(EREDO, -23, "a failure was recovered: begin the step again from the registered state")   \
+  X(ESTOPPED, -24, "the job is stopping (keel run was interrupted): exit with KEEL_EXIT_STOPPED") \
+  X(EORPHANED, -25, "the launcher is gone: exit with KEEL_EXIT_ORPHANED")
 
 typedef enum keel_status {
 #define KEEL_STATUS_ENUM(name, value, text) KEEL_##name = (value),
@@ -186,6 +191,31 @@ bool keel_json_string(const char *line, const char *key, char *text, size_t capa
  * engine's checkpoint folder are made this way. KEEL_EINVAL for an empty or too long path,
  * otherwise the status of the mkdir that failed (KEEL_ENOSPC, ...). */
 keel_status keel_directory_make(const char *path, unsigned mode);
+
+/* ---- fault injection (KEEL_FAULT, docs/RUNTIME.md): rules such as
+ * "kill@rank=2,step=5,point=allreduce,after=2" make a process die, hang, stall or exit at a
+ * chosen point, so that tests and users can make the very failure they want to survive.
+ * A plan belongs to one process; every layer fires its points through it. Not thread-safe:
+ * points fire in the thread that drives training. */
+typedef struct keel_fault_plan keel_fault_plan;
+/* Called just before a rule fires (the process may die right after): for an event line. */
+typedef void (*keel_fault_report_cb)(void *context, const char *action, const char *point,
+                                     uint64_t step);
+
+/* Parses rules separated by ';' (text NULL or empty: an empty plan) for the process whose
+ * uid is given. KEEL_EINVAL with the bad rule logged; the caller frees *plan_p with
+ * keel_fault_plan_destroy. */
+keel_status keel_fault_plan_create(const char *text, uint32_t uid, keel_fault_plan **plan_p);
+void keel_fault_plan_destroy(keel_fault_plan *plan);
+void keel_fault_plan_set_reporter(keel_fault_plan *plan, keel_fault_report_cb report,
+                                  void *context);
+/* The step in progress: rules with step=N fire at or after it. */
+void keel_fault_plan_set_step(keel_fault_plan *plan, uint64_t step);
+/* Fires the rules due at point (counter: the point's own count, e.g. chunk sends of an
+ * allreduce, compared with after=). kill and stop signal this process itself, delay sleeps,
+ * exit ends the process with code= (the failure the user asked for). Returns true when a
+ * `corrupt` rule fired: the caller damages what it has just written. NULL plan: false. */
+bool keel_fault_plan_fire(keel_fault_plan *plan, const char *point, int64_t counter);
 
 /* ---- hex helpers for tokens. */
 /* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */

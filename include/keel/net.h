@@ -29,7 +29,7 @@ typedef enum keel_frame_type {
   KEEL_FRAME_WELCOME = 4,   /* handshake: acceptor's verdict, identity */
   KEEL_FRAME_DATA = 16,     /* collective payload */
   KEEL_FRAME_REVOKE = 17,   /* the sender revoked the communicator of this epoch */
-  KEEL_FRAME_STATE = 18,    /* state transfer to a newcomer */
+  KEEL_FRAME_MESSAGE = 18,  /* point-to-point message (keel_comm_isend: state transfers) */
   KEEL_FRAME_CONTROL = 19,  /* small comm-level message (payload defined by comm) */
   KEEL_FRAME_STORE_REQUEST = 32,
   KEEL_FRAME_STORE_RESPONSE = 33,

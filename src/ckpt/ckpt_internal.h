@@ -1,4 +1,4 @@
-/* Private to src/ckpt: the registry's layout, the checks the tiers share, the file
+/* Private to src/ckpt: the checks the tiers share, the file
  * operations the persistent save goes through (a test substitutes failing ones), the memory
  * region's header, and the candidate snapshots every tier hands to the one restore. */
 #ifndef KEEL_CKPT_INTERNAL_H
@@ -11,20 +11,6 @@
 
 #define KEEL__CKPT_MODULE "ckpt"
 
-typedef struct keel__ckpt_slot {
-  char name[KEEL_CKPT_NAME_MAX + 1];
-  void *data;
-  size_t bytes;
-} keel__ckpt_slot;
-
-struct keel_ckpt_registry {
-  size_t count;
-  uint64_t total_bytes;
-  keel__ckpt_slot slots[KEEL_CKPT_MAX_BUFFERS];
-};
-
-/* A buffer name: 1..KEEL_CKPT_NAME_MAX bytes of printable ASCII other than space. */
-bool keel__ckpt_name_valid(const char *name, size_t length);
 /* KEEL_OK when the identity can be saved: non-zero job, shard_index < shard_count. */
 keel_status keel__ckpt_identity_check(const keel_ckpt_identity *identity);
 /* chunk_bytes with 0 meaning the default; KEEL_ERANGE past KEEL_CKPT_MAX_CHUNK_BYTES. */
@@ -32,7 +18,7 @@ keel_status keel__ckpt_chunk_bytes(uint64_t requested, uint64_t *chunk_bytes_p);
 
 /* The encoded size of the manifest of the registry with this chunk size (0: default),
  * without reading the registered bytes. */
-keel_status keel__ckpt_manifest_bytes_for(const keel_ckpt_registry *registry, uint64_t chunk_bytes,
+keel_status keel__ckpt_manifest_bytes_for(const keel_registry *registry, uint64_t chunk_bytes,
                                           size_t *bytes_p);
 
 /* ---- the persistent save's file operations, with libc's contract (-1 and errno on
@@ -52,7 +38,7 @@ extern const keel__ckpt_file_ops keel__ckpt_posix_file_ops;
 
 /* keel_ckpt_persistent_save through the given operations. */
 keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void *context,
-                                            const keel_ckpt_registry *registry, const char *root,
+                                            const keel_registry *registry, const char *root,
                                             const keel_ckpt_identity *identity,
                                             uint64_t chunk_bytes);
 
@@ -101,7 +87,7 @@ struct keel__ckpt_candidate {
  * and copies the staged state into the registry's buffers. refused counts snapshots the
  * tier already refused (malformed manifests); where names the tier for messages. Frees
  * nothing: the caller frees the candidates' manifests. */
-keel_status keel__ckpt_restore_best(keel_ckpt_registry *registry,
+keel_status keel__ckpt_restore_best(keel_registry *registry,
                                     const keel_ckpt_selector *selector,
                                     keel__ckpt_candidate *candidates, size_t count, size_t refused,
                                     const char *where, keel_ckpt_identity *used_p);

@@ -18,8 +18,9 @@
 struct keel_ckpt_jit {
   keel_ctx *ctx;
   bool enabled;
-  keel_ckpt_registry *registry;
+  keel_registry *registry; /* the runtime's: the one registry */
   keel_ckpt_jit_options options;
+  uint32_t shard_index, shard_count, replica; /* from the runtime, at enable */
   char directory[PATH_MAX];
   bool restored;
   keel_ckpt_identity used;
@@ -46,20 +47,16 @@ static keel_status policy_parse(const char *text, bool *jit_p) {
   return KEEL_OK;
 }
 
+/* The shard and replica come from the runtime (keel_state_shard): rank r holds shard
+ * r % count in replica group r / count. */
 static keel_status options_resolve(keel_ckpt_jit *jit, const keel_ckpt_jit_options *options) {
   if (options != NULL) jit->options = *options;
   keel_ckpt_jit_options *resolved = &jit->options;
   int rank = keel_comm_rank(keel_world(jit->ctx));
-  if (resolved->shard_count <= 1) {
-    resolved->shard_count = 1;
-    resolved->shard_index = 0;
-    resolved->replica = rank < 0 ? 0 : (uint32_t)rank;
-  }
-  if (resolved->shard_index >= resolved->shard_count) {
-    KEEL_LOG_E(MODULE, "shard %" PRIu32 " of %" PRIu32 " does not exist", resolved->shard_index,
-               resolved->shard_count);
-    return KEEL_EINVAL;
-  }
+  uint32_t shards = keel_state_shards(jit->ctx);
+  jit->shard_count = shards;
+  jit->shard_index = rank < 0 ? 0 : (uint32_t)rank % shards;
+  jit->replica = rank < 0 ? 0 : (uint32_t)rank / shards;
   const char *directory = resolved->directory ? resolved->directory : getenv("KEEL_CKPT_DIR");
   if (directory == NULL || *directory == '\0') {
     KEEL_LOG_E(MODULE, "just-in-time checkpoints need a directory (KEEL_CKPT_DIR)");
@@ -72,22 +69,6 @@ static keel_status options_resolve(keel_ckpt_jit *jit, const keel_ckpt_jit_optio
   if (status != KEEL_OK)
     KEEL_LOG_E(MODULE, "cannot make the checkpoint directory %s: %s", jit->directory,
                keel_strerror(status));
-  return status;
-}
-
-/* The engine's registry mirrors the runtime's registered state, buffer for buffer. */
-static keel_status registry_mirror(keel_ckpt_jit *jit) {
-  keel_status status = keel_ckpt_registry_create(&jit->registry);
-  size_t count = keel_state_count(jit->ctx);
-  for (size_t i = 0; status == KEEL_OK && i < count; i++) {
-    const char *name = NULL;
-    void *data = NULL;
-    size_t bytes = 0;
-    status = keel_state_get(jit->ctx, i, &name, &data, &bytes);
-    if (status == KEEL_OK) status = keel_ckpt_registry_add(jit->registry, name, data, bytes);
-  }
-  if (status != KEEL_OK)
-    KEEL_LOG_E(MODULE, "cannot mirror the registered state: %s", keel_strerror(status));
   return status;
 }
 
@@ -105,7 +86,7 @@ static int fault_renameat(void *context, int directory, const char *from, const 
  * buffer file of the snapshot just saved, leaving its manifest whole, so only the chunk's
  * checksum can tell. */
 static void snapshot_corrupt(const keel_ckpt_jit *jit, const keel_ckpt_identity *identity) {
-  for (size_t index = 0; index < keel_ckpt_registry_count(jit->registry); index++) {
+  for (size_t index = 0; index < keel_registry_count(jit->registry); index++) {
     char path[PATH_MAX + 96];
     snprintf(path, sizeof path, "%s/%" PRIu64 "/step-%" PRIu64 "/rank-%" PRIu32 "/buffer-%zu",
              jit->directory, identity->job_id, identity->step, identity->rank, index);
@@ -131,7 +112,7 @@ static void report_save(const keel_ckpt_jit *jit, const keel_failure *failure,
   snprintf(fields, sizeof fields,
            "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"save_ms\":%.3f,\"status\":\"%s\","
            "\"cause\":\"%s\",\"t_failed_ns\":%" PRId64,
-           failure->step, keel_ckpt_registry_bytes(jit->registry), (double)save_ns / 1e6,
+           failure->step, keel_registry_bytes(jit->registry), (double)save_ns / 1e6,
            status == KEEL_OK ? "ok" : keel_status_name(status), keel_status_name(failure->cause),
            failure->failed_ns);
   keel_report_event(jit->ctx, "jit_save", fields);
@@ -140,15 +121,16 @@ static void report_save(const keel_ckpt_jit *jit, const keel_failure *failure,
 static void jit_on_failure(void *arg, const keel_failure *failure) {
   keel_ckpt_jit *jit = arg;
   /* In-process recovery hands the state over from a healthy replica's memory; before the
-   * first step there is nothing worth saving. */
+   * first step there is nothing worth saving. A stop or a lost launcher saves as a restart
+   * does: the process is about to exit. */
   if (!jit->enabled || failure->in_process || !failure->step_known) return;
   keel_comm *world = keel_world(jit->ctx);
   keel_ckpt_identity identity = {
       .job_id = keel_job_id(jit->ctx),
       .rank = (uint32_t)keel_comm_rank(world),
-      .shard_index = jit->options.shard_index,
-      .shard_count = jit->options.shard_count,
-      .replica = jit->options.replica,
+      .shard_index = jit->shard_index,
+      .shard_count = jit->shard_count,
+      .replica = jit->replica,
       .step = failure->step,
       .sequence = ((uint64_t)keel_restart_count(jit->ctx) << 32) | (failure->epoch & 0xffffffffu),
   };
@@ -162,6 +144,9 @@ static void jit_on_failure(void *arg, const keel_failure *failure) {
   if (status == KEEL_OK && keel_fault_point(jit->ctx, "saved")) snapshot_corrupt(jit, &identity);
   report_save(jit, failure, status, save_ns);
   if (status == KEEL_OK) {
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s/%" PRIu64, jit->directory, identity.job_id);
+    keel_note_saved(jit->ctx, where);
     KEEL_LOG_I(MODULE, "saved step %" PRIu64 " in %.1f ms after %s", failure->step,
                (double)save_ns / 1e6, keel_strerror(failure->cause));
   } else {
@@ -190,24 +175,52 @@ static void report_restore(const keel_ckpt_jit *jit, keel_status status, int64_t
   keel_report_event(jit->ctx, "jit_restore", fields);
 }
 
+/* Where the snapshots to restore are: this job's own after a restart, or the old job's
+ * folder `keel run --resume DIR` names (DIR is <root>/<job id>). */
+static keel_status restore_source(keel_ckpt_jit *jit, char *root, size_t capacity,
+                                  uint64_t *job_id_p) {
+  const char *resume = keel_resume_directory(jit->ctx);
+  if (keel_restart_count(jit->ctx) > 0 || resume == NULL) {
+    snprintf(root, capacity, "%s", jit->directory);
+    *job_id_p = keel_job_id(jit->ctx);
+    return KEEL_OK;
+  }
+  const char *slash = strrchr(resume, '/');
+  const char *name = slash ? slash + 1 : resume;
+  int64_t job_id = 0;
+  if (keel_parse_int(name, 1, INT64_MAX, &job_id) != KEEL_OK) {
+    KEEL_LOG_E(MODULE, "--resume %s: expected a job's checkpoint folder, <ckpt-dir>/<job id>",
+               resume);
+    return KEEL_EINVAL;
+  }
+  size_t root_length = slash ? (size_t)(slash - resume) : 1;
+  if (root_length >= capacity) return KEEL_EINVAL;
+  snprintf(root, capacity, "%.*s", (int)root_length, slash ? resume : ".");
+  *job_id_p = (uint64_t)job_id;
+  return KEEL_OK;
+}
+
 static keel_status jit_restore(keel_ckpt_jit *jit) {
-  keel_ckpt_selector selector = {.job_id = keel_job_id(jit->ctx),
-                                 .shard_index = jit->options.shard_index,
-                                 .shard_count = jit->options.shard_count,
+  char root[PATH_MAX];
+  uint64_t job_id = 0;
+  keel_status status = restore_source(jit, root, sizeof root, &job_id);
+  if (status != KEEL_OK) return status;
+  keel_ckpt_selector selector = {.job_id = job_id,
+                                 .shard_index = jit->shard_index,
+                                 .shard_count = jit->shard_count,
                                  .max_step = UINT64_MAX};
   int64_t started = keel_now_ns();
-  keel_status status =
-      keel_ckpt_persistent_restore(jit->registry, jit->directory, &selector, &jit->used);
+  status = keel_ckpt_persistent_restore(jit->registry, root, &selector, &jit->used);
   report_restore(jit, status, keel_now_ns() - started);
   if (status == KEEL_ENOTFOUND) {
     KEEL_LOG_W(MODULE, "restart %" PRIu32 ": no complete checkpoint of shard %" PRIu32
                " in %s; starting from the initial state", keel_restart_count(jit->ctx),
-               jit->options.shard_index, jit->directory);
+               jit->shard_index, root);
     return KEEL_OK;
   }
   if (status != KEEL_OK) {
     KEEL_LOG_E(MODULE, "restart %" PRIu32 ": cannot restore from %s: %s",
-               keel_restart_count(jit->ctx), jit->directory, keel_strerror(status));
+               keel_restart_count(jit->ctx), root, keel_strerror(status));
     return status;
   }
   jit->restored = true;
@@ -233,15 +246,15 @@ keel_status keel_ckpt_jit_enable(keel_ctx *ctx, const keel_ckpt_jit_options *opt
     return KEEL_OK;
   }
   jit->enabled = true;
+  jit->registry = keel_state(ctx);
   if ((status = options_resolve(jit, options)) != KEEL_OK) goto fail_free;
-  if ((status = registry_mirror(jit)) != KEEL_OK) goto fail_free;
-  if (keel_restart_count(ctx) > 0 && (status = jit_restore(jit)) != KEEL_OK) goto fail_free;
+  bool restarted = keel_restart_count(ctx) > 0 || keel_resume_directory(ctx) != NULL;
+  if (restarted && (status = jit_restore(jit)) != KEEL_OK) goto fail_free;
   if ((status = keel_on_failure(ctx, jit_on_failure, jit)) != KEEL_OK) goto fail_free;
   *jit_p = jit;
   return KEEL_OK;
 
 fail_free:
-  keel_ckpt_registry_destroy(jit->registry);
   free(jit);
   return status;
 }
@@ -252,8 +265,4 @@ bool keel_ckpt_jit_restored(const keel_ckpt_jit *jit, keel_ckpt_identity *used_p
   return true;
 }
 
-void keel_ckpt_jit_destroy(keel_ckpt_jit *jit) {
-  if (jit == NULL) return;
-  keel_ckpt_registry_destroy(jit->registry);
-  free(jit);
-}
+void keel_ckpt_jit_destroy(keel_ckpt_jit *jit) { free(jit); }

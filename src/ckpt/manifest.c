@@ -13,7 +13,7 @@
  *   4      2    version, 1
  *   6      2    header bytes, 72
  *   8      4    length of the whole manifest, trailer included
- *   12     4    buffer_count (<= KEEL_CKPT_MAX_BUFFERS)
+ *   12     4    buffer_count (<= KEEL_MAX_STATE_BUFFERS)
  *   16     8    job_id
  *   24     4    rank
  *   28     4    shard_index
@@ -27,6 +27,20 @@
  *   72          buffer_count times: name length u8 (1..63), name, bytes u64
  *               chunk_count times: crc32c u32
  *               crc32c u32 of every byte before it */
+/* The checks every tier shares: what identity can be saved, and the chunk size. */
+keel_status keel__ckpt_identity_check(const keel_ckpt_identity *identity) {
+  if (identity == NULL || identity->job_id == 0) return KEEL_EINVAL;
+  if (identity->shard_count == 0 || identity->shard_index >= identity->shard_count)
+    return KEEL_EINVAL;
+  return KEEL_OK;
+}
+
+keel_status keel__ckpt_chunk_bytes(uint64_t requested, uint64_t *chunk_bytes_p) {
+  if (requested > KEEL_CKPT_MAX_CHUNK_BYTES) return KEEL_ERANGE;
+  *chunk_bytes_p = requested == 0 ? KEEL_CKPT_DEFAULT_CHUNK_BYTES : requested;
+  return KEEL_OK;
+}
+
 #define MANIFEST_MAGIC 0x4d4b434bu /* "KCKM" in little-endian byte order */
 #define MANIFEST_VERSION 1
 enum {
@@ -61,7 +75,7 @@ static keel_status manifest_check(const keel_ckpt_manifest *manifest) {
   if (keel__ckpt_identity_check(&manifest->identity) != KEEL_OK) return KEEL_EINVAL;
   if (manifest->chunk_bytes == 0 || manifest->chunk_bytes > KEEL_CKPT_MAX_CHUNK_BYTES)
     return KEEL_EINVAL;
-  if (manifest->buffer_count > KEEL_CKPT_MAX_BUFFERS) return KEEL_EINVAL;
+  if (manifest->buffer_count > KEEL_MAX_STATE_BUFFERS) return KEEL_EINVAL;
   if (manifest->chunk_count > KEEL_CKPT_MAX_CHUNKS) return KEEL_EINVAL;
   if (manifest->buffer_count > 0 && manifest->buffers == NULL) return KEEL_EINVAL;
   if (manifest->chunk_count > 0 && manifest->chunk_crc32c == NULL) return KEEL_EINVAL;
@@ -70,7 +84,7 @@ static keel_status manifest_check(const keel_ckpt_manifest *manifest) {
   for (uint32_t b = 0; b < manifest->buffer_count; b++) {
     const keel_ckpt_entry *entry = &manifest->buffers[b];
     size_t length = strnlen(entry->name, sizeof entry->name);
-    if (length == sizeof entry->name || !keel__ckpt_name_valid(entry->name, length))
+    if (length == sizeof entry->name || !keel_state_name_valid(entry->name, length))
       return KEEL_EINVAL;
     for (uint32_t earlier = 0; earlier < b; earlier++) {
       if (strcmp(manifest->buffers[earlier].name, entry->name) == 0) return KEEL_EINVAL;
@@ -86,7 +100,7 @@ static keel_status manifest_check(const keel_ckpt_manifest *manifest) {
   return KEEL_OK;
 }
 
-keel_status keel_ckpt_manifest_build(const keel_ckpt_registry *registry,
+keel_status keel_ckpt_manifest_build(const keel_registry *registry,
                                      const keel_ckpt_identity *identity, uint64_t chunk_bytes,
                                      keel_ckpt_manifest *manifest_p) {
   if (registry == NULL || manifest_p == NULL) return KEEL_EINVAL;
@@ -96,17 +110,17 @@ keel_status keel_ckpt_manifest_build(const keel_ckpt_registry *registry,
   status = keel__ckpt_chunk_bytes(chunk_bytes, &chunk);
   if (status != KEEL_OK) return status;
   uint64_t chunk_total = 0;
-  for (size_t b = 0; b < registry->count; b++) {
-    chunk_total += chunks_of(registry->slots[b].bytes, chunk);
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
+    chunk_total += chunks_of(keel_registry_entry(registry, b)->bytes, chunk);
     if (chunk_total > KEEL_CKPT_MAX_CHUNKS) return KEEL_ERANGE;
   }
   keel_ckpt_manifest manifest = {.identity = *identity,
                                  .chunk_bytes = chunk,
-                                 .total_bytes = registry->total_bytes,
-                                 .buffer_count = (uint32_t)registry->count,
+                                 .total_bytes = keel_registry_bytes(registry),
+                                 .buffer_count = (uint32_t)keel_registry_count(registry),
                                  .chunk_count = (uint32_t)chunk_total};
-  if (registry->count > 0) {
-    manifest.buffers = calloc(registry->count, sizeof *manifest.buffers);
+  if (keel_registry_count(registry) > 0) {
+    manifest.buffers = calloc(keel_registry_count(registry), sizeof *manifest.buffers);
     if (manifest.buffers == NULL) return KEEL_ENOMEM;
   }
   if (chunk_total > 0) {
@@ -117,8 +131,8 @@ keel_status keel_ckpt_manifest_build(const keel_ckpt_registry *registry,
     }
   }
   uint32_t next_chunk = 0;
-  for (size_t b = 0; b < registry->count; b++) {
-    const keel__ckpt_slot *slot = &registry->slots[b];
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
+    const keel_state_buffer *slot = keel_registry_entry(registry, b);
     keel_ckpt_entry *entry = &manifest.buffers[b];
     memcpy(entry->name, slot->name, sizeof entry->name);
     entry->bytes = slot->bytes;
@@ -139,22 +153,22 @@ keel_status keel_ckpt_manifest_build(const keel_ckpt_registry *registry,
 size_t keel_ckpt_manifest_encoded_bytes(const keel_ckpt_manifest *manifest) {
   size_t bytes = HEADER_BYTES + TRAILER_BYTES + 4 * (size_t)manifest->chunk_count;
   for (uint32_t b = 0; b < manifest->buffer_count; b++) {
-    bytes += ENTRY_FIXED_BYTES + strnlen(manifest->buffers[b].name, KEEL_CKPT_NAME_MAX + 1);
+    bytes += ENTRY_FIXED_BYTES + strnlen(manifest->buffers[b].name, KEEL_STATE_NAME_MAX + 1);
   }
   return bytes;
 }
 
-keel_status keel__ckpt_manifest_bytes_for(const keel_ckpt_registry *registry, uint64_t chunk_bytes,
+keel_status keel__ckpt_manifest_bytes_for(const keel_registry *registry, uint64_t chunk_bytes,
                                           size_t *bytes_p) {
   uint64_t chunk = 0;
   keel_status status = keel__ckpt_chunk_bytes(chunk_bytes, &chunk);
   if (status != KEEL_OK) return status;
   uint64_t chunk_total = 0;
   size_t bytes = HEADER_BYTES + TRAILER_BYTES;
-  for (size_t b = 0; b < registry->count; b++) {
-    chunk_total += chunks_of(registry->slots[b].bytes, chunk);
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
+    chunk_total += chunks_of(keel_registry_entry(registry, b)->bytes, chunk);
     if (chunk_total > KEEL_CKPT_MAX_CHUNKS) return KEEL_ERANGE;
-    bytes += ENTRY_FIXED_BYTES + strlen(registry->slots[b].name);
+    bytes += ENTRY_FIXED_BYTES + strlen(keel_registry_entry(registry, b)->name);
   }
   *bytes_p = bytes + 4 * (size_t)chunk_total;
   return KEEL_OK;
@@ -214,7 +228,7 @@ keel_status keel_ckpt_manifest_decode(const uint8_t *data, size_t length,
   if (keel_get_le32(data + OFFSET_RESERVED) != 0) return KEEL_ECORRUPT;
   uint32_t buffer_count = keel_get_le32(data + OFFSET_BUFFER_COUNT);
   uint32_t chunk_count = keel_get_le32(data + OFFSET_CHUNK_COUNT);
-  if (buffer_count > KEEL_CKPT_MAX_BUFFERS || chunk_count > KEEL_CKPT_MAX_CHUNKS)
+  if (buffer_count > KEEL_MAX_STATE_BUFFERS || chunk_count > KEEL_CKPT_MAX_CHUNKS)
     return KEEL_ERANGE;
 
   /* Walk the entries once to bound everything by the bytes actually present before any
@@ -225,7 +239,7 @@ keel_status keel_ckpt_manifest_decode(const uint8_t *data, size_t length,
     size_t name_length = data[cursor];
     if (body - cursor < ENTRY_FIXED_BYTES + name_length) return KEEL_ECORRUPT;
     /* Checked on the bytes themselves: a NUL inside would pass a check of the C string. */
-    if (!keel__ckpt_name_valid((const char *)data + cursor + 1, name_length)) return KEEL_ECORRUPT;
+    if (!keel_state_name_valid((const char *)data + cursor + 1, name_length)) return KEEL_ECORRUPT;
     cursor += ENTRY_FIXED_BYTES + name_length;
   }
   if (body - cursor != 4 * (size_t)chunk_count) return KEEL_ECORRUPT;

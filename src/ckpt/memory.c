@@ -36,17 +36,17 @@ static bool region_valid(const keel_ckpt_region *region) {
          region->bytes >= sizeof(region_header);
 }
 
-keel_status keel_ckpt_memory_bytes(const keel_ckpt_registry *registry, uint64_t chunk_bytes,
+keel_status keel_ckpt_memory_bytes(const keel_registry *registry, uint64_t chunk_bytes,
                                    size_t *bytes_p) {
   if (registry == NULL || bytes_p == NULL) return KEEL_EINVAL;
   size_t manifest_bytes = 0;
   keel_status status = keel__ckpt_manifest_bytes_for(registry, chunk_bytes, &manifest_bytes);
   if (status != KEEL_OK) return status;
   uint64_t data_offset = 0;
-  return region_layout(manifest_bytes, registry->total_bytes, &data_offset, bytes_p);
+  return region_layout(manifest_bytes, keel_registry_bytes(registry), &data_offset, bytes_p);
 }
 
-keel_status keel_ckpt_memory_save(const keel_ckpt_registry *registry,
+keel_status keel_ckpt_memory_save(const keel_registry *registry,
                                   const keel_ckpt_identity *identity, uint64_t chunk_bytes,
                                   const keel_ckpt_region *region) {
   if (registry == NULL || !region_valid(region)) return KEEL_EINVAL;
@@ -87,8 +87,8 @@ keel_status keel_ckpt_memory_save(const keel_ckpt_registry *registry,
       keel_ckpt_manifest_encode(&manifest, base + sizeof(region_header), manifest_bytes, &encoded);
   if (status != KEEL_OK) goto free_manifest; /* left unsealed: never read */
   uint64_t offset = data_offset;
-  for (size_t b = 0; b < registry->count; b++) {
-    const keel__ckpt_slot *slot = &registry->slots[b];
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
+    const keel_state_buffer *slot = keel_registry_entry(registry, b);
     if (slot->bytes > 0) memcpy(base + offset, slot->data, slot->bytes);
     offset += slot->bytes;
   }
@@ -203,7 +203,7 @@ static keel_status region_candidate(const keel_ckpt_region *region, size_t index
   return KEEL_OK;
 }
 
-keel_status keel_ckpt_memory_restore(keel_ckpt_registry *registry, const keel_ckpt_region *regions,
+keel_status keel_ckpt_memory_restore(keel_registry *registry, const keel_ckpt_region *regions,
                                      size_t region_count, const keel_ckpt_selector *selector,
                                      keel_ckpt_identity *used_p) {
   if (registry == NULL || selector == NULL || selector->job_id == 0) return KEEL_EINVAL;

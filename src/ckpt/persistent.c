@@ -144,15 +144,15 @@ static void buffer_file_name(char *name, size_t capacity, size_t index, bool tem
 /* Writes every buffer and the manifest under temporary names in the rank directory, then
  * swaps them in: the old manifest (if any) goes first, the new one comes last. */
 static keel_status snapshot_write(const save_io *io, int directory,
-                                  const keel_ckpt_registry *registry,
+                                  const keel_registry *registry,
                                   const keel_ckpt_manifest *manifest, const uint8_t *encoded,
                                   size_t encoded_bytes) {
   char name[32];
   char temporary[32];
   keel_status status = KEEL_OK;
   size_t written = 0;
-  for (; written < registry->count; written++) {
-    const keel__ckpt_slot *slot = &registry->slots[written];
+  for (; written < keel_registry_count(registry); written++) {
+    const keel_state_buffer *slot = keel_registry_entry(registry, written);
     buffer_file_name(temporary, sizeof temporary, written, true);
     status = file_write(io, directory, temporary, slot->data, slot->bytes, manifest->chunk_bytes);
     if (status != KEEL_OK) goto remove_temporaries;
@@ -172,7 +172,7 @@ static keel_status snapshot_write(const save_io *io, int directory,
     status = save_failed(io, "remove the old", MANIFEST_NAME);
     goto remove_temporaries;
   }
-  for (size_t b = 0; b < registry->count; b++) {
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
     buffer_file_name(temporary, sizeof temporary, b, true);
     buffer_file_name(name, sizeof name, b, false);
     if (io->ops->renameat(io->context, directory, temporary, name) != 0) {
@@ -202,7 +202,7 @@ remove_temporaries:
   /* The one being written when the failure came is there too; names never made are
    * simply not found. */
   io->ops->unlinkat(io->context, directory, MANIFEST_TEMPORARY_NAME, 0);
-  for (size_t b = 0; b < registry->count && b <= written; b++) {
+  for (size_t b = 0; b < keel_registry_count(registry) && b <= written; b++) {
     buffer_file_name(temporary, sizeof temporary, b, true);
     io->ops->unlinkat(io->context, directory, temporary, 0);
   }
@@ -210,7 +210,7 @@ remove_temporaries:
 }
 
 keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void *context,
-                                            const keel_ckpt_registry *registry, const char *root,
+                                            const keel_registry *registry, const char *root,
                                             const keel_ckpt_identity *identity,
                                             uint64_t chunk_bytes) {
   if (ops == NULL || registry == NULL || root == NULL) return KEEL_EINVAL;
@@ -284,7 +284,7 @@ free_manifest:
   return status;
 }
 
-keel_status keel_ckpt_persistent_save(const keel_ckpt_registry *registry, const char *root,
+keel_status keel_ckpt_persistent_save(const keel_registry *registry, const char *root,
                                       const keel_ckpt_identity *identity, uint64_t chunk_bytes) {
   return keel__ckpt_persistent_save_with(&keel__ckpt_posix_file_ops, NULL, registry, root, identity,
                                          chunk_bytes);
@@ -515,7 +515,7 @@ static keel_status step_list(int job_directory, const char *where, const char *s
   return status;
 }
 
-keel_status keel_ckpt_persistent_restore(keel_ckpt_registry *registry, const char *root,
+keel_status keel_ckpt_persistent_restore(keel_registry *registry, const char *root,
                                          const keel_ckpt_selector *selector,
                                          keel_ckpt_identity *used_p) {
   if (registry == NULL || root == NULL || selector == NULL || selector->job_id == 0)
@@ -551,7 +551,7 @@ keel_status keel_ckpt_persistent_restore(keel_ckpt_registry *registry, const cha
   for (errno = 0; status == KEEL_OK && (entry = readdir(steps)) != NULL; errno = 0) {
     uint64_t step;
     if (!name_number(entry->d_name, "step-", UINT64_MAX, &step)) continue;
-    if (step > selector->max_step) continue;
+    if (step > selector->max_step || step < selector->min_step) continue;
     status = step_list(job_directory, where, entry->d_name, step, &list);
   }
   if (status == KEEL_OK && errno != 0) {

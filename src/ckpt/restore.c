@@ -10,16 +10,16 @@
 #include "ckpt_internal.h"
 
 /* true, with the reason written, when a snapshot's buffers differ from the registry's. */
-static bool registry_mismatch(const keel_ckpt_registry *registry,
+static bool registry_mismatch(const keel_registry *registry,
                               const keel_ckpt_manifest *manifest, char *reason) {
-  if (manifest->buffer_count != registry->count) {
+  if (manifest->buffer_count != keel_registry_count(registry)) {
     snprintf(reason, KEEL__CKPT_REASON_BYTES, "it holds %" PRIu32 " buffers, the registry %zu",
-             manifest->buffer_count, registry->count);
+             manifest->buffer_count, keel_registry_count(registry));
     return true;
   }
   for (uint32_t b = 0; b < manifest->buffer_count; b++) {
     const keel_ckpt_entry *entry = &manifest->buffers[b];
-    const keel__ckpt_slot *slot = &registry->slots[b];
+    const keel_state_buffer *slot = keel_registry_entry(registry, b);
     if (strcmp(entry->name, slot->name) != 0) {
       snprintf(reason, KEEL__CKPT_REASON_BYTES,
                "buffer %" PRIu32 " is '%s' in the snapshot, '%s' in the registry", b, entry->name,
@@ -81,7 +81,7 @@ static keel_status candidate_stage(const keel__ckpt_candidate *candidate, uint8_
 
 /* Keeps in order[] the candidates of the selector's shard that fit the registry; logs and
  * counts in *refused_p those that cannot be used. Returns how many were kept. */
-static size_t candidates_select(const keel_ckpt_registry *registry,
+static size_t candidates_select(const keel_registry *registry,
                                 const keel_ckpt_selector *selector,
                                 keel__ckpt_candidate *candidates, size_t count, const char *where,
                                 keel__ckpt_candidate **order, size_t *refused_p) {
@@ -94,8 +94,8 @@ static size_t candidates_select(const keel_ckpt_registry *registry,
     if (identity->job_id != selector->job_id) {
       snprintf(reason, sizeof reason, "its manifest belongs to job %" PRIu64, identity->job_id);
     } else if (identity->shard_index != selector->shard_index ||
-               identity->step > selector->max_step) {
-      /* Another shard's snapshot, or one newer than asked for: not ours to use, not bad. */
+               identity->step > selector->max_step || identity->step < selector->min_step) {
+      /* Another shard's snapshot, or one of a step not asked for: not ours to use, not bad. */
       continue;
     } else if (selector->shard_count != 0 && identity->shard_count != selector->shard_count) {
       snprintf(reason, sizeof reason, "it is shard %" PRIu32 " of %" PRIu32 ", not of %" PRIu32,
@@ -117,11 +117,11 @@ static size_t candidates_select(const keel_ckpt_registry *registry,
 /* Tries the candidates in order; loads the first that stages cleanly. KEEL_ECORRUPT when
  * none did (each logged and counted in *refused_p, except those rewritten while read),
  * KEEL_ENOMEM without a staging copy. */
-static keel_status candidates_load(keel_ckpt_registry *registry, keel__ckpt_candidate *const *order,
+static keel_status candidates_load(keel_registry *registry, keel__ckpt_candidate *const *order,
                                    size_t usable, const char *where, size_t *refused_p,
                                    keel_ckpt_identity *used_p) {
   /* One staging copy, reused for every candidate tried: as large as the registered state. */
-  uint64_t total = registry->total_bytes;
+  uint64_t total = keel_registry_bytes(registry);
   uint8_t *staging = total <= SIZE_MAX ? malloc(total > 0 ? (size_t)total : 1) : NULL;
   if (staging == NULL) {
     KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: no memory to stage %" PRIu64 " bytes", where,
@@ -150,8 +150,8 @@ static keel_status candidates_load(keel_ckpt_registry *registry, keel__ckpt_cand
     }
     /* Every chunk passed: only now is the caller's state overwritten. */
     uint64_t offset = 0;
-    for (size_t b = 0; b < registry->count; b++) {
-      keel__ckpt_slot *slot = &registry->slots[b];
+    for (size_t b = 0; b < keel_registry_count(registry); b++) {
+      const keel_state_buffer *slot = keel_registry_entry(registry, b);
       if (slot->bytes > 0) memcpy(slot->data, staging + offset, slot->bytes);
       offset += slot->bytes;
     }
@@ -167,7 +167,7 @@ static keel_status candidates_load(keel_ckpt_registry *registry, keel__ckpt_cand
   return status;
 }
 
-keel_status keel__ckpt_restore_best(keel_ckpt_registry *registry,
+keel_status keel__ckpt_restore_best(keel_registry *registry,
                                     const keel_ckpt_selector *selector,
                                     keel__ckpt_candidate *candidates, size_t count, size_t refused,
                                     const char *where, keel_ckpt_identity *used_p) {

@@ -1,10 +1,12 @@
-/* Fault-tolerant agreement through the job's store. Each survivor writes its contribution
- * under agree/<epoch>/<round>/<uid>; as soon as every member has either contributed or is
- * known failed (dead/, suspect/, or its proc/ lease gone), any survivor may compute the
- * decision and write it with a create-only compare-and-swap under decide/<epoch>/<round>.
+/* Fault-tolerant agreement through the job's store, and the membership changes built on it.
+ * Each survivor writes its vote under agree/<epoch>/<round>/<uid>; as soon as every member
+ * has voted or is dead by the failure detector, any survivor may compute the decision
+ * (decide.c) and write it with a create-only compare-and-swap under decide/<epoch>/<round>.
  * Exactly one write wins and every survivor adopts it, so all return the same flags and the
- * same failed set even if members fail meanwhile. A member that neither contributes nor
- * fails before the deadline is suspected, which makes the launcher fence it. */
+ * same failed set even if members fail meanwhile. A member that stays silent past the
+ * deadline is suspected (the job fences it), and after one more deadline the agreement gives
+ * up with KEEL_ETIMEDOUT. The winner removes the keys of older epochs, so the store does
+ * not grow with the job's age. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,9 @@
 #include "comm/comm_internal.h"
 
 #define MODULE "agree"
+/* Between two looks at the votes the agreement sleeps at most this long (a store wait wakes
+ * it sooner on any change). */
+#define LOOK_INTERVAL_NS (20 * (int64_t)1000000)
 
 void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch,
                      uint32_t round, const char *suffix) {
@@ -20,7 +25,83 @@ void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t ep
            suffix ? suffix : "");
 }
 
-/* ---- the decision as text: "key=value" words, lists comma-separated. */
+/* ---- votes and decisions as text: "key=value" words; lists comma-separated. */
+
+/* A note travels inside a word: printable, no space, no '|' (the decision's separator). */
+static bool note_valid(const char *note) {
+  size_t length = strnlen(note, KEEL_NOTE_MAX);
+  if (length == KEEL_NOTE_MAX) return false;
+  for (size_t i = 0; i < length; i++) {
+    if (note[i] <= ' ' || note[i] > '~' || note[i] == '|') return false;
+  }
+  return true;
+}
+
+/* The value of word `name=` in text (its first character), or NULL. */
+static const char *find_word(const char *text, const char *name) {
+  size_t length = strlen(name);
+  for (const char *cursor = text; (cursor = strstr(cursor, name)) != NULL; cursor += length) {
+    if ((cursor == text || cursor[-1] == ' ') && cursor[length] == '=') return cursor + length + 1;
+  }
+  return NULL;
+}
+
+static bool word_number(const char *text, const char *name, uint64_t maximum, uint64_t *value_p) {
+  const char *value = find_word(text, name);
+  if (value == NULL || *value < '0' || *value > '9') return false;
+  char *end;
+  unsigned long long number = strtoull(value, &end, 10);
+  if ((*end != ' ' && *end != '\0') || number > maximum) return false;
+  *value_p = number;
+  return true;
+}
+
+/* Copies the word's value (up to the next space or separator) into text. */
+static bool word_text(const char *value, char separator, char *text, size_t capacity,
+                      const char **end_p) {
+  size_t length = 0;
+  while (value[length] != '\0' && value[length] != ' ' && value[length] != separator) length++;
+  if (length >= capacity) return false;
+  memcpy(text, value, length);
+  text[length] = '\0';
+  if (end_p) *end_p = value + length;
+  return true;
+}
+
+keel_status keel__vote_format(const keel_rebuild_vote *vote, uint64_t epoch, int node, char *text,
+                              size_t capacity) {
+  if (!note_valid(vote->note)) return KEEL_EINVAL;
+  int length = snprintf(text, capacity,
+                        "epoch=%" PRIu64 " node=%d flags=%" PRIu32
+                        " rebuild=%d shrink=%d spares=%d joiners=%d note=%s",
+                        epoch, node < 0 ? -1 : node, vote->flags, vote->rebuild,
+                        vote->shrink_only, vote->admit_spares, vote->admit_joiners, vote->note);
+  return length > 0 && (size_t)length < capacity ? KEEL_OK : KEEL_ERANGE;
+}
+
+keel_status keel__vote_parse(const char *text, keel_rebuild_vote *vote, uint64_t *epoch_p,
+                             int *node_p) {
+  memset(vote, 0, sizeof *vote);
+  uint64_t epoch, flags, rebuild, shrink, spares, joiners;
+  if (!word_number(text, "epoch", UINT64_MAX, &epoch) ||
+      !word_number(text, "flags", UINT32_MAX, &flags) ||
+      !word_number(text, "rebuild", 1, &rebuild) || !word_number(text, "shrink", 1, &shrink) ||
+      !word_number(text, "spares", 1, &spares) || !word_number(text, "joiners", 1, &joiners))
+    return KEEL_ECORRUPT;
+  const char *node = find_word(text, "node");
+  const char *note = find_word(text, "note");
+  if (node == NULL || note == NULL || !word_text(note, ' ', vote->note, sizeof vote->note, NULL) ||
+      !note_valid(vote->note))
+    return KEEL_ECORRUPT;
+  vote->flags = (uint32_t)flags;
+  vote->rebuild = rebuild;
+  vote->shrink_only = shrink;
+  vote->admit_spares = spares;
+  vote->admit_joiners = joiners;
+  *epoch_p = epoch;
+  *node_p = atoi(node);
+  return KEEL_OK;
+}
 
 static keel_status format_list(keel_buffer *text, const char *name, const uint32_t *uids,
                                int count) {
@@ -30,16 +111,20 @@ static keel_status format_list(keel_buffer *text, const char *name, const uint32
   return status;
 }
 
-keel_status keel__decision_format(const keel__decision *decision, keel_buffer *text) {
+keel_status keel__decision_format(const keel_decision *decision, keel_buffer *text) {
   keel_status status = keel_buffer_appendf(
-      text, "epoch=%" PRIu64 " round=%" PRIu32 " rebuild=%d flags=%" PRIu32 " seq=%" PRIu64
-            " sender=%" PRIu32 " grew=%d replaced=%d",
+      text, "epoch=%" PRIu64 " round=%" PRIu32 " rebuild=%d flags=%" PRIu32 " replaced=%d joined=%d",
       decision->epoch, decision->round, decision->rebuild, decision->flags,
-      decision->resilient_seq, decision->sender, decision->grew, decision->replaced_count);
-  if (status == KEEL_OK) status = format_list(text, "members", decision->members, decision->member_count);
-  if (status == KEEL_OK) status = format_list(text, "failed", decision->failed, decision->failed_count);
+      decision->replaced_count, decision->joined_count);
   if (status == KEEL_OK)
-    status = format_list(text, "receivers", decision->receivers, decision->receiver_count);
+    status = format_list(text, "members", decision->members, decision->member_count);
+  if (status == KEEL_OK)
+    status = format_list(text, "failed", decision->failed, decision->failed_count);
+  if (status == KEEL_OK) status = keel_buffer_appendf(text, " notes=");
+  for (int i = 0; i < decision->member_count && status == KEEL_OK; i++) {
+    if (!note_valid(decision->notes[i])) return KEEL_EINVAL;
+    status = keel_buffer_appendf(text, "%s%s", i ? "|" : "", decision->notes[i]);
+  }
   return status;
 }
 
@@ -47,338 +132,476 @@ static bool parse_list(const char *value, uint32_t *uids, int capacity, int *cou
   int count = 0;
   while (*value != '\0' && *value != ' ') {
     char *end;
+    if (*value < '0' || *value > '9') return false;
     unsigned long uid = strtoul(value, &end, 10);
-    if (end == value || uid >= KEEL__MAX_UIDS || count == capacity) return false;
+    if (uid >= KEEL_MAX_UIDS || count == capacity) return false;
     uids[count++] = (uint32_t)uid;
-    value = *end == ',' ? end + 1 : end;
+    if (*end == ',') end++;
+    else if (*end != ' ' && *end != '\0') return false;
+    value = end;
   }
   *count_p = count;
   return true;
 }
 
-/* The value of word `name=` in text, or NULL. */
-static const char *find_word(const char *text, const char *name) {
-  size_t length = strlen(name);
-  for (const char *cursor = text; (cursor = strstr(cursor, name)) != NULL; cursor += length) {
-    if ((cursor == text || cursor[-1] == ' ') && cursor[length] == '=') return cursor + length + 1;
+static bool parse_notes(const char *value, keel_decision *decision) {
+  for (int i = 0; i < decision->member_count; i++) {
+    const char *end;
+    if (!word_text(value, '|', decision->notes[i], KEEL_NOTE_MAX, &end)) return false;
+    if (i + 1 < decision->member_count && *end != '|') return false;
+    value = *end == '|' ? end + 1 : end;
   }
-  return NULL;
+  return *value == '\0' || *value == ' ';
 }
 
-static uint64_t word_number(const char *text, const char *name, uint64_t fallback) {
-  const char *value = find_word(text, name);
-  return value ? strtoull(value, NULL, 10) : fallback;
-}
-
-keel_status keel__decision_parse(const char *text, keel__decision *decision) {
+keel_status keel__decision_parse(const char *text, keel_decision *decision) {
   memset(decision, 0, sizeof *decision);
+  uint64_t epoch, round, rebuild, flags, replaced, joined;
   const char *members = find_word(text, "members");
   const char *failed = find_word(text, "failed");
-  const char *receivers = find_word(text, "receivers");
-  if (members == NULL || failed == NULL || receivers == NULL) return KEEL_ECORRUPT;
-  decision->epoch = word_number(text, "epoch", 0);
-  decision->round = (uint32_t)word_number(text, "round", 0);
-  decision->rebuild = word_number(text, "rebuild", 0) != 0;
-  decision->flags = (uint32_t)word_number(text, "flags", 0);
-  decision->resilient_seq = word_number(text, "seq", 0);
-  decision->sender = (uint32_t)word_number(text, "sender", UINT32_MAX);
-  decision->grew = word_number(text, "grew", 0) != 0;
-  decision->replaced_count = (int)word_number(text, "replaced", 0);
-  int capacity_members = (int)(sizeof decision->members / sizeof decision->members[0]);
-  int capacity_failed = (int)(sizeof decision->failed / sizeof decision->failed[0]);
-  int capacity_receivers = (int)(sizeof decision->receivers / sizeof decision->receivers[0]);
-  if (!parse_list(members, decision->members, capacity_members, &decision->member_count) ||
-      !parse_list(failed, decision->failed, capacity_failed, &decision->failed_count) ||
-      !parse_list(receivers, decision->receivers, capacity_receivers, &decision->receiver_count))
+  const char *notes = find_word(text, "notes");
+  if (members == NULL || failed == NULL || notes == NULL ||
+      !word_number(text, "epoch", UINT64_MAX, &epoch) ||
+      !word_number(text, "round", UINT32_MAX, &round) ||
+      !word_number(text, "rebuild", 1, &rebuild) ||
+      !word_number(text, "flags", UINT32_MAX, &flags) ||
+      !word_number(text, "replaced", KEEL_MAX_WORLD, &replaced) ||
+      !word_number(text, "joined", KEEL_MAX_WORLD, &joined))
     return KEEL_ECORRUPT;
+  if (!parse_list(members, decision->members, KEEL_MAX_WORLD, &decision->member_count) ||
+      !parse_list(failed, decision->failed, KEEL_MAX_WORLD, &decision->failed_count) ||
+      !parse_notes(notes, decision))
+    return KEEL_ECORRUPT;
+  decision->epoch = epoch;
+  decision->round = (uint32_t)round;
+  decision->rebuild = rebuild;
+  decision->flags = (uint32_t)flags;
+  decision->replaced_count = (int)replaced;
+  decision->joined_count = (int)joined;
   return KEEL_OK;
 }
 
-/* ---- what the store says about the members */
+/* ---- the table of votes, read from the store */
 
-typedef struct view {
-  keel_store_entry *entries;
-  size_t count;
-  uint64_t revision;
-} view;
+typedef struct agreement {
+  keel_comm *comm;
+  uint32_t round;
+  keel__ballot *ballots;
+  uint32_t *spares, *joiners;
+  int spare_count, joiner_count;
+} agreement;
 
-static const keel_store_entry *view_find(const view *store_view, const char *key) {
-  for (size_t i = 0; i < store_view->count; i++) {
-    if (strcmp(store_view->entries[i].key, key) == 0) return &store_view->entries[i];
+static const keel_membership_ops *membership_of(const keel_endpoint *endpoint) {
+  return endpoint->config.membership;
+}
+
+static bool member_dead(keel_endpoint *endpoint, uint32_t uid) {
+  const keel_membership_ops *ops = membership_of(endpoint);
+  return ops->dead != NULL && ops->dead(endpoint->config.membership_context, uid);
+}
+
+static int member_node(keel_endpoint *endpoint, uint32_t uid) {
+  const keel_membership_ops *ops = membership_of(endpoint);
+  return ops->node != NULL ? ops->node(endpoint->config.membership_context, uid) : -1;
+}
+
+/* Fills the ballots from the round's votes and the detector's view. */
+static keel_status ballots_read(agreement *round) {
+  keel_comm *comm = round->comm;
+  keel_endpoint *endpoint = comm->endpoint;
+  char prefix[96];
+  keel__epoch_key(prefix, sizeof prefix, "agree", comm->epoch, round->round, "/");
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status = keel_store_list(endpoint->config.store, prefix, &entries, &count, NULL);
+  if (status != KEEL_OK) return status;
+  for (int rank = 0; rank < comm->size; rank++) {
+    keel__ballot *ballot = &round->ballots[rank];
+    *ballot = (keel__ballot){.uid = comm->uids[rank], .state = KEEL__BALLOT_PENDING, .node = -1};
+    ballot->node = member_node(endpoint, ballot->uid);
   }
-  return NULL;
-}
-
-static bool view_has(const view *store_view, const char *prefix, uint32_t uid) {
-  char key[64];
-  snprintf(key, sizeof key, "%s/%" PRIu32, prefix, uid);
-  return view_find(store_view, key) != NULL;
-}
-
-static bool view_failed(const view *store_view, uint32_t uid) {
-  return view_has(store_view, "dead", uid) || view_has(store_view, "suspect", uid) ||
-         !view_has(store_view, "proc", uid);
-}
-
-static int view_node(const view *store_view, uint32_t uid) {
-  static const char *const prefixes[] = {"proc", "dead", "suspect"};
-  for (size_t i = 0; i < 3; i++) {
-    char key[64];
-    snprintf(key, sizeof key, "%s/%" PRIu32, prefixes[i], uid);
-    const keel_store_entry *entry = view_find(store_view, key);
-    const char *node = entry ? find_word((const char *)entry->value, "node") : NULL;
-    if (node != NULL) return atoi(node);
-  }
-  return -1;
-}
-
-static const keel_store_entry *contribution_of(const view *store_view, const keel_comm *comm,
-                                               uint32_t round, uint32_t uid) {
-  char key[96], suffix[32];
-  snprintf(suffix, sizeof suffix, "/%" PRIu32, uid);
-  keel__epoch_key(key, sizeof key, "agree", comm->epoch, round, suffix);
-  return view_find(store_view, key);
-}
-
-/* Spares and joiners that are alive, idle and not members already, lowest uid first. */
-static int candidates(const view *store_view, const char *prefix, const keel_comm *comm,
-                      const uint32_t *taken, int taken_count, uint32_t *out, int capacity) {
-  int count = 0;
   size_t prefix_length = strlen(prefix);
-  for (size_t i = 0; i < store_view->count && count < capacity; i++) {
-    const char *key = store_view->entries[i].key;
-    if (strncmp(key, prefix, prefix_length) != 0 || key[prefix_length] != '/') continue;
-    uint32_t uid = (uint32_t)strtoul(key + prefix_length + 1, NULL, 10);
-    bool unusable = view_failed(store_view, uid) || keel__comm_rank_of(comm, uid) >= 0;
-    for (int t = 0; t < taken_count && !unusable; t++) unusable = taken[t] == uid;
-    if (!unusable) out[count++] = uid;
+  for (size_t i = 0; i < count; i++) {
+    char *end;
+    unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
+    int rank = *end == '\0' ? keel_comm_rank_of(comm, (uint32_t)uid) : -1;
+    if (rank < 0) continue;
+    keel__ballot *ballot = &round->ballots[rank];
+    int node = -1;
+    if (keel__vote_parse((const char *)entries[i].value, &ballot->vote, &ballot->vote_epoch,
+                         &node) != KEEL_OK) {
+      KEEL_LOG_W(MODULE, "ignoring a malformed vote %s", entries[i].key);
+      continue;
+    }
+    ballot->state = KEEL__BALLOT_CAST;
+    if (node >= 0) ballot->node = node;
   }
+  keel_store_entries_free(entries, count);
+  for (int rank = 0; rank < comm->size; rank++) {
+    if (member_dead(endpoint, comm->uids[rank])) round->ballots[rank].state = KEEL__BALLOT_DEAD;
+  }
+  return KEEL_OK;
+}
+
+/* Spares or joiners that are alive and not members already, lowest uid first. */
+static keel_status candidates_read(agreement *round, const char *prefix, uint32_t *out,
+                                   int *count_p) {
+  keel_endpoint *endpoint = round->comm->endpoint;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status = keel_store_list(endpoint->config.store, prefix, &entries, &count, NULL);
+  if (status != KEEL_OK) return status;
+  int found = 0;
+  size_t prefix_length = strlen(prefix);
+  for (size_t i = 0; i < count && found < KEEL_MAX_SPARES; i++) {
+    char *end;
+    unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
+    if (*end != '\0' || uid >= KEEL_MAX_UIDS) continue;
+    if (member_dead(endpoint, (uint32_t)uid) || keel_comm_rank_of(round->comm, (uint32_t)uid) >= 0)
+      continue;
+    out[found++] = (uint32_t)uid;
+  }
+  keel_store_entries_free(entries, count);
   /* Keys sort as text ("spare/10" before "spare/9"); order by number. */
-  for (int a = 1; a < count; a++) {
+  for (int a = 1; a < found; a++) {
     for (int b = a; b > 0 && out[b] < out[b - 1]; b--) {
       uint32_t swap = out[b];
       out[b] = out[b - 1];
       out[b - 1] = swap;
     }
   }
-  return count;
+  *count_p = found;
+  return KEEL_OK;
 }
 
-typedef struct decide_input {
-  keel_comm *comm;
-  uint32_t round;
-  bool waited_enough_for_spares;
-} decide_input;
-
-/* Returns true and fills decision when the view settles the round. */
-static bool try_decide(const decide_input *input, const view *store_view,
-                       keel__decision *decision) {
-  keel_comm *comm = input->comm;
-  keel_ctx *ctx = comm->ctx;
-  bool failed[1024] = {false};
-  int failed_nodes[256], failed_node_count = 0;
-  for (int rank = 0; rank < comm->size; rank++) {
-    uint32_t uid = comm->uids[rank];
-    failed[rank] = view_failed(store_view, uid);
-    if (!failed[rank] && contribution_of(store_view, comm, input->round, uid) == NULL)
-      return false; /* alive and not heard from yet */
-    if (failed[rank] && failed_node_count < 256) failed_nodes[failed_node_count++] = view_node(store_view, uid);
+static bool any_vote_wants(const agreement *round, bool spares) {
+  for (int rank = 0; rank < round->comm->size; rank++) {
+    const keel__ballot *ballot = &round->ballots[rank];
+    if (ballot->state != KEEL__BALLOT_CAST || !ballot->vote.rebuild) continue;
+    if (spares ? ballot->vote.admit_spares : ballot->vote.admit_joiners) return true;
   }
-  memset(decision, 0, sizeof *decision);
-  decision->epoch = comm->epoch;
-  decision->round = input->round;
-  decision->flags = UINT32_MAX;
-  decision->sender = UINT32_MAX;
-  bool rebuild = false, force_shrink = false, grow = false, transfer = false;
-  uint64_t best_seq = 0;
-  for (int rank = 0; rank < comm->size; rank++) {
-    uint32_t uid = comm->uids[rank];
-    if (!failed[rank] && ctx->node_domain) {
-      int node = view_node(store_view, uid);
-      for (int f = 0; f < failed_node_count && node >= 0; f++) failed[rank] |= failed_nodes[f] == node;
-    }
-    if (failed[rank]) {
-      if (decision->failed_count < 256) decision->failed[decision->failed_count++] = uid;
+  return false;
+}
+
+/* Members alive but silent past the deadline are suspected: the job fences them, which
+ * settles the round. */
+static void suspect_silent(const agreement *round) {
+  keel_endpoint *endpoint = round->comm->endpoint;
+  const keel_membership_ops *ops = membership_of(endpoint);
+  for (int rank = 0; rank < round->comm->size; rank++) {
+    const keel__ballot *ballot = &round->ballots[rank];
+    if (ballot->state != KEEL__BALLOT_PENDING) continue;
+    KEEL_LOG_W(MODULE, "uid %u did not join the agreement in time: suspecting it", ballot->uid);
+    if (ops->suspect != NULL)
+      ops->suspect(endpoint->config.membership_context, ballot->uid, "agree-timeout");
+  }
+}
+
+/* Keys of epochs before the decided one are finished: nobody reads them again (every member
+ * of the next epoch, admitted spares included, has read the decision it joined by). */
+static void forget_older_epochs(keel_endpoint *endpoint, uint64_t epoch) {
+  static const char *const prefixes[] = {"agree/", "decide/"};
+  for (size_t p = 0; p < sizeof prefixes / sizeof prefixes[0]; p++) {
+    keel_store_entry *entries = NULL;
+    size_t count = 0;
+    if (keel_store_list(endpoint->config.store, prefixes[p], &entries, &count, NULL) != KEEL_OK)
       continue;
+    size_t prefix_length = strlen(prefixes[p]);
+    for (size_t i = 0; i < count; i++) {
+      uint64_t key_epoch = strtoull(entries[i].key + prefix_length, NULL, 10);
+      if (key_epoch < epoch) keel_store_delete(endpoint->config.store, entries[i].key);
     }
-    const char *text = (const char *)contribution_of(store_view, comm, input->round, uid)->value;
-    decision->flags &= (uint32_t)word_number(text, "flags", 0);
-    rebuild |= word_number(text, "rebuild", 0) != 0;
-    force_shrink |= word_number(text, "shrink", 0) != 0;
-    grow |= word_number(text, "grow", 0) != 0;
-    bool has_state = word_number(text, "state", 0) != 0;
-    transfer |= has_state;
-    uint64_t seq = word_number(text, "seq", 0);
-    if (has_state && (decision->sender == UINT32_MAX || seq > best_seq)) {
-      decision->sender = uid;
-      best_seq = seq;
-    }
-  }
-  decision->rebuild = rebuild;
-  decision->resilient_seq = best_seq;
-  if (!rebuild) {
-    decision->sender = UINT32_MAX;
-    for (int rank = 0; rank < comm->size; rank++)
-      if (!failed[rank]) decision->members[decision->member_count++] = comm->uids[rank];
-    return true;
-  }
-
-  uint32_t spares[64];
-  bool replace = ctx->policy == KEEL__POLICY_REPLACE && !force_shrink;
-  int spare_count = replace ? candidates(store_view, "spare", comm, NULL, 0, spares, 64) : 0;
-  if (replace && spare_count < decision->failed_count && !input->waited_enough_for_spares)
-    return false; /* the launcher is starting a replacement; give it time */
-  int used = 0;
-  for (int rank = 0; rank < comm->size; rank++) {
-    if (!failed[rank]) decision->members[decision->member_count++] = comm->uids[rank];
-    else if (used < spare_count) decision->members[decision->member_count++] = spares[used++];
-  }
-  decision->replaced_count = used;
-  if (grow) {
-    uint32_t joiners[64];
-    int joiner_count = candidates(store_view, "join", comm, spares, used, joiners, 64);
-    for (int j = 0; j < joiner_count && decision->member_count < ctx->max_world; j++) {
-      decision->members[decision->member_count++] = joiners[j];
-      decision->grew = true;
-    }
-  }
-  if (!transfer) decision->sender = UINT32_MAX;
-  /* Everyone in the new epoch who does not hold the newest state receives it. */
-  for (int m = 0; m < decision->member_count && decision->sender != UINT32_MAX; m++) {
-    uint32_t uid = decision->members[m];
-    int old_rank = keel__comm_rank_of(comm, uid);
-    bool current = false;
-    if (old_rank >= 0) {
-      const char *text = (const char *)contribution_of(store_view, comm, input->round, uid)->value;
-      current = word_number(text, "state", 0) != 0 && word_number(text, "seq", 0) == best_seq;
-    }
-    if (!current && decision->receiver_count < 256) decision->receivers[decision->receiver_count++] = uid;
-  }
-  if (decision->receiver_count == 0) decision->sender = UINT32_MAX;
-  return true;
-}
-
-static keel_status read_view(keel_ctx *ctx, view *store_view) {
-  return keel_store_list(ctx->store, "", &store_view->entries, &store_view->count,
-                         &store_view->revision);
-}
-
-static void view_free(view *store_view) {
-  keel_store_entries_free(store_view->entries, store_view->count);
-  store_view->entries = NULL;
-  store_view->count = 0;
-}
-
-/* Members that are alive but silent past the deadline are suspected: the launcher then
- * fences them, which settles the round. */
-static void suspect_silent(keel_comm *comm, const view *store_view, uint32_t round) {
-  for (int rank = 0; rank < comm->size; rank++) {
-    uint32_t uid = comm->uids[rank];
-    if (view_failed(store_view, uid) || contribution_of(store_view, comm, round, uid) != NULL)
-      continue;
-    char key[64], value[64];
-    snprintf(key, sizeof key, "suspect/%" PRIu32, uid);
-    int length = snprintf(value, sizeof value, "by=%" PRIu32 " reason=agree-timeout", comm->ctx->uid);
-    KEEL_LOG_W(MODULE, "uid %u did not join the agreement in time: suspecting it", uid);
-    keel_store_put(comm->ctx->store, key, value, (size_t)length, 0, NULL);
+    keel_store_entries_free(entries, count);
   }
 }
 
-keel_status keel__agree(keel_comm *comm, const keel__contribution *mine, keel__decision *decision) {
-  keel_ctx *ctx = comm->ctx;
-  if (ctx->standalone) {
-    memset(decision, 0, sizeof *decision);
-    decision->epoch = comm->epoch;
-    decision->flags = mine->flags;
-    decision->rebuild = mine->rebuild;
-    decision->members[0] = ctx->uid;
-    decision->member_count = 1;
-    decision->sender = UINT32_MAX;
-    return KEEL_OK;
-  }
-  uint32_t round = comm->agree_round++;
-  keel__fault_check(ctx, "agree", 0);
-  char key[96], decide_key[96], suffix[32], value[160];
-  snprintf(suffix, sizeof suffix, "/%" PRIu32, ctx->uid);
-  keel__epoch_key(key, sizeof key, "agree", comm->epoch, round, suffix);
-  keel__epoch_key(decide_key, sizeof decide_key, "decide", comm->epoch, round, NULL);
-  int length = snprintf(value, sizeof value,
-                        "flags=%" PRIu32 " state=%d seq=%" PRIu64 " grow=%d rebuild=%d shrink=%d node=%d",
-                        mine->flags, mine->has_state, mine->resilient_seq, mine->grow,
-                        mine->rebuild, mine->force_shrink, ctx->node);
-  keel_status status = keel_store_put(ctx->store, key, value, (size_t)length, 0, NULL);
+/* Tries to settle the round from what the store says; true when a decision was written (by
+ * anyone: the caller reads back the winner). */
+static keel_status try_decide(agreement *round, bool waited_enough_for_spares, bool *written_p) {
+  keel_comm *comm = round->comm;
+  keel_endpoint *endpoint = comm->endpoint;
+  *written_p = false;
+  keel_status status = ballots_read(round);
+  round->spare_count = round->joiner_count = 0;
+  if (status == KEEL_OK && any_vote_wants(round, true))
+    status = candidates_read(round, "spare/", round->spares, &round->spare_count);
+  if (status == KEEL_OK && any_vote_wants(round, false))
+    status = candidates_read(round, "join/", round->joiners, &round->joiner_count);
   if (status != KEEL_OK) return status;
+  keel__decide_input input = {.epoch = comm->epoch, .round = round->round,
+                              .ballots = round->ballots, .count = comm->size,
+                              .spares = round->spares, .spare_count = round->spare_count,
+                              .joiners = round->joiners, .joiner_count = round->joiner_count,
+                              .node_domain = endpoint->config.node_domain,
+                              .waited_enough_for_spares = waited_enough_for_spares,
+                              .max_world = endpoint->config.max_world};
+  keel_decision *decision = malloc(sizeof *decision);
+  if (decision == NULL) return KEEL_ENOMEM;
+  if (keel__decide(&input, decision)) {
+    char key[96];
+    keel__epoch_key(key, sizeof key, "decide", comm->epoch, round->round, NULL);
+    keel_buffer text;
+    keel_buffer_init(&text, KEEL_STORE_MAX_VALUE);
+    status = keel__decision_format(decision, &text);
+    if (status == KEEL_OK)
+      status = keel_store_cas(endpoint->config.store, key, 0, text.data, text.length, 0, NULL);
+    keel_buffer_free(&text);
+    if (status == KEEL_OK) forget_older_epochs(endpoint, comm->epoch);
+    if (status == KEEL_ECONFLICT) status = KEEL_OK; /* another survivor's decision won */
+    *written_p = status == KEEL_OK;
+  }
+  free(decision);
+  return status;
+}
 
+static keel_status read_decision(keel_comm *comm, uint32_t round, keel_decision *decision,
+                                 bool *found_p) {
+  char key[96];
+  keel__epoch_key(key, sizeof key, "decide", comm->epoch, round, NULL);
+  keel_store_entry *entry = NULL;
+  keel_status status = keel_store_get(comm->endpoint->config.store, key, &entry);
+  *found_p = status == KEEL_OK;
+  if (status == KEEL_ENOTFOUND) return KEEL_OK;
+  if (status != KEEL_OK) return status;
+  status = keel__decision_parse((const char *)entry->value, decision);
+  keel_store_entry_free(entry);
+  if (status != KEEL_OK) KEEL_LOG_E(MODULE, "the decision under %s is malformed", key);
+  return status;
+}
+
+static keel_status agreement_alloc(agreement *round, keel_comm *comm) {
+  *round = (agreement){.comm = comm, .round = comm->agree_round++};
+  round->ballots = calloc((size_t)comm->size, sizeof *round->ballots);
+  round->spares = calloc(KEEL_MAX_SPARES, sizeof *round->spares);
+  round->joiners = calloc(KEEL_MAX_SPARES, sizeof *round->joiners);
+  return round->ballots && round->spares && round->joiners ? KEEL_OK : KEEL_ENOMEM;
+}
+
+static void agreement_free(agreement *round) {
+  free(round->ballots);
+  free(round->spares);
+  free(round->joiners);
+}
+
+static keel_status agreement_vote(agreement *round, const keel_rebuild_vote *vote) {
+  keel_comm *comm = round->comm;
+  keel_endpoint *endpoint = comm->endpoint;
+  keel__fault(endpoint, "agree", 0);
+  char key[96], suffix[32], value[256];
+  snprintf(suffix, sizeof suffix, "/%" PRIu32, endpoint->config.uid);
+  keel__epoch_key(key, sizeof key, "agree", comm->epoch, round->round, suffix);
+  keel_status status = keel__vote_format(vote, comm->epoch, endpoint->config.node, value,
+                                         sizeof value);
+  if (status != KEEL_OK) return status;
+  return keel_store_put(endpoint->config.store, key, value, strlen(value), 0, NULL);
+}
+
+/* One round of agreement on comm's epoch: vote, then settle or adopt the decision. */
+static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
+                               keel_decision *decision) {
+  keel_endpoint *endpoint = comm->endpoint;
+  agreement round;
+  keel_status status = agreement_alloc(&round, comm);
+  if (status == KEEL_OK) status = agreement_vote(&round, vote);
   int64_t started = keel_now_ns();
   int64_t deadline = started + comm->timeout_ns;
-  decide_input input = {.comm = comm, .round = round};
-  for (;;) {
-    keel_store_entry *entry = NULL;
-    status = keel_store_get(ctx->store, decide_key, &entry);
-    if (status == KEEL_OK) {
-      status = keel__decision_parse((const char *)entry->value, decision);
-      keel_store_entry_free(entry);
-      return status;
-    }
-    if (status != KEEL_ENOTFOUND) return status;
-    view store_view = {0};
-    if ((status = read_view(ctx, &store_view)) != KEEL_OK) return status;
-    input.waited_enough_for_spares = keel_now_ns() - started >= ctx->replace_wait_ns;
-    if (try_decide(&input, &store_view, decision)) {
-      keel_buffer text;
-      keel_buffer_init(&text, KEEL_STORE_MAX_VALUE);
-      status = keel__decision_format(decision, &text);
-      if (status == KEEL_OK)
-        status = keel_store_cas(ctx->store, decide_key, 0, text.data, text.length, 0, NULL);
-      keel_buffer_free(&text);
-      view_free(&store_view);
-      if (status != KEEL_OK && status != KEEL_ECONFLICT) return status;
-      continue; /* read back whichever decision won */
-    }
+  bool suspected = false;
+  const keel_membership_ops *ops = membership_of(endpoint);
+  while (status == KEEL_OK) {
+    bool found = false;
+    status = read_decision(comm, round.round, decision, &found);
+    if (status != KEEL_OK || found) break;
+    status = ops->refresh != NULL ? ops->refresh(endpoint->config.membership_context) : KEEL_OK;
+    bool written = false;
+    bool waited = keel_now_ns() - started >= endpoint->config.spare_wait_ns;
+    if (status == KEEL_OK) status = try_decide(&round, waited, &written);
+    if (status != KEEL_OK || written) continue; /* read back whichever decision won */
+    if ((status = keel__interrupted(endpoint)) != KEEL_OK) break;
     if (keel_now_ns() >= deadline) {
-      suspect_silent(comm, &store_view, round);
+      if (suspected) {
+        KEEL_LOG_E(MODULE, "the agreement of epoch %" PRIu64 " did not settle in two deadlines",
+                   comm->epoch);
+        status = KEEL_ETIMEDOUT;
+        break;
+      }
+      suspect_silent(&round);
+      suspected = true;
       deadline = keel_now_ns() + comm->timeout_ns;
     }
-    uint64_t revision = store_view.revision;
-    view_free(&store_view);
     /* Keep links moving (revocations out, closed links noticed) while waiting. */
-    keel__progress(ctx, 0);
-    int64_t wake = keel_now_ns() + 20 * 1000000;
-    keel_store_wait(ctx->store, "", revision, wake < deadline ? wake : deadline, NULL);
+    keel__progress(endpoint, 0);
+    uint64_t revision = 0;
+    keel_store_wait(endpoint->config.store, "", 0, keel_now_ns(), &revision);
+    int64_t wake = keel_now_ns() + LOOK_INTERVAL_NS;
+    keel_store_wait(endpoint->config.store, "", revision, wake < deadline ? wake : deadline, NULL);
+  }
+  agreement_free(&round);
+  return status;
+}
+
+/* ---- the public operations */
+
+keel_status keel_comm_revoke(keel_comm *comm) {
+  if (comm == NULL) return KEEL_EINVAL;
+  comm->revoked_locally = true;
+  keel__note_revoke(comm->endpoint, comm->epoch);
+  return KEEL_OK;
+}
+
+static keel_status agreement_run(keel_comm *comm, const keel_rebuild_vote *vote,
+                                 keel_decision *decision) {
+  keel_endpoint *endpoint = comm->endpoint;
+  if (!endpoint->standalone) return agree_round(comm, vote, decision);
+  memset(decision, 0, sizeof *decision);
+  decision->epoch = comm->epoch;
+  decision->flags = vote->flags;
+  decision->rebuild = vote->rebuild;
+  decision->member_count = 1;
+  decision->members[0] = endpoint->config.uid;
+  snprintf(decision->notes[0], KEEL_NOTE_MAX, "%s", vote->note);
+  return KEEL_OK;
+}
+
+keel_status keel_comm_agree(keel_comm *comm, uint32_t *flags, uint32_t *failed_uids,
+                            size_t capacity, size_t *failed_count_p) {
+  if (comm == NULL || flags == NULL || comm->rank < 0) return KEEL_EINVAL;
+  keel_rebuild_vote vote = {.flags = *flags};
+  keel_decision *decision = malloc(sizeof *decision);
+  if (decision == NULL) return KEEL_ENOMEM;
+  keel_status status = agreement_run(comm, &vote, decision);
+  if (status == KEEL_OK) {
+    *flags = decision->flags;
+    for (int i = 0; i < decision->failed_count && failed_uids != NULL && (size_t)i < capacity; i++)
+      failed_uids[i] = decision->failed[i];
+    if (failed_count_p) *failed_count_p = (size_t)decision->failed_count;
+  }
+  free(decision);
+  return status;
+}
+
+keel_status keel_comm_decide(keel_comm *comm, const keel_rebuild_vote *vote,
+                             keel_decision *decision) {
+  if (comm == NULL || vote == NULL || decision == NULL || comm->rank < 0) return KEEL_EINVAL;
+  keel_rebuild_vote mine = *vote;
+  mine.rebuild = true;
+  return agreement_run(comm, &mine, decision);
+}
+
+keel_status keel_endpoint_adopt(keel_endpoint *endpoint, const keel_decision *decision,
+                                keel_comm **comm_p) {
+  if (endpoint == NULL || decision == NULL || comm_p == NULL) return KEEL_EINVAL;
+  return keel__comm_from_decision(endpoint, decision, comm_p);
+}
+
+keel_status keel_comm_rebuild(keel_comm *comm, const keel_rebuild_vote *vote,
+                              keel_decision *decision, keel_comm **new_p) {
+  keel_status status = keel_comm_decide(comm, vote, decision);
+  if (status != KEEL_OK) return status;
+  keel_comm *created = NULL;
+  status = keel_endpoint_adopt(comm->endpoint, decision, &created);
+  if (status == KEEL_OK && new_p != NULL) *new_p = created;
+  return status;
+}
+
+static keel_status rebuild_simply(keel_comm *comm, const keel_rebuild_vote *vote,
+                                  keel_comm **new_p) {
+  keel_decision *decision = malloc(sizeof *decision);
+  if (decision == NULL) return KEEL_ENOMEM;
+  keel_status status = keel_comm_rebuild(comm, vote, decision, new_p);
+  free(decision);
+  return status;
+}
+
+keel_status keel_comm_shrink(keel_comm *comm, keel_comm **new_p) {
+  keel_rebuild_vote vote = {.flags = 1, .rebuild = true, .shrink_only = true};
+  return rebuild_simply(comm, &vote, new_p);
+}
+
+keel_status keel_comm_grow(keel_comm *comm, keel_comm **new_p) {
+  keel_rebuild_vote vote = {.flags = 1, .rebuild = true, .admit_spares = true,
+                            .admit_joiners = true};
+  return rebuild_simply(comm, &vote, new_p);
+}
+
+/* ---- processes that are not members yet */
+
+static void offer_key(const keel_endpoint *endpoint, keel_offer offer, char *key,
+                      size_t capacity) {
+  snprintf(key, capacity, "%s/%" PRIu32, offer == KEEL_OFFER_SPARE ? "spare" : "join",
+           endpoint->config.uid);
+}
+
+keel_status keel_endpoint_offer(keel_endpoint *endpoint, keel_offer offer) {
+  if (endpoint == NULL || endpoint->standalone) return KEEL_EINVAL;
+  char key[64];
+  offer_key(endpoint, offer, key, sizeof key);
+  return keel_store_put(endpoint->config.store, key, "", 0, endpoint->config.lease, NULL);
+}
+
+/* The newest rebuild decision that names this process and is newer than the epoch it has,
+ * if any. An older decision that named it was overtaken by a later failure. */
+static keel_status newest_admission(keel_endpoint *endpoint, keel_decision *decision,
+                                    bool *found_p, uint64_t *revision_p) {
+  *found_p = false;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status =
+      keel_store_list(endpoint->config.store, "decide/", &entries, &count, revision_p);
+  if (status != KEEL_OK) return status;
+  keel_decision *candidate = malloc(sizeof *candidate);
+  if (candidate == NULL) {
+    keel_store_entries_free(entries, count);
+    return KEEL_ENOMEM;
+  }
+  uint64_t have = endpoint->current ? endpoint->current->epoch + 1 : 0;
+  for (size_t i = 0; i < count; i++) {
+    if (keel__decision_parse((const char *)entries[i].value, candidate) != KEEL_OK ||
+        !candidate->rebuild || candidate->epoch + 1 <= have)
+      continue;
+    if (*found_p && candidate->epoch <= decision->epoch) continue;
+    for (int m = 0; m < candidate->member_count; m++) {
+      if (candidate->members[m] != endpoint->config.uid) continue;
+      memcpy(decision, candidate, sizeof *decision);
+      *found_p = true;
+    }
+  }
+  free(candidate);
+  keel_store_entries_free(entries, count);
+  return KEEL_OK;
+}
+
+static void withdraw_offers(keel_endpoint *endpoint) {
+  for (int offer = KEEL_OFFER_SPARE; offer <= KEEL_OFFER_JOINER; offer++) {
+    char key[64];
+    offer_key(endpoint, (keel_offer)offer, key, sizeof key);
+    keel_store_delete(endpoint->config.store, key);
   }
 }
 
-/* A spare or joiner is admitted by the newest rebuild decision if that decision names it
- * and is newer than the world it has; an older decision that named it was overtaken by a
- * later failure and no longer counts. */
-keel_status keel__wait_for_admission(keel_ctx *ctx, keel__decision *decision) {
+keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadline_ns,
+                                          keel_decision *decision, keel_comm **comm_p) {
+  if (endpoint == NULL || decision == NULL || comm_p == NULL || endpoint->standalone)
+    return KEEL_EINVAL;
+  keel_status status;
   for (;;) {
-    view store_view = {0};
-    keel_status status = read_view(ctx, &store_view);
-    if (status != KEEL_OK) return status;
-    if (view_find(&store_view, "job/done") != NULL) {
-      view_free(&store_view);
-      return KEEL_EJOBDONE;
-    }
     bool found = false;
-    keel__decision newest = {0};
-    for (size_t i = 0; i < store_view.count; i++) {
-      if (strncmp(store_view.entries[i].key, "decide/", 7) != 0) continue;
-      keel__decision candidate;
-      if (keel__decision_parse((const char *)store_view.entries[i].value, &candidate) != KEEL_OK ||
-          !candidate.rebuild)
-        continue;
-      if (!found || candidate.epoch > newest.epoch) newest = candidate;
-      found = true;
+    uint64_t revision = 0;
+    status = newest_admission(endpoint, decision, &found, &revision);
+    if (status != KEEL_OK) break;
+    if (found) {
+      status = keel__comm_from_decision(endpoint, decision, comm_p);
+      break;
     }
-    uint64_t revision = store_view.revision;
-    view_free(&store_view);
-    bool newer = found && (ctx->world == NULL || newest.epoch + 1 > ctx->world->epoch);
-    for (int m = 0; newer && m < newest.member_count; m++) {
-      if (newest.members[m] != ctx->uid) continue;
-      *decision = newest;
-      return KEEL_OK;
+    if ((status = keel__interrupted(endpoint)) != KEEL_OK) break;
+    if (keel_now_ns() >= deadline_ns) {
+      status = KEEL_ETIMEDOUT;
+      break;
     }
-    keel_store_wait(ctx->store, "", revision, keel_deadline_after_ns(1000000000), NULL);
+    keel__progress(endpoint, 0);
+    int64_t wake = keel_now_ns() + 200 * (int64_t)1000000;
+    keel_store_wait(endpoint->config.store, "decide/", revision,
+                    wake < deadline_ns ? wake : deadline_ns, NULL);
   }
+  withdraw_offers(endpoint);
+  return status;
 }

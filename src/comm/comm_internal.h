@@ -1,48 +1,43 @@
-/* Private to src/comm: the runtime context, peers and their links, the communicator of one
- * epoch, the progress engine's receive slots, and the recovery decision. The files:
- * context.c (init, links, lease), progress.c (the poll loop), reduce.c (kernels),
- * collectives.c (algorithms), agree.c (agreement through the store), recovery.c (revoke,
- * rebuild, state transfer, the resilient allreduce), fault.c (KEEL_FAULT), report.c. */
+/* Private to src/comm. Who owns what:
+ *   endpoint.c   the endpoint: listener, acceptor thread, peers and their links, creation
+ *                and end of communicators (the only file that writes struct keel_endpoint's
+ *                peer table and communicator chain);
+ *   progress.c   the progress engine: operations (their receive slots and sends), the poll
+ *                loop, revocation marks, the wait loop every operation uses;
+ *   request.c    point-to-point requests over the engine;
+ *   transport.c  the transports' table and the choice of one per epoch, and the public
+ *                collectives that dispatch to it;
+ *   tcp.c, shm.c the transports (one file each: a new one is one file and one table entry);
+ *   reduce.c     reduction kernels;
+ *   decide.c     the agreement's decision: a pure function over a table of votes;
+ *   agree.c      the agreement's protocol through the store, revoke, shrink, grow, rebuild
+ *                and admission. */
 #ifndef KEEL_COMM_INTERNAL_H
 #define KEEL_COMM_INTERNAL_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "keel/comm.h"
 
-#define KEEL__MAX_UIDS 4096
-#define KEEL__MAX_STATE_BUFFERS 64
-#define KEEL__MAX_FAULT_RULES 8
-/* State and collective payloads travel in frames of at most this many bytes. */
+/* Collective payloads travel in frames of at most this many bytes. */
 #define KEEL__MAX_SEGMENT_BYTES ((size_t)4 << 20)
-#define KEEL__STATE_FRAME_BYTES ((size_t)64 << 20)
-
 /* Tags of collective frames: the operation's sequence number in its epoch, the algorithm's
  * step and the segment within the step. */
 #define KEEL__TAG(op_seq, step, segment) \
   (((uint64_t)(op_seq) << 32) | ((uint64_t)(step) << 16) | (uint64_t)(segment))
-/* Tags of state frames: buffer index and chunk; the meta frame uses index 0xffff. */
-#define KEEL__STATE_TAG(index, chunk) (((uint64_t)(index) << 32) | (uint64_t)(chunk))
-#define KEEL__STATE_META_INDEX 0xffffu
 
-typedef enum keel__role { KEEL__ROLE_WORKER, KEEL__ROLE_SPARE, KEEL__ROLE_JOINER } keel__role;
-typedef enum keel__policy {
-  KEEL__POLICY_SHRINK,
-  KEEL__POLICY_REPLACE,
-  KEEL__POLICY_RESTART, /* no recovery in process: save (failure hooks) and exit */
-} keel__policy;
+typedef struct keel__op keel__op;
 
-#define KEEL__MAX_FAILURE_HOOKS 4
-
-/* A frame waiting its turn on a link; payload stays the sender's unless owned. */
+/* A frame waiting its turn on a link; the payload stays the sender's unless owned. */
 typedef struct keel__send_item {
   struct keel__send_item *next;
   keel_frame frame;
   const void *payload;
   size_t length;
-  void *owned; /* freed when sent or dropped */
-  int *pending; /* decremented when fully written; may be NULL */
+  void *owned;  /* freed when sent or dropped */
+  keel__op *op; /* whose send it is (told when it is written); NULL once let go */
 } keel__send_item;
 
 /* A receive posted by an operation, matched on (type, source, epoch, tag). */
@@ -53,10 +48,23 @@ typedef struct keel__recv_slot {
   uint64_t tag;
   void *destination;
   size_t length;
-  bool posted;
   bool done;
   keel_status status;
 } keel__recv_slot;
+
+/* An operation in the progress engine: its own receive slots and count of sends in flight,
+ * so that several (a collective and background transfers) move at once and one can be
+ * abandoned without disturbing the others. Set up with keel__op_begin, ended with
+ * keel__op_end or keel__op_abandon; the slots array is kept for reuse until keel__op_free. */
+struct keel__op {
+  keel_endpoint *endpoint;
+  keel__op *next, *previous; /* the endpoint's active operations */
+  bool active;
+  keel__recv_slot *slots;
+  size_t slot_count, slot_capacity;
+  int sends_pending;
+  keel_status send_error; /* a send failed: its peer failed */
+};
 
 /* A whole frame that arrived before any receive matched it. */
 typedef struct keel__unexpected {
@@ -68,19 +76,19 @@ typedef struct keel__unexpected {
 typedef struct keel__peer {
   uint32_t uid;
   keel_link *link;
-  bool failed;  /* its link broke: it is suspected */
-  bool left;    /* it said goodbye: EOF is not a failure */
+  bool failed; /* its link broke: it is suspected */
+  bool left;   /* it said goodbye: end of stream is not a failure */
   keel__send_item *queue_head, *queue_tail;
-  bool in_flight;                /* queue_head has been begun on the link */
-  keel__recv_slot *inbound_slot; /* where the frame being read goes, if an op's slot */
+  bool in_flight;         /* queue_head has been begun on the link */
+  keel__op *inbound_op;   /* where the frame being read goes: slot inbound_index of it */
+  size_t inbound_index;
+  size_t linked_index;    /* place in the endpoint's list of linked peers */
 } keel__peer;
 
-typedef struct keel__shm_group keel__shm_group;
+typedef struct keel__transport_ops keel__transport_ops;
 
 struct keel_comm {
-  keel_ctx *ctx;
-  keel__shm_group *shm; /* shared memory of this epoch, when all ranks share a host */
-  bool shm_tried;
+  keel_endpoint *endpoint;
   uint64_t epoch;
   int rank;
   int size;
@@ -89,170 +97,127 @@ struct keel_comm {
   uint32_t agree_round;
   int64_t timeout_ns;
   bool revoked_locally;
-  struct keel_comm *older; /* ctx keeps every epoch's handle until finalize */
+  const keel__transport_ops *transport; /* NULL until the first collective chooses one */
+  void *transport_state;
+  keel__op collective; /* the slots of this communicator's collective in progress */
+  struct keel_comm *older;
 };
 
-typedef struct keel__state_buffer {
-  char name[64];
-  void *data;
-  size_t bytes;
-} keel__state_buffer;
-
-typedef enum keel__fault_action {
-  KEEL__FAULT_KILL,
-  KEEL__FAULT_STOP,
-  KEEL__FAULT_DELAY,
-  KEEL__FAULT_EXIT,
-  KEEL__FAULT_CORRUPT, /* the point's caller damages what it just wrote */
-} keel__fault_action;
-
-typedef struct keel__fault_rule {
-  keel__fault_action action;
-  int64_t uid;  /* -1: any */
-  int64_t step; /* -1: any */
-  char point[32];
-  int64_t after; /* allreduce: chunk sends before firing */
-  int64_t milliseconds;
-  int64_t code;
-  bool fired;
-} keel__fault_rule;
-
-struct keel_ctx {
+struct keel_endpoint {
+  keel_endpoint_config config;
   bool standalone;
-  keel_auth auth;
-  uint32_t uid;
-  keel__role role;
-  keel__policy policy;
-  bool node_domain;
-  int node;
-  int initial_world;
-  int max_world;
-  int status_fd;
-  int64_t timeout_ns;
-  int64_t heartbeat_ns;
-  int64_t replace_wait_ns;
-  /* KEEL_FAILURE_DETECTION=off (a benchmark's switch, to measure what detection costs):
-   * operations no longer look at peers' health and end only by completing or deadline. */
-  bool failure_detection;
-  char store_endpoint[256];
-
-  keel_store *store;
-  int64_t lease;
   keel_listener *listener;
   char address[128];
-
-  /* The keepalive thread refreshes the lease through its own store handle. */
-  pthread_t keepalive_thread;
-  bool keepalive_started;
-  keel_store *keepalive_store;
   /* The acceptor thread authenticates incoming links and hands them over. */
   pthread_t acceptor_thread;
   bool acceptor_started;
-  int wake_fd; /* eventfd: a link is waiting in accepted */
-  int stop_fd; /* eventfd: keel_finalize wakes both threads to stop */
+  int wake_fd; /* eventfd: a link is waiting in accepted, or someone called keel_endpoint_wake */
+  int stop_fd; /* eventfd: close wakes the acceptor to stop */
+  atomic_bool stopping;
   pthread_mutex_t accepted_mutex;
   keel_link *accepted[64];
   int accepted_count;
-  atomic_bool stopping;
 
-  keel__peer *peers[KEEL__MAX_UIDS];
+  keel__peer **peers; /* by uid, grown on demand */
+  size_t peer_capacity;
+  keel__peer **linked; /* peers with a link, for the poll loop */
+  size_t linked_count, linked_capacity;
+  struct pollfd *pollers;
+  keel__peer **poll_owners;
+  size_t poll_capacity;
 
-  keel_comm *world;
-  uint64_t revoked_epoch; /* epochs <= this are revoked (0 with none_revoked) */
-  bool any_revoked;
-
-  /* Posted receives of the operation in progress (reused across operations). */
-  keel__recv_slot *slots;
-  size_t slot_count, slot_capacity;
+  keel__op *operations; /* active operations, newest first */
   keel__unexpected *unexpected_head;
-
-  keel__state_buffer state[KEEL__MAX_STATE_BUFFERS];
-  int state_count;
-  bool newcomer;
-  uint64_t resilient_seq; /* resilient allreduces completed: the step's progress mark */
+  uint64_t revoked_epoch; /* epochs <= this are revoked (when any_revoked) */
+  bool any_revoked;
+  keel_comm *current; /* newest communicator; older ones chain through ->older */
 
   uint8_t *scratch;
   size_t scratch_bytes;
-
-  /* This incarnation of the job (the launcher restarts every process under
-   * KEEL__POLICY_RESTART): how many came before, and the uid and epoch it starts with. */
-  uint32_t restart_count;
-  uint32_t first_uid;
-  uint64_t first_epoch;
-  keel_failure_hook failure_hooks[KEEL__MAX_FAILURE_HOOKS];
-  void *failure_hook_args[KEEL__MAX_FAILURE_HOOKS];
-  int failure_hook_count;
-  bool failure_hooks_ran;        /* in failure_hooks_epoch */
-  uint64_t failure_hooks_epoch;
-  /* keel_mark_resume: rank 0 reports `resumed` when a step past resume_step begins. */
-  bool resume_pending;
-  uint64_t resume_step;
-  char resume_kind[16];
-
-  keel__fault_rule faults[KEEL__MAX_FAULT_RULES];
-  int fault_count;
-  uint64_t current_step;
-  bool step_known;
-  int64_t last_join_check_ns;
-  bool grow_requested;
-
-  /* Progress reports are rate-limited and carry the last measured throughput. */
-  int64_t last_report_ns;
 };
 
-/* ---- context.c */
-keel__peer *keel__peer_get(keel_ctx *ctx, uint32_t uid);
+/* ---- endpoint.c */
+keel__peer *keel__peer_get(keel_endpoint *endpoint, uint32_t uid);
+/* The peer of uid if it exists, without making one. */
+keel__peer *keel__peer_find(const keel_endpoint *endpoint, uint32_t uid);
 /* Registers links handed over by the acceptor thread. */
-void keel__take_accepted_links(keel_ctx *ctx);
-/* Makes sure every member of comm other than this process has a link: connects to lower
- * uids (address from the store), waits for higher ones to connect. */
-keel_status keel__ensure_links(keel_ctx *ctx, const uint32_t *uids, int count, int64_t deadline_ns);
-keel_status keel__publish_proc(keel_ctx *ctx, int rank, uint64_t epoch);
-keel_comm *keel__comm_create(keel_ctx *ctx, uint64_t epoch, const uint32_t *uids, int count);
-int keel__comm_rank_of(const keel_comm *comm, uint32_t uid);
-keel_status keel__scratch_reserve(keel_ctx *ctx, size_t bytes);
+void keel__take_accepted_links(keel_endpoint *endpoint);
+keel_status keel__scratch_reserve(keel_endpoint *endpoint, size_t bytes);
+/* Fires a fault point of the endpoint's plan. */
+bool keel__fault(keel_endpoint *endpoint, const char *point, int64_t counter);
+/* Makes comm's epoch + members from a decision the endpoint's current communicator. */
+keel_status keel__comm_from_decision(keel_endpoint *endpoint, const keel_decision *decision,
+                                     keel_comm **comm_p);
 
 /* ---- progress.c */
-keel_status keel__send(keel_ctx *ctx, uint32_t uid, uint16_t type, uint64_t epoch, uint64_t tag,
-                       const void *payload, size_t length, int *pending);
-keel__recv_slot *keel__post_recv(keel_ctx *ctx, uint16_t type, uint32_t source, uint64_t epoch,
-                                 uint64_t tag, void *destination, size_t length);
-void keel__slots_reset(keel_ctx *ctx);
-/* One round of the engine: polls every link (and the acceptor) for at most the time left
- * to deadline_ns (0: do not wait), reads and writes what it can. */
-keel_status keel__progress(keel_ctx *ctx, int64_t deadline_ns);
+void keel__op_begin(keel_endpoint *endpoint, keel__op *op);
+/* Posts a receive; the slot is op->slots[index] (the array may move on the next post). It
+ * may complete at once from a frame that arrived earlier. KEEL_ENOMEM. */
+keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uint64_t epoch,
+                               uint64_t tag, void *destination, size_t length, size_t *index_p);
+/* Queues a frame to uid on behalf of op (payload stays the caller's until written). */
+keel_status keel__op_send(keel__op *op, uint32_t uid, uint16_t type, uint64_t epoch,
+                          uint64_t tag, const void *payload, size_t length);
+/* Whether every posted receive is done and every send written. */
+bool keel__op_complete(const keel__op *op);
+/* The first failed slot's status, or KEEL_OK. */
+keel_status keel__op_slot_error(const keel__op *op);
+/* Ends a completed operation (unregisters it; its slots are reset for reuse). */
+void keel__op_end(keel__op *op);
+/* Ends an operation that will not complete: frames half written are finished from copies,
+ * its queued frames are dropped, its partly received frames go to the bin, slots reset. */
+void keel__op_abandon(keel__op *op);
+/* Frees the slots array (the op must not be active). */
+void keel__op_free(keel__op *op);
+/* Queues a frame that belongs to no operation (revoke, goodbye). */
+keel_status keel__send_control(keel_endpoint *endpoint, uint32_t uid, uint16_t type,
+                               uint64_t epoch);
+/* One round of the engine: polls every link (and the wake descriptor) for at most the time
+ * left to deadline_ns (0: do not wait), reads and writes what it can. */
+keel_status keel__progress(keel_endpoint *endpoint, int64_t deadline_ns);
+/* Drives the engine until op is complete (and ready, when given, holds), the communicator
+ * breaks, the membership interrupts, or the deadline. On any failure op is abandoned.
+ * latency_bound: spin briefly before blocking when there is a core per rank. */
+typedef bool (*keel__ready_fn)(void *state);
+keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
+                        void *state, bool latency_bound);
 /* Status of comm as the engine sees it: KEEL_EREVOKED, KEEL_EPROCFAILED or KEEL_OK. */
 keel_status keel__comm_health(keel_comm *comm);
-/* Ends an abandoned operation: frames in flight are finished from copies, queued frames of
- * the operation are dropped, partly received frames go to the bin, slots are cleared. */
-void keel__abandon_operation(keel_ctx *ctx);
+/* The membership's interruption, if any (KEEL_OK otherwise). */
+keel_status keel__interrupted(keel_endpoint *endpoint);
 /* Blocks until every queued frame on every link is written or deadline. */
-keel_status keel__flush(keel_ctx *ctx, int64_t deadline_ns);
-void keel__peer_fail(keel_ctx *ctx, keel__peer *peer, const char *reason);
+keel_status keel__flush(keel_endpoint *endpoint, int64_t deadline_ns);
+void keel__peer_fail(keel_endpoint *endpoint, keel__peer *peer, const char *reason);
 /* Marks epoch (and every older one) revoked and passes the mark on to the members. */
-void keel__note_revoke(keel_ctx *ctx, uint64_t epoch);
-void keel__drop_stale_unexpected(keel_ctx *ctx, uint64_t below_epoch);
+void keel__note_revoke(keel_endpoint *endpoint, uint64_t epoch);
+void keel__drop_stale_unexpected(keel_endpoint *endpoint, uint64_t below_epoch);
+/* Adds or removes a peer from the poll list when its link comes or goes. */
+void keel__peer_linked(keel_endpoint *endpoint, keel__peer *peer);
+void keel__peer_unlinked(keel_endpoint *endpoint, keel__peer *peer);
 
-/* ---- collectives.c */
-/* Drives the engine until the receives posted from first_slot on are in and *sends_pending
- * is zero, or the communicator breaks, or the deadline. */
-keel_status keel__wait_posted(keel_comm *comm, size_t first_slot, int *sends_pending,
-                              int64_t deadline_ns);
+/* ---- transport.c: the table every transport fills (STYLE.md rule 7). Each operation is a
+ * collective of comm: every member calls it, and it ends in success, KEEL_EPROCFAILED,
+ * KEEL_EREVOKED, KEEL_ETIMEDOUT (or the membership's interruption), never hangs. */
+struct keel__transport_ops {
+  const char *name;
+  /* Collective: decides with the members whether this transport serves comm's epoch and
+   * sets it up (*state_p may stay NULL). KEEL_ENOTSUP when it does not serve comm; another
+   * status is a failure of the communicator. */
+  keel_status (*open)(keel_comm *comm, void **state_p);
+  void (*close)(void *state);
+  keel_status (*allreduce)(keel_comm *comm, void *state, const void *send, void *recv,
+                           size_t count, keel_dtype dtype, keel_reduce_op op);
+  keel_status (*broadcast)(keel_comm *comm, void *state, void *buffer, size_t bytes, int root);
+  keel_status (*allgather)(keel_comm *comm, void *state, const void *send, void *recv,
+                           size_t bytes_per_rank);
+  keel_status (*reduce_scatter)(keel_comm *comm, void *state, const void *send, void *recv,
+                                size_t count_per_rank, keel_dtype dtype, keel_reduce_op op);
+};
 
-/* ---- shm.c */
-/* Allreduce through the epoch's shared memory when every rank is on this host (set up on
- * first use, collectively). *used_p false: not eligible, the caller uses the links. */
-keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
-                                keel_dtype dtype, keel_reduce_op op, bool *used_p);
-/* The other collectives through the same segment; *used_p false: go over the links. */
-keel_status keel__shm_allgather(keel_comm *comm, const void *send, void *recv,
-                                size_t bytes_per_rank, bool *used_p);
-keel_status keel__shm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root,
-                                bool *used_p);
-keel_status keel__shm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
-                                     size_t count_per_rank, keel_dtype dtype, keel_reduce_op op,
-                                     bool *used_p);
-void keel__shm_release(keel_comm *comm);
+extern const keel__transport_ops keel__transport_tcp;
+extern const keel__transport_ops keel__transport_shm;
+/* Closes comm's transport (a new epoch makes the old one's state useless). */
+void keel__transport_release(keel_comm *comm);
 
 /* ---- reduce.c */
 void keel__reduce(keel_dtype dtype, keel_reduce_op op, void *destination, const void *left,
@@ -261,64 +226,49 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
                             const void *left, const void *right, size_t count);
 void keel__divide(keel_dtype dtype, void *buffer, size_t count, int divisor);
 
-/* ---- agree.c */
-typedef struct keel__decision {
-  uint64_t epoch;       /* of the communicator that decided */
+/* ---- decide.c: the agreement's decision as a pure function (table tests in
+ * tests/unit/test_comm_units.c cover every order of votes and deaths up to 4 members). */
+typedef enum keel__ballot_state {
+  KEEL__BALLOT_PENDING, /* alive, and no vote of this epoch yet */
+  KEEL__BALLOT_CAST,    /* voted in this epoch and round */
+  KEEL__BALLOT_DEAD,    /* the failure detector says dead (voted or not) */
+} keel__ballot_state;
+
+typedef struct keel__ballot {
+  uint32_t uid;
+  keel__ballot_state state;
+  int node;             /* -1: unknown */
+  uint64_t vote_epoch;  /* the epoch the vote was cast in; another epoch's counts as none */
+  keel_rebuild_vote vote;
+} keel__ballot;
+
+typedef struct keel__decide_input {
+  uint64_t epoch;
   uint32_t round;
-  bool rebuild;         /* makes epoch + 1 */
-  uint32_t flags;
-  uint32_t members[1024]; /* new epoch, rank order */
-  int member_count;
-  uint32_t failed[256];
-  int failed_count;
-  uint32_t receivers[256]; /* members that must receive state */
-  int receiver_count;
-  uint32_t sender; /* member that sends state; UINT32_MAX if none */
-  uint64_t resilient_seq;
-  bool grew;
-  int replaced_count;
-} keel__decision;
+  const keel__ballot *ballots; /* the members of comm, in rank order */
+  int count;
+  const uint32_t *spares; /* idle spares, alive, not members, ascending */
+  int spare_count;
+  const uint32_t *joiners; /* waiting joiners, alive, not members, ascending */
+  int joiner_count;
+  bool node_domain;
+  bool waited_enough_for_spares;
+  int max_world;
+} keel__decide_input;
 
-typedef struct keel__contribution {
-  uint32_t flags;
-  bool has_state;
-  uint64_t resilient_seq;
-  bool grow;
-  bool rebuild;
-  bool force_shrink;
-} keel__contribution;
-/* A decision's view of whether the contribution carries state worth sending is `has_state`;
- * a plain shrink sends none. */
+/* Decides the round when the table settles it: every member has voted or is dead. Returns
+ * false (decision untouched) while some member is pending, or while a replacement waits
+ * for spares that have not come yet and waited_enough_for_spares is false. */
+bool keel__decide(const keel__decide_input *input, keel_decision *decision);
 
-/* Runs one round of agreement on comm's epoch through the store (see agree.c). */
-keel_status keel__agree(keel_comm *comm, const keel__contribution *mine, keel__decision *decision);
-keel_status keel__decision_parse(const char *text, keel__decision *decision);
-keel_status keel__decision_format(const keel__decision *decision, keel_buffer *text);
-/* Waits (spare or joiner) for a rebuild decision that makes this process a member. */
-keel_status keel__wait_for_admission(keel_ctx *ctx, keel__decision *decision);
+/* ---- agree.c */
+keel_status keel__decision_format(const keel_decision *decision, keel_buffer *text);
+keel_status keel__decision_parse(const char *text, keel_decision *decision);
+keel_status keel__vote_format(const keel_rebuild_vote *vote, uint64_t epoch, int node,
+                              char *text, size_t capacity);
+keel_status keel__vote_parse(const char *text, keel_rebuild_vote *vote, uint64_t *epoch_p,
+                             int *node_p);
 void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch,
                      uint32_t round, const char *suffix);
-
-/* ---- recovery.c */
-/* Moves to the decided epoch: links, then state to or from the members that need it.
- * *transfer_ns_p (optional) receives the time spent on the state alone. */
-keel_status keel__apply_decision(keel_ctx *ctx, const keel__decision *decision,
-                                 bool *received_state_p, int64_t *transfer_ns_p);
-
-/* Ends a public operation on comm: a failure of the current world (a member failed, the
- * epoch was revoked, the deadline passed) revokes it and runs the failure hooks, once per
- * epoch, when there are hooks or the job restarts on failure. Returns status, or
- * KEEL_ERESTART for such a failure when the job restarts on failure. */
-keel_status keel__operation_end(keel_comm *comm, keel_status status);
-/* Whether status is a failure of the communicator that recovery handles. */
-bool keel__recoverable(keel_status status);
-
-/* ---- fault.c */
-keel_status keel__faults_parse(keel_ctx *ctx, const char *text);
-/* Fires the rules due at point; true when one was a `corrupt` rule. */
-bool keel__fault_check(keel_ctx *ctx, const char *point, int64_t counter);
-
-/* ---- report.c */
-void keel__report_line(keel_ctx *ctx, const char *event, const char *fields);
 
 #endif

@@ -1,4 +1,5 @@
-/* Allreduce through shared memory, for a communicator whose ranks all run on one host.
+/* The shm transport: collectives through shared memory, for a communicator whose ranks all
+ * run on one host.
  * Each epoch gets its own segment: every rank copies a chunk of its input into its slot,
  * then reduces its slice of the chunk straight from all the slots (in rank order, so the
  * result has the same bits everywhere) into a shared result, and copies the result out.
@@ -46,7 +47,7 @@ typedef struct shm_header {
   uint8_t pad[CACHE_LINE - 2 * sizeof(uint32_t)];
 } shm_header;
 
-struct keel__shm_group {
+typedef struct shm_group {
   uint8_t *base;
   size_t bytes;
   size_t chunk_bytes;
@@ -59,7 +60,7 @@ struct keel__shm_group {
   uint64_t sequence;    /* chunks done, the same at every rank */
   int spin_limit;
   size_t small_bytes; /* up to this, every rank reduces the whole buffer (one barrier) */
-};
+} shm_group;
 
 static size_t align_up(size_t value, size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -70,7 +71,7 @@ static size_t segment_bytes(int size, size_t chunk_bytes) {
   return align_up(control, 4096) + ((size_t)size * 2 + 2) * chunk_bytes;
 }
 
-static void group_layout(keel__shm_group *group) {
+static void group_layout(shm_group *group) {
   group->header = (shm_header *)group->base;
   group->arrived = (shm_counter *)(group->base + sizeof(shm_header));
   group->reduced = group->arrived + group->size;
@@ -79,11 +80,11 @@ static void group_layout(keel__shm_group *group) {
   group->results = group->slots + (size_t)group->size * 2 * group->chunk_bytes;
 }
 
-static uint8_t *slot_of(const keel__shm_group *group, int rank, uint64_t sequence) {
+static uint8_t *slot_of(const shm_group *group, int rank, uint64_t sequence) {
   return group->slots + ((size_t)rank * 2 + (size_t)(sequence & 1)) * group->chunk_bytes;
 }
 
-static uint8_t *result_of(const keel__shm_group *group, uint64_t sequence) {
+static uint8_t *result_of(const shm_group *group, uint64_t sequence) {
   return group->results + (size_t)(sequence & 1) * group->chunk_bytes;
 }
 
@@ -136,18 +137,19 @@ static int spin_limit_for(int size) {
   return cores >= size ? 2000 : 50;
 }
 
-/* Collective over the TCP path (comm->shm_tried is set, so nothing recurses into here):
- * decide together whether to use shared memory, create and map the segment. Any rank's
- * local failure makes every rank fall back to TCP; a peer failure is returned. */
-static keel_status shm_setup(keel_comm *comm) {
-  comm->shm_tried = true;
+/* The transport's open, collective over the tcp transport: decide together whether to use
+ * shared memory, create and map the segment. Any rank's local failure makes every rank fall
+ * back (KEEL_ENOTSUP); a peer failure is returned. */
+static keel_status transport_open(keel_comm *comm, void **state_p) {
+  *state_p = NULL;
   host_identity mine, *all = calloc((size_t)comm->size, sizeof *all);
   if (all == NULL) return KEEL_ENOMEM;
   read_host_identity(&mine);
-  keel_status status = keel_comm_allgather(comm, &mine, all, sizeof mine);
+  keel_status status = keel__transport_tcp.allgather(comm, NULL, &mine, all, sizeof mine);
   bool eligible = status == KEEL_OK && all_on_this_host(&mine, all, comm->size);
   free(all);
-  if (status != KEEL_OK || !eligible) return status;
+  if (status != KEEL_OK) return status;
+  if (!eligible) return KEEL_ENOTSUP;
 
   int64_t chunk = (int64_t)DEFAULT_CHUNK_BYTES;
   if (keel_env_int("KEEL_SHM_CHUNK", 4096, (int64_t)1 << 30, &chunk) != KEEL_OK)
@@ -164,12 +166,12 @@ static keel_status shm_setup(keel_comm *comm) {
   if (comm->rank == 0) {
     keel_random random;
     keel_random_seed(&random, (uint64_t)keel_wall_ns() ^ (uint64_t)getpid());
-    snprintf(name, sizeof name, "/keel-%" PRIx64 "-%" PRIu64 "-%" PRIx64, comm->ctx->auth.job_id,
+    snprintf(name, sizeof name, "/keel-%" PRIx64 "-%" PRIu64 "-%" PRIx64, comm->endpoint->config.auth.job_id,
              comm->epoch, keel_random_next(&random));
     mapped = map_segment(name, true, bytes, &base);
     if (mapped != KEEL_OK) name[0] = '\0';
   }
-  status = keel_comm_broadcast(comm, name, sizeof name, 0);
+  status = keel__transport_tcp.broadcast(comm, NULL, name, sizeof name, 0);
   if (status != KEEL_OK) {
     if (comm->rank == 0 && mapped == KEEL_OK) {
       shm_unlink(name);
@@ -181,14 +183,14 @@ static keel_status shm_setup(keel_comm *comm) {
   /* Everyone reports; all fall back unless all mapped. The barrier also lets rank 0
    * unlink the name once nobody needs it any more. */
   int32_t failed = mapped != KEEL_OK, any_failed = 0;
-  status = keel_comm_allreduce(comm, &failed, &any_failed, 1, KEEL_I32, KEEL_MAX);
+  status = keel__transport_tcp.allreduce(comm, NULL, &failed, &any_failed, 1, KEEL_I32, KEEL_MAX);
   if (comm->rank == 0 && name[0] != '\0') shm_unlink(name);
   if (status != KEEL_OK || any_failed) {
     if (mapped == KEEL_OK) munmap(base, bytes);
     if (mapped != KEEL_OK) KEEL_LOG_W(MODULE, "cannot map %s: %s", name, keel_strerror(mapped));
-    return status;
+    return status != KEEL_OK ? status : KEEL_ENOTSUP;
   }
-  keel__shm_group *group = calloc(1, sizeof *group);
+  shm_group *group = calloc(1, sizeof *group);
   if (group == NULL) {
     munmap(base, bytes);
     return KEEL_ENOMEM;
@@ -196,45 +198,44 @@ static keel_status shm_setup(keel_comm *comm) {
   int64_t small = (int64_t)SMALL_BYTES;
   if (keel_env_int("KEEL_SHM_SMALL", 0, (int64_t)1 << 30, &small) != KEEL_OK)
     small = (int64_t)SMALL_BYTES;
-  *group = (keel__shm_group){.base = base, .bytes = bytes, .chunk_bytes = chunk_bytes,
+  *group = (shm_group){.base = base, .bytes = bytes, .chunk_bytes = chunk_bytes,
                              .size = comm->size, .spin_limit = spin_limit_for(comm->size),
                              .small_bytes = (size_t)small};
   group_layout(group);
   /* No pre-touching of the slots: fresh memory is slow to touch here (MACHINE-NOTES), and a
    * new epoch's first operation is usually the small redo of a recovery, which would pay
    * for megabytes it does not use. Pages are touched by the operations that need them. */
-  comm->shm = group;
+  *state_p = group;
   KEEL_LOG_D(MODULE, "epoch %" PRIu64 ": shared memory for %d ranks, %zu-byte chunks",
              comm->epoch, comm->size, chunk_bytes);
   return KEEL_OK;
 }
 
-void keel__shm_release(keel_comm *comm) {
-  if (comm->shm == NULL) return;
-  munmap(comm->shm->base, comm->shm->bytes);
-  free(comm->shm);
-  comm->shm = NULL;
+static void transport_close(void *state) {
+  shm_group *group = state;
+  if (group == NULL) return;
+  munmap(group->base, group->bytes);
+  free(group);
 }
 
 /* ---- publishing and waiting */
 
-static void publish(keel__shm_group *group, shm_counter *counter, uint64_t value) {
+static void publish(shm_group *group, shm_counter *counter, uint64_t value) {
   atomic_store_explicit(&counter->value, value, memory_order_release);
   atomic_fetch_add_explicit(&group->header->generation, 1, memory_order_acq_rel);
   if (atomic_load_explicit(&group->header->sleepers, memory_order_acquire) > 0)
     syscall(SYS_futex, &group->header->generation, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
-static bool all_reached(const keel__shm_group *group, const shm_counter *counters, uint64_t target) {
+static bool all_reached(const shm_group *group, const shm_counter *counters, uint64_t target) {
   for (int rank = 0; rank < group->size; rank++) {
     if (atomic_load_explicit(&counters[rank].value, memory_order_acquire) < target) return false;
   }
   return true;
 }
 
-static keel_status wait_all(keel_comm *comm, shm_counter *counters, uint64_t target,
-                            int64_t deadline_ns) {
-  keel__shm_group *group = comm->shm;
+static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *counters,
+                            uint64_t target, int64_t deadline_ns) {
   for (int spin = 0; spin < group->spin_limit; spin++) {
     if (all_reached(group, counters, target)) return KEEL_OK;
     __builtin_ia32_pause();
@@ -249,8 +250,10 @@ static keel_status wait_all(keel_comm *comm, shm_counter *counters, uint64_t tar
     uint32_t generation = atomic_load_explicit(&group->header->generation, memory_order_acquire);
     if (all_reached(group, counters, target)) return KEEL_OK;
     /* Shared memory gives no EOF: the links tell of a dead peer or a revocation. */
-    if (comm->ctx->failure_detection) keel__progress(comm->ctx, 0);
+    keel_endpoint *endpoint = comm->endpoint;
+    if (endpoint->config.failure_detection) keel__progress(endpoint, 0);
     keel_status health = keel__comm_health(comm);
+    if (health == KEEL_OK) health = keel__interrupted(endpoint);
     if (health != KEEL_OK) return health;
     if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
     atomic_fetch_add_explicit(&group->header->sleepers, 1, memory_order_acq_rel);
@@ -265,7 +268,7 @@ static keel_status wait_all(keel_comm *comm, shm_counter *counters, uint64_t tar
 /* ---- the allreduce */
 
 /* Reduces elements [first, first+count) of the chunk over every rank's slot, in rank order. */
-static void reduce_slice(keel__shm_group *group, uint64_t sequence, keel_dtype dtype,
+static void reduce_slice(shm_group *group, uint64_t sequence, keel_dtype dtype,
                          keel_reduce_op op, size_t element_size, size_t first, size_t count,
                          uint8_t *destination) {
   size_t offset = first * element_size;
@@ -283,22 +286,21 @@ static void reduce_slice(keel__shm_group *group, uint64_t sequence, keel_dtype d
 /* Every rank publishes that its slot of the round is written and waits for all the others':
  * the round's slots can then be read until this rank writes the same parity two rounds
  * later, which needs every rank's arrival in the next round, so after they read this one. */
-static keel_status round_meet(keel_comm *comm, bool allreduce, int64_t deadline_ns) {
-  keel__shm_group *group = comm->shm;
+static keel_status round_meet(keel_comm *comm, shm_group *group, bool allreduce,
+                              int64_t deadline_ns) {
   uint64_t sequence = group->sequence;
   publish(group, &group->arrived[comm->rank], sequence + 1);
-  if (allreduce) keel__fault_check(comm->ctx, "allreduce", (int64_t)sequence + 1);
-  return wait_all(comm, group->arrived, sequence + 1, deadline_ns);
+  if (allreduce) keel__fault(comm->endpoint, "allreduce", (int64_t)sequence + 1);
+  return wait_all(comm, group, group->arrived, sequence + 1, deadline_ns);
 }
 
-static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv, size_t count,
-                             keel_dtype dtype, keel_reduce_op op, int64_t deadline_ns,
-                             bool small) {
-  keel__shm_group *group = comm->shm;
+static keel_status shm_chunk(keel_comm *comm, shm_group *group, const uint8_t *send,
+                             uint8_t *recv, size_t count, keel_dtype dtype, keel_reduce_op op,
+                             int64_t deadline_ns, bool small) {
   size_t element_size = keel_dtype_size(dtype);
   uint64_t sequence = group->sequence;
   if (count > 0) memcpy(slot_of(group, comm->rank, sequence), send, count * element_size);
-  keel_status status = round_meet(comm, true, deadline_ns);
+  keel_status status = round_meet(comm, group, true, deadline_ns);
   if (status != KEEL_OK) return status;
   if (small) {
     if (count > 0) reduce_slice(group, sequence, dtype, op, element_size, 0, count, recv);
@@ -311,7 +313,7 @@ static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv
       reduce_slice(group, sequence, dtype, op, element_size, first, mine,
                    result_of(group, sequence) + first * element_size);
     publish(group, &group->reduced[comm->rank], sequence + 1);
-    status = wait_all(comm, group->reduced, sequence + 1, deadline_ns);
+    status = wait_all(comm, group, group->reduced, sequence + 1, deadline_ns);
     if (status != KEEL_OK) return status;
     if (count > 0) memcpy(recv, result_of(group, sequence), count * element_size);
   }
@@ -319,26 +321,13 @@ static keel_status shm_chunk(keel_comm *comm, const uint8_t *send, uint8_t *recv
   return KEEL_OK;
 }
 
-/* The epoch's group, set up collectively on first use; NULL when the ranks are not all on
- * this host (or KEEL_TRANSPORT=tcp): the caller goes over the links. Every shared-memory
- * operation counts as one operation, to keep op_seq in step with the links' path. */
-static keel_status group_get(keel_comm *comm, keel__shm_group **group_p) {
-  *group_p = NULL;
-  if (comm->shm == NULL && !comm->shm_tried) {
-    keel_status status = shm_setup(comm);
-    if (status != KEEL_OK) return status;
-  }
-  *group_p = comm->shm;
-  if (*group_p != NULL) comm->op_seq++;
-  return KEEL_OK;
-}
-
-keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
-                                keel_dtype dtype, keel_reduce_op op, bool *used_p) {
-  keel__shm_group *group = NULL;
-  keel_status status = group_get(comm, &group);
-  *used_p = group != NULL;
-  if (status != KEEL_OK || group == NULL) return status;
+/* Every shared-memory operation counts as one operation of the epoch, to keep op_seq in
+ * step with the tcp transport's (which transport_open uses). */
+static keel_status shm_allreduce(keel_comm *comm, void *state, const void *send, void *recv,
+                                 size_t count, keel_dtype dtype, keel_reduce_op op) {
+  shm_group *group = state;
+  comm->op_seq++;
+  keel_status status;
   size_t element_size = keel_dtype_size(dtype);
   size_t per_chunk = group->chunk_bytes / element_size;
   size_t bytes = count * element_size;
@@ -347,7 +336,7 @@ keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, s
   size_t done = 0;
   do {
     size_t count_now = count - done < per_chunk ? count - done : per_chunk;
-    status = shm_chunk(comm, (const uint8_t *)send + done * element_size,
+    status = shm_chunk(comm, group, (const uint8_t *)send + done * element_size,
                        (uint8_t *)recv + done * element_size, count_now, dtype, op, deadline,
                        small);
     if (status != KEEL_OK) return status;
@@ -360,7 +349,7 @@ keel_status keel__shm_allreduce(keel_comm *comm, const void *send, void *recv, s
  * contribution or block) go a stretch [done, done + length) a round; before each meeting
  * `put` fills this rank's slot, after it `take` reads the round's slots. */
 typedef struct shm_rounds {
-  keel__shm_group *group;
+  shm_group *group;
   int rank;
   uint64_t sequence;
   size_t per_round; /* the most a round moves: the size of a slot's piece */
@@ -370,12 +359,11 @@ typedef struct shm_rounds {
 
 typedef void (*shm_round_fn)(const shm_rounds *round);
 
-static keel_status rounds_run(keel_comm *comm, size_t total, size_t pieces, size_t element_size,
-                              shm_round_fn put, shm_round_fn take, void *context, bool *used_p) {
-  keel__shm_group *group = NULL;
-  keel_status status = group_get(comm, &group);
-  *used_p = group != NULL;
-  if (status != KEEL_OK || group == NULL) return status;
+static keel_status rounds_run(keel_comm *comm, shm_group *group, size_t total, size_t pieces,
+                              size_t element_size, shm_round_fn put, shm_round_fn take,
+                              void *context) {
+  comm->op_seq++;
+  keel_status status;
   /* A slot is cut in `pieces` pieces of whole elements (setup makes a chunk hold at least
    * a cache line per rank). */
   size_t per_round = group->chunk_bytes / pieces / element_size * element_size;
@@ -386,7 +374,7 @@ static keel_status rounds_run(keel_comm *comm, size_t total, size_t pieces, size
     round.sequence = group->sequence;
     round.length = total - round.done < per_round ? total - round.done : per_round;
     if (round.length > 0) put(&round);
-    if ((status = round_meet(comm, false, deadline)) != KEEL_OK) return status;
+    if ((status = round_meet(comm, group, false, deadline)) != KEEL_OK) return status;
     if (round.length > 0) take(&round);
     group->sequence = round.sequence + 1;
     round.done += round.length;
@@ -415,10 +403,10 @@ static void allgather_take(const shm_rounds *round) {
            slot_of(round->group, rank, round->sequence), round->length);
 }
 
-keel_status keel__shm_allgather(keel_comm *comm, const void *send, void *recv,
-                                size_t bytes_per_rank, bool *used_p) {
+static keel_status shm_allgather(keel_comm *comm, void *state, const void *send, void *recv,
+                                 size_t bytes_per_rank) {
   allgather_job job = {.send = send, .recv = recv, .bytes_per_rank = bytes_per_rank};
-  return rounds_run(comm, bytes_per_rank, 1, 1, allgather_put, allgather_take, &job, used_p);
+  return rounds_run(comm, state, bytes_per_rank, 1, 1, allgather_put, allgather_take, &job);
 }
 
 /* Broadcast: the root puts each piece in its slot; the others copy it. */
@@ -441,10 +429,10 @@ static void broadcast_take(const shm_rounds *round) {
            round->length);
 }
 
-keel_status keel__shm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root,
-                                bool *used_p) {
+static keel_status shm_broadcast(keel_comm *comm, void *state, void *buffer, size_t bytes,
+                                 int root) {
   broadcast_job job = {.buffer = buffer, .root = root};
-  return rounds_run(comm, bytes, 1, 1, broadcast_put, broadcast_take, &job, used_p);
+  return rounds_run(comm, state, bytes, 1, 1, broadcast_put, broadcast_take, &job);
 }
 
 /* Reduce-scatter: a round carries the same stretch of every rank's block (the slot is cut in
@@ -474,13 +462,23 @@ static void reduce_scatter_take(const shm_rounds *round) {
                job->recv + round->done);
 }
 
-keel_status keel__shm_reduce_scatter(keel_comm *comm, const void *send, void *recv,
-                                     size_t count_per_rank, keel_dtype dtype, keel_reduce_op op,
-                                     bool *used_p) {
+static keel_status shm_reduce_scatter(keel_comm *comm, void *state, const void *send,
+                                      void *recv, size_t count_per_rank, keel_dtype dtype,
+                                      keel_reduce_op op) {
   size_t element_size = keel_dtype_size(dtype);
   reduce_scatter_job job = {.send = send, .recv = recv,
                             .block_bytes = count_per_rank * element_size,
                             .element_size = element_size, .dtype = dtype, .op = op};
-  return rounds_run(comm, job.block_bytes, (size_t)comm->size, element_size, reduce_scatter_put,
-                    reduce_scatter_take, &job, used_p);
+  return rounds_run(comm, state, job.block_bytes, (size_t)comm->size, element_size,
+                    reduce_scatter_put, reduce_scatter_take, &job);
 }
+
+const keel__transport_ops keel__transport_shm = {
+    .name = "shm",
+    .open = transport_open,
+    .close = transport_close,
+    .allreduce = shm_allreduce,
+    .broadcast = shm_broadcast,
+    .allgather = shm_allgather,
+    .reduce_scatter = shm_reduce_scatter,
+};

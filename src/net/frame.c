@@ -29,7 +29,7 @@ bool keel__frame_type_known(uint16_t type) {
     case KEEL_FRAME_WELCOME:
     case KEEL_FRAME_DATA:
     case KEEL_FRAME_REVOKE:
-    case KEEL_FRAME_STATE:
+    case KEEL_FRAME_MESSAGE:
     case KEEL_FRAME_CONTROL:
     case KEEL_FRAME_STORE_REQUEST:
     case KEEL_FRAME_STORE_RESPONSE:

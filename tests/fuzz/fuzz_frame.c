@@ -58,7 +58,7 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
       {.type = KEEL_FRAME_DATA, .job_id = SEED_JOB_ID, .epoch = 2, .tag = 77, .length = 4096,
        .source = 1, .payload_crc32c = 0xdeadbeef},
       {.type = KEEL_FRAME_REVOKE, .job_id = SEED_JOB_ID, .epoch = 5},
-      {.type = KEEL_FRAME_STATE, .job_id = 1, .length = (uint64_t)1 << 40, .source = 9},
+      {.type = KEEL_FRAME_MESSAGE, .job_id = 1, .length = (uint64_t)1 << 40, .source = 9},
       {.type = KEEL_FRAME_GOODBYE, .job_id = SEED_JOB_ID, .tag = UINT64_MAX, .length = 128},
   };
   if (index < 0 || (size_t)index >= sizeof seeds / sizeof seeds[0]) return 0;

@@ -21,7 +21,7 @@ static void decode_once(const uint8_t *data, size_t size) {
     if (status != KEEL_ECORRUPT && status != KEEL_ERANGE && status != KEEL_ENOMEM) abort();
     return;
   }
-  if (manifest.buffer_count > KEEL_CKPT_MAX_BUFFERS) abort();
+  if (manifest.buffer_count > KEEL_MAX_STATE_BUFFERS) abort();
   if (manifest.chunk_count > KEEL_CKPT_MAX_CHUNKS) abort();
   if (manifest.identity.shard_index >= manifest.identity.shard_count) abort();
   /* The encoding has no slack: what decodes is exactly what encode makes of it. */

@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "keel/comm.h"
+#include "keel/keel.h"
 #include "test_events.h"
 #include "test_job.h"
 #include "test_support.h"

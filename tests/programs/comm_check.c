@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "keel/comm.h"
+#include "keel/keel.h"
 
 static int failures;
 static int checks;

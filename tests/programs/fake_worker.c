@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "keel/comm.h"
+#include "keel/runtime.h" /* KEEL_EXIT_RESTART */
 #include "keel/store.h"
 
 #define SECOND_NS INT64_C(1000000000)

@@ -4,11 +4,15 @@
  * contributions, changes the final checksum. Every process that finishes prints
  *   toy-final rank=R uid=U step=N world=W crc=XXXXXXXX
  * Flags: --steps N --params P --global-batch B --compute-ms M --seed S --shards K
- * With --shards K (hybrid sharding, JIT §3.1; for `keel run --ckpt jit`, whose restart is
- * the only recovery of the step's allgather) rank r holds shard r % K of the parameters and
- * momentum, replicated by every group of K ranks: each step allgathers the shards, reduces
- * the whole gradient and updates its own shard. The arithmetic is the unsharded run's, so
- * its crc is the same. Under `keel run --ckpt jit` the state is saved just in time. */
+ *        --persist-every N --persist-dir DIR
+ * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
+ * the parameters and momentum, replicated by every group of K ranks: each step allgathers
+ * the shards, reduces the whole gradient and updates its own shard. The arithmetic is the
+ * unsharded run's, so its crc is the same. Each step is a step transaction: a failure in
+ * either collective is recovered by the runtime, and a replacement receives its shard from
+ * a survivor that holds it. Under `keel run --ckpt jit` the state is saved just in time;
+ * with --persist-every N the state is saved to DIR every N commits and that tier serves a
+ * replacement whose shard no survivor holds. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,11 +20,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "keel/ckpt.h"
+#include "keel/keel.h"
 
 typedef struct options {
-  int64_t steps, params, global_batch, compute_ms, shards;
+  int64_t steps, params, global_batch, compute_ms, shards, persist_every;
   uint64_t seed;
+  const char *persist_directory;
 } options;
 
 static int parse_options(int argc, char **argv, options *opts) {
@@ -32,10 +37,16 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"compute-ms", required_argument, 0, 'c'},
                                                {"seed", required_argument, 0, 'e'},
                                                {"shards", required_argument, 0, 'k'},
+                                               {"persist-every", required_argument, 0, 'P'},
+                                               {"persist-dir", required_argument, 0, 'D'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
-    int64_t value;
+    int64_t value = 0;
+    if (option == 'D') {
+      opts->persist_directory = optarg;
+      continue;
+    }
     if (option == '?' || keel_parse_int(optarg, 0, 1 << 30, &value) != KEEL_OK) {
       fprintf(stderr, "toy_train: bad flag (see the file's header)\n");
       return -1;
@@ -46,6 +57,11 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'c') opts->compute_ms = value;
     if (option == 'e') opts->seed = (uint64_t)value;
     if (option == 'k') opts->shards = value;
+    if (option == 'P') opts->persist_every = value;
+  }
+  if (opts->persist_every > 0 && opts->persist_directory == NULL) {
+    fprintf(stderr, "toy_train: --persist-every needs --persist-dir\n");
+    return -1;
   }
   if (opts->shards < 1 || opts->params % opts->shards != 0) {
     fprintf(stderr, "toy_train: --shards must divide --params\n");
@@ -116,13 +132,14 @@ static size_t shard_of(const options *opts, keel_comm *world) {
 
 /* The whole parameter vector from the shards: shard k from rank k, the first replica group
  * (every group holds the same shards). Unsharded, the registered vector is the whole one. */
-static keel_status params_assemble(toy_state *toy, const options *opts, keel_comm *world) {
+static keel_status params_assemble(toy_state *toy, const options *opts, keel_ctx *ctx) {
   if (opts->shards == 1) return KEEL_OK;
   size_t shard_bytes = toy->shard_n * sizeof(float);
-  int size = keel_comm_size(world);
-  if (toy->gathered == NULL) toy->gathered = malloc(shard_bytes * (size_t)size);
+  /* Room for the largest world the job can have: recovery may change the size. */
+  size_t size = 1024;
+  if (toy->gathered == NULL) toy->gathered = malloc(shard_bytes * size);
   if (toy->gathered == NULL) return KEEL_ENOMEM;
-  keel_status status = keel_comm_allgather(world, toy->shard_params, toy->gathered, shard_bytes);
+  keel_status status = keel_step_allgather(ctx, toy->shard_params, toy->gathered, shard_bytes);
   if (status != KEEL_OK) return status;
   for (int64_t k = 0; k < opts->shards; k++)
     memcpy(toy->params + (size_t)k * toy->shard_n, toy->gathered + (size_t)k * toy->shard_n,
@@ -139,36 +156,47 @@ static void optimizer_step(toy_state *toy, const options *opts, keel_comm *world
   }
 }
 
-/* Returns the exit code: 0, KEEL_EXIT_RESTART after a just-in-time save, 1 on error. */
+/* The exit code for a status keel ended the run with; a real error is named. */
+static int run_end(const toy_state *toy, const char *what, keel_status status) {
+  int code = keel_exit_code(status);
+  if (code == 1)
+    fprintf(stderr, "toy_train: %s at step %llu: %s\n", what, (unsigned long long)toy->step,
+            keel_strerror(status));
+  return code;
+}
+
+/* Returns the exit code (keel_exit_code of how the run ended). */
 static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
   keel_status status;
   while (toy->step < (uint64_t)opts->steps) {
-    keel_step(ctx, toy->step);
-    keel_comm *world = keel_world(ctx);
-    status = params_assemble(toy, opts, world);
+    if ((status = keel_step_begin(ctx, toy->step)) != KEEL_OK)
+      return run_end(toy, "keel_step_begin", status);
+    status = params_assemble(toy, opts, ctx);
     if (status == KEEL_OK) {
       keel_fault_point(ctx, "forward");
+      keel_comm *world = keel_world(ctx);
       compute_gradient(opts, toy->params, toy->step, keel_comm_rank(world), keel_comm_size(world),
                        toy->send);
-      keel_recovery recovery;
-      status = keel_allreduce_resilient(ctx, toy->send, toy->recv, toy->n + 1, KEEL_F32,
-                                        KEEL_SUM, &recovery);
-      if (status == KEEL_OK && recovery.restart_step) continue;
+      status = keel_step_allreduce(ctx, toy->send, toy->recv, toy->n + 1, KEEL_F32, KEEL_SUM);
     }
-    if (status == KEEL_EEXCLUDED) return 0; /* the job went on without us */
-    if (status == KEEL_ERESTART) return KEEL_EXIT_RESTART; /* saved; started again */
-    if (status != KEEL_OK) {
-      fprintf(stderr, "toy_train: step %llu: %s\n", (unsigned long long)toy->step,
-              keel_strerror(status));
-      return 1;
-    }
+    if (status == KEEL_EREDO) continue; /* recovered: the step begins again */
+    if (status != KEEL_OK) return run_end(toy, "step", status);
     keel_fault_point(ctx, "optimizer");
     optimizer_step(toy, opts, keel_world(ctx));
     toy->step++;
+    if ((status = keel_step_commit(ctx)) != KEEL_OK) return run_end(toy, "commit", status);
     keel_report(ctx, toy->step, (double)toy->recv[0], 0);
   }
+  /* The final assembly is a step of its own (it is a collective, and may fail too). */
+  for (;;) {
+    if ((status = keel_step_begin(ctx, toy->step)) != KEEL_OK)
+      return run_end(toy, "keel_step_begin", status);
+    status = params_assemble(toy, opts, ctx);
+    if (status == KEEL_EREDO) continue;
+    if (status != KEEL_OK) return run_end(toy, "final assembly", status);
+    break;
+  }
   keel_comm *world = keel_world(ctx);
-  if (params_assemble(toy, opts, world) != KEEL_OK) return KEEL_EXIT_RESTART;
   printf("toy-final rank=%d uid=%u step=%llu world=%d crc=%08x\n", keel_comm_rank(world),
          keel_comm_uid(world, keel_comm_rank(world)), (unsigned long long)toy->step,
          keel_comm_size(world), keel_crc32c(0, toy->params, toy->n * sizeof(float)));
@@ -183,6 +211,7 @@ int main(int argc, char **argv) {
   if (keel_init(&ctx) != KEEL_OK) return 1;
   toy_state toy = {0};
   keel_ckpt_jit *jit = NULL;
+  keel_ckpt_persist *persist = NULL;
   int exit_code = 1;
   if (!toy_allocate(&toy, &opts)) goto done;
   for (size_t i = 0; i < toy.n; i++) toy.params[i] = (float)sin((double)i);
@@ -190,28 +219,31 @@ int main(int argc, char **argv) {
   keel_state_register(ctx, "params", held, toy.shard_n * sizeof(float));
   keel_state_register(ctx, "momentum", toy.momentum, toy.shard_n * sizeof(float));
   keel_state_register(ctx, "step", &toy.step, sizeof toy.step);
+  keel_state_shard(ctx, (uint32_t)opts.shards);
   keel_status status = keel_start(ctx);
-  exit_code = 0;
-  if (status == KEEL_EJOBDONE) goto done; /* a spare that was never needed */
-  exit_code = 1;
-  if (status != KEEL_OK) goto done;
+  if (status != KEEL_OK) {
+    exit_code = keel_exit_code(status); /* KEEL_EJOBDONE: a spare that was never needed */
+    goto done;
+  }
+  /* A newcomer's shard arrived from a survivor; the first workers make theirs. */
   keel_comm *world = keel_world(ctx);
-  size_t shard = shard_of(&opts, world);
-  if (opts.shards > 1) {
+  size_t shard = (size_t)keel_comm_rank(world) % (size_t)opts.shards;
+  if (opts.shards > 1 && !keel_is_newcomer(ctx)) {
     for (size_t i = 0; i < toy.shard_n; i++)
       toy.shard_params[i] = (float)sin((double)(shard * toy.shard_n + i));
   }
-  keel_ckpt_jit_options jit_options = {
-      .shard_count = (uint32_t)opts.shards, .shard_index = (uint32_t)shard,
-      .replica = (uint32_t)((size_t)keel_comm_rank(world) / (size_t)opts.shards)};
-  status = keel_ckpt_jit_enable(ctx, &jit_options, &jit);
+  status = keel_ckpt_jit_enable(ctx, NULL, &jit);
+  if (status == KEEL_OK && opts.persist_every > 0)
+    status = keel_ckpt_persist_enable(ctx, opts.persist_directory, (uint64_t)opts.persist_every,
+                                      &persist);
   if (status != KEEL_OK) {
-    fprintf(stderr, "toy_train: just-in-time checkpoints: %s\n", keel_strerror(status));
+    fprintf(stderr, "toy_train: checkpoints: %s\n", keel_strerror(status));
     goto done;
   }
   exit_code = toy_run(ctx, &toy, &opts);
 done:
   keel_finalize(ctx);
+  keel_ckpt_persist_destroy(persist);
   keel_ckpt_jit_destroy(jit);
   toy_release(&toy);
   return exit_code;

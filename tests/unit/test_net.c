@@ -664,7 +664,7 @@ static void test_blocking_send_timeout_keeps_frame(void **state) {
   size_t length = 48 * MIB;
   uint8_t *data = pattern_new(length, 9);
   uint8_t *expected = pattern_new(length, 9);
-  keel_frame frame = {.type = KEEL_FRAME_STATE, .tag = 1};
+  keel_frame frame = {.type = KEEL_FRAME_MESSAGE, .tag = 1};
   assert_int_equal(keel_link_send(connected, &frame, data, length, keel_now_ns() + SECONDS(1) / 10),
                    KEEL_ETIMEDOUT);
   assert_true(keel_link_send_busy(connected));

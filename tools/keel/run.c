@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -408,8 +409,25 @@ static keel_status store_open(keel__launcher *launcher) {
   return status;
 }
 
-/* Both pipes are close-on-exec; only the loop's read ends are non-blocking (the write
- * ends' file descriptions are the workers' and the watchers', who may block). */
+/* The workers' status lines come over a SOCK_SEQPACKET pair: each line is one record (lines
+ * of several workers never mix), a worker sends without blocking or SIGPIPE, and when the
+ * launcher dies its end hangs up, which is how a worker notices (docs/RUNTIME.md). Both ends
+ * are close-on-exec; the loop's is non-blocking. */
+static keel_status status_socket_open(int *read_fd_p, int *write_fd_p) {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
+    KEEL_LOG_E("launcher", "socketpair: %s", strerror(errno));
+    return keel_status_from_errno(errno);
+  }
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  shutdown(fds[0], SHUT_WR);
+  shutdown(fds[1], SHUT_RD);
+  *read_fd_p = fds[0];
+  *write_fd_p = fds[1];
+  return KEEL_OK;
+}
+
+/* The watchers' report pipe is close-on-exec; only the loop's read end is non-blocking. */
 static keel_status pipe_open(int *read_fd_p, int *write_fd_p) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -471,7 +489,7 @@ static keel_status launcher_open(keel__launcher *launcher) {
   if (status != KEEL_OK) return status;
   status = store_open(launcher);
   if (status != KEEL_OK) goto fail_close_signals;
-  status = pipe_open(&launcher->status_read_fd, &launcher->status_write_fd);
+  status = status_socket_open(&launcher->status_read_fd, &launcher->status_write_fd);
   if (status != KEEL_OK) goto fail_close_store;
   status = pipe_open(&launcher->report_read_fd, &launcher->report_write_fd);
   if (status != KEEL_OK) goto fail_close_status_pipe;

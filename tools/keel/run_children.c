@@ -37,6 +37,7 @@ typedef enum own_variable {
   OWN_RESTART,
   OWN_FIRST_UID,
   OWN_FIRST_EPOCH,
+  OWN_LAUNCHER_PID,
   OWN_VARIABLE_COUNT,
 } own_variable;
 
@@ -59,6 +60,7 @@ static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
     [OWN_RESTART] = "KEEL_RESTART",
     [OWN_FIRST_UID] = "KEEL_FIRST_UID",
     [OWN_FIRST_EPOCH] = "KEEL_FIRST_EPOCH",
+    [OWN_LAUNCHER_PID] = "KEEL_LAUNCHER_PID",
 };
 /* Room for the longest value, an absolute KEEL_CKPT_DIR. */
 #define OWN_VARIABLE_BYTES (PATH_MAX + 32)
@@ -146,6 +148,7 @@ static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, kee
   own_variable_set(environment, OWN_RESTART, "%lld", (long long)incarnation->index);
   own_variable_set(environment, OWN_FIRST_UID, "%u", (unsigned)incarnation->first_uid);
   own_variable_set(environment, OWN_FIRST_EPOCH, "%lld", (long long)incarnation->first_epoch);
+  own_variable_set(environment, OWN_LAUNCHER_PID, "%ld", (long)getpid());
 }
 
 /* Builds the whole environment before fork: the child may only call async-signal-safe

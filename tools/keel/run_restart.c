@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
-#include "keel/comm.h" /* KEEL_EXIT_RESTART */
+#include "keel/runtime.h" /* KEEL_EXIT_RESTART */
 #include "launcher.h"
 
 /* What ended a child, as restart_begin says it: "SIGKILL", "exit 3", or why it was fenced. */

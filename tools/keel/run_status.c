@@ -142,9 +142,15 @@ static void status_lines_consume(keel__launcher *launcher) {
   launcher->status_length = rest;
 }
 
+/* Each read takes one record, a whole line; the buffer always has room for the longest
+ * one, so that none is cut. */
 void keel__status_drain(keel__launcher *launcher) {
   for (;;) {
     size_t space = sizeof launcher->status_buffer - launcher->status_length - 1;
+    if (space <= KEEL__STATUS_LINE_MAX) {
+      launcher->status_length = 0; /* only a partial line without end can be there */
+      space = sizeof launcher->status_buffer - 1;
+    }
     ssize_t got =
         read(launcher->status_read_fd, launcher->status_buffer + launcher->status_length, space);
     if (got <= 0) return;

@@ -1,0 +1,453 @@
+/* The endpoint: a process's place in the job's network. It listens, authenticates incoming
+ * links on its own thread, keeps one link per peer (the lower uid connects), makes the
+ * communicators of each epoch over those links, and at the end leaves in order: a goodbye
+ * to every peer, then a lingering read until they said theirs. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "comm/comm_internal.h"
+
+#define MODULE "comm"
+#define DEFAULT_TIMEOUT_NS (30 * (int64_t)1000000000)
+#define DEFAULT_SPARE_WAIT_NS (10 * (int64_t)1000000000)
+/* A connector that has not finished its handshake by then is dropped. */
+#define HANDSHAKE_TIMEOUT_NS (2 * (int64_t)1000000000)
+/* How often a link setup looks again for an address not published yet. */
+#define ADDRESS_RETRY_NS (20 * (int64_t)1000000)
+
+size_t keel_dtype_size(keel_dtype dtype) {
+  switch (dtype) {
+    case KEEL_F32:
+    case KEEL_I32:
+      return 4;
+    case KEEL_F64:
+    case KEEL_I64:
+      return 8;
+    case KEEL_BF16:
+      return 2;
+  }
+  return 0;
+}
+
+/* ---- peers */
+
+keel__peer *keel__peer_find(const keel_endpoint *endpoint, uint32_t uid) {
+  return uid < endpoint->peer_capacity ? endpoint->peers[uid] : NULL;
+}
+
+keel__peer *keel__peer_get(keel_endpoint *endpoint, uint32_t uid) {
+  if (uid >= KEEL_MAX_UIDS) return NULL;
+  if (uid >= endpoint->peer_capacity) {
+    size_t grown = endpoint->peer_capacity ? endpoint->peer_capacity : 64;
+    while (grown <= uid) grown *= 2;
+    keel__peer **peers = realloc(endpoint->peers, grown * sizeof *peers);
+    if (peers == NULL) return NULL;
+    memset(peers + endpoint->peer_capacity, 0,
+           (grown - endpoint->peer_capacity) * sizeof *peers);
+    endpoint->peers = peers;
+    endpoint->peer_capacity = grown;
+  }
+  if (endpoint->peers[uid] == NULL) {
+    keel__peer *peer = calloc(1, sizeof *peer);
+    if (peer == NULL) return NULL;
+    peer->uid = uid;
+    peer->linked_index = SIZE_MAX;
+    endpoint->peers[uid] = peer;
+  }
+  return endpoint->peers[uid];
+}
+
+/* Gives a peer its link and puts it in the poll list. */
+static void peer_attach(keel_endpoint *endpoint, keel__peer *peer, keel_link *link) {
+  peer->link = link;
+  peer->failed = false;
+  peer->left = false;
+  keel__peer_linked(endpoint, peer);
+}
+
+/* Closes a peer's link and drops what was queued for it; operations that still counted on
+ * one of those frames fail (their peer is gone), they do not wait for it. */
+static void peer_close(keel_endpoint *endpoint, keel__peer *peer) {
+  while (peer->queue_head != NULL) {
+    keel__send_item *item = peer->queue_head;
+    peer->queue_head = item->next;
+    if (item->op != NULL) {
+      item->op->sends_pending--;
+      item->op->send_error = KEEL_EPROCFAILED;
+    }
+    free(item->owned);
+    free(item);
+  }
+  peer->queue_tail = NULL;
+  peer->in_flight = false;
+  peer->inbound_op = NULL;
+  keel__peer_unlinked(endpoint, peer);
+  keel_link_close(peer->link);
+  peer->link = NULL;
+}
+
+keel_status keel__scratch_reserve(keel_endpoint *endpoint, size_t bytes) {
+  if (bytes <= endpoint->scratch_bytes) return KEEL_OK;
+  uint8_t *grown = realloc(endpoint->scratch, bytes);
+  if (grown == NULL) return KEEL_ENOMEM;
+  endpoint->scratch = grown;
+  endpoint->scratch_bytes = bytes;
+  return KEEL_OK;
+}
+
+bool keel__fault(keel_endpoint *endpoint, const char *point, int64_t counter) {
+  return keel_fault_plan_fire(endpoint->config.faults, point, counter);
+}
+
+/* ---- the acceptor thread */
+
+static void *acceptor_main(void *argument) {
+  keel_endpoint *endpoint = argument;
+  while (!atomic_load(&endpoint->stopping)) {
+    struct pollfd pollers[2] = {{.fd = keel_listener_fd(endpoint->listener), .events = POLLIN},
+                                {.fd = endpoint->stop_fd, .events = POLLIN}};
+    if (poll(pollers, 2, -1) <= 0 || pollers[0].revents == 0) continue;
+    keel_link *link = NULL;
+    keel_status status = keel_listener_accept(endpoint->listener, &endpoint->config.auth,
+                                              keel_deadline_after_ns(HANDSHAKE_TIMEOUT_NS), &link);
+    if (status != KEEL_OK) continue; /* a failed handshake was logged where it was decided */
+    pthread_mutex_lock(&endpoint->accepted_mutex);
+    int capacity = (int)(sizeof endpoint->accepted / sizeof endpoint->accepted[0]);
+    bool full = endpoint->accepted_count == capacity;
+    if (!full) endpoint->accepted[endpoint->accepted_count++] = link;
+    pthread_mutex_unlock(&endpoint->accepted_mutex);
+    if (full) {
+      keel_link_close(link);
+      continue;
+    }
+    keel_endpoint_wake(endpoint);
+  }
+  return NULL;
+}
+
+void keel_endpoint_wake(keel_endpoint *endpoint) {
+  if (endpoint == NULL || endpoint->wake_fd < 0) return;
+  uint64_t one = 1;
+  ssize_t ignored = write(endpoint->wake_fd, &one, sizeof one);
+  (void)ignored;
+}
+
+void keel__take_accepted_links(keel_endpoint *endpoint) {
+  uint64_t count;
+  if (endpoint->wake_fd >= 0) {
+    ssize_t ignored = read(endpoint->wake_fd, &count, sizeof count);
+    (void)ignored;
+  }
+  pthread_mutex_lock(&endpoint->accepted_mutex);
+  for (int i = 0; i < endpoint->accepted_count; i++) {
+    keel_link *link = endpoint->accepted[i];
+    keel__peer *peer = keel__peer_get(endpoint, keel_link_peer_id(link));
+    if (peer != NULL && peer->link != NULL && peer->failed) peer_close(endpoint, peer);
+    if (peer == NULL || peer->link != NULL) {
+      /* Two links to one peer would break frame order; keep the first. */
+      KEEL_LOG_W(MODULE, "dropping a second link from uid %u", keel_link_peer_id(link));
+      keel_link_close(link);
+      continue;
+    }
+    peer_attach(endpoint, peer, link);
+    KEEL_LOG_D(MODULE, "accepted link from uid %u", peer->uid);
+  }
+  endpoint->accepted_count = 0;
+  pthread_mutex_unlock(&endpoint->accepted_mutex);
+}
+
+/* ---- links to members */
+
+static keel_status connect_to(keel_endpoint *endpoint, keel__peer *peer, int64_t deadline_ns) {
+  const keel_endpoint_config *config = &endpoint->config;
+  char address[128];
+  keel_status status;
+  /* The peer may not have published its address yet. */
+  while ((status = config->membership->address(config->membership_context, peer->uid, address,
+                                               sizeof address)) == KEEL_ENOTFOUND) {
+    if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
+    if ((status = keel__interrupted(endpoint)) != KEEL_OK) return status;
+    int64_t wake = keel_now_ns() + ADDRESS_RETRY_NS;
+    keel__progress(endpoint, wake < deadline_ns ? wake : deadline_ns);
+  }
+  if (status != KEEL_OK) return status;
+  keel_link *link = NULL;
+  status = keel_link_connect(address, &config->auth, deadline_ns, &link);
+  if (status != KEEL_OK) {
+    KEEL_LOG_W(MODULE, "cannot link to uid %u at %s: %s", peer->uid, address,
+               keel_strerror(status));
+    return status;
+  }
+  if (keel_link_peer_id(link) != peer->uid) {
+    KEEL_LOG_E(MODULE, "%s answered as uid %u, expected %u", address, keel_link_peer_id(link),
+               peer->uid);
+    keel_link_close(link);
+    return KEEL_EAUTH;
+  }
+  peer_attach(endpoint, peer, link);
+  return KEEL_OK;
+}
+
+keel_status keel_endpoint_link(keel_endpoint *endpoint, uint32_t uid, int64_t deadline_ns) {
+  if (endpoint == NULL || endpoint->standalone) return KEEL_EINVAL;
+  if (uid >= endpoint->config.uid) return KEEL_OK; /* higher uids connect to us */
+  keel__peer *peer = keel__peer_get(endpoint, uid);
+  if (peer == NULL) return KEEL_ENOMEM;
+  if (peer->link != NULL && !peer->failed) return KEEL_OK;
+  if (peer->link != NULL) peer_close(endpoint, peer);
+  return connect_to(endpoint, peer, deadline_ns);
+}
+
+/* Makes sure every member other than this process has a live link: connects to lower uids,
+ * waits for higher ones to connect. A member whose link broke is not waited for: the new
+ * communicator's first operation will report it. */
+static keel_status ensure_links(keel_endpoint *endpoint, const uint32_t *uids, int count,
+                                int64_t deadline_ns) {
+  uint32_t self = endpoint->config.uid;
+  for (int i = 0; i < count; i++) {
+    if (uids[i] >= self) continue;
+    keel__peer *peer = keel__peer_get(endpoint, uids[i]);
+    if (peer == NULL) return KEEL_ENOMEM;
+    if (peer->link != NULL) continue;
+    keel_status status = connect_to(endpoint, peer, deadline_ns);
+    if (status != KEEL_OK) return status;
+  }
+  for (;;) {
+    keel__take_accepted_links(endpoint);
+    bool missing = false;
+    for (int i = 0; i < count && !missing; i++) {
+      if (uids[i] <= self) continue;
+      keel__peer *peer = keel__peer_get(endpoint, uids[i]);
+      if (peer == NULL) return KEEL_ENOMEM;
+      missing = peer->link == NULL;
+    }
+    if (!missing) return KEEL_OK;
+    if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
+    keel_status status = keel__interrupted(endpoint);
+    if (status != KEEL_OK) return status;
+    /* Keeps links moving while waiting (a goodbye or a revoke may arrive). */
+    int64_t wake = keel_now_ns() + 50 * (int64_t)1000000;
+    keel__progress(endpoint, wake < deadline_ns ? wake : deadline_ns);
+  }
+}
+
+/* Peers that failed and are in no communicator from now on: their links are closed, so
+ * descriptors do not pile up over a long job's recoveries. */
+static void close_failed_peers(keel_endpoint *endpoint, const uint32_t *uids, int count) {
+  for (size_t i = 0; i < endpoint->linked_count;) {
+    keel__peer *peer = endpoint->linked[i];
+    bool member = false;
+    for (int m = 0; m < count && !member; m++) member = uids[m] == peer->uid;
+    if ((peer->failed || peer->left) && !member) {
+      peer_close(endpoint, peer); /* moves the last peer into slot i */
+      continue;
+    }
+    i++;
+  }
+}
+
+static keel_comm *comm_alloc(keel_endpoint *endpoint, uint64_t epoch, const uint32_t *uids,
+                             int count) {
+  keel_comm *comm = calloc(1, sizeof *comm);
+  if (comm == NULL) return NULL;
+  comm->uids = malloc(sizeof(uint32_t) * (size_t)(count > 0 ? count : 1));
+  if (comm->uids == NULL) {
+    free(comm);
+    return NULL;
+  }
+  memcpy(comm->uids, uids, sizeof(uint32_t) * (size_t)count);
+  comm->endpoint = endpoint;
+  comm->epoch = epoch;
+  comm->size = count;
+  comm->rank = -1;
+  for (int rank = 0; rank < count; rank++) {
+    if (uids[rank] == endpoint->config.uid) comm->rank = rank;
+  }
+  comm->timeout_ns = endpoint->config.timeout_ns;
+  return comm;
+}
+
+keel_status keel_comm_create(keel_endpoint *endpoint, uint64_t epoch, const uint32_t *uids,
+                             int count, int64_t deadline_ns, keel_comm **comm_p) {
+  if (endpoint == NULL || uids == NULL || count < 1 || count > KEEL_MAX_WORLD || comm_p == NULL)
+    return KEEL_EINVAL;
+  keel_comm *comm = comm_alloc(endpoint, epoch, uids, count);
+  if (comm == NULL) return KEEL_ENOMEM;
+  if (comm->rank < 0) {
+    free(comm->uids);
+    free(comm);
+    return KEEL_EEXCLUDED;
+  }
+  /* The old epoch's transport is of no more use (its counters are mid-operation), and
+   * frames of older epochs will never be asked for. */
+  if (endpoint->current != NULL) keel__transport_release(endpoint->current);
+  comm->older = endpoint->current;
+  endpoint->current = comm;
+  keel__drop_stale_unexpected(endpoint, epoch);
+  *comm_p = comm;
+  if (endpoint->standalone) return KEEL_OK;
+  close_failed_peers(endpoint, uids, count);
+  return ensure_links(endpoint, uids, count, deadline_ns);
+}
+
+keel_status keel__comm_from_decision(keel_endpoint *endpoint, const keel_decision *decision,
+                                     keel_comm **comm_p) {
+  int64_t timeout = endpoint->current ? endpoint->current->timeout_ns : endpoint->config.timeout_ns;
+  return keel_comm_create(endpoint, decision->epoch + 1, decision->members,
+                          decision->member_count, keel_deadline_after_ns(timeout), comm_p);
+}
+
+/* ---- creation and the end */
+
+static keel_status endpoint_listen(keel_endpoint *endpoint) {
+  char listen_address[96];
+  snprintf(listen_address, sizeof listen_address, "%s:0",
+           endpoint->config.host ? endpoint->config.host : "127.0.0.1");
+  keel_status status = keel_listener_open(listen_address, &endpoint->listener);
+  if (status != KEEL_OK) return status;
+  snprintf(endpoint->address, sizeof endpoint->address, "%s",
+           keel_listener_address(endpoint->listener));
+  endpoint->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (endpoint->wake_fd < 0) return keel_status_from_errno(errno);
+  endpoint->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (endpoint->stop_fd < 0) return keel_status_from_errno(errno);
+  if (pthread_create(&endpoint->acceptor_thread, NULL, acceptor_main, endpoint) != 0)
+    return KEEL_ENOMEM;
+  endpoint->acceptor_started = true;
+  return KEEL_OK;
+}
+
+keel_status keel_endpoint_create(const keel_endpoint_config *config, keel_endpoint **endpoint_p) {
+  if (config == NULL || endpoint_p == NULL || config->uid >= KEEL_MAX_UIDS) return KEEL_EINVAL;
+  if (config->store != NULL && (config->membership == NULL || config->membership->address == NULL))
+    return KEEL_EINVAL;
+  keel_endpoint *endpoint = calloc(1, sizeof *endpoint);
+  if (endpoint == NULL) return KEEL_ENOMEM;
+  endpoint->config = *config;
+  endpoint->config.auth.local_id = config->uid;
+  if (endpoint->config.timeout_ns <= 0) endpoint->config.timeout_ns = DEFAULT_TIMEOUT_NS;
+  if (endpoint->config.spare_wait_ns <= 0) endpoint->config.spare_wait_ns = DEFAULT_SPARE_WAIT_NS;
+  if (endpoint->config.max_world <= 0) endpoint->config.max_world = KEEL_MAX_WORLD;
+  endpoint->config.host = NULL; /* the caller's string is not kept */
+  endpoint->standalone = config->store == NULL;
+  endpoint->wake_fd = endpoint->stop_fd = -1;
+  atomic_init(&endpoint->stopping, false);
+  pthread_mutex_init(&endpoint->accepted_mutex, NULL);
+  if (!endpoint->standalone) {
+    endpoint->config.host = config->host; /* read once, by endpoint_listen */
+    keel_status status = endpoint_listen(endpoint);
+    endpoint->config.host = NULL;
+    if (status != KEEL_OK) {
+      KEEL_LOG_E(MODULE, "cannot listen: %s", keel_strerror(status));
+      keel_endpoint_close(endpoint, 0);
+      return status;
+    }
+  }
+  *endpoint_p = endpoint;
+  return KEEL_OK;
+}
+
+const char *keel_endpoint_address(const keel_endpoint *endpoint) { return endpoint->address; }
+keel_comm *keel_endpoint_current(keel_endpoint *endpoint) { return endpoint->current; }
+
+static void say_goodbye(keel_endpoint *endpoint) {
+  uint64_t epoch = endpoint->current ? endpoint->current->epoch : 0;
+  for (size_t i = 0; i < endpoint->linked_count; i++) {
+    keel__peer *peer = endpoint->linked[i];
+    if (!peer->failed) keel__send_control(endpoint, peer->uid, KEEL_FRAME_GOODBYE, epoch);
+  }
+  keel__flush(endpoint, keel_deadline_after_ns(1000000000));
+}
+
+/* Whether every linked peer has said goodbye (a goodbye is a peer's last frame) or is gone. */
+static bool peers_all_done(const keel_endpoint *endpoint) {
+  for (size_t i = 0; i < endpoint->linked_count; i++) {
+    const keel__peer *peer = endpoint->linked[i];
+    if (!peer->failed && !peer->left) return false;
+  }
+  return true;
+}
+
+/* A lingering close: after its goodbye a process reads what its peers still send until
+ * each has said goodbye too or is gone, or the deadline, so that no unread byte makes
+ * close() reset a connection whose last data a slower peer has not read yet. */
+static void linger_until_peers_done(keel_endpoint *endpoint, int64_t deadline_ns) {
+  while (!peers_all_done(endpoint) && keel_now_ns() < deadline_ns)
+    keel__progress(endpoint, keel_deadline_after_ns(50 * 1000000));
+  keel__progress(endpoint, 0);
+}
+
+static void free_comms(keel_endpoint *endpoint) {
+  while (endpoint->current != NULL) {
+    keel_comm *comm = endpoint->current;
+    endpoint->current = comm->older;
+    keel__transport_release(comm);
+    keel__op_free(&comm->collective);
+    free(comm->uids);
+    free(comm);
+  }
+}
+
+void keel_endpoint_close(keel_endpoint *endpoint, int64_t linger_ns) {
+  if (endpoint == NULL) return;
+  if (endpoint->listener != NULL && linger_ns > 0) {
+    say_goodbye(endpoint);
+    linger_until_peers_done(endpoint, keel_deadline_after_ns(linger_ns));
+  }
+  atomic_store(&endpoint->stopping, true);
+  if (endpoint->stop_fd >= 0) {
+    uint64_t one = 1;
+    ssize_t ignored = write(endpoint->stop_fd, &one, sizeof one);
+    (void)ignored;
+  }
+  if (endpoint->acceptor_started) pthread_join(endpoint->acceptor_thread, NULL);
+  keel__take_accepted_links(endpoint);
+  /* Operations still registered (requests the caller did not free) lose their links now. */
+  while (endpoint->operations != NULL) keel__op_abandon(endpoint->operations);
+  for (size_t uid = 0; uid < endpoint->peer_capacity; uid++) {
+    keel__peer *peer = endpoint->peers[uid];
+    if (peer == NULL) continue;
+    peer_close(endpoint, peer);
+    free(peer);
+  }
+  free(endpoint->peers);
+  free(endpoint->linked);
+  free(endpoint->pollers);
+  free(endpoint->poll_owners);
+  keel__drop_stale_unexpected(endpoint, UINT64_MAX);
+  free_comms(endpoint);
+  keel_listener_close(endpoint->listener);
+  if (endpoint->wake_fd >= 0) close(endpoint->wake_fd);
+  if (endpoint->stop_fd >= 0) close(endpoint->stop_fd);
+  pthread_mutex_destroy(&endpoint->accepted_mutex);
+  free(endpoint->scratch);
+  free(endpoint);
+}
+
+/* ---- the communicator's accessors */
+
+int keel_comm_rank(const keel_comm *comm) { return comm->rank; }
+int keel_comm_size(const keel_comm *comm) { return comm->size; }
+uint64_t keel_comm_epoch(const keel_comm *comm) { return comm->epoch; }
+uint32_t keel_comm_uid(const keel_comm *comm, int rank) {
+  return rank >= 0 && rank < comm->size ? comm->uids[rank] : UINT32_MAX;
+}
+int keel_comm_rank_of(const keel_comm *comm, uint32_t uid) {
+  for (int rank = 0; rank < comm->size; rank++) {
+    if (comm->uids[rank] == uid) return rank;
+  }
+  return -1;
+}
+void keel_comm_set_timeout(keel_comm *comm, int64_t timeout_ns) { comm->timeout_ns = timeout_ns; }
+int64_t keel_comm_timeout(const keel_comm *comm) { return comm->timeout_ns; }
+keel_status keel_comm_health(keel_comm *comm) {
+  if (comm == NULL) return KEEL_EINVAL;
+  if (!comm->endpoint->standalone) keel__progress(comm->endpoint, 0);
+  return keel__comm_health(comm);
+}

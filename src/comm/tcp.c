@@ -1,0 +1,306 @@
+/* The tcp transport: collectives as messages over the endpoint's links. Large buffers go
+ * around a ring (reduce-scatter then allgather), cut into segments so that reducing one
+ * segment overlaps the transfer of the next; small ones use a direct exchange and a local
+ * reduction in rank order. Either way the order of reduction depends only on rank and size,
+ * so results are bit-for-bit the same at every rank and on every run. */
+#include <string.h>
+
+#include "comm/comm_internal.h"
+
+#define MODULE "tcp"
+
+/* Below this many bytes per rank an allreduce exchanges whole buffers directly. */
+#define DIRECT_ALLREDUCE_BYTES ((size_t)32 << 10)
+
+typedef struct ring_plan {
+  keel_comm *comm;
+  keel_dtype dtype;
+  keel_reduce_op op;
+  size_t element_size;
+  size_t count;                  /* elements in the whole buffer */
+  const uint8_t *input;          /* this rank's contribution (reduce steps read it) */
+  const uint8_t *initial_source; /* what the first step sends */
+  uint8_t *work;                 /* where results are assembled */
+  uint8_t *scratch;              /* where reduce steps receive */
+  int first_step, end_step, reduce_steps, offset;
+  size_t segment_elements;
+} ring_plan;
+
+static size_t chunk_start(const ring_plan *plan, int chunk) {
+  size_t base = plan->count / (size_t)plan->comm->size;
+  size_t remainder = plan->count % (size_t)plan->comm->size;
+  return (size_t)chunk * base + ((size_t)chunk < remainder ? (size_t)chunk : remainder);
+}
+
+static size_t chunk_count(const ring_plan *plan, int chunk) {
+  return chunk_start(plan, chunk + 1) - chunk_start(plan, chunk);
+}
+
+static int segment_total(const ring_plan *plan, int chunk) {
+  size_t count = chunk_count(plan, chunk);
+  size_t segments = (count + plan->segment_elements - 1) / plan->segment_elements;
+  return segments == 0 ? 1 : (int)segments;
+}
+
+static int chunk_at(const ring_plan *plan, int step, int shift) {
+  int size = plan->comm->size;
+  int chunk = (plan->comm->rank - step + shift + plan->offset) % size;
+  return chunk < 0 ? chunk + size : chunk;
+}
+
+/* Element range [*first_p, *first_p + *count_p) of segment `segment` of `chunk`. */
+static void segment_range(const ring_plan *plan, int chunk, int segment, size_t *first_p,
+                          size_t *count_p) {
+  size_t begin = (size_t)segment * plan->segment_elements;
+  size_t count = chunk_count(plan, chunk);
+  size_t end = begin + plan->segment_elements < count ? begin + plan->segment_elements : count;
+  *first_p = chunk_start(plan, chunk) + (begin < count ? begin : count);
+  *count_p = end > begin ? end - begin : 0;
+}
+
+/* ---- the ring */
+
+typedef struct ring_run {
+  ring_plan *plan;
+  keel__op *op;
+  uint64_t op_seq;
+  size_t slot_count;
+  size_t processed;
+  bool *done; /* per slot */
+  int sends_started;
+  keel_status error;
+} ring_run;
+
+static keel_status ring_send(ring_run *run, int step, int segment, const uint8_t *source) {
+  ring_plan *plan = run->plan;
+  keel_comm *comm = plan->comm;
+  int chunk = chunk_at(plan, step, 0);
+  size_t first, count;
+  segment_range(plan, chunk, segment, &first, &count);
+  uint32_t right = comm->uids[(comm->rank + 1) % comm->size];
+  keel_status status = keel__op_send(run->op, right, KEEL_FRAME_DATA, comm->epoch,
+                                     KEEL__TAG(run->op_seq, step, segment),
+                                     source + first * plan->element_size,
+                                     count * plan->element_size);
+  run->sends_started++;
+  keel__fault(comm->endpoint, "allreduce", run->sends_started);
+  return status;
+}
+
+/* Reduces a received segment (reduce steps) and passes it on to the next step. */
+static void ring_process(ring_run *run, int step, int segment) {
+  ring_plan *plan = run->plan;
+  int chunk = chunk_at(plan, step, -1);
+  size_t first, count;
+  segment_range(plan, chunk, segment, &first, &count);
+  size_t bytes_offset = first * plan->element_size;
+  if (step < plan->reduce_steps) {
+    keel__reduce(plan->dtype, plan->op, plan->work + bytes_offset, plan->scratch + bytes_offset,
+                 plan->input + bytes_offset, count);
+    if (step == plan->reduce_steps - 1 && plan->op == KEEL_AVG)
+      keel__divide(plan->dtype, plan->work + bytes_offset, count, plan->comm->size);
+  }
+  if (step + 1 < plan->end_step && run->error == KEEL_OK)
+    run->error = ring_send(run, step + 1, segment, plan->work);
+}
+
+static bool ring_ready(void *state) {
+  ring_run *run = state;
+  for (size_t i = 0; i < run->slot_count; i++) {
+    keel__recv_slot *slot = &run->op->slots[i];
+    if (run->done[i] || !slot->done || slot->status != KEEL_OK) continue;
+    run->done[i] = true;
+    run->processed++;
+    ring_process(run, (int)((slot->tag >> 16) & 0xffff), (int)(slot->tag & 0xffff));
+  }
+  return run->processed == run->slot_count || run->error != KEEL_OK;
+}
+
+static keel_status ring_execute(ring_plan *plan) {
+  keel_comm *comm = plan->comm;
+  keel__op *op = &comm->collective;
+  uint64_t op_seq = comm->op_seq++;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  uint32_t left = comm->uids[(comm->rank - 1 + comm->size) % comm->size];
+  ring_run run = {.plan = plan, .op = op, .op_seq = op_seq};
+  keel__op_begin(comm->endpoint, op);
+  for (int step = plan->first_step; step < plan->end_step; step++) {
+    int chunk = chunk_at(plan, step, -1);
+    for (int segment = 0; segment < segment_total(plan, chunk); segment++) {
+      size_t first, count;
+      segment_range(plan, chunk, segment, &first, &count);
+      uint8_t *base = step < plan->reduce_steps ? plan->scratch : plan->work;
+      if (keel__op_post_recv(op, KEEL_FRAME_DATA, left, comm->epoch,
+                             KEEL__TAG(op_seq, step, segment), base + first * plan->element_size,
+                             count * plan->element_size, NULL) != KEEL_OK) {
+        keel__op_abandon(op);
+        return KEEL_ENOMEM;
+      }
+    }
+  }
+  run.slot_count = op->slot_count;
+  bool done_flags[run.slot_count > 0 ? run.slot_count : 1];
+  memset(done_flags, 0, sizeof done_flags);
+  run.done = done_flags;
+
+  int chunk = chunk_at(plan, plan->first_step, 0);
+  for (int segment = 0; segment < segment_total(plan, chunk) && run.error == KEEL_OK; segment++)
+    run.error = ring_send(&run, plan->first_step, segment, plan->initial_source);
+  keel_status status = run.error;
+  if (status == KEEL_OK) status = keel__drive(comm, op, deadline, ring_ready, &run, false);
+  else keel__op_abandon(op);
+  if (status == KEEL_OK && run.error != KEEL_OK) {
+    status = run.error == KEEL_EPROTO ? KEEL_EPROTO : KEEL_EPROCFAILED;
+    keel__op_abandon(op);
+  }
+  if (status == KEEL_OK) keel__op_end(op);
+  return status;
+}
+
+static size_t segment_elements_for(size_t element_size) {
+  return KEEL__MAX_SEGMENT_BYTES / element_size;
+}
+
+/* ---- the direct exchange for small buffers */
+
+/* Every rank sends its whole block to every other rank; blocks land in `gathered` at
+ * rank * bytes. Used by the small allreduce. */
+static keel_status direct_exchange(keel_comm *comm, uint8_t *gathered, size_t bytes) {
+  keel__op *op = &comm->collective;
+  uint64_t op_seq = comm->op_seq++;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  keel__op_begin(comm->endpoint, op);
+  for (int rank = 0; rank < comm->size; rank++) {
+    if (rank == comm->rank) continue;
+    if (keel__op_post_recv(op, KEEL_FRAME_DATA, comm->uids[rank], comm->epoch,
+                           KEEL__TAG(op_seq, 0, 0), gathered + (size_t)rank * bytes, bytes,
+                           NULL) != KEEL_OK) {
+      keel__op_abandon(op);
+      return KEEL_ENOMEM;
+    }
+  }
+  for (int rank = 0; rank < comm->size; rank++) {
+    if (rank == comm->rank) continue;
+    keel__op_send(op, comm->uids[rank], KEEL_FRAME_DATA, comm->epoch, KEEL__TAG(op_seq, 0, 0),
+                  gathered + (size_t)comm->rank * bytes, bytes);
+  }
+  keel__fault(comm->endpoint, "allreduce", 1);
+  keel_status status = keel__drive(comm, op, deadline, NULL, NULL, true);
+  if (status == KEEL_OK) keel__op_end(op);
+  return status;
+}
+
+static keel_status allreduce_direct(keel_comm *comm, const void *send, void *recv, size_t count,
+                                    keel_dtype dtype, keel_reduce_op op) {
+  size_t bytes = count * keel_dtype_size(dtype);
+  keel_status status = keel__scratch_reserve(comm->endpoint, bytes * (size_t)comm->size);
+  if (status != KEEL_OK) return status;
+  uint8_t *gathered = comm->endpoint->scratch;
+  if (bytes > 0) memcpy(gathered + (size_t)comm->rank * bytes, send, bytes);
+  status = direct_exchange(comm, gathered, bytes);
+  if (status != KEEL_OK) return status;
+  /* Rank order, the same at every rank: ((x0 op x1) op x2) op ... */
+  keel__reduce(dtype, op, recv, gathered, gathered + bytes, count);
+  for (int rank = 2; rank < comm->size; rank++)
+    keel__reduce(dtype, op, recv, recv, gathered + (size_t)rank * bytes, count);
+  if (op == KEEL_AVG) keel__divide(dtype, recv, count, comm->size);
+  return KEEL_OK;
+}
+
+/* ---- the operations table */
+
+static keel_status tcp_open(keel_comm *comm, void **state_p) {
+  *state_p = NULL;
+  return KEEL_OK;
+}
+
+static keel_status tcp_allreduce(keel_comm *comm, void *state, const void *send, void *recv,
+                                 size_t count, keel_dtype dtype, keel_reduce_op op) {
+  size_t element_size = keel_dtype_size(dtype);
+  size_t bytes = count * element_size;
+  if (bytes <= DIRECT_ALLREDUCE_BYTES) return allreduce_direct(comm, send, recv, count, dtype, op);
+  keel_status status = keel__scratch_reserve(comm->endpoint, bytes);
+  if (status != KEEL_OK) return status;
+  ring_plan plan = {.comm = comm, .dtype = dtype, .op = op, .element_size = element_size,
+                    .count = count, .input = send, .initial_source = send, .work = recv,
+                    .scratch = comm->endpoint->scratch, .first_step = 0,
+                    .end_step = 2 * comm->size - 2, .reduce_steps = comm->size - 1,
+                    .offset = 0, .segment_elements = segment_elements_for(element_size)};
+  return ring_execute(&plan);
+}
+
+static keel_status tcp_reduce_scatter(keel_comm *comm, void *state, const void *send, void *recv,
+                                      size_t count_per_rank, keel_dtype dtype,
+                                      keel_reduce_op op) {
+  size_t element_size = keel_dtype_size(dtype);
+  size_t block = count_per_rank * element_size;
+  size_t total = block * (size_t)comm->size;
+  keel_status status = keel__scratch_reserve(comm->endpoint, 2 * total);
+  if (status != KEEL_OK) return status;
+  ring_plan plan = {.comm = comm, .dtype = dtype, .op = op, .element_size = element_size,
+                    .count = count_per_rank * (size_t)comm->size, .input = send,
+                    .initial_source = send, .work = comm->endpoint->scratch + total,
+                    .scratch = comm->endpoint->scratch, .first_step = 0,
+                    .end_step = comm->size - 1, .reduce_steps = comm->size - 1, .offset = -1,
+                    .segment_elements = segment_elements_for(element_size)};
+  status = ring_execute(&plan);
+  if (status == KEEL_OK && block > 0)
+    memcpy(recv, plan.work + (size_t)comm->rank * block, block);
+  return status;
+}
+
+static keel_status tcp_allgather(keel_comm *comm, void *state, const void *send, void *recv,
+                                 size_t bytes_per_rank) {
+  uint8_t *own = (uint8_t *)recv + (size_t)comm->rank * bytes_per_rank;
+  if (own != send && bytes_per_rank > 0) memmove(own, send, bytes_per_rank);
+  ring_plan plan = {.comm = comm, .dtype = KEEL_I32, .op = KEEL_SUM, .element_size = 1,
+                    .count = bytes_per_rank * (size_t)comm->size, .input = recv,
+                    .initial_source = recv, .work = recv, .scratch = recv, .first_step = 0,
+                    .end_step = comm->size - 1, .reduce_steps = 0, .offset = 0,
+                    .segment_elements = KEEL__MAX_SEGMENT_BYTES};
+  return ring_execute(&plan);
+}
+
+/* Broadcast: the root sends the buffer, in segments, to every other rank. */
+static keel_status tcp_broadcast(keel_comm *comm, void *state, void *buffer, size_t bytes,
+                                 int root) {
+  keel__op *op = &comm->collective;
+  uint64_t op_seq = comm->op_seq++;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  size_t segments =
+      bytes == 0 ? 1 : (bytes + KEEL__MAX_SEGMENT_BYTES - 1) / KEEL__MAX_SEGMENT_BYTES;
+  keel__op_begin(comm->endpoint, op);
+  for (size_t segment = 0; segment < segments; segment++) {
+    size_t first = segment * KEEL__MAX_SEGMENT_BYTES;
+    size_t length =
+        bytes - first < KEEL__MAX_SEGMENT_BYTES ? bytes - first : KEEL__MAX_SEGMENT_BYTES;
+    uint64_t tag = KEEL__TAG(op_seq, 0, segment);
+    if (comm->rank != root) {
+      if (keel__op_post_recv(op, KEEL_FRAME_DATA, comm->uids[root], comm->epoch, tag,
+                             (uint8_t *)buffer + first, length, NULL) != KEEL_OK) {
+        keel__op_abandon(op);
+        return KEEL_ENOMEM;
+      }
+      continue;
+    }
+    for (int rank = 0; rank < comm->size; rank++) {
+      if (rank == root) continue;
+      keel__op_send(op, comm->uids[rank], KEEL_FRAME_DATA, comm->epoch, tag,
+                    (uint8_t *)buffer + first, length);
+    }
+  }
+  keel_status status =
+      keel__drive(comm, op, deadline, NULL, NULL, bytes <= DIRECT_ALLREDUCE_BYTES);
+  if (status == KEEL_OK) keel__op_end(op);
+  return status;
+}
+
+const keel__transport_ops keel__transport_tcp = {
+    .name = "tcp",
+    .open = tcp_open,
+    .close = NULL,
+    .allreduce = tcp_allreduce,
+    .broadcast = tcp_broadcast,
+    .allgather = tcp_allgather,
+    .reduce_scatter = tcp_reduce_scatter,
+};
