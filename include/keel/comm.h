@@ -223,7 +223,8 @@ typedef enum keel_offer { KEEL_OFFER_SPARE, KEEL_OFFER_JOINER } keel_offer;
 keel_status keel_endpoint_offer(keel_endpoint *endpoint, keel_offer offer);
 /* Waits until a membership change admits this process (then links with the members and
  * returns its communicator and the decision), or membership->interrupted ends the wait
- * (KEEL_EJOBDONE when the job finished), or deadline. Withdraws the offer on return. */
+ * (KEEL_EJOBDONE when the job finished), or deadline. The offer is withdrawn on admission;
+ * otherwise it stays until keel_endpoint_offer is called again or the lease ends. */
 keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadline_ns,
                                           keel_decision *decision, keel_comm **comm_p);
 

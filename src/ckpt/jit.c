@@ -175,20 +175,15 @@ static void report_restore(const keel_ckpt_jit *jit, keel_status status, int64_t
   keel_report_event(jit->ctx, "jit_restore", fields);
 }
 
-/* Where the snapshots to restore are: this job's own after a restart, or the old job's
- * folder `keel run --resume DIR` names (DIR is <root>/<job id>). */
-static keel_status restore_source(keel_ckpt_jit *jit, char *root, size_t capacity,
-                                  uint64_t *job_id_p) {
-  const char *resume = keel_resume_directory(jit->ctx);
-  if (keel_restart_count(jit->ctx) > 0 || resume == NULL) {
-    snprintf(root, capacity, "%s", jit->directory);
-    *job_id_p = keel_job_id(jit->ctx);
-    return KEEL_OK;
-  }
+/* The old job's folder `keel run --resume DIR` names: DIR is <root>/<job id>. */
+static keel_status resume_source(const char *resume, char *root, size_t capacity,
+                                 uint64_t *job_id_p) {
   const char *slash = strrchr(resume, '/');
   const char *name = slash ? slash + 1 : resume;
-  int64_t job_id = 0;
-  if (keel_parse_int(name, 1, INT64_MAX, &job_id) != KEEL_OK) {
+  /* Job ids are 64-bit and unsigned: past INT64_MAX too. */
+  char *end = NULL;
+  unsigned long long job_id = *name >= '1' && *name <= '9' ? strtoull(name, &end, 10) : 0;
+  if (job_id == 0 || end == NULL || *end != '\0' || strlen(name) > 20) {
     KEEL_LOG_E(MODULE, "--resume %s: expected a job's checkpoint folder, <ckpt-dir>/<job id>",
                resume);
     return KEEL_EINVAL;
@@ -200,18 +195,31 @@ static keel_status restore_source(keel_ckpt_jit *jit, char *root, size_t capacit
   return KEEL_OK;
 }
 
-static keel_status jit_restore(keel_ckpt_jit *jit) {
-  char root[PATH_MAX];
-  uint64_t job_id = 0;
-  keel_status status = restore_source(jit, root, sizeof root, &job_id);
-  if (status != KEEL_OK) return status;
+/* Restores the newest complete snapshot of this shard under root/<job_id>. */
+static keel_status restore_from(keel_ckpt_jit *jit, const char *root, uint64_t job_id) {
   keel_ckpt_selector selector = {.job_id = job_id,
                                  .shard_index = jit->shard_index,
                                  .shard_count = jit->shard_count,
                                  .max_step = UINT64_MAX};
   int64_t started = keel_now_ns();
-  status = keel_ckpt_persistent_restore(jit->registry, root, &selector, &jit->used);
+  keel_status status = keel_ckpt_persistent_restore(jit->registry, root, &selector, &jit->used);
   report_restore(jit, status, keel_now_ns() - started);
+  return status;
+}
+
+/* Where the snapshots are: this job's own after a restart; failing those, the old job's of
+ * `--resume` (a resumed job may fail before it saved anything of its own). */
+static keel_status jit_restore(keel_ckpt_jit *jit) {
+  char root[PATH_MAX];
+  const char *resume = keel_resume_directory(jit->ctx);
+  keel_status status = KEEL_ENOTFOUND;
+  snprintf(root, sizeof root, "%s", jit->directory);
+  if (keel_restart_count(jit->ctx) > 0) status = restore_from(jit, root, keel_job_id(jit->ctx));
+  if (status == KEEL_ENOTFOUND && resume != NULL) {
+    uint64_t job_id = 0;
+    status = resume_source(resume, root, sizeof root, &job_id);
+    if (status == KEEL_OK) status = restore_from(jit, root, job_id);
+  }
   if (status == KEEL_ENOTFOUND) {
     KEEL_LOG_W(MODULE, "restart %" PRIu32 ": no complete checkpoint of shard %" PRIu32
                " in %s; starting from the initial state", keel_restart_count(jit->ctx),
@@ -224,7 +232,9 @@ static keel_status jit_restore(keel_ckpt_jit *jit) {
     return status;
   }
   jit->restored = true;
-  keel_mark_resume(jit->ctx, jit->used.step, "restart");
+  keel_mark_resume(jit->ctx, jit->used.step, resume != NULL && keel_restart_count(jit->ctx) == 0
+                                                  ? "resume"
+                                                  : "restart");
   KEEL_LOG_I(MODULE, "restored step %" PRIu64 " from rank %" PRIu32 " (replica %" PRIu32 ")",
              jit->used.step, jit->used.rank, jit->used.replica);
   return KEEL_OK;

@@ -396,26 +396,56 @@ static keel_status agreement_vote(agreement *round, const keel_rebuild_vote *vot
   return keel_store_put(endpoint->config.store, key, value, strlen(value), 0, NULL);
 }
 
+/* A store that did not answer in time, or whose link broke, may answer the next request
+ * (the client reconnects): the agreement keeps trying until its own deadline. */
+static bool store_transient(keel_status status) {
+  return status == KEEL_ETIMEDOUT || status == KEEL_ECLOSED;
+}
+
+/* One look at the round: vote if not done yet, read the decision, else try to settle it.
+ * *done_p when a decision is in hand. */
+static keel_status agreement_look(agreement *round, const keel_rebuild_vote *vote, bool *voted_p,
+                                  bool waited, keel_decision *decision, bool *done_p) {
+  keel_comm *comm = round->comm;
+  keel_endpoint *endpoint = comm->endpoint;
+  const keel_membership_ops *ops = membership_of(endpoint);
+  keel_status status = KEEL_OK;
+  if (!*voted_p) {
+    status = agreement_vote(round, vote);
+    *voted_p = status == KEEL_OK;
+  }
+  if (status == KEEL_OK) status = read_decision(comm, round->round, decision, done_p);
+  if (status != KEEL_OK || *done_p) return status;
+  if (ops->refresh != NULL) status = ops->refresh(endpoint->config.membership_context);
+  bool written = false;
+  if (status == KEEL_OK) status = try_decide(round, waited, &written);
+  /* A written decision is read back on the next look: whichever won. */
+  if (status == KEEL_OK && written) status = read_decision(comm, round->round, decision, done_p);
+  return status;
+}
+
 /* One round of agreement on comm's epoch: vote, then settle or adopt the decision. */
 static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
                                keel_decision *decision) {
   keel_endpoint *endpoint = comm->endpoint;
   agreement round;
   keel_status status = agreement_alloc(&round, comm);
-  if (status == KEEL_OK) status = agreement_vote(&round, vote);
   int64_t started = keel_now_ns();
   int64_t deadline = started + comm->timeout_ns;
-  bool suspected = false;
-  const keel_membership_ops *ops = membership_of(endpoint);
+  bool suspected = false, voted = false, done = false, store_warned = false;
   while (status == KEEL_OK) {
-    bool found = false;
-    status = read_decision(comm, round.round, decision, &found);
-    if (status != KEEL_OK || found) break;
-    status = ops->refresh != NULL ? ops->refresh(endpoint->config.membership_context) : KEEL_OK;
-    bool written = false;
     bool waited = keel_now_ns() - started >= endpoint->config.spare_wait_ns;
-    if (status == KEEL_OK) status = try_decide(&round, waited, &written);
-    if (status != KEEL_OK || written) continue; /* read back whichever decision won */
+    keel_status look = agreement_look(&round, vote, &voted, waited, decision, &done);
+    if (look == KEEL_OK && done) break;
+    if (look != KEEL_OK && !store_transient(look)) {
+      status = look;
+      break;
+    }
+    if (look != KEEL_OK && !store_warned) {
+      KEEL_LOG_W(MODULE, "the store does not answer (%s): the agreement keeps trying",
+                 keel_strerror(look));
+      store_warned = true;
+    }
     if ((status = keel__interrupted(endpoint)) != KEEL_OK) break;
     if (keel_now_ns() >= deadline) {
       if (suspected) {
@@ -431,9 +461,12 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
     /* Keep links moving (revocations out, closed links noticed) while waiting. */
     keel__progress(endpoint, 0);
     uint64_t revision = 0;
-    keel_store_wait(endpoint->config.store, "", 0, keel_now_ns(), &revision);
     int64_t wake = keel_now_ns() + LOOK_INTERVAL_NS;
-    keel_store_wait(endpoint->config.store, "", revision, wake < deadline ? wake : deadline, NULL);
+    if (keel_store_wait(endpoint->config.store, "", 0, keel_now_ns(), &revision) == KEEL_OK)
+      keel_store_wait(endpoint->config.store, "", revision, wake < deadline ? wake : deadline,
+                      NULL);
+    else
+      keel__progress(endpoint, wake < deadline ? wake : deadline);
   }
   agreement_free(&round);
   return status;
@@ -587,8 +620,8 @@ keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadl
     bool found = false;
     uint64_t revision = 0;
     status = newest_admission(endpoint, decision, &found, &revision);
-    if (status != KEEL_OK) break;
-    if (found) {
+    if (status != KEEL_OK && !store_transient(status)) break;
+    if (status == KEEL_OK && found) {
       status = keel__comm_from_decision(endpoint, decision, comm_p);
       break;
     }
@@ -602,6 +635,8 @@ keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadl
     keel_store_wait(endpoint->config.store, "decide/", revision,
                     wake < deadline_ns ? wake : deadline_ns, NULL);
   }
-  withdraw_offers(endpoint);
+  /* Admitted, the offer is taken. Otherwise the process is leaving (its lease takes the key
+   * with it) or the store is gone: nothing to say. */
+  if (status == KEEL_OK) withdraw_offers(endpoint);
   return status;
 }

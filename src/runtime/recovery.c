@@ -244,6 +244,11 @@ keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo
   int64_t detected = keel_now_ns();
   keel_recovery info = {.old_epoch = keel_comm_epoch(world), .old_size = keel_comm_size(world),
                         .detect_ns = detected - operation_started_ns};
+  /* The failure may be a member leaving for an orderly stop: then this one leaves too. */
+  if (!ctx->config.standalone) {
+    keel_status interruption = keel__session_check(ctx->session);
+    if (interruption != KEEL_OK) return interruption;
+  }
   /* A recovery whose event is still pending did not see a collective succeed in its new
    * world: this one continues it (one event, every uid lost, time from the first detection). */
   bool continuing = recovery->report_pending;
@@ -371,10 +376,7 @@ keel_status keel__admission(keel_ctx *ctx) {
     keel_comm *comm = NULL;
     status = keel_endpoint_await_admission(ctx->endpoint, keel_deadline_after_ns(ADMISSION_SLICE_NS),
                                            ctx->recovery->decision, &comm);
-    if (status == KEEL_ETIMEDOUT) {
-      keel_endpoint_offer(ctx->endpoint, offer); /* the wait withdrew it */
-      continue;
-    }
+    if (status == KEEL_ETIMEDOUT) continue; /* a slice without news: the offer stands */
     if (status != KEEL_OK) return status;
     bool received = false;
     status = admitted(ctx, comm, &received);

@@ -109,6 +109,9 @@ keel_status keel__session_address(keel__session *session, uint32_t uid, char *ad
 /* KEEL_OK, or KEEL_EORPHANED (launcher gone), KEEL_EEXCLUDED (lease lost), KEEL_ESTOPPED
  * (job/stop), KEEL_EJOBDONE (job/done). Never blocks. */
 keel_status keel__session_interrupted(const keel__session *session);
+/* Reads the job's keys now (a store round trip) and returns keel__session_interrupted: a
+ * failure may be the first sign of an orderly stop another process saw first. */
+keel_status keel__session_check(keel__session *session);
 /* Joiners waiting (join/ keys) at the last look. Never blocks. */
 int keel__session_joiners_waiting(const keel__session *session);
 /* The launcher's pid when the session started (0: none), for messages. */

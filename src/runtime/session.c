@@ -148,6 +148,24 @@ static void keepalive(keel__session *session) {
   }
 }
 
+/* job/stop and job/done in entries: the interruption they mean. */
+static void job_keys_note(keel__session *session, const keel_store_entry *entries, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    if (strcmp(entries[i].key, "job/stop") == 0) interrupt(session, KEEL_ESTOPPED);
+    if (strcmp(entries[i].key, "job/done") == 0) interrupt(session, KEEL_EJOBDONE);
+  }
+}
+
+keel_status keel__session_check(keel__session *session) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(session->store, "job/", &entries, &count, NULL) == KEEL_OK) {
+    job_keys_note(session, entries, count);
+    keel_store_entries_free(entries, count);
+  }
+  return keel__session_interrupted(session);
+}
+
 /* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
  * joiners wait. Read only when the store changed since the last look. */
 static void watch(keel__session *session) {
@@ -158,10 +176,7 @@ static void watch(keel__session *session) {
   keel_store_entry *entries = NULL;
   size_t count = 0;
   if (keel_store_list(session->background, "job/", &entries, &count, NULL) != KEEL_OK) return;
-  for (size_t i = 0; i < count; i++) {
-    if (strcmp(entries[i].key, "job/stop") == 0) interrupt(session, KEEL_ESTOPPED);
-    if (strcmp(entries[i].key, "job/done") == 0) interrupt(session, KEEL_EJOBDONE);
-  }
+  job_keys_note(session, entries, count);
   keel_store_entries_free(entries, count);
   if (keel_store_list(session->background, "join/", &entries, &count, NULL) != KEEL_OK) return;
   atomic_store(&session->joiners, (int)count);

@@ -12,6 +12,8 @@
 /* The default request timeout (keel_store_set_timeout changes it). Generous: the server
  * answers in microseconds unless the machine is badly overloaded. */
 #define EMBEDDED_REQUEST_TIMEOUT_NS (10 * (int64_t)1000000000)
+/* How long a reconnect tries (a refused connection is retried until then). */
+#define RECONNECT_TIMEOUT_NS (250 * (int64_t)1000000)
 /* A wait is sent in slices of at most this; the server may answer sooner (it clamps). */
 #define EMBEDDED_WAIT_SLICE_NS (60 * (int64_t)1000000000)
 
@@ -125,7 +127,10 @@ static keel_status round_trip(embedded_client *client, keel__store_request *requ
                               int64_t wait_ns, void **payload_p, keel__store_response *response_p) {
   pthread_mutex_lock(&client->lock);
   int64_t timeout_ns = atomic_load(&client->timeout_ns);
-  int64_t connect_deadline_ns = keel_deadline_after_ns(timeout_ns);
+  /* A server that answered before and now refuses is gone, or restarting: a reconnect tries
+   * briefly, so that a caller of a dead store learns it in a fraction of a second. */
+  int64_t connect_ns = timeout_ns < RECONNECT_TIMEOUT_NS ? timeout_ns : RECONNECT_TIMEOUT_NS;
+  int64_t connect_deadline_ns = keel_deadline_after_ns(connect_ns);
   int64_t deadline_ns = timeout_ns > KEEL_NO_DEADLINE - wait_ns
                             ? KEEL_NO_DEADLINE
                             : keel_deadline_after_ns(wait_ns + timeout_ns);

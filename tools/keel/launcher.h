@@ -31,6 +31,7 @@ typedef struct keel__run_options {
   bool node_failure_domain;
   keel__ckpt_policy ckpt;
   const char *ckpt_dir; /* as given (relative or not); NULL: the default */
+  const char *resume_dir; /* --resume: the old job's checkpoint folder; NULL: none */
   int64_t max_restarts;
   int64_t min_world;
   int64_t max_world;
@@ -111,7 +112,8 @@ typedef struct keel__child {
 typedef enum keel__phase {
   KEEL__PHASE_RUNNING,
   KEEL__PHASE_ENDING,      /* the workers are done; spares get a grace period */
-  KEEL__PHASE_TERMINATING, /* a signal or the timeout: everything is being killed */
+  KEEL__PHASE_STOPPING,    /* SIGINT/SIGTERM: job/stop is set, the workers save and leave */
+  KEEL__PHASE_TERMINATING, /* a second signal or the timeout: everything is being killed */
 } keel__phase;
 
 /* What the terminal's status line shows. */
@@ -167,6 +169,8 @@ typedef struct keel__launcher {
   int events_fd;
   char job_file_path[PATH_MAX];
   char ckpt_dir[PATH_MAX]; /* absolute, made at the start; empty without --ckpt */
+  char resume_dir[PATH_MAX]; /* absolute --resume folder; empty without it */
+  int stop_signal;           /* the signal that began an orderly stop; 0: none */
   keel__child *children;
   size_t child_count;
   size_t child_capacity;
@@ -225,6 +229,9 @@ void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child);
 void keel__launcher_terminate(keel__launcher *launcher, int exit_code, int first_signal);
 /* The workers are done: job/done, then the spares and joiners get a grace period. */
 void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code);
+/* SIGINT/SIGTERM: job/stop tells every process to save (where a checkpoint policy is on) and
+ * leave; they get KEEL_STOP_GRACE (30 s) before they are killed. */
+void keel__launcher_begin_stopping(keel__launcher *launcher, int signal_number);
 /* Reads proc/ itself: rank and epoch changes the watcher may not have reported yet. */
 void keel__launcher_refresh_ranks(keel__launcher *launcher);
 /* Ends the job once no process that holds a rank is left. */

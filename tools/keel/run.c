@@ -65,6 +65,21 @@ static bool ckpt_dir_make(keel__launcher *launcher) {
   return false;
 }
 
+/* The folder of `--resume`: it must hold the old job's snapshots (the restore checks them);
+ * workers get its absolute path. */
+static bool resume_dir_check(keel__launcher *launcher) {
+  const char *given = launcher->options.resume_dir;
+  if (given == NULL) return true;
+  struct stat info;
+  if (realpath(given, launcher->resume_dir) != NULL && stat(launcher->resume_dir, &info) == 0 &&
+      S_ISDIR(info.st_mode))
+    return true;
+  fprintf(stderr, "keel run: --resume %s: %s\n", given,
+          errno != 0 ? strerror(errno) : "not a folder");
+  launcher->resume_dir[0] = '\0';
+  return false;
+}
+
 /* ---- phases */
 static void launcher_put_done(keel__launcher *launcher) {
   char value[16];
@@ -87,6 +102,31 @@ void keel__launcher_terminate(keel__launcher *launcher, int exit_code, int first
   keel__children_signal(launcher, first_signal);
   launcher->phase_deadline_ns =
       first_signal == SIGKILL ? KEEL_NO_DEADLINE : keel_deadline_after_ns(GRACE_NS);
+}
+
+static int64_t stop_grace_ns(void) {
+  int64_t grace = 30 * SECOND_NS;
+  const char *text = getenv("KEEL_STOP_GRACE");
+  if (text != NULL && (keel_parse_duration_ns(text, &grace) != KEEL_OK || grace < 0))
+    grace = 30 * SECOND_NS;
+  return grace;
+}
+
+void keel__launcher_begin_stopping(keel__launcher *launcher, int signal_number) {
+  launcher->phase = KEEL__PHASE_STOPPING;
+  launcher->stop_signal = signal_number;
+  launcher->exit_code = 128 + signal_number;
+  keel_status status = keel_store_put(launcher->store, "job/stop", "", 0, 0, NULL);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("launcher", "cannot put job/stop (%s): killing the job", keel_strerror(status));
+    keel__launcher_terminate(launcher, 128 + signal_number, SIGKILL);
+    return;
+  }
+  launcher->phase_deadline_ns = keel_deadline_after_ns(stop_grace_ns());
+  keel__event_emit(launcher, "stop", "\"signal\":\"%s\"", strsignal(signal_number));
+  keel__display_note(launcher, "stopping: the workers save and leave (again to kill at once)");
+  KEEL_LOG_W("launcher", "%s: stopping the job in order (again to kill at once)",
+             strsignal(signal_number));
 }
 
 void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code) {
@@ -202,12 +242,20 @@ void keel__launcher_child_exited(keel__launcher *launcher, keel__child *child) {
 }
 
 /* ---- the loop's inputs */
+/* A first SIGINT or SIGTERM stops the job in order; a second one (or one while the job is
+ * already ending) kills it at once. */
 static void launcher_handle_signals(keel__launcher *launcher) {
   struct signalfd_siginfo info;
   while (read(launcher->signal_fd, &info, sizeof info) == (ssize_t)sizeof info) {
     if (info.ssi_signo == SIGCHLD) continue;
-    KEEL_LOG_W("launcher", "%s: stopping the job", strsignal((int)info.ssi_signo));
-    keel__launcher_terminate(launcher, 128 + (int)info.ssi_signo, SIGTERM);
+    int signal_number = (int)info.ssi_signo;
+    if (launcher->phase == KEEL__PHASE_RUNNING) {
+      keel__launcher_begin_stopping(launcher, signal_number);
+      continue;
+    }
+    KEEL_LOG_W("launcher", "%s: killing the job", strsignal(signal_number));
+    int code = launcher->stop_signal ? launcher->exit_code : 128 + signal_number;
+    keel__launcher_terminate(launcher, code, SIGKILL);
   }
   keel__children_reap(launcher);
 }
@@ -314,6 +362,9 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
   if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
     if (launcher->phase == KEEL__PHASE_ENDING && keel__children_alive(launcher, false) > 0)
       KEEL_LOG_I("launcher", "stopping the spares and joiners left after job/done");
+    if (launcher->phase == KEEL__PHASE_STOPPING && keel__children_alive(launcher, false) > 0)
+      KEEL_LOG_W("launcher", "processes still there %.0f s after the stop: killing them",
+                 (double)stop_grace_ns() / 1e9);
     keel__children_signal(launcher, SIGKILL);
     launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
   }
@@ -571,6 +622,20 @@ static void launcher_init(keel__launcher *launcher, const keel__run_options *opt
   launcher->display.enabled = !options->quiet && isatty(STDERR_FILENO);
 }
 
+/* After an orderly stop, one line on where the state went and how to go on. */
+static void launcher_say_where_state_is(const keel__launcher *launcher) {
+  if (launcher->stop_signal == 0) return;
+  if (launcher->ckpt_dir[0] == '\0') {
+    fprintf(stderr, "keel run: stopped (no checkpoint policy: nothing was saved)\n");
+    return;
+  }
+  fprintf(stderr,
+          "keel run: stopped; the state is in %s/%llu (go on with: keel run --resume %s/%llu "
+          "...)\n",
+          launcher->ckpt_dir, (unsigned long long)launcher->auth.job_id, launcher->ckpt_dir,
+          (unsigned long long)launcher->auth.job_id);
+}
+
 static void launcher_emit_start(keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
   char program[PATH_MAX * 2], ckpt_dir[PATH_MAX * 2 + 2] = "null";
@@ -618,7 +683,7 @@ int keel__command_run(int argc, char **argv) {
     goto free_launcher;
   }
   exit_code = KEEL__EXIT_FAILURE;
-  if (!ckpt_dir_make(launcher)) goto free_launcher;
+  if (!ckpt_dir_make(launcher) || !resume_dir_check(launcher)) goto free_launcher;
   if (launcher_open(launcher) != KEEL_OK) goto free_launcher;
   launcher_emit_start(launcher);
   launcher_spawn_all(launcher);
@@ -627,6 +692,7 @@ int keel__command_run(int argc, char **argv) {
   keel__status_drain(launcher);
   exit_code = launcher->exit_code;
   keel__display_finish(launcher);
+  launcher_say_where_state_is(launcher);
   keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
                    (double)(keel_now_ns() - launcher->start_ns) / 1e9);
   launcher_close(launcher);

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +37,7 @@ typedef enum own_variable {
   OWN_FIRST_UID,
   OWN_FIRST_EPOCH,
   OWN_LAUNCHER_PID,
+  OWN_RESUME, /* unset without --resume */
   OWN_VARIABLE_COUNT,
 } own_variable;
 
@@ -61,6 +61,7 @@ static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
     [OWN_FIRST_UID] = "KEEL_FIRST_UID",
     [OWN_FIRST_EPOCH] = "KEEL_FIRST_EPOCH",
     [OWN_LAUNCHER_PID] = "KEEL_LAUNCHER_PID",
+    [OWN_RESUME] = "KEEL_RESUME",
 };
 /* Room for the longest value, an absolute KEEL_CKPT_DIR. */
 #define OWN_VARIABLE_BYTES (PATH_MAX + 32)
@@ -149,6 +150,8 @@ static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, kee
   own_variable_set(environment, OWN_FIRST_UID, "%u", (unsigned)incarnation->first_uid);
   own_variable_set(environment, OWN_FIRST_EPOCH, "%lld", (long long)incarnation->first_epoch);
   own_variable_set(environment, OWN_LAUNCHER_PID, "%ld", (long)getpid());
+  if (launcher->resume_dir[0] != '\0')
+    own_variable_set(environment, OWN_RESUME, "%s", launcher->resume_dir);
 }
 
 /* Builds the whole environment before fork: the child may only call async-signal-safe
@@ -181,8 +184,10 @@ static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, char 
   /* The launcher ignores SIGPIPE for itself; an ignored disposition would survive exec. */
   struct sigaction default_action = {.sa_handler = SIG_DFL};
   sigaction(SIGPIPE, &default_action, NULL);
-  /* A launcher killed with SIGKILL cannot clean up; its children must not outlive it. */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  /* A process group of its own: a terminal's Ctrl-C or Ctrl-Z reaches the launcher alone,
+   * which stops the job in order. No parent-death signal: a launcher killed with SIGKILL
+   * hangs up the status socket, and each process notices, saves and leaves on its own. */
+  setpgid(0, 0);
   if (getppid() != launcher_pid) _exit(KEEL__EXIT_FAILURE);
   /* The status pipe's write end stays close-on-exec in the launcher (so no other exec'd
    * program holds it) and is opened to this child alone, at the same number. */

@@ -8,11 +8,11 @@
 
 #include "launcher.h"
 
-#define MAX_PROCESSES 4096
 #define MAX_RESTARTS 10000
-/* Every restart of the job starts all its workers anew, each with a uid of its own: the
- * process table holds them all, so their number over the job is bounded. */
-#define MAX_PROCESSES_OVER_JOB (1 << 20)
+/* The library's limits (keel/limits.h): a world, the idle spares, and every process over
+ * the job's life (each restart's workers, each respawned spare, each joiner takes a uid). */
+#define MAX_WORLD KEEL_MAX_WORLD
+#define MAX_PROCESSES_OVER_JOB KEEL_MAX_UIDS
 #define DEFAULT_RESTARTS 3 /* with replace or restart; none with shrink */
 #define SECOND_NS INT64_C(1000000000)
 #define DEFAULT_RESTART_GRACE_NS (30 * SECOND_NS)
@@ -33,6 +33,8 @@ static const char run_help_text[] =
     "  --ckpt jit                just-in-time checkpoints: on a failure the healthy workers\n"
     "                            save; means --on-failure restart unless replace is given\n"
     "  --ckpt-dir DIR            where they save (default /tmp/keel-<uid>/ckpt, made if missing)\n"
+    "  --resume DIR              start from the state a stopped or orphaned job saved in DIR\n"
+    "                            (<ckpt-dir>/<job id>, as its workers said); means --ckpt jit\n"
     "  --failure-domain D        process (default) or node: a failure drops its whole node\n"
     "  --max-restarts R          fresh spares (replace) or restarts of the job (restart)\n"
     "                            after failures (default 3 with replace or restart)\n"
@@ -49,6 +51,9 @@ static const char run_help_text[] =
     "  --quiet                   no status line on the terminal\n"
     "  -h, --help                this text\n"
     "\n"
+    "SIGINT or SIGTERM stops the job in order (the workers save, with --ckpt jit, and\n"
+    "exit); a second one kills it at once.\n"
+    "\n"
     "Exit code: the workers' verdict (0 when all that finished exited 0), 124 on timeout,\n"
     "130/143 on SIGINT/SIGTERM, 2 for a usage error.\n";
 
@@ -60,6 +65,7 @@ typedef enum flag_id {
   FLAG_ON_FAILURE,
   FLAG_CKPT,
   FLAG_CKPT_DIR,
+  FLAG_RESUME,
   FLAG_FAILURE_DOMAIN,
   FLAG_MAX_RESTARTS,
   FLAG_MIN_WORLD,
@@ -89,6 +95,7 @@ static const flag_spec flag_table[] = {
     {"--on-failure", FLAG_ON_FAILURE, true},
     {"--ckpt", FLAG_CKPT, true},
     {"--ckpt-dir", FLAG_CKPT_DIR, true},
+    {"--resume", FLAG_RESUME, true},
     {"--failure-domain", FLAG_FAILURE_DOMAIN, true},
     {"--max-restarts", FLAG_MAX_RESTARTS, true},
     {"--min-world", FLAG_MIN_WORLD, true},
@@ -191,13 +198,13 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
   int choice = 0;
   switch (flag->id) {
     case FLAG_WORLD:
-      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->world);
+      return parse_count(flag->name, value, 1, MAX_WORLD, &options->world);
     case FLAG_NPROC_PER_NODE:
-      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->nproc_per_node);
+      return parse_count(flag->name, value, 1, MAX_WORLD, &options->nproc_per_node);
     case FLAG_NNODES:
-      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->nnodes);
+      return parse_count(flag->name, value, 1, MAX_WORLD, &options->nnodes);
     case FLAG_SPARES:
-      return parse_count(flag->name, value, 0, MAX_PROCESSES, &options->spares);
+      return parse_count(flag->name, value, 0, KEEL_MAX_SPARES, &options->spares);
     case FLAG_ON_FAILURE:
       if (!parse_choice(flag->name, value, policy_names, &choice)) return false;
       options->on_failure = (keel__policy)choice;
@@ -210,6 +217,10 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       if (*value == '\0') return reject("--ckpt-dir needs a directory name");
       options->ckpt_dir = value;
       return true;
+    case FLAG_RESUME:
+      if (*value == '\0') return reject("--resume needs the folder a stopped job saved in");
+      options->resume_dir = value;
+      return true;
     case FLAG_FAILURE_DOMAIN:
       if (!parse_choice(flag->name, value, domain_choices, &choice)) return false;
       options->node_failure_domain = choice == 1;
@@ -217,9 +228,9 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
     case FLAG_MAX_RESTARTS:
       return parse_count(flag->name, value, 0, MAX_RESTARTS, &options->max_restarts);
     case FLAG_MIN_WORLD:
-      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->min_world);
+      return parse_count(flag->name, value, 1, MAX_WORLD, &options->min_world);
     case FLAG_MAX_WORLD:
-      return parse_count(flag->name, value, 1, MAX_PROCESSES, &options->max_world);
+      return parse_count(flag->name, value, 1, MAX_WORLD, &options->max_world);
     case FLAG_JOIN_DELAY:
       return parse_duration(flag->name, value, &options->join_delay_ns);
     case FLAG_TIMEOUT:
@@ -248,8 +259,8 @@ static bool options_resolve_shape(keel__run_options *options, const bool *given)
   bool have_nodes = given[FLAG_NNODES];
   if (!have_world) {
     options->world = options->nproc_per_node * options->nnodes;
-    if (options->world > MAX_PROCESSES)
-      return reject("%lld workers are more than %d", (long long)options->world, MAX_PROCESSES);
+    if (options->world > MAX_WORLD)
+      return reject("%lld workers are more than %d", (long long)options->world, MAX_WORLD);
     return true;
   }
   if (!have_per_node && !have_nodes) options->nproc_per_node = options->world;
@@ -271,6 +282,8 @@ static bool restart_grace_read(keel__run_options *options) {
  * starts the whole world). JIT checkpoints also serve replace (in-process recovery), but
  * shrink changes the world and has nothing to restore. */
 static bool options_resolve_recovery(keel__run_options *options, const bool *given) {
+  /* A resumed job restores just-in-time checkpoints: it needs the engine that reads them. */
+  if (options->resume_dir != NULL) options->ckpt = KEEL__CKPT_JIT;
   if (options->ckpt == KEEL__CKPT_JIT && !given[FLAG_ON_FAILURE])
     options->on_failure = KEEL__ON_FAILURE_RESTART;
   if (given[FLAG_CKPT_DIR] && options->ckpt == KEEL__CKPT_NONE)
@@ -292,12 +305,16 @@ static bool options_resolve(keel__run_options *options, const bool *given) {
   if (!options_resolve_recovery(options, given)) return false;
   if (!given[FLAG_MAX_RESTARTS])
     options->max_restarts = options->on_failure == KEEL__ON_FAILURE_SHRINK ? 0 : DEFAULT_RESTARTS;
-  if (options->on_failure == KEEL__ON_FAILURE_RESTART &&
-      options->world * (1 + options->max_restarts) > MAX_PROCESSES_OVER_JOB)
-    return reject("-n %lld with --max-restarts %lld would start more than %d processes",
-                  (long long)options->world, (long long)options->max_restarts,
-                  MAX_PROCESSES_OVER_JOB);
   if (!given[FLAG_MAX_WORLD]) options->max_world = options->world;
+  int64_t restarted = options->on_failure == KEEL__ON_FAILURE_RESTART
+                          ? options->world * options->max_restarts
+                          : options->max_restarts;
+  if (options->world + options->spares + restarted + options->max_world > MAX_PROCESSES_OVER_JOB)
+    return reject("-n %lld, --spares %lld, --max-restarts %lld and --max-world %lld would start "
+                  "more than %d processes over the job",
+                  (long long)options->world, (long long)options->spares,
+                  (long long)options->max_restarts, (long long)options->max_world,
+                  MAX_PROCESSES_OVER_JOB);
   if (options->min_world > options->world)
     return reject("--min-world %lld is above the %lld workers", (long long)options->min_world,
                   (long long)options->world);
