@@ -393,7 +393,10 @@ static keel_status agreement_vote(agreement *round, const keel_rebuild_vote *vot
   keel_status status = keel__vote_format(vote, comm->epoch, endpoint->config.node, value,
                                          sizeof value);
   if (status != KEEL_OK) return status;
-  return keel_store_put(endpoint->config.store, key, value, strlen(value), 0, NULL);
+  status = keel_store_put(endpoint->config.store, key, value, strlen(value), 0, NULL);
+  /* A member that dies here has voted: the others must still settle without it. */
+  if (status == KEEL_OK) keel__fault(endpoint, "voted", 0);
+  return status;
 }
 
 /* A store that did not answer in time, or whose link broke, may answer the next request
