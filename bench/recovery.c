@@ -1,8 +1,13 @@
 /* Recovery benchmark: starts `keel run -n 4` jobs of its own worker mode, SIGKILLs one
  * non-zero rank per job and measures kill -> first successful collective on the rebuilt
  * communicator (the job's "recovery" event), p50/p99 for the shrink and replace policies.
+ * With --recoveries N it runs one replace job instead and kills N times in a row, each time
+ * once the previous recovery is done: recovery time and the store's key count (the
+ * launcher's `store` events) for the first and the last hundred show whether either grows
+ * with the job's age.
  * Usage: recovery [--json] [--policy shrink|replace|both] [--trials N] [--keel PATH] [--keep]
- *        recovery --worker [--seconds S]   (what the jobs run: small resilient allreduces) */
+ *        recovery [--json] --recoveries N [--keel PATH] [--keep]
+ *        recovery --worker [--seconds S] [--stop-file PATH]   (what the jobs run) */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -19,6 +24,10 @@
 
 #define WORLD 4
 #define MAX_TRIALS 1000
+#define MAX_RECOVERIES 5000
+/* The long job's window at each end, and the pause after a recovery before the next kill. */
+#define LONG_WINDOW 100
+#define LONG_SETTLE_NS (20 * 1000 * 1000)
 #define SECOND_NS BENCH_SECOND_NS
 /* Bounds of one trial: to start, to recover after the kill, to end after the recovery. */
 #define START_LIMIT_NS (30 * SECOND_NS)
@@ -38,6 +47,7 @@
 
 typedef struct worker {
   keel_ctx *ctx;
+  const char *stop_file; /* the long job ends when the driver makes it; NULL: not that job */
   uint64_t step;
   float model[WORKER_COUNT]; /* registered state, so replace mode transfers something */
   float send[WORKER_COUNT], recv[WORKER_COUNT];
@@ -52,6 +62,7 @@ static float worker_vote(const worker *w) {
   uint64_t epoch = keel_comm_epoch(keel_world(w->ctx));
   bool settled =
       epoch > 0 && epoch == w->epoch_seen && w->steps_in_epoch >= WORKER_STEPS_AFTER_RECOVERY;
+  if (w->stop_file != NULL) settled = access(w->stop_file, F_OK) == 0;
   return settled || keel_now_ns() >= w->deadline_ns ? 1.0f : 0.0f;
 }
 
@@ -94,8 +105,9 @@ static int worker_loop(worker *w) {
   }
 }
 
-static int worker_main(int64_t seconds) {
+static int worker_main(int64_t seconds, const char *stop_file) {
   static worker w; /* 12 KiB of buffers: not on the stack */
+  w.stop_file = stop_file;
   if (keel_init(&w.ctx) != KEEL_OK) return 1;
   w.deadline_ns = keel_now_ns() + seconds * SECOND_NS;
   keel_state_register(w.ctx, "step", &w.step, sizeof w.step);
@@ -118,6 +130,8 @@ static const char *const policy_names[POLICY_COUNT] = {"shrink", "replace"};
 typedef struct options {
   bool worker;
   int64_t worker_seconds;
+  const char *stop_file;
+  int64_t recoveries; /* 0: the trials mode */
   bool json, keep, verbose;
   bool policies[POLICY_COUNT];
   int64_t trials;
@@ -145,7 +159,8 @@ static int parse_options(int argc, char **argv, options *opts) {
       {"json", no_argument, 0, 'j'},         {"keep", no_argument, 0, 'k'},
       {"verbose", no_argument, 0, 'v'},      {"policy", required_argument, 0, 'p'},
       {"trials", required_argument, 0, 't'}, {"seed", required_argument, 0, 's'},
-      {"keel", required_argument, 0, 'K'},   {0, 0, 0, 0}};
+      {"keel", required_argument, 0, 'K'},   {"recoveries", required_argument, 0, 'R'},
+      {"stop-file", required_argument, 0, 'F'}, {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     bool ok = option != '?';
@@ -154,6 +169,8 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'k') opts->keep = true;
     if (option == 'v') opts->verbose = true;
     if (option == 'K') opts->keel_path = optarg;
+    if (option == 'F') opts->stop_file = optarg;
+    if (option == 'R') ok = keel_parse_int(optarg, 1, MAX_RECOVERIES, &opts->recoveries) == KEEL_OK;
     if (option == 'S') ok = keel_parse_int(optarg, 1, 3600, &opts->worker_seconds) == KEEL_OK;
     if (option == 't') ok = keel_parse_int(optarg, 1, MAX_TRIALS, &opts->trials) == KEEL_OK;
     if (option == 's') ok = keel_parse_int(optarg, 0, INT64_MAX, &opts->seed) == KEEL_OK;
@@ -440,12 +457,255 @@ static bool driver_paths(driver *d, const char *argv0) {
          bench_make_directory("recovery", d->directory, sizeof d->directory);
 }
 
+/* ======================================================================== the long job */
+
+/* What the long job's events say: each uid's pid, who holds a rank, and for each kill the
+ * recovery that followed it and the store's size right after. */
+#define LONG_MAX_UIDS (MAX_RECOVERIES + 16)
+
+typedef struct long_view {
+  bench_lines lines;
+  pid_t pids[LONG_MAX_UIDS];
+  bool holds[LONG_MAX_UIDS]; /* holds a rank now */
+  bool spare[LONG_MAX_UIDS]; /* started as a spare */
+  bool ready[LONG_MAX_UIDS]; /* the launcher saw it join */
+  int64_t kill_ns;           /* the recovery to wait for comes after this */
+  bool recovered;
+  double latency_ms;
+  double parts[PART_COUNT];
+  long store_keys; /* of the census after that recovery; -1: none yet */
+} long_view;
+
+/* Calls note(uid) for every number of the JSON array value that starts at list ('['), or for
+ * every "to": member of its objects when key is "to". */
+static void list_each(const char *list, const char *key, void (*note)(long_view *, long),
+                      long_view *view) {
+  if (list == NULL || *list != '[') return;
+  const char *end = strchr(list, ']');
+  for (const char *at = list + 1; at != NULL && end != NULL && at < end;) {
+    if (key != NULL) {
+      at = strstr(at, key);
+      if (at == NULL || at > end) return;
+      at += strlen(key);
+    }
+    char *after;
+    long uid = strtol(at, &after, 10);
+    if (after != at) note(view, uid);
+    at = after != at ? after + 1 : at + 1;
+  }
+}
+
+static void uid_left(long_view *view, long uid) {
+  if (uid >= 0 && uid < LONG_MAX_UIDS) view->holds[uid] = false;
+}
+
+static void uid_joined(long_view *view, long uid) {
+  if (uid >= 0 && uid < LONG_MAX_UIDS) view->holds[uid] = true;
+}
+
+static void long_line(const char *line, void *arg) {
+  long_view *view = arg;
+  int64_t uid, pid, t_ns, keys;
+  if (keel_json_string_is(line, "event", "spawn") && keel_json_int(line, "uid", &uid) &&
+      keel_json_int(line, "pid", &pid) && uid >= 0 && uid < LONG_MAX_UIDS) {
+    view->pids[uid] = (pid_t)pid;
+    if (keel_json_string_is(line, "role", "worker")) view->holds[uid] = true;
+    if (keel_json_string_is(line, "role", "spare")) view->spare[uid] = true;
+  }
+  if (keel_json_string_is(line, "event", "ready") && keel_json_int(line, "uid", &uid) && uid >= 0 &&
+      uid < LONG_MAX_UIDS)
+    view->ready[uid] = true;
+  if (keel_json_string_is(line, "event", "recovery") && view->kill_ns > 0 && !view->recovered &&
+      keel_json_int(line, "t_ns", &t_ns) && t_ns > view->kill_ns) {
+    list_each(keel_json_member(line, "failed"), NULL, uid_left, view);
+    list_each(keel_json_member(line, "transfers"), "\"to\":", uid_joined, view);
+    view->latency_ms = (double)(t_ns - view->kill_ns) / 1e6;
+    for (int i = 0; i < PART_COUNT; i++) {
+      if (!keel_json_double(line, part_names[i], &view->parts[i])) view->parts[i] = NAN;
+    }
+    view->recovered = true;
+  }
+  if (keel_json_string_is(line, "event", "store") && keel_json_string_is(line, "when", "recovery") &&
+      view->recovered && view->store_keys < 0 && keel_json_int(line, "keys", &keys))
+    view->store_keys = (long)keys;
+}
+
+/* A rank holder to kill: any but uid 0 (rank 0, which the job keeps), alive, the launcher's. */
+static pid_t long_victim(driver *d, long_view *view, pid_t launcher, long *uid_p) {
+  long candidates[LONG_MAX_UIDS];
+  int count = 0;
+  for (long uid = 1; uid < LONG_MAX_UIDS; uid++) {
+    if (view->holds[uid] && view->pids[uid] > 0 && is_launcher_child(view->pids[uid], launcher))
+      candidates[count++] = uid;
+  }
+  if (count == 0) return -1;
+  *uid_p = candidates[keel_random_below(&d->random, (uint64_t)count)];
+  return view->pids[*uid_p];
+}
+
+typedef struct long_result {
+  int done;
+  double latency_ms[MAX_RECOVERIES];
+  double parts[MAX_RECOVERIES][PART_COUNT];
+  long keys[MAX_RECOVERIES];
+} long_result;
+
+/* Whether an idle spare has joined: a kill then measures the recovery, not a spare's start. */
+static bool spare_ready(const long_view *view) {
+  for (long uid = 0; uid < LONG_MAX_UIDS; uid++) {
+    if (view->spare[uid] && view->ready[uid] && !view->holds[uid] && view->pids[uid] > 0) return true;
+  }
+  return false;
+}
+
+/* Kills one rank holder once a spare is ready and waits for the recovery that follows (and
+ * its store census). */
+static bool long_one(driver *d, bench_job *j, long_view *view, long_result *result,
+                     bench_verdict *verdict) {
+  int64_t waited_since = keel_now_ns();
+  while (!spare_ready(view)) {
+    bench_lines_read(&view->lines, j->events_path, long_line, view);
+    if (bench_job_try_reap(j)) return bench_fail(verdict, "the job ended (%s)", j->log_path);
+    if (keel_now_ns() - waited_since >= START_LIMIT_NS)
+      return bench_fail(verdict, "no spare ready within 30 s (%s)", j->events_path);
+    bench_sleep_ns(BENCH_POLL_INTERVAL_NS);
+  }
+  long uid = -1;
+  pid_t pid = long_victim(d, view, j->launcher, &uid);
+  if (pid <= 0) return bench_fail(verdict, "no rank holder left to kill (%s)", j->events_path);
+  view->recovered = false;
+  view->store_keys = -1;
+  view->kill_ns = keel_now_ns();
+  if (kill(pid, SIGKILL) != 0) return bench_fail(verdict, "kill: %s", strerror(errno));
+  while (!view->recovered || view->store_keys < 0) {
+    bench_lines_read(&view->lines, j->events_path, long_line, view);
+    if (view->recovered && view->store_keys >= 0) break;
+    if (bench_job_try_reap(j))
+      return bench_fail(verdict, "the job ended after %d recoveries (%s)", result->done,
+                        j->log_path);
+    if (keel_now_ns() - view->kill_ns >= RECOVERY_LIMIT_NS)
+      return bench_fail(verdict, "no recovery within 30 s of killing uid %ld (%s)", uid,
+                        j->events_path);
+    bench_sleep_ns(BENCH_POLL_INTERVAL_NS);
+  }
+  result->latency_ms[result->done] = view->latency_ms;
+  memcpy(result->parts[result->done], view->parts, sizeof view->parts);
+  result->keys[result->done] = view->store_keys;
+  result->done++;
+  return true;
+}
+
+static keel_status long_start(driver *d, bench_job *j, const char *stop_file, int64_t kills) {
+  char world[16], restarts[24], seconds[24], limit[32];
+  snprintf(world, sizeof world, "%d", WORLD);
+  snprintf(restarts, sizeof restarts, "%lld", (long long)kills + 2);
+  /* The workers end when the stop file appears; these bound the job should the driver fail. */
+  snprintf(seconds, sizeof seconds, "%lld", (long long)(60 + kills));
+  snprintf(limit, sizeof limit, "%llds", (long long)(90 + kills));
+  const char *argv[] = {d->keel,  "run",         "-n",          world,     "--quiet",
+                        "--events", j->events_path, "--timeout", limit,     "--spares",
+                        "1",      "--on-failure", "replace",     "--max-restarts", restarts,
+                        "--",     d->self,       "--worker",    "--seconds", seconds,
+                        "--stop-file", stop_file, NULL};
+  return bench_job_spawn(j, argv, NULL);
+}
+
+/* Median and maximum of values [first, first + count). */
+static void window_figures(const double *values, int first, int count, double *median_p,
+                           double *max_p) {
+  double sorted[LONG_WINDOW];
+  for (int i = 0; i < count; i++) sorted[i] = values[first + i];
+  qsort(sorted, (size_t)count, sizeof sorted[0], bench_compare_doubles);
+  *median_p = count > 0 ? percentile(sorted, count, 50) : NAN;
+  *max_p = count > 0 ? sorted[count - 1] : NAN;
+}
+
+static void long_print(const options *opts, const long_result *result) {
+  int window = result->done < LONG_WINDOW ? result->done : LONG_WINDOW;
+  int last_first = result->done - window;
+  double keys[MAX_RECOVERIES];
+  for (int i = 0; i < result->done; i++) keys[i] = (double)result->keys[i];
+  double first_p50, first_max, last_p50, last_max, first_keys, first_keys_max, last_keys,
+      last_keys_max;
+  window_figures(result->latency_ms, 0, window, &first_p50, &first_max);
+  window_figures(result->latency_ms, last_first, window, &last_p50, &last_max);
+  window_figures(keys, 0, window, &first_keys, &first_keys_max);
+  window_figures(keys, last_first, window, &last_keys, &last_keys_max);
+  if (opts->json) {
+    printf("{\"bench\":\"recovery-long\",\"impl\":\"keel-replace\",\"ranks\":%d,"
+           "\"recoveries\":%d,\"window\":%d,\"first_p50_ms\":%.3f,\"first_max_ms\":%.3f,"
+           "\"last_p50_ms\":%.3f,\"last_max_ms\":%.3f,\"first_keys\":%.0f,"
+           "\"first_keys_max\":%.0f,\"last_keys\":%.0f,\"last_keys_max\":%.0f}\n",
+           WORLD, result->done, window, first_p50, first_max, last_p50, last_max, first_keys,
+           first_keys_max, last_keys, last_keys_max);
+    return;
+  }
+  printf("%d consecutive recoveries in one job (replace, %d ranks), the first and the last %d:\n",
+         result->done, WORLD, window);
+  printf("%-12s %14s %14s %12s %12s\n", "recoveries", "recovery p50", "recovery max",
+         "store keys", "keys max");
+  printf("%-12s %11.2f ms %11.2f ms %12.0f %12.0f\n", "first", first_p50, first_max, first_keys,
+         first_keys_max);
+  printf("%-12s %11.2f ms %11.2f ms %12.0f %12.0f\n", "last", last_p50, last_max, last_keys,
+         last_keys_max);
+  fflush(stdout);
+}
+
+static int long_main(driver *d) {
+  static long_result result;
+  static long_view view;
+  bench_job j = {0};
+  char stop_file[PATH_MAX + 16];
+  view = (long_view){.lines.fd = -1, .store_keys = -1};
+  snprintf(stop_file, sizeof stop_file, "%s/stop", d->directory);
+  bench_verdict verdict = {.ok = true};
+  if (!bench_job_paths(&j, d->directory, "long") ||
+      long_start(d, &j, stop_file, d->opts->recoveries) != KEEL_OK) {
+    fprintf(stderr, "recovery: cannot start the long job\n");
+    return 1;
+  }
+  /* Running: every worker has reported progress once the first kill can find a holder. */
+  bench_sleep_ns(2 * SECOND_NS);
+  bench_lines_read(&view.lines, j.events_path, long_line, &view);
+  for (int64_t k = 0; k < d->opts->recoveries && verdict.ok; k++) {
+    if (!long_one(d, &j, &view, &result, &verdict)) break;
+    if (d->opts->verbose)
+      fprintf(stderr, "recovery: %d: %.2f ms, %ld keys\n", result.done,
+              result.latency_ms[result.done - 1], result.keys[result.done - 1]);
+    bench_sleep_ns(LONG_SETTLE_NS);
+  }
+  int fd = open(stop_file, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+  if (!bench_job_wait(&j, EXIT_LIMIT_NS)) bench_fail(&verdict, "the long job did not end");
+  bench_job_kill(&j);
+  if (verdict.ok && bench_job_exit_code(&j) != 0)
+    bench_fail(&verdict, "the long job exited %d (%s)", bench_job_exit_code(&j), j.log_path);
+  if (view.lines.fd >= 0) close(view.lines.fd);
+  if (result.done > 0) long_print(d->opts, &result);
+  if (!verdict.ok) {
+    fprintf(stderr, "recovery: %s\n", verdict.why);
+    return 1;
+  }
+  unlink(stop_file);
+  if (!d->opts->keep) {
+    unlink(j.events_path);
+    unlink(j.log_path);
+  }
+  return 0;
+}
+
 static int driver_main(const options *opts, const char *argv0) {
   driver d = {.opts = opts};
   if (!driver_paths(&d, argv0)) return 1;
   uint64_t seed =
       opts->seed >= 0 ? (uint64_t)opts->seed : (uint64_t)keel_now_ns() ^ ((uint64_t)getpid() << 32);
   keel_random_seed(&d.random, seed);
+  if (opts->recoveries > 0) {
+    int code = long_main(&d);
+    if (rmdir(d.directory) != 0 && code != 0)
+      fprintf(stderr, "recovery: the long job's events and log are in %s\n", d.directory);
+    return code;
+  }
   header_print(opts);
   int code = 0;
   for (int which = 0; which < POLICY_COUNT; which++) {
@@ -460,6 +720,6 @@ static int driver_main(const options *opts, const char *argv0) {
 int main(int argc, char **argv) {
   options opts;
   if (parse_options(argc, argv, &opts) != 0) return 2;
-  if (opts.worker) return worker_main(opts.worker_seconds);
+  if (opts.worker) return worker_main(opts.worker_seconds, opts.stop_file);
   return driver_main(&opts, argv[0]);
 }

@@ -152,7 +152,8 @@ keel_status keel_ckpt_memory_restore(keel_registry *registry, const keel_ckpt_re
 /* ---- the persistent tier as a policy and a state source: the registered state is saved
  * (persistent tier, under <directory>/<job_id>/step-<s+1>/rank-<r>/) when every_steps-th
  * step s commits; and a rank that lacks its shard after a failure (no survivor holds it)
- * gets the snapshot of exactly the step the job is at from it. The caller owns *persist_p
+ * gets the snapshot of exactly the step the job is at from it. Call before keel_start, so
+ * that a spare admitted there can restore from it. The caller owns *persist_p
  * and frees it after keel_finalize. KEEL_EINVAL, KEEL_ERANGE (no room for another hook or
  * source), or the status of making the folder. Event: persist_save (step, bytes, save_ms). */
 typedef struct keel_ckpt_persist keel_ckpt_persist;

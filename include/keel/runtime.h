@@ -161,7 +161,9 @@ keel_status keel_step_broadcast(keel_ctx *ctx, void *buffer, size_t bytes, int r
 keel_status keel_step_commit(keel_ctx *ctx);
 /* For steps that change registered state between collectives (ZeRO's update of its shard
  * before the all-gather): keel_step_begin then copies the registered state (into memory
- * allocated once, here) and a recovery that redoes the step puts it back. */
+ * allocated once, here) and a recovery that redoes the step puts it back before any state
+ * is sent; failure hooks of a process about to exit see it put back too. Register every
+ * buffer before enabling it. */
 keel_status keel_step_undo(keel_ctx *ctx, bool enabled);
 
 /* What the last recovery did, with its time broken down. */

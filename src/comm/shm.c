@@ -234,6 +234,12 @@ static bool all_reached(const shm_group *group, const shm_counter *counters, uin
   return true;
 }
 
+/* Requests of the endpoint (state or checkpoint traffic) move on the links while the
+ * collective waits here; with none, nothing is polled. */
+static void background_progress(keel_comm *comm) {
+  if (comm->endpoint->operations != NULL) keel__progress(comm->endpoint, 0);
+}
+
 static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *counters,
                             uint64_t target, int64_t deadline_ns) {
   for (int spin = 0; spin < group->spin_limit; spin++) {
@@ -244,6 +250,7 @@ static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *coun
    * runs at once, far cheaper than a futex sleep and wake-up. */
   for (int round = 0; round < YIELD_ROUNDS; round++) {
     if (all_reached(group, counters, target)) return KEEL_OK;
+    background_progress(comm);
     sched_yield();
   }
   for (;;) {
@@ -290,6 +297,7 @@ static keel_status round_meet(keel_comm *comm, shm_group *group, bool allreduce,
                               int64_t deadline_ns) {
   uint64_t sequence = group->sequence;
   publish(group, &group->arrived[comm->rank], sequence + 1);
+  background_progress(comm);
   if (allreduce) keel__fault(comm->endpoint, "allreduce", (int64_t)sequence + 1);
   return wait_all(comm, group, group->arrived, sequence + 1, deadline_ns);
 }

@@ -194,24 +194,48 @@ int keel__detector_node(keel__detector *detector, uint32_t uid) {
   return -1;
 }
 
+static bool uid_in(const uint32_t *uids, int count, uint32_t uid) {
+  for (int i = 0; i < count; i++) {
+    if (uids[i] == uid) return true;
+  }
+  return false;
+}
+
+static void delete_key(keel_store *store, const char *prefix, uint32_t uid) {
+  char key[64];
+  snprintf(key, sizeof key, "%s/%" PRIu32, prefix, uid);
+  keel_store_delete(store, key);
+}
+
+/* A reaped process (dead/) in no communicator whose lease is gone too: its three keys go,
+ * dead/ last (while it is there the others still say dead; while its proc/ key lingers, the
+ * dead/ key is what keeps anyone from taking it for alive). A suspicion of a process in no
+ * communicator whose lease is gone (a survivor's suspicion that came after the collection)
+ * goes too: nobody asks about it again. left/ stays until the process is reaped: the launcher
+ * reads it to tell a process finishing in order from a hung one. */
 void keel__detector_forget(keel__detector *detector, keel_store *store, const uint32_t *members,
                            int member_count) {
-  static const char *const prefixes[] = {"suspect", "left", "dead"};
-  keel_store_entry *entries = NULL;
-  size_t count = 0;
-  if (keel_store_list(store, "dead/", &entries, &count, NULL) != KEEL_OK) return;
-  for (size_t i = 0; i < count; i++) {
-    char *end;
-    unsigned long uid = strtoul(entries[i].key + 5, &end, 10);
-    bool member = false;
-    for (int m = 0; m < member_count && !member; m++) member = members[m] == uid;
-    if (*end != '\0' || member || uid == detector->self) continue;
-    /* dead/ last: while it is there, the others still say dead. */
-    for (size_t p = 0; p < sizeof prefixes / sizeof prefixes[0]; p++) {
-      char key[64];
-      snprintf(key, sizeof key, "%s/%lu", prefixes[p], uid);
-      keel_store_delete(store, key);
+  uid_set dead = {0}, suspected = {0}, alive = {0};
+  if (read_prefix(detector, store, "dead/", &dead) == KEEL_OK &&
+      read_prefix(detector, store, "suspect/", &suspected) == KEEL_OK &&
+      read_prefix(detector, store, "proc/", &alive) == KEEL_OK) {
+    qsort(dead.uids, dead.count, sizeof(uint32_t), compare_uids);
+    qsort(alive.uids, alive.count, sizeof(uint32_t), compare_uids);
+    for (size_t i = 0; i < suspected.count; i++) {
+      uint32_t uid = suspected.uids[i];
+      if (uid_in(members, member_count, uid) || uid == detector->self) continue;
+      if (!set_has(&dead, uid) && !set_has(&alive, uid)) delete_key(store, "suspect", uid);
+    }
+    for (size_t i = 0; i < dead.count; i++) {
+      uint32_t uid = dead.uids[i];
+      if (uid_in(members, member_count, uid) || uid == detector->self) continue;
+      if (set_has(&alive, uid)) continue; /* its lease has not lapsed yet: next time */
+      delete_key(store, "suspect", uid);
+      delete_key(store, "left", uid);
+      delete_key(store, "dead", uid);
     }
   }
-  keel_store_entries_free(entries, count);
+  free(dead.uids);
+  free(suspected.uids);
+  free(alive.uids);
 }

@@ -15,6 +15,8 @@
 /* Rounds of one recovery: each settles an agreement or fails within deadlines; a failure
  * during a round (a sender that dies mid-transfer) starts the next. */
 #define MAX_ROUNDS 32
+/* How long a spare tries to link ahead of time with one member. */
+#define PRECONNECT_NS (50 * (int64_t)1000000)
 /* A spare waits for its admission in slices of this (each ends early on any interruption). */
 #define ADMISSION_SLICE_NS (600 * (int64_t)1000000000)
 
@@ -35,6 +37,7 @@ struct keel__recovery {
   int64_t detected_ns;
   uint32_t failed[KEEL_MAX_WORLD]; /* every uid lost across the rounds */
   int failed_count;
+  char transfers[1024]; /* the last round's plan, for the event */
   /* keel_mark_resume */
   bool resume_pending;
   uint64_t resume_step;
@@ -85,11 +88,19 @@ void keel__failure_hooks_run(keel_ctx *ctx, keel_status cause, bool in_process) 
   recovery->final_hooks_ran = !in_process;
   /* Every member learns at once that this epoch is over. */
   if (world != NULL) keel_comm_revoke(world);
+  /* A process about to exit saves the step's starting state, which the undo copy holds when
+   * the step changed registered state already. */
+  if (!in_process) keel__step_undo_restore(ctx);
   uint64_t step = 0;
   keel_failure failure = {.cause = cause, .step_known = keel_current_step(ctx, &step),
                           .epoch = epoch, .in_process = in_process,
                           .failed_ns = keel_now_ns()};
   failure.step = step;
+  char fields[160];
+  snprintf(fields, sizeof fields,
+           "\"cause\":\"%s\",\"step\":%" PRIu64 ",\"in_process\":%s,\"hooks\":%d",
+           keel_status_name(cause), step, in_process ? "true" : "false", recovery->hook_count);
+  keel__report_line(ctx, "failure", fields);
   for (int i = 0; i < recovery->hook_count; i++)
     recovery->hooks[i](recovery->hook_args[i], &failure);
 }
@@ -139,6 +150,14 @@ static bool is_reporter(const keel_decision *decision, uint32_t self) {
   return false;
 }
 
+/* No survivor held this member's shard and no tier had it. It does not leave on its own:
+ * it ends the epoch, and says so in its next vote, so that every member reads the same
+ * verdict from the same decision (the plan's `unrecoverable`). */
+static keel_status tier_failed_round(keel_comm *comm) {
+  keel_comm_revoke(comm);
+  return KEEL_EREVOKED;
+}
+
 typedef struct round_result {
   bool forward;
   bool received;
@@ -179,6 +198,9 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   if (status != KEEL_OK) return status;
   keel__state_plan plan;
   status = keel__state_plan_make(decision, old_size, &plan);
+  /* The step will begin again: the undo copy goes back first, so that what a survivor sends
+   * is the step's starting state, not its half-done update. */
+  if (status == KEEL_OK && !plan.forward) keel__step_undo_restore(ctx);
   if (status == KEEL_OK && plan.unrecoverable) {
     KEEL_LOG_E(MODULE, "no survivor holds shard %u of step %" PRIu64 " and no checkpoint tier "
                "has it: the job cannot go on in process", plan.lost_shard, plan.version);
@@ -189,6 +211,7 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   info->state_transfer_ns += elapsed_since(&mark);
   if (transfer.receiver && !transfer.received) position->has_state = false;
   position->tier_failed = transfer.tier_failed;
+  if (transfer.tier_failed) status = tier_failed_round(comm);
   if (status != KEEL_OK) return status;
   position->has_state = true;
   position->version = plan.version;
@@ -196,6 +219,9 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   result->forward = plan.forward;
   result->received = transfer.received;
   recovery->reporter = is_reporter(decision, ctx->config.uid);
+  if (recovery->reporter &&
+      keel__state_plan_describe(decision, recovery->transfers, sizeof recovery->transfers) != KEEL_OK)
+    snprintf(recovery->transfers, sizeof recovery->transfers, "[]");
   return KEEL_OK;
 }
 
@@ -323,11 +349,12 @@ void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns) {
   int64_t total = info->revoke_ns + info->agree_ns + info->rebuild_ns +
                   info->state_transfer_ns + info->redo_ns;
   snprintf(fields + used, sizeof fields - (size_t)used,
-           "],\"detect_ms\":%.3f,\"revoke_ms\":%.3f,\"agree_ms\":%.3f,\"rebuild_ms\":%.3f,"
-           "\"state_transfer_ms\":%.3f,\"redo_ms\":%.3f,\"total_ms\":%.3f,\"t_detect_ns\":%" PRId64,
-           info->detect_ns / 1e6, info->revoke_ns / 1e6, info->agree_ns / 1e6,
-           info->rebuild_ns / 1e6, info->state_transfer_ns / 1e6, info->redo_ns / 1e6,
-           total / 1e6, recovery->detected_ns);
+           "],\"transfers\":%s,\"detect_ms\":%.3f,\"revoke_ms\":%.3f,\"agree_ms\":%.3f,"
+           "\"rebuild_ms\":%.3f,\"state_transfer_ms\":%.3f,\"redo_ms\":%.3f,\"total_ms\":%.3f,"
+           "\"t_detect_ns\":%" PRId64,
+           recovery->transfers[0] ? recovery->transfers : "[]", info->detect_ns / 1e6,
+           info->revoke_ns / 1e6, info->agree_ns / 1e6, info->rebuild_ns / 1e6,
+           info->state_transfer_ns / 1e6, info->redo_ns / 1e6, total / 1e6, recovery->detected_ns);
   keel__report_line(ctx, "recovery", fields);
 }
 
@@ -346,13 +373,16 @@ static void preconnect(keel_ctx *ctx) {
     unsigned long uid = strtoul(entries[i].key + 5, &end, 10);
     if (*end != '\0' || uid >= ctx->config.uid || keel__detector_dead(ctx->detector, (uint32_t)uid))
       continue;
-    keel_endpoint_link(ctx->endpoint, (uint32_t)uid, keel_deadline_after_ns(300 * 1000000));
+    /* Its address is published, so it listens: a refusal is a dead process, not one that
+     * is starting. */
+    keel_endpoint_link(ctx->endpoint, (uint32_t)uid, keel_deadline_after_ns(PRECONNECT_NS));
   }
   keel_store_entries_free(entries, count);
 }
 
 /* Takes the state the admitting decision's plan gives this newcomer. */
-static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p) {
+static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p,
+                            bool *tier_failed_p) {
   keel_decision *decision = ctx->recovery->decision;
   keel__session_publish(ctx->session, KEEL__ROLE_WORKER, keel_comm_rank(comm),
                         keel_comm_epoch(comm), keel_endpoint_address(ctx->endpoint));
@@ -362,6 +392,8 @@ static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p) {
   keel__transfer_result transfer = {0};
   if (status == KEEL_OK) status = keel__state_transfer(ctx, comm, decision, &plan, &transfer);
   *received_p = transfer.received;
+  *tier_failed_p = transfer.tier_failed;
+  if (transfer.tier_failed) status = tier_failed_round(comm);
   if (status == KEEL_OK) keel__step_state_set(ctx->step, plan.version, true);
   return status;
 }
@@ -378,8 +410,8 @@ keel_status keel__admission(keel_ctx *ctx) {
                                            ctx->recovery->decision, &comm);
     if (status == KEEL_ETIMEDOUT) continue; /* a slice without news: the offer stands */
     if (status != KEEL_OK) return status;
-    bool received = false;
-    status = admitted(ctx, comm, &received);
+    bool received = false, tier_failed = false;
+    status = admitted(ctx, comm, &received, &tier_failed);
     if (status == KEEL_OK) {
       ctx->newcomer = received;
       return KEEL_OK;
@@ -396,6 +428,7 @@ keel_status keel__admission(keel_ctx *ctx) {
                keel_strerror(status));
     keel__position position;
     keel__step_position(ctx, KEEL__REDO_NONE, &position);
+    position.tier_failed = tier_failed;
     keel_rebuild_vote vote = {0};
     ctx->policy->vote(&vote);
     keel_recovery info = {0};

@@ -157,6 +157,8 @@ typedef struct keel__state_plan {
 /* Computes the plan from the decision (every member computes the same). */
 keel_status keel__state_plan_make(const keel_decision *decision, int old_size,
                                   keel__state_plan *plan);
+/* The plan's transfers as a JSON array: [{"to":uid,"from":uid or "tier","shard":s},...]. */
+keel_status keel__state_plan_describe(const keel_decision *decision, char *text, size_t capacity);
 /* This process's part in a transfer. */
 typedef struct keel__transfer_result {
   bool receiver;    /* it lacked the state */

@@ -204,6 +204,35 @@ keel_status keel__state_plan_make(const keel_decision *decision, int old_size,
   return plan_compute(decision, old_size, plan, NULL);
 }
 
+keel_status keel__state_plan_describe(const keel_decision *decision, char *text, size_t capacity) {
+  member_view *views = NULL;
+  keel__state_plan plan;
+  keel_status status = plan_compute(decision, 0, &plan, &views);
+  if (status != KEEL_OK) return status;
+  size_t used = 0;
+  int written = snprintf(text, capacity, "[");
+  used = written > 0 ? (size_t)written : 0;
+  bool first = true;
+  for (int m = 0; m < decision->member_count && used < capacity; m++) {
+    const member_view *view = &views[m];
+    if (view->sender < 0 && !view->from_tier) continue;
+    if (view->sender >= 0)
+      written = snprintf(text + used, capacity - used,
+                         "%s{\"to\":%" PRIu32 ",\"from\":%" PRIu32 ",\"shard\":%" PRIu32 "}",
+                         first ? "" : ",", decision->members[m], decision->members[view->sender],
+                         view->need);
+    else
+      written = snprintf(text + used, capacity - used,
+                         "%s{\"to\":%" PRIu32 ",\"from\":\"tier\",\"shard\":%" PRIu32 "}",
+                         first ? "" : ",", decision->members[m], view->need);
+    first = false;
+    used += written > 0 ? (size_t)written : 0;
+  }
+  if (used < capacity) snprintf(text + used, capacity - used, "]");
+  free(views);
+  return used + 2 <= capacity ? KEEL_OK : KEEL_ERANGE;
+}
+
 /* ---- moving the state */
 
 typedef struct state_meta {

@@ -114,8 +114,10 @@ static void undo_copy(keel_ctx *ctx, bool back) {
   }
 }
 
+/* Only inside an open step: after a commit the registered state is the next step's start. */
 void keel__step_undo_restore(keel_ctx *ctx) {
-  if (ctx->step->undo_enabled && ctx->step->undo != NULL) undo_copy(ctx, true);
+  keel__step *step = ctx->step;
+  if (step->open && step->undo_enabled && step->undo != NULL) undo_copy(ctx, true);
 }
 
 /* ---- the transaction */
@@ -236,7 +238,6 @@ static keel_status step_collective(keel_ctx *ctx, const step_operation *operatio
     if (is_interruption(status)) return step_interrupted(ctx, status);
     if (status != KEEL_OK) return status;
     if (redo_step) {
-      keel__step_undo_restore(ctx);
       step->collectives_done = 0;
       return KEEL_EREDO;
     }

@@ -41,7 +41,7 @@
 #define JOB_TIMEOUT_MS 40000
 /* How long after the first progress line a signal may land: about a whole run of STEPS
  * steps on two busy cores, so that some land late, near or after the end. */
-#define MAX_SIGNAL_DELAY_MS 900
+#define MAX_SIGNAL_DELAY_MS 650
 #define MAX_EVENTS 4096
 /* Runs of one signal trial, the delay halved after each miss. */
 #define MAX_ATTEMPTS 6

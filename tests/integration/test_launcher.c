@@ -661,6 +661,8 @@ static void test_stopped_process_is_fenced(void **state) {
   events_finish(&log);
 }
 
+/* SIGINT is an orderly stop: job/stop, every process leaves with 77 on its own (none is
+ * killed), the launcher exits 130. */
 static void test_sigint_stops_the_job(void **state) {
   (void)state;
   keel_test_job run;
@@ -671,7 +673,10 @@ static void test_sigint_stops_the_job(void **state) {
   launch_wait(launcher, 5000, 130);
   keel_test_events log;
   events_read_valid(run.events, &log);
+  assert_int_equal(keel_test_events_count(&log, "stop"), 1);
   assert_int_equal(keel_test_events_count(&log, "exit"), 3);
+  for (long uid = 0; uid < 3; uid++)
+    assert_true(field_is(keel_test_events_find(&log, "exit", uid), "status", "77"));
   events_finish(&log);
 }
 

@@ -2,7 +2,8 @@
  * here from every rank's deterministic inputs, for each dtype and operation, counts
  * including 0, 1, odd and ring-sized, in place and out of place, every broadcast root.
  * Integer-valued floats make sums exact whatever the order; a crc of results made from
- * random floats is then allgathered to check every rank holds the same bits. Prints
+ * random floats is then allgathered to check every rank holds the same bits; a point-to-point
+ * request moves in the background of collectives. Prints
  * "comm-check ok ranks=N checks=K" and exits 0, or names the first mismatch and exits 1. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,66 @@ static void check_allgather_and_reduce_scatter(keel_comm *comm, size_t per_rank)
   free(all);
 }
 
+/* A point-to-point request moves in the background of collectives: rank 0 sends 64 MiB to
+ * the last rank, both post the request and then run a few large allreduces without touching
+ * it. Afterwards one keel_request_test (one non-blocking pass of the progress engine, which
+ * moves at most a socket buffer's worth, a few MiB) must find it complete: the rest moved
+ * while the collectives waited. The bytes are checked, and a small blocking send goes the
+ * other way. */
+#define BACKGROUND_BYTES ((size_t)64 << 20)
+#define BACKGROUND_TAG 0x7e57
+
+static void check_background_transfer(keel_comm *comm) {
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm), last = size - 1;
+  if (size < 2) return;
+  bool sender = rank == 0, receiver = rank == last;
+  uint8_t *data = (sender || receiver) ? malloc(BACKGROUND_BYTES) : NULL;
+  float *send = malloc(((size_t)4 << 20) * sizeof(float));
+  float *recv = malloc(((size_t)4 << 20) * sizeof(float));
+  if (((sender || receiver) && data == NULL) || send == NULL || recv == NULL) {
+    EXPECT(false, "no memory for the background transfer check");
+    goto done;
+  }
+  for (size_t i = 0; i < BACKGROUND_BYTES && sender; i++) data[i] = (uint8_t)(i * 7 + 3);
+  if (receiver) memset(data, 0, BACKGROUND_BYTES);
+  for (size_t i = 0; i < ((size_t)4 << 20); i++) send[i] = (float)(i % 5);
+  keel_request *request = NULL;
+  keel_status status = KEEL_OK;
+  if (sender) status = keel_comm_isend(comm, last, BACKGROUND_TAG, data, BACKGROUND_BYTES, &request);
+  if (receiver) status = keel_comm_irecv(comm, 0, BACKGROUND_TAG, data, BACKGROUND_BYTES, &request);
+  EXPECT(status == KEEL_OK, "posting the background request: %s", keel_strerror(status));
+  for (int round = 0; round < 6 && status == KEEL_OK; round++) {
+    status = keel_comm_allreduce(comm, send, recv, (size_t)4 << 20, KEEL_F32, KEEL_SUM);
+    EXPECT(status == KEEL_OK, "allreduce beside the background request: %s", keel_strerror(status));
+  }
+  if (request != NULL) {
+    bool done = false;
+    status = keel_request_test(request, &done);
+    EXPECT(status == KEEL_OK && done,
+           "the 64 MiB request was not complete after the collectives (%s, done=%d): it did not "
+           "move in their background", keel_strerror(status), done);
+    if (!done) status = keel_request_wait(request, keel_deadline_after_ns(30000000000));
+    keel_request_free(request);
+  }
+  for (size_t i = 0; i < BACKGROUND_BYTES && receiver && status == KEEL_OK; i++) {
+    if (data[i] != (uint8_t)(i * 7 + 3)) {
+      EXPECT(false, "background byte %zu = %u, want %u", i, data[i], (uint8_t)(i * 7 + 3));
+      break;
+    }
+  }
+  uint64_t word = 0x1234abcd;
+  if (receiver) EXPECT(keel_comm_send(comm, 0, 9, &word, sizeof word) == KEEL_OK, "send back");
+  if (sender) {
+    word = 0;
+    EXPECT(keel_comm_recv(comm, last, 9, &word, sizeof word) == KEEL_OK && word == 0x1234abcd,
+           "receive back");
+  }
+done:
+  free(data);
+  free(send);
+  free(recv);
+}
+
 int main(void) {
   keel_ctx *ctx = NULL;
   keel_status status = keel_init(&ctx);
@@ -197,6 +258,7 @@ int main(void) {
   check_allgather_and_reduce_scatter(comm, 0);
   check_allgather_and_reduce_scatter(comm, 3);
   check_allgather_and_reduce_scatter(comm, 300001);
+  check_background_transfer(comm);
   EXPECT(keel_comm_barrier(comm) == KEEL_OK, "barrier");
   int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
   if (failures == 0 && rank == 0) printf("comm-check ok ranks=%d checks=%d\n", size, checks);

@@ -15,7 +15,8 @@
  *                     and exit 75; in later ones it writes an "incarnation" status line
  *                     (its KEEL_RESTART, KEEL_FIRST_UID, KEEL_FIRST_EPOCH, KEEL_NODE...)
  *   --only UID        the next action applies only to the process whose uid is UID
- * With no action left it exits 0. */
+ * With no action left it exits 0. Like a real worker, it leaves with KEEL_EXIT_STOPPED (77) as
+ * soon as its keepalive thread sees job/stop. */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -74,6 +75,13 @@ static void *keepalive_main(void *argument) {
     if (atomic_load(&worker->keepalive_stop)) break;
     keel_status status = keel_store_lease_keepalive(worker->keepalive_store, worker->lease);
     if (status != KEEL_OK) KEEL_LOG_W("fake", "keepalive: %s", keel_strerror(status));
+    /* The contract of an orderly stop (RUNTIME.md): on job/stop a process leaves with
+     * KEEL_EXIT_STOPPED, whatever it was doing. */
+    keel_store_entry *stop = NULL;
+    if (keel_store_get(worker->keepalive_store, "job/stop", &stop) == KEEL_OK) {
+      keel_store_entry_free(stop);
+      _exit(KEEL_EXIT_STOPPED);
+    }
   }
   return NULL;
 }

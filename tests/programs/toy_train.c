@@ -4,7 +4,7 @@
  * contributions, changes the final checksum. Every process that finishes prints
  *   toy-final rank=R uid=U step=N world=W crc=XXXXXXXX
  * Flags: --steps N --params P --global-batch B --compute-ms M --seed S --shards K
- *        --persist-every N --persist-dir DIR
+ *        --persist-every N --persist-dir DIR --second-allreduce --undo
  * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
  * the parameters and momentum, replicated by every group of K ranks: each step allgathers
  * the shards, reduces the whole gradient and updates its own shard. The arithmetic is the
@@ -12,7 +12,10 @@
  * either collective is recovered by the runtime, and a replacement receives its shard from
  * a survivor that holds it. Under `keel run --ckpt jit` the state is saved just in time;
  * with --persist-every N the state is saved to DIR every N commits and that tier serves a
- * replacement whose shard no survivor holds. */
+ * replacement whose shard no survivor holds. With --second-allreduce each step ends with a
+ * second allreduce after the optimizer (the registered state changes between two collectives
+ * of one step, and a fault point "updated" sits between them); --undo turns the runtime's
+ * undo copy on, which a recovery needs to redo such a step exactly. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +29,7 @@ typedef struct options {
   int64_t steps, params, global_batch, compute_ms, shards, persist_every;
   uint64_t seed;
   const char *persist_directory;
+  bool second_allreduce, undo;
 } options;
 
 static int parse_options(int argc, char **argv, options *opts) {
@@ -39,12 +43,16 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"shards", required_argument, 0, 'k'},
                                                {"persist-every", required_argument, 0, 'P'},
                                                {"persist-dir", required_argument, 0, 'D'},
+                                               {"second-allreduce", no_argument, 0, 'A'},
+                                               {"undo", no_argument, 0, 'U'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     int64_t value = 0;
-    if (option == 'D') {
-      opts->persist_directory = optarg;
+    if (option == 'D' || option == 'A' || option == 'U') {
+      if (option == 'D') opts->persist_directory = optarg;
+      if (option == 'A') opts->second_allreduce = true;
+      if (option == 'U') opts->undo = true;
       continue;
     }
     if (option == '?' || keel_parse_int(optarg, 0, 1 << 30, &value) != KEEL_OK) {
@@ -183,6 +191,16 @@ static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
     if (status != KEEL_OK) return run_end(toy, "step", status);
     keel_fault_point(ctx, "optimizer");
     optimizer_step(toy, opts, keel_world(ctx));
+    if (opts->second_allreduce) {
+      /* A statistic of the updated parameters, as a loss-scale or norm check would be: the
+       * registered state has already changed when this collective runs. */
+      float norm = 0.0f, total = 0.0f;
+      for (size_t i = 0; i < toy->shard_n; i++) norm += toy->momentum[i] * toy->momentum[i];
+      keel_fault_point(ctx, "updated");
+      status = keel_step_allreduce(ctx, &norm, &total, 1, KEEL_F32, KEEL_SUM);
+      if (status == KEEL_EREDO) continue;
+      if (status != KEEL_OK) return run_end(toy, "second allreduce", status);
+    }
     toy->step++;
     if ((status = keel_step_commit(ctx)) != KEEL_OK) return run_end(toy, "commit", status);
     keel_report(ctx, toy->step, (double)toy->recv[0], 0);
@@ -220,6 +238,12 @@ int main(int argc, char **argv) {
   keel_state_register(ctx, "momentum", toy.momentum, toy.shard_n * sizeof(float));
   keel_state_register(ctx, "step", &toy.step, sizeof toy.step);
   keel_state_shard(ctx, (uint32_t)opts.shards);
+  if (opts.undo && keel_step_undo(ctx, true) != KEEL_OK) goto done;
+  /* The tier before keel_start: a spare admitted there may need it for its shard. */
+  if (opts.persist_every > 0 &&
+      keel_ckpt_persist_enable(ctx, opts.persist_directory, (uint64_t)opts.persist_every,
+                               &persist) != KEEL_OK)
+    goto done;
   keel_status status = keel_start(ctx);
   if (status != KEEL_OK) {
     exit_code = keel_exit_code(status); /* KEEL_EJOBDONE: a spare that was never needed */
@@ -233,9 +257,6 @@ int main(int argc, char **argv) {
       toy.shard_params[i] = (float)sin((double)(shard * toy.shard_n + i));
   }
   status = keel_ckpt_jit_enable(ctx, NULL, &jit);
-  if (status == KEEL_OK && opts.persist_every > 0)
-    status = keel_ckpt_persist_enable(ctx, opts.persist_directory, (uint64_t)opts.persist_every,
-                                      &persist);
   if (status != KEEL_OK) {
     fprintf(stderr, "toy_train: checkpoints: %s\n", keel_strerror(status));
     goto done;

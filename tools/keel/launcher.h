@@ -100,6 +100,7 @@ typedef struct keel__child {
   keel__role role; /* the role it was started with */
   bool alive;
   bool fenced;
+  bool ready;             /* its proc/ key appeared: it has joined (a `ready` event) */
   bool holds_rank;        /* started as a worker, or its proc/ value showed a rank */
   int64_t rank;           /* the last rank it held; -1: none yet */
   int64_t epoch;          /* the latest epoch its proc/ value showed */
@@ -236,6 +237,9 @@ void keel__launcher_begin_stopping(keel__launcher *launcher, int signal_number);
 void keel__launcher_refresh_ranks(keel__launcher *launcher);
 /* Ends the job once no process that holds a rank is left. */
 void keel__launcher_check_end(keel__launcher *launcher);
+/* Counts the store's keys and bytes into a `store` event (after each recovery and at the
+ * end): a job's store must not grow with its age. */
+void keel__launcher_store_census(keel__launcher *launcher, const char *when);
 /* With --failure-domain node, fences the failed worker's node. */
 void keel__launcher_fence_node(keel__launcher *launcher, const keel__child *failed);
 

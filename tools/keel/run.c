@@ -142,6 +142,11 @@ static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t r
   keel__child *child = keel__child_by_uid(launcher, uid);
   /* A process of an earlier incarnation (restart) is gone; its key may linger. */
   if (child == NULL || uid < launcher->incarnation.first_uid) return;
+  if (!child->ready && child->alive) {
+    child->ready = true;
+    keel__event_emit(launcher, "ready", "\"uid\":%u,\"role\":\"%s\",\"rank\":%lld",
+                     (unsigned)uid, keel__role_name(child->role), (long long)rank);
+  }
   if (rank >= 0) {
     child->holds_rank = true;
     child->rank = rank;
@@ -189,6 +194,17 @@ static void launcher_respawn(keel__launcher *launcher, const keel__child *failed
                    (long long)launcher->restarts_used, (long long)launcher->options.max_restarts);
   keel__display_note(launcher, "respawned spare uid %u for uid %u", (unsigned)spare->uid,
                      (unsigned)failed->uid);
+}
+
+void keel__launcher_store_census(keel__launcher *launcher, const char *when) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(launcher->store, "", &entries, &count, NULL) != KEEL_OK) return;
+  size_t bytes = 0;
+  for (size_t i = 0; i < count; i++) bytes += strlen(entries[i].key) + entries[i].value_length;
+  keel_store_entries_free(entries, count);
+  keel__event_emit(launcher, "store", "\"when\":\"%s\",\"keys\":%zu,\"bytes\":%zu", when, count,
+                   bytes);
 }
 
 /* With --failure-domain node, a failed worker takes its node down with it. */
@@ -691,6 +707,7 @@ int keel__command_run(int argc, char **argv) {
   /* Lines the last processes wrote just before they exited may still be in the pipe. */
   keel__status_drain(launcher);
   exit_code = launcher->exit_code;
+  keel__launcher_store_census(launcher, "end");
   keel__display_finish(launcher);
   launcher_say_where_state_is(launcher);
   keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,

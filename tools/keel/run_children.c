@@ -255,6 +255,19 @@ void keel__wait_status_text(int wait_status, char *text, size_t capacity) {
   snprintf(text, capacity, "SIG%d", signal_number);
 }
 
+/* A reaped process's lease ends now rather than a heartbeat later: its proc/ and spare/
+ * keys go at once (nobody takes it for alive, and the store does not hold a dead process's
+ * keys for a lease's life). */
+static void lease_end(keel__launcher *launcher, uint32_t uid) {
+  char key[64];
+  snprintf(key, sizeof key, "proc/%u", (unsigned)uid);
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(launcher->store, key, &entry) != KEEL_OK) return;
+  int64_t lease = entry->lease;
+  keel_store_entry_free(entry);
+  if (lease != 0) keel_store_lease_revoke(launcher->store, lease);
+}
+
 /* An exit is written where others can see it: dead/<uid> for the runtime, an event for
  * the user. */
 static void child_record_exit(keel__launcher *launcher, const keel__child *child) {
@@ -265,6 +278,7 @@ static void child_record_exit(keel__launcher *launcher, const keel__child *child
   keel_status status = keel_store_put(launcher->store, key, value, (size_t)length, 0, NULL);
   if (status != KEEL_OK)
     KEEL_LOG_E("launcher", "cannot record %s in the store: %s", key, keel_strerror(status));
+  lease_end(launcher, child->uid);
   /* "code" for an exit, "signal" for a kill (RUNTIME.md); "status" as in dead/<uid>. */
   char how[48];
   if (WIFEXITED(child->wait_status))
@@ -295,6 +309,12 @@ void keel__children_reap(keel__launcher *launcher) {
 
 void keel__child_fence(keel__launcher *launcher, keel__child *child, const char *reason) {
   if (!child->alive || child->fenced) return;
+  /* A process that died already (a zombie not reaped yet) is no one to fence: its exit, not
+   * a fence, is what happened to it. */
+  char state = 0;
+  int parent = 0;
+  if (keel_process_stat(child->pid, &state, &parent) == KEEL_OK && (state == 'Z' || state == 'X'))
+    return;
   /* SIGKILL also ends a stopped process, and nothing can catch it: a fence is final. */
   if (kill(child->pid, SIGKILL) != 0) {
     KEEL_LOG_E("launcher", "cannot fence uid %u (pid %ld): %s", (unsigned)child->uid,

@@ -116,7 +116,10 @@ static void status_line_handle(keel__launcher *launcher, char *line, size_t leng
   char event[64];
   keel__json_string(line, "event", event, sizeof event);
   if (strcmp(event, "progress") == 0) status_progress(launcher, line);
-  if (strcmp(event, "recovery") == 0) status_recovery(launcher, line);
+  if (strcmp(event, "recovery") == 0) {
+    status_recovery(launcher, line);
+    keel__launcher_store_census(launcher, "recovery");
+  }
 }
 
 /* Handles the complete lines at the front of the buffer and keeps the partial rest. */

@@ -1,0 +1,325 @@
+/* Integration tests of the runtime under the real launcher: step transactions with several
+ * collectives, state sources (a replacement takes its shard from a survivor that holds it,
+ * from a checkpoint tier when none does, or the job stops clearly when neither can), the
+ * undo copy of a step that changes state between collectives, forward recovery, growth at a
+ * step boundary without any failure machinery, and a store that does not grow with the
+ * number of recoveries. Every bit-exact case is checked against a clean run. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_events.h"
+#include "test_job.h"
+#include "test_support.h"
+
+#define JOB_TIMEOUT "60s"
+#define JOB_TIMEOUT_MS 70000
+#define TOY_STEPS "20"
+#define TOY_STEP_COUNT 20
+#define TOY_PARAMS "40000"
+#define MAX_EVENTS 4096
+
+#define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- jobs */
+
+/* toy_train's arguments: the common ones, then up to 8 more (NULL-terminated). */
+static void toy_arguments(const char *arguments[16], const char *const *extra) {
+  static const char *const common[] = {"--steps", TOY_STEPS, "--params", TOY_PARAMS,
+                                       "--compute-ms", "1"};
+  size_t used = 0;
+  for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) arguments[used++] = common[i];
+  for (size_t i = 0; extra != NULL && extra[i] != NULL && used < 15; i++) arguments[used++] = extra[i];
+  arguments[used] = NULL;
+}
+
+/* Runs toy_train with flags, extra program arguments and a fault; returns keel's exit code. */
+static int toy_job(keel_test_job *run, const char *const *flags, const char *const *extra,
+                   const char *fault) {
+  assert_true(keel_test_job_prepare(run, "keel-runtime"));
+  const char *arguments[16];
+  toy_arguments(arguments, extra);
+  int code = keel_test_job_run(run, JOB_TIMEOUT, JOB_TIMEOUT_MS, flags,
+                               keel_test_program("toy_train"), arguments, fault);
+  if (code != 0) keel_test_print_file("job output", run->output);
+  return code;
+}
+
+/* The crc of a clean 4-worker run, sharded or not (the arithmetic is the same): what every
+ * exact recovery must reproduce. */
+static unsigned clean_crc(void) {
+  static bool known;
+  static unsigned crc;
+  if (!known) {
+    keel_test_job run;
+    assert_int_equal(toy_job(&run, LIST("-n", "4"), NULL, NULL), 0);
+    crc = keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT);
+    known = true;
+  }
+  return crc;
+}
+
+/* The events of a finished job; the caller frees them. */
+static keel_test_events job_events(const keel_test_job *run) {
+  keel_test_events log;
+  keel_test_events_read(run->events, MAX_EVENTS, &log);
+  return log;
+}
+
+/* Every rule of a KEEL_FAULT text wrote its "fault" event: a rule that never fired would make
+ * the case prove nothing. */
+static void assert_rules_fired(const keel_test_events *log, const char *fault) {
+  size_t rules = 1;
+  for (const char *at = fault; *at; at++) rules += *at == ';';
+  size_t fired = keel_test_events_count(log, "fault");
+  if (fired != rules) fail_msg("%zu of the %zu rules of %s fired", fired, rules, fault);
+}
+
+/* The transfers of the last recovery line, as written ("[...]"), into text. */
+static void last_transfers(const keel_test_events *log, char *text, size_t capacity) {
+  text[0] = '\0';
+  for (size_t i = log->count; i-- > 0;) {
+    if (!keel_test_event_is(log->lines[i], "recovery")) continue;
+    const char *transfers = keel_test_event_field(log->lines[i], "transfers");
+    if (transfers == NULL) continue;
+    const char *end = strchr(transfers, ']');
+    size_t length = end ? (size_t)(end - transfers + 1) : strlen(transfers);
+    snprintf(text, capacity, "%.*s", (int)(length < capacity ? length : capacity - 1), transfers);
+    return;
+  }
+}
+
+/* ---- state sources */
+
+/* Rank 1 dies at the start of step 7: with two shards (ranks 0 and 2 hold shard 0, 1 and 3
+ * shard 1) the spare (uid 4) must take shard 1, and only uid 3 holds it. */
+static void test_sharded_replace_from_the_holder(void **state) {
+  (void)state;
+  unsigned clean = clean_crc();
+  keel_test_job run;
+  const char *fault = "kill@rank=1,step=7,point=step";
+  assert_int_equal(toy_job(&run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace"),
+                           LIST("--shards", "2"), fault),
+                   0);
+  assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  char transfers[512];
+  last_transfers(&log, transfers, sizeof transfers);
+  if (strcmp(transfers, "[{\"to\":4,\"from\":3,\"shard\":1}]") != 0)
+    fail_msg("the replacement's shard came from the wrong place: %s (%s)", transfers, run.events);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* The same, killed between the step's two collectives (after the allgather, before the
+ * allreduce): the survivors are in the step's second collective; the step is redone. */
+static void test_sharded_replace_between_collectives(void **state) {
+  (void)state;
+  unsigned clean = clean_crc();
+  keel_test_job run;
+  const char *fault = "kill@rank=1,step=7,point=forward";
+  assert_int_equal(toy_job(&run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace"),
+                           LIST("--shards", "2"), fault),
+                   0);
+  assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  const char *recovery = keel_test_events_find(&log, "recovery", -1);
+  assert_non_null(recovery);
+  assert_non_null(strstr(recovery, "\"restart_step\":true"));
+  keel_test_events_free(&log);
+}
+
+/* Both holders of shard 1 die at once: no survivor has it, the persistent tier (a snapshot
+ * at every commit) gives both replacements the exact step. */
+static void test_lost_shard_comes_from_the_tier(void **state) {
+  (void)state;
+  unsigned clean = clean_crc();
+  keel_test_job run;
+  assert_true(keel_test_job_prepare(&run, "keel-runtime"));
+  char persist[400];
+  snprintf(persist, sizeof persist, "%s/persist", run.folder);
+  const char *fault = "kill@rank=1,step=10,point=step;kill@rank=3,step=10,point=step";
+  const char *arguments[16];
+  toy_arguments(arguments, LIST("--shards", "2", "--persist-every", "1", "--persist-dir", persist));
+  int code = keel_test_job_run(&run, JOB_TIMEOUT, JOB_TIMEOUT_MS,
+                               LIST("-n", "4", "--spares", "2", "--on-failure", "replace"),
+                               keel_test_program("toy_train"), arguments, fault);
+  if (code != 0) keel_test_print_file("job output", run.output);
+  assert_int_equal(code, 0);
+  assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  char transfers[512];
+  last_transfers(&log, transfers, sizeof transfers);
+  if (strstr(transfers, "{\"to\":4,\"from\":\"tier\",\"shard\":1}") == NULL ||
+      strstr(transfers, "{\"to\":5,\"from\":\"tier\",\"shard\":1}") == NULL)
+    fail_msg("both replacements should restore shard 1 from the tier: %s (%s)", transfers,
+             run.events);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* The same loss without a tier: every process concludes that the job cannot go on (the same
+ * verdict from the same decision), says why, and leaves; nothing hangs. */
+static void test_lost_shard_without_a_tier_stops_clearly(void **state) {
+  (void)state;
+  keel_test_job run;
+  const char *fault = "kill@rank=1,step=10,point=step;kill@rank=3,step=10,point=step";
+  int code = toy_job(&run, LIST("-n", "4", "--spares", "2", "--on-failure", "replace"),
+                     LIST("--shards", "2"), fault);
+  assert_int_not_equal(code, 0);
+  assert_int_not_equal(code, -1); /* it ended by itself */
+  char *output = keel_test_read_file(run.output, NULL);
+  assert_non_null(output);
+  if (strstr(output, "no survivor holds shard 1") == NULL)
+    fail_msg("no clear message about the lost shard in %s", run.output);
+  free(output);
+  keel_test_events log = job_events(&run);
+  for (long uid = 0; uid < 6; uid++) {
+    const char *exit_line = keel_test_events_find(&log, "exit", uid);
+    if (exit_line == NULL) fail_msg("uid %ld has no exit event (%s)", uid, run.events);
+    if (uid == 1 || uid == 3) continue;
+    if (strstr(exit_line, "\"code\":1") == NULL)
+      fail_msg("uid %ld should leave with 1: %s", uid, exit_line);
+  }
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* ---- step transactions */
+
+/* The registered state changes between the step's two collectives; rank 2 dies right after
+ * its update. With the undo copy the redone step is exact; without it the update is applied
+ * twice and the run differs (the negative control: the check can tell). */
+typedef struct undo_case {
+  const char *name;
+  bool undo;
+} undo_case;
+
+static void test_undo_copy(void **state) {
+  const undo_case *undo = *state;
+  unsigned clean = clean_crc();
+  keel_test_job run;
+  const char *fault = "kill@rank=2,step=7,point=updated";
+  int code = toy_job(&run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace"),
+                     undo->undo ? LIST("--second-allreduce", "--undo") : LIST("--second-allreduce"),
+                     fault);
+  assert_int_equal(code, 0);
+  unsigned crc = keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT);
+  if (undo->undo && crc != clean) fail_msg("crc %08x with the undo copy, %08x clean", crc, clean);
+  if (!undo->undo && crc == clean)
+    fail_msg("without the undo copy the redone step should differ, yet crc %08x is clean", crc);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  keel_test_events_free(&log);
+}
+
+/* Shrink: every survivor is in the step's second collective with the same state, so only that
+ * collective is redone in the new world (forward recovery), no step. */
+static void test_forward_recovery_redoes_one_collective(void **state) {
+  (void)state;
+  keel_test_job run;
+  const char *fault = "kill@rank=2,step=7,point=updated";
+  assert_int_equal(toy_job(&run, LIST("-n", "4"), LIST("--second-allreduce"), fault), 0);
+  keel_test_toy_assert_consistent(run.output, 3, TOY_STEP_COUNT);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  const char *recovery = keel_test_events_find(&log, "recovery", -1);
+  if (recovery == NULL) fail_msg("no recovery line in %s", run.events);
+  if (strstr(recovery, "\"restart_step\":false") == NULL)
+    fail_msg("the survivors should have redone only the collective: %s", recovery);
+  if (strtod(keel_test_event_field(recovery, "redo_ms"), NULL) <= 0)
+    fail_msg("no redo time in %s", recovery);
+  keel_test_events_free(&log);
+}
+
+/* Growth at a step boundary: a joiner enters; nothing failed, so no failure hooks run
+ * (no `failure` event), nothing is fenced, and the growth is one recovery line of policy
+ * grow with no one failed. */
+static void test_growth_fires_no_failure_machinery(void **state) {
+  (void)state;
+  keel_test_job run;
+  assert_int_equal(toy_job(&run, LIST("-n", "2", "--max-world", "3"),
+                           LIST("--steps", "60", "--compute-ms", "3"), NULL),
+                   0);
+  keel_test_toy_assert_consistent(run.output, 3, 60);
+  keel_test_events log = job_events(&run);
+  const char *grew = keel_test_events_find(&log, "recovery", -1);
+  if (grew == NULL || strstr(grew, "\"policy\":\"grow\"") == NULL ||
+      strstr(grew, "\"failed\":[]") == NULL)
+    fail_msg("no grow line: %s", run.events);
+  if (keel_test_events_count(&log, "failure") != 0 || keel_test_events_count(&log, "fence") != 0)
+    fail_msg("a growth ran failure hooks or fenced: %s", run.events);
+  keel_test_events_free(&log);
+}
+
+/* ---- the store does not grow with the job's age */
+
+/* Eight recoveries in one job: rank 2 dies, then each spare that takes its place dies a few
+ * steps later. The store's key count after each recovery (the launcher's `store` events)
+ * stays flat: finished epochs' agreement keys and dead processes' keys are collected. */
+static void test_store_stays_flat_over_recoveries(void **state) {
+  (void)state;
+  keel_test_job run;
+  const char *fault = "kill@uid=2,step=3;kill@uid=4,step=6;kill@uid=5,step=9;kill@uid=6,step=12;"
+                      "kill@uid=7,step=15;kill@uid=8,step=18;kill@uid=9,step=21;"
+                      "kill@uid=10,step=24";
+  assert_int_equal(toy_job(&run,
+                           LIST("-n", "4", "--spares", "1", "--on-failure", "replace",
+                                "--max-restarts", "10"),
+                           LIST("--steps", "30"), fault),
+                   0);
+  keel_test_toy_assert_consistent(run.output, 4, 30);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  long first = -1, last = -1, most = 0, censuses = 0;
+  for (size_t i = 0; i < log.count; i++) {
+    if (!keel_test_event_is(log.lines[i], "store")) continue;
+    long keys = (long)keel_test_event_long(log.lines[i], "keys");
+    if (first < 0) first = keys;
+    last = keys;
+    if (keys > most) most = keys;
+    censuses++;
+  }
+  printf("store keys over %ld censuses: first %ld, last %ld, most %ld\n", censuses, first, last,
+         most);
+  if (censuses < 8) fail_msg("only %ld store censuses in %s", censuses, run.events);
+  /* A recovery leaves the last epoch's votes and a few dead processes' keys until the next
+   * one collects them: a handful, never one more per recovery. */
+  if (most > first + 12) fail_msg("the store grew from %ld to %ld keys", first, most);
+  keel_test_events_free(&log);
+}
+
+static undo_case undo_cases[] = {
+    {"undo_copy_makes_a_mid_step_update_exact", true},
+    {"without_the_undo_copy_the_redo_differs", false},
+};
+
+#define UNDO_CASES (sizeof undo_cases / sizeof undo_cases[0])
+
+int main(void) {
+  /* cmocka runs every element of the array it is given: it holds exactly the tests. */
+  struct CMUnitTest tests[7 + UNDO_CASES];
+  size_t count = 0;
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_from_the_holder);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_between_collectives);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_lost_shard_comes_from_the_tier);
+  tests[count++] =
+      (struct CMUnitTest)cmocka_unit_test(test_lost_shard_without_a_tier_stops_clearly);
+  for (size_t i = 0; i < UNDO_CASES; i++)
+    tests[count++] = (struct CMUnitTest){undo_cases[i].name, test_undo_copy, NULL, NULL,
+                                         &undo_cases[i]};
+  tests[count++] =
+      (struct CMUnitTest)cmocka_unit_test(test_forward_recovery_redoes_one_collective);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_growth_fires_no_failure_machinery);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_store_stays_flat_over_recoveries);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
