@@ -16,31 +16,31 @@ extern "C" {
 #endif
 
 /* One table makes the enum, keel_strerror and keel_status_name (libuv's habit). */
-#define KEEL_STATUS_TABLE(X)                                                              \
-  X(OK, 0, "success")                                                                     \
-  X(EINVAL, -1, "invalid argument")                                                       \
-  X(ENOMEM, -2, "out of memory")                                                          \
-  X(ECLOSED, -3, "closed")                                                                \
-  X(ETIMEDOUT, -4, "deadline passed")                                                     \
-  X(EPROCFAILED, -5, "a member of the communicator failed")                               \
-  X(EREVOKED, -6, "the communicator was revoked")                                         \
-  X(EAUTH, -7, "authentication failed (wrong job token?)")                                \
-  X(ECORRUPT, -8, "data failed its checksum or is malformed")                             \
-  X(EPROTO, -9, "protocol error (unexpected frame)")                                      \
-  X(EIO, -10, "input/output error")                                                       \
-  X(ENOTFOUND, -11, "not found")                                                          \
-  X(EEXIST, -12, "already exists")                                                        \
-  X(EAGAIN, -13, "try again (would block)")                                               \
-  X(ECONNREFUSED, -14, "connection refused")                                              \
-  X(ERANGE, -15, "value out of range or too large")                                       \
-  X(ENOSPC, -16, "no space left on device")                                               \
-  X(ECONFLICT, -17, "compare-and-swap lost: the value changed")                           \
-  X(EEXCLUDED, -18, "this process was excluded from the job")                             \
-  X(ENOTSUP, -19, "not supported")                                                        \
-  X(ECANCELED, -20, "canceled")                                                           \
-  X(EJOBDONE, -21, "the job finished")                                                     \
-  X(ERESTART, -22, "the job restarts its processes: save done, exit with KEEL_EXIT_RESTART")   \
-  X(EREDO, -23, "a failure was recovered: begin the step again from the registered state")   \
+#define KEEL_STATUS_TABLE(X)                                                                      \
+  X(OK, 0, "success")                                                                             \
+  X(EINVAL, -1, "invalid argument")                                                               \
+  X(ENOMEM, -2, "out of memory")                                                                  \
+  X(ECLOSED, -3, "closed")                                                                        \
+  X(ETIMEDOUT, -4, "deadline passed")                                                             \
+  X(EPROCFAILED, -5, "a member of the communicator failed")                                       \
+  X(EREVOKED, -6, "the communicator was revoked")                                                 \
+  X(EAUTH, -7, "authentication failed (wrong job token?)")                                        \
+  X(ECORRUPT, -8, "data failed its checksum or is malformed")                                     \
+  X(EPROTO, -9, "protocol error (unexpected frame)")                                              \
+  X(EIO, -10, "input/output error")                                                               \
+  X(ENOTFOUND, -11, "not found")                                                                  \
+  X(EEXIST, -12, "already exists")                                                                \
+  X(EAGAIN, -13, "try again (would block)")                                                       \
+  X(ECONNREFUSED, -14, "connection refused")                                                      \
+  X(ERANGE, -15, "value out of range or too large")                                               \
+  X(ENOSPC, -16, "no space left on device")                                                       \
+  X(ECONFLICT, -17, "compare-and-swap lost: the value changed")                                   \
+  X(EEXCLUDED, -18, "this process was excluded from the job")                                     \
+  X(ENOTSUP, -19, "not supported")                                                                \
+  X(ECANCELED, -20, "canceled")                                                                   \
+  X(EJOBDONE, -21, "the job finished")                                                            \
+  X(ERESTART, -22, "the job restarts its processes: save done, exit with KEEL_EXIT_RESTART")      \
+  X(EREDO, -23, "a failure was recovered: begin the step again from the registered state")        \
   X(ESTOPPED, -24, "the job is stopping (keel run was interrupted): exit with KEEL_EXIT_STOPPED") \
   X(EORPHANED, -25, "the launcher is gone: exit with KEEL_EXIT_ORPHANED")
 
@@ -58,7 +58,7 @@ const char *keel_status_name(keel_status status);
 keel_status keel_status_from_errno(int error_number);
 
 /* ---- logging: to stderr only, never stdout. Level from KEEL_LOG (error, warn, info,
- * debug); default warn. Thread-safe: one write per line. */
+ * debug, or off for nothing); default warn. Thread-safe: one write per line. */
 typedef enum keel_log_level {
   KEEL_LOG_ERROR = 0,
   KEEL_LOG_WARN = 1,
@@ -75,9 +75,9 @@ void keel_log_set_identity(const char *identity);
 #define KEEL_LOG_E(module, ...) keel_log(KEEL_LOG_ERROR, module, __VA_ARGS__)
 #define KEEL_LOG_W(module, ...) keel_log(KEEL_LOG_WARN, module, __VA_ARGS__)
 #define KEEL_LOG_I(module, ...) keel_log(KEEL_LOG_INFO, module, __VA_ARGS__)
-#define KEEL_LOG_D(module, ...)                                                           \
-  do {                                                                                    \
-    if (keel_log_enabled(KEEL_LOG_DEBUG)) keel_log(KEEL_LOG_DEBUG, module, __VA_ARGS__);  \
+#define KEEL_LOG_D(module, ...)                                                          \
+  do {                                                                                   \
+    if (keel_log_enabled(KEEL_LOG_DEBUG)) keel_log(KEEL_LOG_DEBUG, module, __VA_ARGS__); \
   } while (0)
 
 /* ---- clock: CLOCK_MONOTONIC in nanoseconds; system-wide on Linux, so figures taken in

@@ -19,8 +19,8 @@
  * it sooner on any change). */
 #define LOOK_INTERVAL_NS (20 * (int64_t)1000000)
 
-void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch,
-                     uint32_t round, const char *suffix) {
+void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch, uint32_t round,
+                     const char *suffix) {
   snprintf(key, capacity, "%s/%08" PRIu64 "/%04" PRIu32 "%s", prefix, epoch, round,
            suffix ? suffix : "");
 }
@@ -74,8 +74,8 @@ keel_status keel__vote_format(const keel_rebuild_vote *vote, uint64_t epoch, int
   int length = snprintf(text, capacity,
                         "epoch=%" PRIu64 " node=%d flags=%" PRIu32
                         " rebuild=%d shrink=%d spares=%d joiners=%d note=%s",
-                        epoch, node < 0 ? -1 : node, vote->flags, vote->rebuild,
-                        vote->shrink_only, vote->admit_spares, vote->admit_joiners, vote->note);
+                        epoch, node < 0 ? -1 : node, vote->flags, vote->rebuild, vote->shrink_only,
+                        vote->admit_spares, vote->admit_joiners, vote->note);
   return length > 0 && (size_t)length < capacity ? KEEL_OK : KEEL_ERANGE;
 }
 
@@ -113,7 +113,8 @@ static keel_status format_list(keel_buffer *text, const char *name, const uint32
 
 keel_status keel__decision_format(const keel_decision *decision, keel_buffer *text) {
   keel_status status = keel_buffer_appendf(
-      text, "epoch=%" PRIu64 " round=%" PRIu32 " rebuild=%d flags=%" PRIu32 " replaced=%d joined=%d",
+      text,
+      "epoch=%" PRIu64 " round=%" PRIu32 " rebuild=%d flags=%" PRIu32 " replaced=%d joined=%d",
       decision->epoch, decision->round, decision->rebuild, decision->flags,
       decision->replaced_count, decision->joined_count);
   if (status == KEEL_OK)
@@ -136,8 +137,10 @@ static bool parse_list(const char *value, uint32_t *uids, int capacity, int *cou
     unsigned long uid = strtoul(value, &end, 10);
     if (uid >= KEEL_MAX_UIDS || count == capacity) return false;
     uids[count++] = (uint32_t)uid;
-    if (*end == ',') end++;
-    else if (*end != ' ' && *end != '\0') return false;
+    if (*end == ',')
+      end++;
+    else if (*end != ' ' && *end != '\0')
+      return false;
     value = end;
   }
   *count_p = count;
@@ -147,7 +150,9 @@ static bool parse_list(const char *value, uint32_t *uids, int capacity, int *cou
 static bool parse_notes(const char *value, keel_decision *decision) {
   for (int i = 0; i < decision->member_count; i++) {
     const char *end;
-    if (!word_text(value, '|', decision->notes[i], KEEL_NOTE_MAX, &end)) return false;
+    if (!word_text(value, '|', decision->notes[i], KEEL_NOTE_MAX, &end) ||
+        !note_valid(decision->notes[i]))
+      return false;
     if (i + 1 < decision->member_count && *end != '|') return false;
     value = *end == '|' ? end + 1 : end;
   }
@@ -328,10 +333,14 @@ static keel_status try_decide(agreement *round, bool waited_enough_for_spares, b
   if (status == KEEL_OK && any_vote_wants(round, false))
     status = candidates_read(round, "join/", round->joiners, &round->joiner_count);
   if (status != KEEL_OK) return status;
-  keel__decide_input input = {.epoch = comm->epoch, .round = round->round,
-                              .ballots = round->ballots, .count = comm->size,
-                              .spares = round->spares, .spare_count = round->spare_count,
-                              .joiners = round->joiners, .joiner_count = round->joiner_count,
+  keel__decide_input input = {.epoch = comm->epoch,
+                              .round = round->round,
+                              .ballots = round->ballots,
+                              .count = comm->size,
+                              .spares = round->spares,
+                              .spare_count = round->spare_count,
+                              .joiners = round->joiners,
+                              .joiner_count = round->joiner_count,
                               .node_domain = endpoint->config.node_domain,
                               .waited_enough_for_spares = waited_enough_for_spares,
                               .max_world = endpoint->config.max_world};
@@ -390,8 +399,8 @@ static keel_status agreement_vote(agreement *round, const keel_rebuild_vote *vot
   char key[96], suffix[32], value[256];
   snprintf(suffix, sizeof suffix, "/%" PRIu32, endpoint->config.uid);
   keel__epoch_key(key, sizeof key, "agree", comm->epoch, round->round, suffix);
-  keel_status status = keel__vote_format(vote, comm->epoch, endpoint->config.node, value,
-                                         sizeof value);
+  keel_status status =
+      keel__vote_format(vote, comm->epoch, endpoint->config.node, value, sizeof value);
   if (status != KEEL_OK) return status;
   status = keel_store_put(endpoint->config.store, key, value, strlen(value), 0, NULL);
   /* A member that dies here has voted: the others must still settle without it. */
@@ -554,15 +563,14 @@ keel_status keel_comm_shrink(keel_comm *comm, keel_comm **new_p) {
 }
 
 keel_status keel_comm_grow(keel_comm *comm, keel_comm **new_p) {
-  keel_rebuild_vote vote = {.flags = 1, .rebuild = true, .admit_spares = true,
-                            .admit_joiners = true};
+  keel_rebuild_vote vote = {
+      .flags = 1, .rebuild = true, .admit_spares = true, .admit_joiners = true};
   return rebuild_simply(comm, &vote, new_p);
 }
 
 /* ---- processes that are not members yet */
 
-static void offer_key(const keel_endpoint *endpoint, keel_offer offer, char *key,
-                      size_t capacity) {
+static void offer_key(const keel_endpoint *endpoint, keel_offer offer, char *key, size_t capacity) {
   snprintf(key, capacity, "%s/%" PRIu32, offer == KEEL_OFFER_SPARE ? "spare" : "join",
            endpoint->config.uid);
 }
@@ -576,8 +584,8 @@ keel_status keel_endpoint_offer(keel_endpoint *endpoint, keel_offer offer) {
 
 /* The newest rebuild decision that names this process and is newer than the epoch it has,
  * if any. An older decision that named it was overtaken by a later failure. */
-static keel_status newest_admission(keel_endpoint *endpoint, keel_decision *decision,
-                                    bool *found_p, uint64_t *revision_p) {
+static keel_status newest_admission(keel_endpoint *endpoint, keel_decision *decision, bool *found_p,
+                                    uint64_t *revision_p) {
   *found_p = false;
   keel_store_entry *entries = NULL;
   size_t count = 0;

@@ -9,22 +9,23 @@
 #include "keel/core.h"
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
-static keel_log_level log_threshold = KEEL_LOG_WARN;
+static int log_threshold = KEEL_LOG_WARN; /* -1: KEEL_LOG=off, nothing at all */
 /* Process-wide by nature (stderr is); set once at start-up by keel_init or a tool. */
 static char log_identity[48] = "keel";
 
 static void log_read_level(void) {
   const char *text = getenv("KEEL_LOG");
   if (text == NULL) return;
+  if (strcmp(text, "off") == 0) log_threshold = -1;
   static const char *const names[] = {"error", "warn", "info", "debug"};
   for (int level = 0; level < 4; level++) {
-    if (strcmp(text, names[level]) == 0) log_threshold = (keel_log_level)level;
+    if (strcmp(text, names[level]) == 0) log_threshold = level;
   }
 }
 
 bool keel_log_enabled(keel_log_level level) {
   pthread_once(&log_once, log_read_level);
-  return level <= log_threshold;
+  return (int)level <= log_threshold;
 }
 
 void keel_log_set_identity(const char *identity) {
