@@ -1,7 +1,8 @@
 /* Allocation-failure torture (curl's and SQLite's habit): each target operation runs once to
  * count its allocations N, then N times more with the n-th refused (test_alloc.h); every run
  * must end in the status its contract gives, hold no memory afterwards and not crash.
- * Targets, one table entry each: the store codec, frames received on a link, the manifest. */
+ * Targets, one table entry each: the store codec, frames received on a link, the manifest,
+ * communicator creation and the runtime's context. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 
 #include "keel/ckpt.h"
+#include "keel/comm.h"
 #include "keel/net.h"
 #include "keel/store.h"
 #include "net/net_internal.h"
@@ -579,9 +581,50 @@ static keel_status manifest_decode_run(void *argument) {
   return status;
 }
 
-/* ---- the targets: one entry each, one cmocka test each. Communicator creation joins
- * here once its rewrite lands, as {"comm_create", comm_prepare, comm_create_run,
- * comm_release, true}. */
+/* ---- communicator creation: an endpoint of a world of one, its first communicator, a
+ * shrink (the agreement's decision and the next epoch's communicator) and an allreduce on
+ * it; and the runtime's whole context (keel_init without a launcher: registry, steps,
+ * recovery, state sources, fault plan, endpoint, world). An endpoint linked with others
+ * starts threads (acceptor, store server) whose allocations would race the count: the
+ * world of one walks the same creation code without them. */
+static keel_status comm_create_run(void *argument) {
+  (void)argument;
+  keel_endpoint_config config = {.uid = 0, .failure_detection = true};
+  keel_endpoint *endpoint = NULL;
+  keel_status status = keel_endpoint_create(&config, &endpoint);
+  if (status != KEEL_OK) return status;
+  uint32_t only = 0;
+  keel_comm *comm = NULL, *shrunk = NULL;
+  status = keel_comm_create(endpoint, 0, &only, 1, KEEL_NO_DEADLINE, &comm);
+  if (status == KEEL_OK) status = keel_comm_shrink(comm, &shrunk);
+  float in[4] = {1, 2, 3, 4}, out[4] = {0};
+  if (status == KEEL_OK) status = keel_comm_allreduce(shrunk, in, out, 4, KEEL_F32, KEEL_SUM);
+  if (status == KEEL_OK && (keel_comm_epoch(shrunk) != 1 || out[3] != 4.0f))
+    status = torture_wrong("shrunk communicator", 0);
+  keel_endpoint_close(endpoint, 0);
+  return status;
+}
+
+static void *runtime_prepare(void) {
+  unsetenv("KEEL_STORE");
+  unsetenv("KEEL_FAULT");
+  return NULL;
+}
+
+static keel_status runtime_init_run(void *argument) {
+  (void)argument;
+  keel_ctx *ctx = NULL;
+  keel_status status = keel_init(&ctx);
+  if (status != KEEL_OK) return status;
+  uint64_t step = 0;
+  status = keel_state_register(ctx, "step", &step, sizeof step);
+  if (status == KEEL_OK && keel_comm_size(keel_world(ctx)) != 1)
+    status = torture_wrong("world of one", 0);
+  keel_finalize(ctx);
+  return status;
+}
+
+/* ---- the targets: one entry each, one cmocka test each. */
 static const torture_target targets[] = {
     {"store_request_encode", store_prepare, store_encode_run, store_release, true},
     {"store_response_build", store_prepare, store_response_build_run, store_release, true},
@@ -591,6 +634,8 @@ static const torture_target targets[] = {
     {"link_recv_frames", frame_prepare, frame_run, frame_release, true},
     {"ckpt_manifest_build", manifest_prepare, manifest_build_run, manifest_release, true},
     {"ckpt_manifest_decode", manifest_prepare, manifest_decode_run, manifest_release, true},
+    {"comm_create", NULL, comm_create_run, NULL, true},
+    {"runtime_init", runtime_prepare, runtime_init_run, NULL, true},
 };
 #define TARGET_COUNT (sizeof targets / sizeof targets[0])
 
