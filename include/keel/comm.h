@@ -57,18 +57,18 @@ typedef struct keel_membership_ops {
 } keel_membership_ops;
 
 typedef struct keel_endpoint_config {
-  uint32_t uid;        /* this process's id in the job (< KEEL_MAX_UIDS) */
-  keel_auth auth;      /* the job's id and token; local_id is set to uid */
-  keel_store *store;   /* the job's store (not owned); NULL: a world of one, no links */
-  int64_t lease;       /* the lease the pool keys (spare/, join/) live with */
-  const char *host;    /* where to listen; NULL: 127.0.0.1 */
-  int node;            /* this process's failure domain */
-  bool node_domain;    /* a member's failure takes every member of its node */
-  int max_world;       /* a grow stops at this size */
-  int64_t timeout_ns;  /* default deadline of every operation; 0: 30 s */
-  int64_t spare_wait_ns; /* replace: how long an agreement waits for spares; 0: 10 s */
-  bool failure_detection; /* false: operations end only by completion or deadline (a
-                             benchmark's switch, KEEL_FAILURE_DETECTION=off) */
+  uint32_t uid;            /* this process's id in the job (< KEEL_MAX_UIDS) */
+  keel_auth auth;          /* the job's id and token; local_id is set to uid */
+  keel_store *store;       /* the job's store (not owned); NULL: a world of one, no links */
+  int64_t lease;           /* the lease the pool keys (spare/, join/) live with */
+  const char *host;        /* where to listen; NULL: 127.0.0.1 */
+  int node;                /* this process's failure domain */
+  bool node_domain;        /* a member's failure takes every member of its node */
+  int max_world;           /* a grow stops at this size */
+  int64_t timeout_ns;      /* default deadline of every operation; 0: 30 s */
+  int64_t spare_wait_ns;   /* replace: how long an agreement waits for spares; 0: 10 s */
+  bool failure_detection;  /* false: operations end only by completion or deadline (a
+                              benchmark's switch, KEEL_FAILURE_DETECTION=off) */
   keel_fault_plan *faults; /* points "allreduce", "agree"; may be NULL; not owned */
   const keel_membership_ops *membership; /* required with a store */
   void *membership_context;
@@ -162,10 +162,13 @@ keel_status keel_comm_recv(keel_comm *comm, int rank, uint64_t tag, void *buffer
  * KEEL_EREVOKED at every member (a reliable broadcast of the mark). Idempotent. */
 keel_status keel_comm_revoke(keel_comm *comm);
 
-/* Fault-tolerant agreement: every surviving member returns the same *flags (the bitwise AND
- * of the survivors' inputs) and the same failed set, even if members fail during it.
- * failed_uids (optional, capacity entries) receives the uids of members that failed, and
- * *failed_count_p their number. Works on a revoked communicator. KEEL_ETIMEDOUT if it cannot
+/* Fault-tolerant agreement: every surviving member returns the same *flags and the same
+ * failed set, even if members fail during it. *flags is the bitwise AND of the inputs of the
+ * members whose votes counted: every survivor's, and that of a member that died after its
+ * vote was written when the decision came before its death was seen (then it is not in the
+ * failed set either: the set names exactly the members whose votes did not count).
+ * failed_uids (optional, capacity entries) receives their uids, and *failed_count_p their
+ * number. Works on a revoked communicator. KEEL_ETIMEDOUT if it cannot
  * decide by the communicator's deadline (members that stay silent that long are suspected
  * first, which makes the job fence them, and given one more deadline). */
 keel_status keel_comm_agree(keel_comm *comm, uint32_t *flags, uint32_t *failed_uids,
@@ -173,21 +176,21 @@ keel_status keel_comm_agree(keel_comm *comm, uint32_t *flags, uint32_t *failed_u
 
 /* What a member asks of a membership change, and the change all members agreed on. */
 typedef struct keel_rebuild_vote {
-  uint32_t flags;     /* ANDed over the voters, as keel_comm_agree */
-  bool rebuild;       /* make the next epoch (false: a plain agreement) */
-  bool shrink_only;   /* no spares: the survivors alone (ULFM shrink) */
-  bool admit_spares;  /* failed members' places go to idle spares, waiting for them a while */
-  bool admit_joiners; /* joiners waiting (join/ keys) are admitted, up to the maximum world */
+  uint32_t flags;           /* ANDed over the voters, as keel_comm_agree */
+  bool rebuild;             /* make the next epoch (false: a plain agreement) */
+  bool shrink_only;         /* no spares: the survivors alone (ULFM shrink) */
+  bool admit_spares;        /* failed members' places go to idle spares, waiting for them a while */
+  bool admit_joiners;       /* joiners waiting (join/ keys) are admitted, up to the maximum world */
   char note[KEEL_NOTE_MAX]; /* the member's word to the others (the runtime: what state it
                                holds); printable ASCII, no spaces */
 } keel_rebuild_vote;
 
 typedef struct keel_decision {
-  uint64_t epoch;     /* of the communicator that decided; the new one is epoch + 1 */
+  uint64_t epoch; /* of the communicator that decided; the new one is epoch + 1 */
   uint32_t round;
   bool rebuild;
   uint32_t flags;
-  int member_count;   /* of the new epoch, in rank order */
+  int member_count; /* of the new epoch, in rank order */
   uint32_t members[KEEL_MAX_WORLD];
   char notes[KEEL_MAX_WORLD][KEEL_NOTE_MAX]; /* each member's note; "" for a newcomer */
   int failed_count;

@@ -39,8 +39,8 @@ struct keel__detector {
   int queued;
   /* The verdict's inputs at the last refresh (the training thread's alone). */
   bool refreshed;
-  uid_set failed; /* dead/ or suspect/ */
-  uid_set alive;  /* proc/ */
+  uid_set failed;  /* dead/ or suspect/ */
+  uid_set alive;   /* proc/ */
   uid_node *nodes; /* every uid ever seen in proc/, sorted by uid */
   size_t node_count, node_capacity;
 };
@@ -62,7 +62,13 @@ static keel_status set_add(uid_set *set, uint32_t uid) {
   return KEEL_OK;
 }
 
+/* The C library wants real arrays even for zero elements, and an empty set has none. */
+static void set_sort(uid_set *set) {
+  if (set->count > 0) qsort(set->uids, set->count, sizeof(uint32_t), compare_uids);
+}
+
 static bool set_has(const uid_set *set, uint32_t uid) {
+  if (set->count == 0) return false;
   return bsearch(&uid, set->uids, set->count, sizeof uid, compare_uids) != NULL;
 }
 
@@ -118,8 +124,10 @@ static keel_status nodes_note(keel__detector *detector, uint32_t uid, int node) 
   size_t low = 0, high = detector->node_count;
   while (low < high) {
     size_t middle = low + (high - low) / 2;
-    if (detector->nodes[middle].uid < uid) low = middle + 1;
-    else high = middle;
+    if (detector->nodes[middle].uid < uid)
+      low = middle + 1;
+    else
+      high = middle;
   }
   if (low < detector->node_count && detector->nodes[low].uid == uid) {
     detector->nodes[low].node = node;
@@ -173,8 +181,8 @@ keel_status keel__detector_refresh(keel__detector *detector, keel_store *store) 
     detector->refreshed = false;
     return status;
   }
-  qsort(detector->failed.uids, detector->failed.count, sizeof(uint32_t), compare_uids);
-  qsort(detector->alive.uids, detector->alive.count, sizeof(uint32_t), compare_uids);
+  set_sort(&detector->failed);
+  set_sort(&detector->alive);
   detector->refreshed = true;
   return KEEL_OK;
 }
@@ -188,8 +196,10 @@ int keel__detector_node(keel__detector *detector, uint32_t uid) {
   for (size_t low = 0, high = detector->node_count; low < high;) {
     size_t middle = low + (high - low) / 2;
     if (detector->nodes[middle].uid == uid) return detector->nodes[middle].node;
-    if (detector->nodes[middle].uid < uid) low = middle + 1;
-    else high = middle;
+    if (detector->nodes[middle].uid < uid)
+      low = middle + 1;
+    else
+      high = middle;
   }
   return -1;
 }

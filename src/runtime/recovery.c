@@ -24,7 +24,7 @@ struct keel__recovery {
   keel_failure_hook hooks[KEEL_MAX_HOOKS];
   void *hook_args[KEEL_MAX_HOOKS];
   int hook_count;
-  bool hooks_ran;          /* for hooks_epoch */
+  bool hooks_ran; /* for hooks_epoch */
   uint64_t hooks_epoch;
   bool final_hooks_ran;    /* a stop or a lost launcher: once per process */
   keel_decision *decision; /* the agreement's result; large, allocated once */
@@ -92,8 +92,10 @@ void keel__failure_hooks_run(keel_ctx *ctx, keel_status cause, bool in_process) 
    * the step changed registered state already. */
   if (!in_process) keel__step_undo_restore(ctx);
   uint64_t step = 0;
-  keel_failure failure = {.cause = cause, .step_known = keel_current_step(ctx, &step),
-                          .epoch = epoch, .in_process = in_process,
+  keel_failure failure = {.cause = cause,
+                          .step_known = keel_current_step(ctx, &step),
+                          .epoch = epoch,
+                          .in_process = in_process,
                           .failed_ns = keel_now_ns()};
   failure.step = step;
   char fields[160];
@@ -171,8 +173,7 @@ static int64_t elapsed_since(int64_t *mark) {
 
 /* Revoke, agree on vote, move to the decided epoch, move the state. */
 static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
-                             keel__position *position, keel_recovery *info,
-                             round_result *result) {
+                             keel__position *position, keel_recovery *info, round_result *result) {
   keel__recovery *recovery = ctx->recovery;
   keel_decision *decision = recovery->decision;
   keel_comm *world = keel_world(ctx);
@@ -202,8 +203,11 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
    * is the step's starting state, not its half-done update. */
   if (status == KEEL_OK && !plan.forward) keel__step_undo_restore(ctx);
   if (status == KEEL_OK && plan.unrecoverable) {
-    KEEL_LOG_E(MODULE, "no survivor holds shard %u of step %" PRIu64 " and no checkpoint tier "
-               "has it: the job cannot go on in process", plan.lost_shard, plan.version);
+    KEEL_LOG_E(MODULE,
+               "no survivor holds shard %u of step %" PRIu64
+               " and no checkpoint tier "
+               "has it: the job cannot go on in process",
+               plan.lost_shard, plan.version);
     return KEEL_ENOTFOUND;
   }
   keel__transfer_result transfer = {0};
@@ -219,8 +223,8 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   result->forward = plan.forward;
   result->received = transfer.received;
   recovery->reporter = is_reporter(decision, ctx->config.uid);
-  if (recovery->reporter &&
-      keel__state_plan_describe(decision, recovery->transfers, sizeof recovery->transfers) != KEEL_OK)
+  if (recovery->reporter && keel__state_plan_describe(decision, recovery->transfers,
+                                                      sizeof recovery->transfers) != KEEL_OK)
     snprintf(recovery->transfers, sizeof recovery->transfers, "[]");
   return KEEL_OK;
 }
@@ -233,8 +237,7 @@ static bool is_recoverable(keel_status status) {
 /* Rounds until one succeeds; a round that fails recoverably (a member died meanwhile)
  * starts the next on whatever world is current. */
 static keel_status rounds_run(keel_ctx *ctx, const keel_rebuild_vote *vote,
-                              keel__position *position, keel_recovery *info,
-                              round_result *result) {
+                              keel__position *position, keel_recovery *info, round_result *result) {
   keel_status status = KEEL_ETIMEDOUT;
   for (int round = 0; round < MAX_ROUNDS; round++) {
     status = round_run(ctx, vote, position, info, result);
@@ -262,17 +265,26 @@ static void recovery_settled(keel_ctx *ctx, const keel_recovery *info, const cha
   }
 }
 
+/* What a failure means for the caller: an orderly stop or a dead launcher explains a
+ * store that stopped answering, and is what the program must hear (exit 77 or 76). */
+static keel_status failure_cause(keel_ctx *ctx, keel_status failure) {
+  if (ctx->config.standalone) return failure;
+  keel_status interruption = keel__session_check(ctx->session, failure);
+  return interruption != KEEL_OK ? interruption : failure;
+}
+
 keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo,
                           int64_t operation_started_ns, bool *redo_step_p) {
   keel__recovery *recovery = ctx->recovery;
   const keel__policy_ops *policy = ctx->policy;
   keel_comm *world = keel_world(ctx);
   int64_t detected = keel_now_ns();
-  keel_recovery info = {.old_epoch = keel_comm_epoch(world), .old_size = keel_comm_size(world),
+  keel_recovery info = {.old_epoch = keel_comm_epoch(world),
+                        .old_size = keel_comm_size(world),
                         .detect_ns = detected - operation_started_ns};
   /* The failure may be a member leaving for an orderly stop: then this one leaves too. */
   if (!ctx->config.standalone) {
-    keel_status interruption = keel__session_check(ctx->session);
+    keel_status interruption = keel__session_check(ctx->session, cause);
     if (interruption != KEEL_OK) return interruption;
   }
   /* A recovery whose event is still pending did not see a collective succeed in its new
@@ -294,7 +306,7 @@ keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo
   policy->vote(&vote);
   round_result result = {0};
   keel_status status = rounds_run(ctx, &vote, &position, &info, &result);
-  if (status != KEEL_OK) return status;
+  if (status != KEEL_OK) return failure_cause(ctx, status);
   world = keel_world(ctx);
   info.recovered = true;
   info.redo_step = info.redo_step || !result.forward;
@@ -346,8 +358,8 @@ void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns) {
   for (int i = 0; i < recovery->failed_count && used < (int)sizeof fields - 400; i++)
     used += snprintf(fields + used, sizeof fields - (size_t)used, i ? ",%" PRIu32 : "%" PRIu32,
                      recovery->failed[i]);
-  int64_t total = info->revoke_ns + info->agree_ns + info->rebuild_ns +
-                  info->state_transfer_ns + info->redo_ns;
+  int64_t total =
+      info->revoke_ns + info->agree_ns + info->rebuild_ns + info->state_transfer_ns + info->redo_ns;
   snprintf(fields + used, sizeof fields - (size_t)used,
            "],\"transfers\":%s,\"detect_ms\":%.3f,\"revoke_ms\":%.3f,\"agree_ms\":%.3f,"
            "\"rebuild_ms\":%.3f,\"state_transfer_ms\":%.3f,\"redo_ms\":%.3f,\"total_ms\":%.3f,"
@@ -381,8 +393,7 @@ static void preconnect(keel_ctx *ctx) {
 }
 
 /* Takes the state the admitting decision's plan gives this newcomer. */
-static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p,
-                            bool *tier_failed_p) {
+static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p, bool *tier_failed_p) {
   keel_decision *decision = ctx->recovery->decision;
   keel__session_publish(ctx->session, KEEL__ROLE_WORKER, keel_comm_rank(comm),
                         keel_comm_epoch(comm), keel_endpoint_address(ctx->endpoint));
@@ -402,14 +413,14 @@ keel_status keel__admission(keel_ctx *ctx) {
   keel_offer offer = ctx->config.role == KEEL__ROLE_SPARE ? KEEL_OFFER_SPARE : KEEL_OFFER_JOINER;
   keel__step_state_set(ctx->step, 0, false);
   keel_status status = keel_endpoint_offer(ctx->endpoint, offer);
-  if (status != KEEL_OK) return status;
+  if (status != KEEL_OK) return failure_cause(ctx, status);
   preconnect(ctx);
   for (;;) {
     keel_comm *comm = NULL;
-    status = keel_endpoint_await_admission(ctx->endpoint, keel_deadline_after_ns(ADMISSION_SLICE_NS),
-                                           ctx->recovery->decision, &comm);
+    status = keel_endpoint_await_admission(
+        ctx->endpoint, keel_deadline_after_ns(ADMISSION_SLICE_NS), ctx->recovery->decision, &comm);
     if (status == KEEL_ETIMEDOUT) continue; /* a slice without news: the offer stands */
-    if (status != KEEL_OK) return status;
+    if (status != KEEL_OK) return failure_cause(ctx, status);
     bool received = false, tier_failed = false;
     status = admitted(ctx, comm, &received, &tier_failed);
     if (status == KEEL_OK) {
@@ -421,7 +432,7 @@ keel_status keel__admission(keel_ctx *ctx) {
       keel_endpoint_offer(ctx->endpoint, offer);
       continue;
     }
-    if (!is_recoverable(status)) return status;
+    if (!is_recoverable(status)) return failure_cause(ctx, status);
     /* A member of the new epoch whose state did not arrive (its sender died): recover the
      * epoch like any member, as one that holds no state, so another sender is named. */
     KEEL_LOG_W(MODULE, "state transfer failed (%s); recovering the new epoch",

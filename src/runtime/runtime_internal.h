@@ -101,17 +101,18 @@ void keel__session_close(keel__session *session, bool orderly);
 keel_store *keel__session_store(keel__session *session);
 int64_t keel__session_lease(const keel__session *session);
 /* proc/<uid> = "pid=.. node=.. role=.. rank=.. epoch=.. addr=..", with the lease. */
-keel_status keel__session_publish(keel__session *session, keel__role role, int rank,
-                                  uint64_t epoch, const char *address);
+keel_status keel__session_publish(keel__session *session, keel__role role, int rank, uint64_t epoch,
+                                  const char *address);
 /* Where uid listens, from its proc/ value; KEEL_ENOTFOUND while not published. */
 keel_status keel__session_address(keel__session *session, uint32_t uid, char *address,
                                   size_t capacity);
 /* KEEL_OK, or KEEL_EORPHANED (launcher gone), KEEL_EEXCLUDED (lease lost), KEEL_ESTOPPED
  * (job/stop), KEEL_EJOBDONE (job/done). Never blocks. */
 keel_status keel__session_interrupted(const keel__session *session);
-/* Reads the job's keys now (a store round trip) and returns keel__session_interrupted: a
- * failure may be the first sign of an orderly stop another process saw first. */
-keel_status keel__session_check(keel__session *session);
+/* Looks at the launcher and reads the job's keys now (a store round trip unless the
+ * launcher is gone) and returns keel__session_interrupted: failure (KEEL_OK if none) may be
+ * the first sign of an orderly stop another process saw first, or of the launcher's death. */
+keel_status keel__session_check(keel__session *session, keel_status failure);
 /* Joiners waiting (join/ keys) at the last look. Never blocks. */
 int keel__session_joiners_waiting(const keel__session *session);
 /* The launcher's pid when the session started (0: none), for messages. */
@@ -123,19 +124,19 @@ int keel__session_launcher_pid(const keel__session *session);
 typedef struct keel__state_sources keel__state_sources;
 /* Where a member stands when it votes: what it holds and which collective failed. */
 typedef enum keel__redo_kind {
-  KEEL__REDO_NONE, /* the failed operation cannot be redone alone: the step must be */
+  KEEL__REDO_NONE,      /* the failed operation cannot be redone alone: the step must be */
   KEEL__REDO_SAME_SIZE, /* redoable in a world of the same size (reduce-scatter, allgather) */
   KEEL__REDO_ANY_SIZE,  /* redoable in any world (an out-of-place allreduce) */
 } keel__redo_kind;
 typedef struct keel__position {
-  bool has_state;       /* false: a newcomer, or a member whose state transfer failed */
-  uint64_t version;     /* the step the registered state is at the start of */
+  bool has_state;   /* false: a newcomer, or a member whose state transfer failed */
+  uint64_t version; /* the step the registered state is at the start of */
   uint32_t shard, shards;
   bool in_step;
-  uint64_t step;        /* the open step */
-  uint32_t collective;  /* which collective of the step failed (0-based) */
+  uint64_t step;       /* the open step */
+  uint32_t collective; /* which collective of the step failed (0-based) */
   keel__redo_kind redo;
-  bool tier_failed;     /* a tier could not give this member its state last round */
+  bool tier_failed; /* a tier could not give this member its state last round */
 } keel__position;
 
 keel_status keel__state_sources_create(keel__state_sources **sources_p);
@@ -151,7 +152,7 @@ typedef struct keel__state_plan {
   bool any_transfer;  /* someone receives state (then everyone redoes the step) */
   bool unrecoverable; /* a shard has no holder and no tier: recovery cannot go on */
   uint32_t lost_shard;
-  uint64_t version;   /* the state every member holds afterwards */
+  uint64_t version; /* the state every member holds afterwards */
   uint32_t shards;
 } keel__state_plan;
 /* Computes the plan from the decision (every member computes the same). */

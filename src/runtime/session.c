@@ -24,6 +24,7 @@
 /* How long the thread sleeps between looks at the job's keys (a hang-up or a stop request
  * wakes it sooner). */
 #define LOOK_INTERVAL_NS (100 * (int64_t)1000000)
+#define STORE_BREAK_LOOK_MS 100
 
 struct keel__session {
   const keel__config *config;
@@ -32,7 +33,7 @@ struct keel__session {
   keel_store *store;      /* the training thread's */
   keel_store *background; /* the thread's own: keepalive and watching */
   int64_t lease;
-  int launcher_pid;       /* KEEL_LAUNCHER_PID; 0: not started by a launcher */
+  int launcher_pid;              /* KEEL_LAUNCHER_PID; 0: not started by a launcher */
   pthread_mutex_t endpoint_lock; /* the thread wakes the endpoint; close detaches it */
   keel_endpoint *endpoint;
   pthread_t thread;
@@ -71,11 +72,12 @@ keel_status keel__session_open(const keel__config *config, keel__detector *detec
   keel_status status =
       keel_store_connect(config->store_endpoint, &config->auth, deadline, &session->store);
   if (status == KEEL_OK)
-    status = keel_store_connect(config->store_endpoint, &config->auth, deadline,
-                                &session->background);
+    status =
+        keel_store_connect(config->store_endpoint, &config->auth, deadline, &session->background);
   /* The thread's requests must not outlast a keepalive period: a store that stalls is
    * retried on the next beat, not waited for. */
-  if (status == KEEL_OK) status = keel_store_set_timeout(session->background, keepalive_period(config));
+  if (status == KEEL_OK)
+    status = keel_store_set_timeout(session->background, keepalive_period(config));
   if (status == KEEL_OK)
     status = keel_store_lease_grant(session->store, config->heartbeat_ns, &session->lease);
   if (status != KEEL_OK) {
@@ -156,7 +158,33 @@ static void job_keys_note(keel__session *session, const keel_store_entry *entrie
   }
 }
 
-keel_status keel__session_check(keel__session *session) {
+/* The launcher is gone when its end of the status socket hangs up: the kernel closes it
+ * when the launcher dies, however it dies, and no other process holds it. Without a status
+ * socket, when its pid is no more. (Not the parent's pid: a wrapper such as a shell may sit
+ * between the launcher and this process.) */
+static bool launcher_gone(const keel__session *session, short status_events) {
+  if (status_events & (POLLHUP | POLLERR)) return true;
+  if (session->config->status_fd >= 0 || session->launcher_pid <= 1) return false;
+  return kill(session->launcher_pid, 0) != 0 && errno == ESRCH;
+}
+
+/* The same look, now, from the caller's thread: the session thread may be blocked in a
+ * store call to the launcher that just died, and a caller whose own store call failed must
+ * learn why before it reports the failure. */
+static bool launcher_gone_now(const keel__session *session, int wait_ms) {
+  if (session->config->status_fd < 0) return launcher_gone(session, 0);
+  struct pollfd poller = {.fd = session->config->status_fd, .events = 0};
+  if (poll(&poller, 1, wait_ms) < 0) return false;
+  return launcher_gone(session, poller.revents);
+}
+
+keel_status keel__session_check(keel__session *session, keel_status failure) {
+  /* A dying launcher closes the store's links and the status socket one after the other:
+   * after a broken store link, give the hang-up a moment to arrive. */
+  bool store_broke = failure == KEEL_ECLOSED || failure == KEEL_ETIMEDOUT;
+  if (launcher_gone_now(session, store_broke ? STORE_BREAK_LOOK_MS : 0))
+    interrupt(session, KEEL_EORPHANED);
+  if (keel__session_interrupted(session) == KEEL_EORPHANED) return KEEL_EORPHANED;
   keel_store_entry *entries = NULL;
   size_t count = 0;
   if (keel_store_list(session->store, "job/", &entries, &count, NULL) == KEEL_OK) {
@@ -170,8 +198,8 @@ keel_status keel__session_check(keel__session *session) {
  * joiners wait. Read only when the store changed since the last look. */
 static void watch(keel__session *session) {
   uint64_t revision = 0;
-  keel_status status = keel_store_wait(session->background, "", session->watched_revision,
-                                       keel_now_ns(), &revision);
+  keel_status status =
+      keel_store_wait(session->background, "", session->watched_revision, keel_now_ns(), &revision);
   if (status != KEEL_OK) return; /* KEEL_ETIMEDOUT: nothing changed */
   keel_store_entry *entries = NULL;
   size_t count = 0;
@@ -184,22 +212,13 @@ static void watch(keel__session *session) {
   session->watched_revision = revision;
 }
 
-/* The launcher is gone when its end of the status socket hangs up: the kernel closes it
- * when the launcher dies, however it dies, and no other process holds it. Without a status
- * socket, when its pid is no more. (Not the parent's pid: a wrapper such as a shell may sit
- * between the launcher and this process.) */
-static bool launcher_gone(const keel__session *session, short status_events) {
-  if (status_events & (POLLHUP | POLLERR)) return true;
-  if (session->config->status_fd >= 0 || session->launcher_pid <= 1) return false;
-  return kill(session->launcher_pid, 0) != 0 && errno == ESRCH;
-}
-
 static void *session_main(void *argument) {
   keel__session *session = argument;
   int64_t next_keepalive = keel_now_ns();
   while (!atomic_load(&session->stopping)) {
     int64_t now = keel_now_ns();
-    int64_t wake = now + LOOK_INTERVAL_NS < next_keepalive ? now + LOOK_INTERVAL_NS : next_keepalive;
+    int64_t wake =
+        now + LOOK_INTERVAL_NS < next_keepalive ? now + LOOK_INTERVAL_NS : next_keepalive;
     struct pollfd pollers[2] = {{.fd = session->stop_fd, .events = POLLIN},
                                 {.fd = session->config->status_fd, .events = 0}};
     nfds_t count = session->config->status_fd >= 0 ? 2 : 1;
@@ -233,14 +252,14 @@ keel_status keel__session_start(keel__session *session, keel__events *events,
   return KEEL_OK;
 }
 
-keel_status keel__session_publish(keel__session *session, keel__role role, int rank,
-                                  uint64_t epoch, const char *address) {
+keel_status keel__session_publish(keel__session *session, keel__role role, int rank, uint64_t epoch,
+                                  const char *address) {
   const keel__config *config = session->config;
   char key[64], value[320];
   snprintf(key, sizeof key, "proc/%" PRIu32, config->uid);
-  int length = snprintf(value, sizeof value,
-                        "pid=%d node=%d role=%s rank=%d epoch=%" PRIu64 " addr=%s", (int)getpid(),
-                        config->node, keel__role_name(role), rank, epoch, address);
+  int length =
+      snprintf(value, sizeof value, "pid=%d node=%d role=%s rank=%d epoch=%" PRIu64 " addr=%s",
+               (int)getpid(), config->node, keel__role_name(role), rank, epoch, address);
   return keel_store_put(session->store, key, value, (size_t)length, session->lease, NULL);
 }
 

@@ -41,8 +41,10 @@ static keel_status link_open(embedded_client *client, int64_t deadline_ns) {
 }
 
 /* Replaces a dropped link for the request about to be sent. A connect that fails for any
- * reason but a missed deadline, memory or a refused token means the store cannot be
- * reached: KEEL_ECLOSED, as for a broken link. */
+ * reason but a missed deadline or memory means the store cannot be reached: KEEL_ECLOSED,
+ * as for a broken link. That includes a refused handshake: this handle's token was proven
+ * by its first connect, so a refusal now is a server going away (it closes mid-handshake)
+ * or another process on its port, not a wrong token. */
 static keel_status link_reopen(embedded_client *client, int64_t deadline_ns) {
   keel_status status = link_open(client, deadline_ns);
   if (status == KEEL_OK) {
@@ -57,8 +59,7 @@ static keel_status link_reopen(embedded_client *client, int64_t deadline_ns) {
                client->address, keel_strerror(status));
     client->reconnect_failing = true;
   }
-  if (status != KEEL_ETIMEDOUT && status != KEEL_ENOMEM && status != KEEL_EAUTH)
-    status = KEEL_ECLOSED;
+  if (status != KEEL_ETIMEDOUT && status != KEEL_ENOMEM) status = KEEL_ECLOSED;
   return status;
 }
 
@@ -69,8 +70,8 @@ static void link_drop(embedded_client *client) {
   client->link = NULL;
 }
 
-static keel_status embedded_connect(const char *address, const keel_auth *auth,
-                                    int64_t deadline_ns, void **backend_p) {
+static keel_status embedded_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
+                                    void **backend_p) {
   embedded_client *client = calloc(1, sizeof *client);
   if (client == NULL) return KEEL_ENOMEM;
   keel_status status = KEEL_ENOMEM;
