@@ -19,8 +19,7 @@
 
 /* ---- the endpoint's membership questions */
 
-static keel_status membership_address(void *context, uint32_t uid, char *address,
-                                      size_t capacity) {
+static keel_status membership_address(void *context, uint32_t uid, char *address, size_t capacity) {
   keel_ctx *ctx = context;
   return keel__session_address(ctx->session, uid, address, capacity);
 }
@@ -136,6 +135,8 @@ void keel__leaving_message(keel_ctx *ctx, keel_status cause) {
   if (ctx->saved_at[0] != '\0')
     snprintf(state, sizeof state, "state saved in %s (go on with: keel run --resume %s ...)",
              ctx->saved_at, ctx->saved_at);
+  else if (!keel__step_state_held(ctx->step)) /* a spare or joiner not admitted yet */
+    snprintf(state, sizeof state, "nothing to save (this process held no state yet)");
   else
     snprintf(state, sizeof state, "no state was saved (no checkpoint policy: keel run --ckpt jit)");
   if (cause == KEEL_EORPHANED)

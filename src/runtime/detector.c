@@ -229,8 +229,8 @@ void keel__detector_forget(keel__detector *detector, keel_store *store, const ui
   if (read_prefix(detector, store, "dead/", &dead) == KEEL_OK &&
       read_prefix(detector, store, "suspect/", &suspected) == KEEL_OK &&
       read_prefix(detector, store, "proc/", &alive) == KEEL_OK) {
-    qsort(dead.uids, dead.count, sizeof(uint32_t), compare_uids);
-    qsort(alive.uids, alive.count, sizeof(uint32_t), compare_uids);
+    set_sort(&dead);
+    set_sort(&alive);
     for (size_t i = 0; i < suspected.count; i++) {
       uint32_t uid = suspected.uids[i];
       if (uid_in(members, member_count, uid) || uid == detector->self) continue;
