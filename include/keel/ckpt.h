@@ -91,6 +91,12 @@ typedef struct keel_ckpt_selector {
   uint32_t shard_count; /* 0: any; otherwise a snapshot of another sharding is refused */
   uint64_t max_step;    /* the newest step at or below this; UINT64_MAX for the newest */
   uint64_t min_step;    /* and at or above this (0: any): min = max asks for one step */
+  /* With shard_count > 1: only the newest step of which every shard has a complete
+   * snapshot (a manifest), so that the ranks of a restarted sharded job, each restoring its
+   * own shard, all restore the same step (survivors of a collective that failed on some
+   * ranks and completed on others saved steps i and i+1). No older step is tried: a rank
+   * cannot know that the others would too. KEEL_ENOTFOUND when no step has every shard. */
+  bool common_step;
 } keel_ckpt_selector;
 
 /* ---- the persistent tier: <root>/<job_id>/step-<step>/rank-<rank>/ holds one file per
@@ -139,9 +145,8 @@ keel_status keel_ckpt_memory_bytes(const keel_registry *registry, uint64_t chunk
  * before and after reading saw one complete snapshot. A crash mid-save leaves an incomplete
  * region (keep two regions to always have a complete one). One writer at a time; readers
  * may run concurrently. KEEL_ERANGE when the region is too small (nothing written). */
-keel_status keel_ckpt_memory_save(const keel_registry *registry,
-                                  const keel_ckpt_identity *identity, uint64_t chunk_bytes,
-                                  const keel_ckpt_region *region);
+keel_status keel_ckpt_memory_save(const keel_registry *registry, const keel_ckpt_identity *identity,
+                                  uint64_t chunk_bytes, const keel_ckpt_region *region);
 /* Restore from memory regions (this rank's and copies of other replicas'), by the rules and
  * with the guarantees of keel_ckpt_persistent_restore: an unsealed region, or one rewritten
  * while it was read, is skipped like a snapshot with no manifest. */

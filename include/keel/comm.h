@@ -37,15 +37,22 @@ size_t keel_dtype_size(keel_dtype dtype);
 
 /* ---- what the endpoint needs from the process's membership in the job. The runtime
  * provides it (its failure detector and store session); a test may provide its own. */
+#define KEEL_VIEW_PREFIXES_MAX 4
 typedef struct keel_membership_ops {
   /* The "host:port" uid listens on, into address; KEEL_ENOTFOUND while it is not published
    * yet. May block briefly (a store read); never called from the progress loop. */
   keel_status (*address)(void *context, uint32_t uid, char *address, size_t capacity);
   /* The endpoint saw uid's link break. Called from the progress loop: must not block. */
   void (*suspect)(void *context, uint32_t uid, const char *reason);
-  /* Brings the failure detector's view up to date (may block: a store read). The
-   * agreement calls it between its looks at the votes. */
-  keel_status (*refresh)(void *context);
+  /* Writes what this process suspects to the store, for the others to see (may block: a
+   * store write). The agreement calls it before each look at the votes. */
+  keel_status (*publish)(void *context);
+  /* The failure detector's view is the store's keys under view_prefixes (NULL-terminated,
+   * at most KEEL_VIEW_PREFIXES_MAX): the agreement reads them in the same request as its
+   * votes, so that a look is one round trip, and hands the entries to take_view (those of
+   * the other prefixes among them) before it asks dead and node. */
+  const char *const *view_prefixes;
+  keel_status (*take_view)(void *context, const keel_store_entry *entries, size_t count);
   /* Whether uid is dead by the detector's current view, and its node (-1: unknown). Must
    * not block. */
   bool (*dead)(void *context, uint32_t uid);
@@ -224,6 +231,12 @@ keel_status keel_comm_grow(keel_comm *comm, keel_comm **new_p);
  * place) or as a joiner (grows the job). Its key lives with the endpoint's lease. */
 typedef enum keel_offer { KEEL_OFFER_SPARE, KEEL_OFFER_JOINER } keel_offer;
 keel_status keel_endpoint_offer(keel_endpoint *endpoint, keel_offer offer);
+
+/* Removes from the store the agreement keys of epochs a decision of this process finished
+ * (a few store round trips; nothing when there are none). Kept off the recovery's path:
+ * call it at a quiet moment, as the runtime does once the first collective of a recovered
+ * epoch succeeded; otherwise the next agreement does it once its vote is written. */
+void keel_endpoint_collect(keel_endpoint *endpoint);
 /* Waits until a membership change admits this process (then links with the members and
  * returns its communicator and the decision), or membership->interrupted ends the wait
  * (KEEL_EJOBDONE when the job finished), or deadline. The offer is withdrawn on admission;

@@ -16,6 +16,8 @@ extern "C" {
 #define KEEL_STORE_MAX_KEY 512
 #define KEEL_STORE_MAX_VALUE (1u << 20)
 #define KEEL_STORE_MAX_KEYS 65536
+/* Prefixes one keel_store_list_prefixes may read together. */
+#define KEEL_STORE_MAX_PREFIXES 8
 
 /* ---- the embedded server. It runs on its own threads inside the process that starts it
  * (the launcher), accepts only links that pass the job's handshake, and serves any number
@@ -73,8 +75,7 @@ keel_status keel_store_get(keel_store *store, const char *key, keel_store_entry 
 /* Writes value only if key's revision is expected_revision (0: only if key is absent).
  * KEEL_ECONFLICT otherwise, with nothing changed. */
 keel_status keel_store_cas(keel_store *store, const char *key, uint64_t expected_revision,
-                           const void *value, size_t length, int64_t lease,
-                           uint64_t *revision_p);
+                           const void *value, size_t length, int64_t lease, uint64_t *revision_p);
 /* Deletes key; KEEL_ENOTFOUND when absent. */
 keel_status keel_store_delete(keel_store *store, const char *key);
 /* Every key starting with prefix ("" lists all), sorted by key; the caller frees the array
@@ -82,6 +83,13 @@ keel_status keel_store_delete(keel_store *store, const char *key);
  * read atomically with the list, to pass to keel_store_wait. */
 keel_status keel_store_list(keel_store *store, const char *prefix, keel_store_entry **entries_p,
                             size_t *count_p, uint64_t *revision_p);
+/* keel_store_list over several prefixes in one request, at one revision: the entries of
+ * prefixes[0] in key order, then those of prefixes[1], and so on. 1 to
+ * KEEL_STORE_MAX_PREFIXES prefixes, none empty and none a prefix of another (KEEL_EINVAL),
+ * so that no key is listed twice. (etcd: one transaction of range reads.) */
+keel_status keel_store_list_prefixes(keel_store *store, const char *const *prefixes,
+                                     size_t prefix_count, keel_store_entry **entries_p,
+                                     size_t *count_p, uint64_t *revision_p);
 /* Blocks until a key starting with prefix is created, changed or deleted (by a put, cas,
  * delete or lease expiry) at a revision above after_revision, or until deadline
  * (KEEL_ETIMEDOUT). Returns at once if such a change already happened. *revision_p

@@ -1,7 +1,7 @@
 /* Just-in-time checkpoints (JIT paper §3): the policy that saves only when a collective
  * fails. Its failure hook writes this rank's registered state into the persistent tier with
- * no collective; in a restarted process it restores the newest complete snapshot of this
- * rank's shard from any replica. Registry, format, tiers and restore are the engine's. */
+ * no collective; in a restarted process it restores this rank's shard from any replica, at
+ * the newest step of which every shard has a complete snapshot. Registry, format, tiers and restore are the engine's. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -106,11 +106,12 @@ static void snapshot_corrupt(const keel_ckpt_jit *jit, const keel_ckpt_identity 
   }
 }
 
-static void report_save(const keel_ckpt_jit *jit, const keel_failure *failure,
-                        keel_status status, int64_t save_ns) {
+static void report_save(const keel_ckpt_jit *jit, const keel_failure *failure, keel_status status,
+                        int64_t save_ns) {
   char fields[320];
   snprintf(fields, sizeof fields,
-           "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"save_ms\":%.3f,\"status\":\"%s\","
+           "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"save_ms\":%.3f,\"status\":\"%s\","
            "\"cause\":\"%s\",\"t_failed_ns\":%" PRId64,
            failure->step, keel_registry_bytes(jit->registry), (double)save_ns / 1e6,
            status == KEEL_OK ? "ok" : keel_status_name(status), keel_status_name(failure->cause),
@@ -137,9 +138,8 @@ static void jit_on_failure(void *arg, const keel_failure *failure) {
   int64_t started = keel_now_ns();
   keel__ckpt_file_ops operations = keel__ckpt_posix_file_ops;
   operations.renameat = fault_renameat;
-  keel_status status = keel__ckpt_persistent_save_with(&operations, jit->ctx, jit->registry,
-                                                       jit->directory, &identity,
-                                                       jit->options.chunk_bytes);
+  keel_status status = keel__ckpt_persistent_save_with(
+      &operations, jit->ctx, jit->registry, jit->directory, &identity, jit->options.chunk_bytes);
   int64_t save_ns = keel_now_ns() - started;
   if (status == KEEL_OK && keel_fault_point(jit->ctx, "saved")) snapshot_corrupt(jit, &identity);
   report_save(jit, failure, status, save_ns);
@@ -150,8 +150,11 @@ static void jit_on_failure(void *arg, const keel_failure *failure) {
     KEEL_LOG_I(MODULE, "saved step %" PRIu64 " in %.1f ms after %s", failure->step,
                (double)save_ns / 1e6, keel_strerror(failure->cause));
   } else {
-    KEEL_LOG_E(MODULE, "just-in-time save of step %" PRIu64 " failed: %s (another replica's "
-               "snapshot will be used)", failure->step, keel_strerror(status));
+    KEEL_LOG_E(MODULE,
+               "just-in-time save of step %" PRIu64
+               " failed: %s (another replica's "
+               "snapshot will be used)",
+               failure->step, keel_strerror(status));
   }
 }
 
@@ -160,7 +163,7 @@ static void jit_on_failure(void *arg, const keel_failure *failure) {
 static void report_restore(const keel_ckpt_jit *jit, keel_status status, int64_t restore_ns) {
   char fields[400];
   const keel_ckpt_identity *used = &jit->used;
-  const char *outcome = status == KEEL_OK           ? "ok"
+  const char *outcome = status == KEEL_OK          ? "ok"
                         : status == KEEL_ENOTFOUND ? "none"
                                                    : keel_status_name(status);
   int length = snprintf(fields, sizeof fields,
@@ -195,12 +198,13 @@ static keel_status resume_source(const char *resume, char *root, size_t capacity
   return KEEL_OK;
 }
 
-/* Restores the newest complete snapshot of this shard under root/<job_id>. */
+/* Restores this shard under root/<job_id> at the newest step every shard has. */
 static keel_status restore_from(keel_ckpt_jit *jit, const char *root, uint64_t job_id) {
   keel_ckpt_selector selector = {.job_id = job_id,
                                  .shard_index = jit->shard_index,
                                  .shard_count = jit->shard_count,
-                                 .max_step = UINT64_MAX};
+                                 .max_step = UINT64_MAX,
+                                 .common_step = true};
   int64_t started = keel_now_ns();
   keel_status status = keel_ckpt_persistent_restore(jit->registry, root, &selector, &jit->used);
   report_restore(jit, status, keel_now_ns() - started);
@@ -221,9 +225,10 @@ static keel_status jit_restore(keel_ckpt_jit *jit) {
     if (status == KEEL_OK) status = restore_from(jit, root, job_id);
   }
   if (status == KEEL_ENOTFOUND) {
-    KEEL_LOG_W(MODULE, "restart %" PRIu32 ": no complete checkpoint of shard %" PRIu32
-               " in %s; starting from the initial state", keel_restart_count(jit->ctx),
-               jit->shard_index, root);
+    KEEL_LOG_W(MODULE,
+               "restart %" PRIu32 ": no complete checkpoint of shard %" PRIu32
+               " in %s; starting from the initial state",
+               keel_restart_count(jit->ctx), jit->shard_index, root);
     return KEEL_OK;
   }
   if (status != KEEL_OK) {
@@ -232,9 +237,8 @@ static keel_status jit_restore(keel_ckpt_jit *jit) {
     return status;
   }
   jit->restored = true;
-  keel_mark_resume(jit->ctx, jit->used.step, resume != NULL && keel_restart_count(jit->ctx) == 0
-                                                  ? "resume"
-                                                  : "restart");
+  keel_mark_resume(jit->ctx, jit->used.step,
+                   resume != NULL && keel_restart_count(jit->ctx) == 0 ? "resume" : "restart");
   KEEL_LOG_I(MODULE, "restored step %" PRIu64 " from rank %" PRIu32 " (replica %" PRIu32 ")",
              jit->used.step, jit->used.rank, jit->used.replica);
   return KEEL_OK;

@@ -10,8 +10,8 @@
 #include "ckpt_internal.h"
 
 /* true, with the reason written, when a snapshot's buffers differ from the registry's. */
-static bool registry_mismatch(const keel_registry *registry,
-                              const keel_ckpt_manifest *manifest, char *reason) {
+static bool registry_mismatch(const keel_registry *registry, const keel_ckpt_manifest *manifest,
+                              char *reason) {
   if (manifest->buffer_count != keel_registry_count(registry)) {
     snprintf(reason, KEEL__CKPT_REASON_BYTES, "it holds %" PRIu32 " buffers, the registry %zu",
              manifest->buffer_count, keel_registry_count(registry));
@@ -81,8 +81,7 @@ static keel_status candidate_stage(const keel__ckpt_candidate *candidate, uint8_
 
 /* Keeps in order[] the candidates of the selector's shard that fit the registry; logs and
  * counts in *refused_p those that cannot be used. Returns how many were kept. */
-static size_t candidates_select(const keel_registry *registry,
-                                const keel_ckpt_selector *selector,
+static size_t candidates_select(const keel_registry *registry, const keel_ckpt_selector *selector,
                                 keel__ckpt_candidate *candidates, size_t count, const char *where,
                                 keel__ckpt_candidate **order, size_t *refused_p) {
   char reason[KEEL__CKPT_REASON_BYTES];
@@ -167,16 +166,60 @@ static keel_status candidates_load(keel_registry *registry, keel__ckpt_candidate
   return status;
 }
 
-keel_status keel__ckpt_restore_best(keel_registry *registry,
-                                    const keel_ckpt_selector *selector,
+/* Whether a complete snapshot of shard `shard` at `step` is among the candidates. */
+static bool shard_has_step(const keel_ckpt_selector *selector,
+                           const keel__ckpt_candidate *candidates, size_t count, uint32_t shard,
+                           uint64_t step) {
+  for (size_t i = 0; i < count; i++) {
+    const keel_ckpt_identity *identity = &candidates[i].manifest.identity;
+    if (identity->job_id == selector->job_id && identity->shard_count == selector->shard_count &&
+        identity->shard_index == shard && identity->step == step)
+      return true;
+  }
+  return false;
+}
+
+/* The newest step in the selector's range of which every shard has a complete snapshot;
+ * false when there is none. */
+static bool common_step_find(const keel_ckpt_selector *selector,
+                             const keel__ckpt_candidate *candidates, size_t count,
+                             uint64_t *step_p) {
+  bool found = false;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t step = candidates[i].manifest.identity.step;
+    if (step > selector->max_step || step < selector->min_step || (found && step <= *step_p))
+      continue;
+    bool every = true;
+    for (uint32_t shard = 0; shard < selector->shard_count && every; shard++)
+      every = shard_has_step(selector, candidates, count, shard, step);
+    if (every) {
+      *step_p = step;
+      found = true;
+    }
+  }
+  return found;
+}
+
+keel_status keel__ckpt_restore_best(keel_registry *registry, const keel_ckpt_selector *selector,
                                     keel__ckpt_candidate *candidates, size_t count, size_t refused,
                                     const char *where, keel_ckpt_identity *used_p) {
+  keel_ckpt_selector narrowed = *selector;
+  if (selector->common_step && selector->shard_count > 1) {
+    uint64_t step = 0;
+    if (!common_step_find(selector, candidates, count, &step)) {
+      KEEL_LOG_W(KEEL__CKPT_MODULE,
+                 "no step in %s has a complete snapshot of every one of the %" PRIu32 " shards",
+                 where, selector->shard_count);
+      return KEEL_ENOTFOUND;
+    }
+    narrowed.min_step = narrowed.max_step = step;
+  }
   keel__ckpt_candidate **order = malloc((count > 0 ? count : 1) * sizeof *order);
   if (order == NULL) {
     KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: out of memory", where);
     return KEEL_ENOMEM;
   }
-  size_t usable = candidates_select(registry, selector, candidates, count, where, order, &refused);
+  size_t usable = candidates_select(registry, &narrowed, candidates, count, where, order, &refused);
   qsort(order, usable, sizeof *order, candidate_compare);
   keel_status status = KEEL_ENOTFOUND;
   if (usable > 0) status = candidates_load(registry, order, usable, where, &refused, used_p);

@@ -1,12 +1,12 @@
 /* Fault-tolerant agreement through the job's store, and the membership changes built on it.
  * Each survivor writes its vote under agree/<epoch>/<round>/<uid>; as soon as every member
- * has voted or is dead by the failure detector, any survivor may compute the decision
- * (decide.c) and write it with a create-only compare-and-swap under decide/<epoch>/<round>.
- * Exactly one write wins and every survivor adopts it, so all return the same flags and the
- * same failed set even if members fail meanwhile. A member that stays silent past the
- * deadline is suspected (the job fences it), and after one more deadline the agreement gives
- * up with KEEL_ETIMEDOUT. The winner removes the keys of older epochs, so the store does
- * not grow with the job's age. */
+ * has voted or is dead by the failure detector, the first live member in rank order (any
+ * survivor, after a grace) computes the decision (decide.c) and writes it with a create-only
+ * compare-and-swap under decide/<epoch>/<round>. Exactly one write wins and every survivor
+ * adopts it, so all return the same flags and the same failed set even if members fail
+ * meanwhile. A member that stays silent past the deadline is suspected (the job fences it),
+ * and after one more deadline the agreement gives up with KEEL_ETIMEDOUT. The winner later
+ * removes the keys of older epochs, so the store does not grow with the job's age. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,10 @@
 /* Between two looks at the votes the agreement sleeps at most this long (a store wait wakes
  * it sooner on any change). */
 #define LOOK_INTERVAL_NS (20 * (int64_t)1000000)
+/* Only the first live member in rank order settles a round at once; the others wait this
+ * long for its decision before they settle it too (the cas keeps one winner either way).
+ * Every member writing the decision at once only queues them all at the store. */
+#define DECIDER_GRACE_NS (20 * (int64_t)1000000)
 
 void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch, uint32_t round,
                      const char *suffix) {
@@ -194,6 +198,11 @@ typedef struct agreement {
   keel__ballot *ballots;
   uint32_t *spares, *joiners;
   int spare_count, joiner_count;
+  /* The store's revision when the votes were last read (0: not read): the wait for news
+   * starts there, so that nothing written since that look goes unseen. */
+  uint64_t revision;
+  bool designated; /* at the last look, this member was the first live one in rank order */
+  bool pools_read; /* the last look read spare/ and join/ too */
 } agreement;
 
 static const keel_membership_ops *membership_of(const keel_endpoint *endpoint) {
@@ -210,16 +219,11 @@ static int member_node(keel_endpoint *endpoint, uint32_t uid) {
   return ops->node != NULL ? ops->node(endpoint->config.membership_context, uid) : -1;
 }
 
-/* Fills the ballots from the round's votes and the detector's view. */
-static keel_status ballots_read(agreement *round) {
+/* The ballots from the round's votes (entries under prefix) and the detector's view. */
+static void ballots_fill(agreement *round, const keel_store_entry *entries, size_t count,
+                         const char *prefix) {
   keel_comm *comm = round->comm;
   keel_endpoint *endpoint = comm->endpoint;
-  char prefix[96];
-  keel__epoch_key(prefix, sizeof prefix, "agree", comm->epoch, round->round, "/");
-  keel_store_entry *entries = NULL;
-  size_t count = 0;
-  keel_status status = keel_store_list(endpoint->config.store, prefix, &entries, &count, NULL);
-  if (status != KEEL_OK) return status;
   for (int rank = 0; rank < comm->size; rank++) {
     keel__ballot *ballot = &round->ballots[rank];
     *ballot = (keel__ballot){.uid = comm->uids[rank], .state = KEEL__BALLOT_PENDING, .node = -1};
@@ -227,6 +231,7 @@ static keel_status ballots_read(agreement *round) {
   }
   size_t prefix_length = strlen(prefix);
   for (size_t i = 0; i < count; i++) {
+    if (strncmp(entries[i].key, prefix, prefix_length) != 0) continue;
     char *end;
     unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
     int rank = *end == '\0' ? keel_comm_rank_of(comm, (uint32_t)uid) : -1;
@@ -241,24 +246,20 @@ static keel_status ballots_read(agreement *round) {
     ballot->state = KEEL__BALLOT_CAST;
     if (node >= 0) ballot->node = node;
   }
-  keel_store_entries_free(entries, count);
   for (int rank = 0; rank < comm->size; rank++) {
     if (member_dead(endpoint, comm->uids[rank])) round->ballots[rank].state = KEEL__BALLOT_DEAD;
   }
-  return KEEL_OK;
 }
 
-/* Spares or joiners that are alive and not members already, lowest uid first. */
-static keel_status candidates_read(agreement *round, const char *prefix, uint32_t *out,
-                                   int *count_p) {
+/* Spares or joiners under prefix among entries that are alive and not members already,
+ * lowest uid first. */
+static void candidates_fill(agreement *round, const keel_store_entry *entries, size_t count,
+                            const char *prefix, uint32_t *out, int *count_p) {
   keel_endpoint *endpoint = round->comm->endpoint;
-  keel_store_entry *entries = NULL;
-  size_t count = 0;
-  keel_status status = keel_store_list(endpoint->config.store, prefix, &entries, &count, NULL);
-  if (status != KEEL_OK) return status;
   int found = 0;
   size_t prefix_length = strlen(prefix);
   for (size_t i = 0; i < count && found < KEEL_MAX_SPARES; i++) {
+    if (strncmp(entries[i].key, prefix, prefix_length) != 0) continue;
     char *end;
     unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
     if (*end != '\0' || uid >= KEEL_MAX_UIDS) continue;
@@ -266,7 +267,6 @@ static keel_status candidates_read(agreement *round, const char *prefix, uint32_
       continue;
     out[found++] = (uint32_t)uid;
   }
-  keel_store_entries_free(entries, count);
   /* Keys sort as text ("spare/10" before "spare/9"); order by number. */
   for (int a = 1; a < found; a++) {
     for (int b = a; b > 0 && out[b] < out[b - 1]; b--) {
@@ -276,7 +276,6 @@ static keel_status candidates_read(agreement *round, const char *prefix, uint32_
     }
   }
   *count_p = found;
-  return KEEL_OK;
 }
 
 static bool any_vote_wants(const agreement *round, bool spares) {
@@ -304,7 +303,10 @@ static void suspect_silent(const agreement *round) {
 
 /* Keys of epochs before the decided one are finished: nobody reads them again (every member
  * of the next epoch, admitted spares included, has read the decision it joined by). */
-static void forget_older_epochs(keel_endpoint *endpoint, uint64_t epoch) {
+void keel_endpoint_collect(keel_endpoint *endpoint) {
+  if (endpoint == NULL || endpoint->standalone || endpoint->collect_before == 0) return;
+  uint64_t epoch = endpoint->collect_before;
+  endpoint->collect_before = 0;
   static const char *const prefixes[] = {"agree/", "decide/"};
   for (size_t p = 0; p < sizeof prefixes / sizeof prefixes[0]; p++) {
     keel_store_entry *entries = NULL;
@@ -320,18 +322,105 @@ static void forget_older_epochs(keel_endpoint *endpoint, uint64_t epoch) {
   }
 }
 
-/* Tries to settle the round from what the store says; true when a decision was written (by
- * anyone: the caller reads back the winner). */
-static keel_status try_decide(agreement *round, bool waited_enough_for_spares, bool *written_p) {
+/* The prefixes one look reads: the round's decision, its votes, the spare and joiner pools
+ * when this member's vote admits newcomers, and the failure detector's view. */
+static size_t look_prefixes(agreement *round, const keel_rebuild_vote *vote, const char *decide_key,
+                            const char *votes, const char *prefixes[KEEL_STORE_MAX_PREFIXES]) {
+  const keel_membership_ops *ops = membership_of(round->comm->endpoint);
+  size_t count = 0;
+  prefixes[count++] = decide_key;
+  prefixes[count++] = votes;
+  round->pools_read = vote->rebuild && (vote->admit_spares || vote->admit_joiners);
+  if (round->pools_read) {
+    prefixes[count++] = "spare/";
+    prefixes[count++] = "join/";
+  }
+  for (size_t i = 0;
+       ops->view_prefixes != NULL && ops->view_prefixes[i] != NULL && i < KEEL_VIEW_PREFIXES_MAX;
+       i++)
+    prefixes[count++] = ops->view_prefixes[i];
+  return count;
+}
+
+/* One read of the round, one request: its decision if there is one (*found_p, into
+ * decision), else its votes into the ballots (and the pools into the candidates), with the
+ * detector's view taken from the same entries. round->revision, where the wait for news
+ * starts, covers all that was read. */
+static keel_status round_read(agreement *round, const keel_rebuild_vote *vote,
+                              keel_decision *decision, bool *found_p) {
   keel_comm *comm = round->comm;
   keel_endpoint *endpoint = comm->endpoint;
-  *written_p = false;
-  keel_status status = ballots_read(round);
-  round->spare_count = round->joiner_count = 0;
-  if (status == KEEL_OK && any_vote_wants(round, true))
-    status = candidates_read(round, "spare/", round->spares, &round->spare_count);
-  if (status == KEEL_OK && any_vote_wants(round, false))
-    status = candidates_read(round, "join/", round->joiners, &round->joiner_count);
+  const keel_membership_ops *ops = membership_of(endpoint);
+  char decide_key[96], votes[96];
+  keel__epoch_key(decide_key, sizeof decide_key, "decide", comm->epoch, round->round, NULL);
+  keel__epoch_key(votes, sizeof votes, "agree", comm->epoch, round->round, "/");
+  const char *prefixes[KEEL_STORE_MAX_PREFIXES];
+  size_t prefix_count = look_prefixes(round, vote, decide_key, votes, prefixes);
+  *found_p = false;
+  keel_status status =
+      ops->publish != NULL ? ops->publish(endpoint->config.membership_context) : KEEL_OK;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (status == KEEL_OK)
+    status = keel_store_list_prefixes(endpoint->config.store, prefixes, prefix_count, &entries,
+                                      &count, &round->revision);
+  if (status != KEEL_OK) {
+    round->revision = 0;
+    return status;
+  }
+  for (size_t i = 0; i < count && !*found_p; i++) {
+    if (strcmp(entries[i].key, decide_key) != 0) continue;
+    status = keel__decision_parse((const char *)entries[i].value, decision);
+    if (status != KEEL_OK) KEEL_LOG_E(MODULE, "the decision under %s is malformed", decide_key);
+    *found_p = status == KEEL_OK;
+  }
+  if (status == KEEL_OK && !*found_p && ops->take_view != NULL)
+    status = ops->take_view(endpoint->config.membership_context, entries, count);
+  if (status == KEEL_OK && !*found_p) {
+    ballots_fill(round, entries, count, votes);
+    round->spare_count = round->joiner_count = 0;
+    candidates_fill(round, entries, count, "spare/", round->spares, &round->spare_count);
+    candidates_fill(round, entries, count, "join/", round->joiners, &round->joiner_count);
+  }
+  keel_store_entries_free(entries, count);
+  return status;
+}
+
+/* The pools when some vote admits newcomers but this look did not read them (this member's
+ * own vote admits none). */
+static keel_status pools_read(agreement *round) {
+  static const char *const pools[] = {"spare/", "join/"};
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status = keel_store_list_prefixes(round->comm->endpoint->config.store, pools, 2,
+                                                &entries, &count, NULL);
+  if (status != KEEL_OK) return status;
+  candidates_fill(round, entries, count, "spare/", round->spares, &round->spare_count);
+  candidates_fill(round, entries, count, "join/", round->joiners, &round->joiner_count);
+  keel_store_entries_free(entries, count);
+  return KEEL_OK;
+}
+
+/* The first member in rank order not dead in the ballots: the one that settles the round. */
+static bool designated_decider(const agreement *round) {
+  for (int rank = 0; rank < round->comm->size; rank++) {
+    if (round->ballots[rank].state != KEEL__BALLOT_DEAD) return rank == round->comm->rank;
+  }
+  return false;
+}
+
+/* Tries to settle the round from what the store says (the designated decider, or anyone
+ * when eager). *settled_p when this process's decision won the cas: it is in decision. */
+static keel_status try_decide(agreement *round, bool waited_enough_for_spares, bool eager,
+                              keel_decision *decision, bool *settled_p) {
+  keel_comm *comm = round->comm;
+  keel_endpoint *endpoint = comm->endpoint;
+  *settled_p = false;
+  round->designated = designated_decider(round);
+  if (!round->designated && !eager) return KEEL_OK;
+  keel_status status = KEEL_OK;
+  if (!round->pools_read && (any_vote_wants(round, true) || any_vote_wants(round, false)))
+    status = pools_read(round);
   if (status != KEEL_OK) return status;
   keel__decide_input input = {.epoch = comm->epoch,
                               .round = round->round,
@@ -344,38 +433,19 @@ static keel_status try_decide(agreement *round, bool waited_enough_for_spares, b
                               .node_domain = endpoint->config.node_domain,
                               .waited_enough_for_spares = waited_enough_for_spares,
                               .max_world = endpoint->config.max_world};
-  keel_decision *decision = malloc(sizeof *decision);
-  if (decision == NULL) return KEEL_ENOMEM;
-  if (keel__decide(&input, decision)) {
-    char key[96];
-    keel__epoch_key(key, sizeof key, "decide", comm->epoch, round->round, NULL);
-    keel_buffer text;
-    keel_buffer_init(&text, KEEL_STORE_MAX_VALUE);
-    status = keel__decision_format(decision, &text);
-    if (status == KEEL_OK)
-      status = keel_store_cas(endpoint->config.store, key, 0, text.data, text.length, 0, NULL);
-    keel_buffer_free(&text);
-    if (status == KEEL_OK) forget_older_epochs(endpoint, comm->epoch);
-    if (status == KEEL_ECONFLICT) status = KEEL_OK; /* another survivor's decision won */
-    *written_p = status == KEEL_OK;
-  }
-  free(decision);
-  return status;
-}
-
-static keel_status read_decision(keel_comm *comm, uint32_t round, keel_decision *decision,
-                                 bool *found_p) {
+  if (!keel__decide(&input, decision)) return KEEL_OK;
   char key[96];
-  keel__epoch_key(key, sizeof key, "decide", comm->epoch, round, NULL);
-  keel_store_entry *entry = NULL;
-  keel_status status = keel_store_get(comm->endpoint->config.store, key, &entry);
-  *found_p = status == KEEL_OK;
-  if (status == KEEL_ENOTFOUND) return KEEL_OK;
-  if (status != KEEL_OK) return status;
-  status = keel__decision_parse((const char *)entry->value, decision);
-  keel_store_entry_free(entry);
-  if (status != KEEL_OK) KEEL_LOG_E(MODULE, "the decision under %s is malformed", key);
-  return status;
+  keel__epoch_key(key, sizeof key, "decide", comm->epoch, round->round, NULL);
+  keel_buffer text;
+  keel_buffer_init(&text, KEEL_STORE_MAX_VALUE);
+  status = keel__decision_format(decision, &text);
+  if (status == KEEL_OK)
+    status = keel_store_cas(endpoint->config.store, key, 0, text.data, text.length, 0, NULL);
+  keel_buffer_free(&text);
+  *settled_p = status == KEEL_OK;
+  if (*settled_p) endpoint->collect_before = comm->epoch;
+  /* Another member's decision won: the next look reads it. */
+  return status == KEEL_ECONFLICT ? KEEL_OK : status;
 }
 
 static keel_status agreement_alloc(agreement *round, keel_comm *comm) {
@@ -417,23 +487,18 @@ static bool store_transient(keel_status status) {
 /* One look at the round: vote if not done yet, read the decision, else try to settle it.
  * *done_p when a decision is in hand. */
 static keel_status agreement_look(agreement *round, const keel_rebuild_vote *vote, bool *voted_p,
-                                  bool waited, keel_decision *decision, bool *done_p) {
+                                  bool waited, bool eager, keel_decision *decision, bool *done_p) {
   keel_comm *comm = round->comm;
-  keel_endpoint *endpoint = comm->endpoint;
-  const keel_membership_ops *ops = membership_of(endpoint);
   keel_status status = KEEL_OK;
   if (!*voted_p) {
     status = agreement_vote(round, vote);
     *voted_p = status == KEEL_OK;
+    /* Finished epochs' keys go now, while the others' votes come in. */
+    if (*voted_p) keel_endpoint_collect(comm->endpoint);
   }
-  if (status == KEEL_OK) status = read_decision(comm, round->round, decision, done_p);
+  if (status == KEEL_OK) status = round_read(round, vote, decision, done_p);
   if (status != KEEL_OK || *done_p) return status;
-  if (ops->refresh != NULL) status = ops->refresh(endpoint->config.membership_context);
-  bool written = false;
-  if (status == KEEL_OK) status = try_decide(round, waited, &written);
-  /* A written decision is read back on the next look: whichever won. */
-  if (status == KEEL_OK && written) status = read_decision(comm, round->round, decision, done_p);
-  return status;
+  return try_decide(round, waited, eager, decision, done_p);
 }
 
 /* One round of agreement on comm's epoch: vote, then settle or adopt the decision. */
@@ -447,7 +512,8 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
   bool suspected = false, voted = false, done = false, store_warned = false;
   while (status == KEEL_OK) {
     bool waited = keel_now_ns() - started >= endpoint->config.spare_wait_ns;
-    keel_status look = agreement_look(&round, vote, &voted, waited, decision, &done);
+    bool eager = keel_now_ns() - started >= DECIDER_GRACE_NS;
+    keel_status look = agreement_look(&round, vote, &voted, waited, eager, decision, &done);
     if (look == KEEL_OK && done) break;
     if (look != KEEL_OK && !store_transient(look)) {
       status = look;
@@ -472,13 +538,17 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
     }
     /* Keep links moving (revocations out, closed links noticed) while waiting. */
     keel__progress(endpoint, 0);
-    uint64_t revision = 0;
     int64_t wake = keel_now_ns() + LOOK_INTERVAL_NS;
-    if (keel_store_wait(endpoint->config.store, "", 0, keel_now_ns(), &revision) == KEEL_OK)
-      keel_store_wait(endpoint->config.store, "", revision, wake < deadline ? wake : deadline,
-                      NULL);
-    else
-      keel__progress(endpoint, wake < deadline ? wake : deadline);
+    /* Waiting on the designated decider: only its decision is news, until the grace ends. */
+    bool patient = !round.designated && !eager;
+    if (patient && wake > started + DECIDER_GRACE_NS) wake = started + DECIDER_GRACE_NS;
+    if (wake > deadline) wake = deadline;
+    keel_status news = round.revision == 0
+                           ? KEEL_ECLOSED
+                           : keel_store_wait(endpoint->config.store, patient ? "decide/" : "",
+                                             round.revision, wake, NULL);
+    /* No look this time, or the store did not answer: pace the loop on the links instead. */
+    if (news != KEEL_OK && news != KEEL_ETIMEDOUT) keel__progress(endpoint, wake);
   }
   agreement_free(&round);
   return status;

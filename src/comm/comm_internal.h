@@ -76,13 +76,14 @@ typedef struct keel__unexpected {
 typedef struct keel__peer {
   uint32_t uid;
   keel_link *link;
-  bool failed; /* its link broke: it is suspected */
-  bool left;   /* it said goodbye: end of stream is not a failure */
+  bool failed;       /* its link broke: it is suspected */
+  bool left;         /* it said goodbye: end of stream is not a failure */
+  bool told_goodbye; /* we said ours (a link accepted while we linger gets it too) */
   keel__send_item *queue_head, *queue_tail;
-  bool in_flight;         /* queue_head has been begun on the link */
-  keel__op *inbound_op;   /* where the frame being read goes: slot inbound_index of it */
+  bool in_flight;       /* queue_head has been begun on the link */
+  keel__op *inbound_op; /* where the frame being read goes: slot inbound_index of it */
   size_t inbound_index;
-  size_t linked_index;    /* place in the endpoint's list of linked peers */
+  size_t linked_index; /* place in the endpoint's list of linked peers */
 } keel__peer;
 
 typedef struct keel__transport_ops keel__transport_ops;
@@ -131,6 +132,9 @@ struct keel_endpoint {
   uint64_t revoked_epoch; /* epochs <= this are revoked (when any_revoked) */
   bool any_revoked;
   keel_comm *current; /* newest communicator; older ones chain through ->older */
+  /* Epochs before this one have store keys this process's decision made finished
+   * (keel_endpoint_collect removes them); 0: none. */
+  uint64_t collect_before;
 
   uint8_t *scratch;
   size_t scratch_bytes;
@@ -156,8 +160,8 @@ void keel__op_begin(keel_endpoint *endpoint, keel__op *op);
 keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uint64_t epoch,
                                uint64_t tag, void *destination, size_t length, size_t *index_p);
 /* Queues a frame to uid on behalf of op (payload stays the caller's until written). */
-keel_status keel__op_send(keel__op *op, uint32_t uid, uint16_t type, uint64_t epoch,
-                          uint64_t tag, const void *payload, size_t length);
+keel_status keel__op_send(keel__op *op, uint32_t uid, uint16_t type, uint64_t epoch, uint64_t tag,
+                          const void *payload, size_t length);
 /* Whether every posted receive is done and every send written. */
 bool keel__op_complete(const keel__op *op);
 /* The first failed slot's status, or KEEL_OK. */
@@ -205,8 +209,8 @@ struct keel__transport_ops {
    * status is a failure of the communicator. */
   keel_status (*open)(keel_comm *comm, void **state_p);
   void (*close)(void *state);
-  keel_status (*allreduce)(keel_comm *comm, void *state, const void *send, void *recv,
-                           size_t count, keel_dtype dtype, keel_reduce_op op);
+  keel_status (*allreduce)(keel_comm *comm, void *state, const void *send, void *recv, size_t count,
+                           keel_dtype dtype, keel_reduce_op op);
   keel_status (*broadcast)(keel_comm *comm, void *state, void *buffer, size_t bytes, int root);
   keel_status (*allgather)(keel_comm *comm, void *state, const void *send, void *recv,
                            size_t bytes_per_rank);
@@ -237,8 +241,8 @@ typedef enum keel__ballot_state {
 typedef struct keel__ballot {
   uint32_t uid;
   keel__ballot_state state;
-  int node;             /* -1: unknown */
-  uint64_t vote_epoch;  /* the epoch the vote was cast in; another epoch's counts as none */
+  int node;            /* -1: unknown */
+  uint64_t vote_epoch; /* the epoch the vote was cast in; another epoch's counts as none */
   keel_rebuild_vote vote;
 } keel__ballot;
 
@@ -264,11 +268,11 @@ bool keel__decide(const keel__decide_input *input, keel_decision *decision);
 /* ---- agree.c */
 keel_status keel__decision_format(const keel_decision *decision, keel_buffer *text);
 keel_status keel__decision_parse(const char *text, keel_decision *decision);
-keel_status keel__vote_format(const keel_rebuild_vote *vote, uint64_t epoch, int node,
-                              char *text, size_t capacity);
+keel_status keel__vote_format(const keel_rebuild_vote *vote, uint64_t epoch, int node, char *text,
+                              size_t capacity);
 keel_status keel__vote_parse(const char *text, keel_rebuild_vote *vote, uint64_t *epoch_p,
                              int *node_p);
-void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch,
-                     uint32_t round, const char *suffix);
+void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch, uint32_t round,
+                     const char *suffix);
 
 #endif

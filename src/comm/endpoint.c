@@ -20,6 +20,8 @@
 #define HANDSHAKE_TIMEOUT_NS (2 * (int64_t)1000000000)
 /* How often a link setup looks again for an address not published yet. */
 #define ADDRESS_RETRY_NS (20 * (int64_t)1000000)
+/* How long a goodbye may take to leave: the peers read it in their progress loops. */
+#define GOODBYE_FLUSH_NS (1000 * (int64_t)1000000)
 
 size_t keel_dtype_size(keel_dtype dtype) {
   switch (dtype) {
@@ -48,8 +50,7 @@ keel__peer *keel__peer_get(keel_endpoint *endpoint, uint32_t uid) {
     while (grown <= uid) grown *= 2;
     keel__peer **peers = realloc(endpoint->peers, grown * sizeof *peers);
     if (peers == NULL) return NULL;
-    memset(peers + endpoint->peer_capacity, 0,
-           (grown - endpoint->peer_capacity) * sizeof *peers);
+    memset(peers + endpoint->peer_capacity, 0, (grown - endpoint->peer_capacity) * sizeof *peers);
     endpoint->peers = peers;
     endpoint->peer_capacity = grown;
   }
@@ -68,6 +69,7 @@ static void peer_attach(keel_endpoint *endpoint, keel__peer *peer, keel_link *li
   peer->link = link;
   peer->failed = false;
   peer->left = false;
+  peer->told_goodbye = false;
   keel__peer_linked(endpoint, peer);
 }
 
@@ -299,8 +301,8 @@ keel_status keel_comm_create(keel_endpoint *endpoint, uint64_t epoch, const uint
 keel_status keel__comm_from_decision(keel_endpoint *endpoint, const keel_decision *decision,
                                      keel_comm **comm_p) {
   int64_t timeout = endpoint->current ? endpoint->current->timeout_ns : endpoint->config.timeout_ns;
-  return keel_comm_create(endpoint, decision->epoch + 1, decision->members,
-                          decision->member_count, keel_deadline_after_ns(timeout), comm_p);
+  return keel_comm_create(endpoint, decision->epoch + 1, decision->members, decision->member_count,
+                          keel_deadline_after_ns(timeout), comm_p);
 }
 
 /* ---- creation and the end */
@@ -356,13 +358,20 @@ keel_status keel_endpoint_create(const keel_endpoint_config *config, keel_endpoi
 const char *keel_endpoint_address(const keel_endpoint *endpoint) { return endpoint->address; }
 keel_comm *keel_endpoint_current(keel_endpoint *endpoint) { return endpoint->current; }
 
-static void say_goodbye(keel_endpoint *endpoint) {
+/* Says goodbye to every linked peer not told yet. A peer may link to us while we linger (a
+ * new spare connects to everyone); without a goodbye it would take our close for a failure
+ * and have us fenced while we finish in order. */
+static void say_goodbye(keel_endpoint *endpoint, int64_t deadline_ns) {
   uint64_t epoch = endpoint->current ? endpoint->current->epoch : 0;
+  bool said = false;
   for (size_t i = 0; i < endpoint->linked_count; i++) {
     keel__peer *peer = endpoint->linked[i];
-    if (!peer->failed) keel__send_control(endpoint, peer->uid, KEEL_FRAME_GOODBYE, epoch);
+    if (peer->failed || peer->told_goodbye) continue;
+    keel__send_control(endpoint, peer->uid, KEEL_FRAME_GOODBYE, epoch);
+    peer->told_goodbye = true;
+    said = true;
   }
-  keel__flush(endpoint, keel_deadline_after_ns(1000000000));
+  if (said) keel__flush(endpoint, deadline_ns);
 }
 
 /* Whether every linked peer has said goodbye (a goodbye is a peer's last frame) or is gone. */
@@ -378,8 +387,10 @@ static bool peers_all_done(const keel_endpoint *endpoint) {
  * each has said goodbye too or is gone, or the deadline, so that no unread byte makes
  * close() reset a connection whose last data a slower peer has not read yet. */
 static void linger_until_peers_done(keel_endpoint *endpoint, int64_t deadline_ns) {
-  while (!peers_all_done(endpoint) && keel_now_ns() < deadline_ns)
+  while (!peers_all_done(endpoint) && keel_now_ns() < deadline_ns) {
     keel__progress(endpoint, keel_deadline_after_ns(50 * 1000000));
+    say_goodbye(endpoint, keel_deadline_after_ns(GOODBYE_FLUSH_NS));
+  }
   keel__progress(endpoint, 0);
 }
 
@@ -397,7 +408,7 @@ static void free_comms(keel_endpoint *endpoint) {
 void keel_endpoint_close(keel_endpoint *endpoint, int64_t linger_ns) {
   if (endpoint == NULL) return;
   if (endpoint->listener != NULL && linger_ns > 0) {
-    say_goodbye(endpoint);
+    say_goodbye(endpoint, keel_deadline_after_ns(GOODBYE_FLUSH_NS));
     linger_until_peers_done(endpoint, keel_deadline_after_ns(linger_ns));
   }
   atomic_store(&endpoint->stopping, true);
@@ -408,6 +419,9 @@ void keel_endpoint_close(keel_endpoint *endpoint, int64_t linger_ns) {
   }
   if (endpoint->acceptor_started) pthread_join(endpoint->acceptor_thread, NULL);
   keel__take_accepted_links(endpoint);
+  /* Links that came in after the lingering read are told too. */
+  if (endpoint->listener != NULL && linger_ns > 0)
+    say_goodbye(endpoint, keel_deadline_after_ns(GOODBYE_FLUSH_NS / 10));
   /* Operations still registered (requests the caller did not free) lose their links now. */
   while (endpoint->operations != NULL) keel__op_abandon(endpoint->operations);
   for (size_t uid = 0; uid < endpoint->peer_capacity; uid++) {

@@ -29,9 +29,16 @@ static void membership_suspect(void *context, uint32_t uid, const char *reason) 
   keel__detector_observe(ctx->detector, uid, reason);
 }
 
-static keel_status membership_refresh(void *context) {
+static keel_status membership_publish(void *context) {
   keel_ctx *ctx = context;
-  return keel__detector_refresh(ctx->detector, keel__session_store(ctx->session));
+  keel__detector_flush(ctx->detector, keel__session_store(ctx->session));
+  return KEEL_OK;
+}
+
+static keel_status membership_take_view(void *context, const keel_store_entry *entries,
+                                        size_t count) {
+  keel_ctx *ctx = context;
+  return keel__detector_take(ctx->detector, entries, count);
 }
 
 static bool membership_dead(void *context, uint32_t uid) {
@@ -52,7 +59,9 @@ static keel_status membership_interrupted(void *context) {
 static const keel_membership_ops membership_ops = {
     .address = membership_address,
     .suspect = membership_suspect,
-    .refresh = membership_refresh,
+    .publish = membership_publish,
+    .view_prefixes = keel__detector_prefixes,
+    .take_view = membership_take_view,
     .dead = membership_dead,
     .node = membership_node,
     .interrupted = membership_interrupted,

@@ -31,6 +31,13 @@ typedef struct uid_set {
   size_t count, capacity;
 } uid_set;
 
+/* What the store says of the job's processes: dead/ (the launcher's verdicts), suspect/
+ * (the members' suspicions) and proc/ (the living, by lease; their values give nodes),
+ * read in one request at one revision, so the three agree with each other. */
+typedef struct store_view {
+  uid_set dead, suspected, alive;
+} store_view;
+
 struct keel__detector {
   uint32_t self;
   /* The queue of observations: the progress loop adds, the session thread flushes. */
@@ -39,8 +46,7 @@ struct keel__detector {
   int queued;
   /* The verdict's inputs at the last refresh (the training thread's alone). */
   bool refreshed;
-  uid_set failed;  /* dead/ or suspect/ */
-  uid_set alive;   /* proc/ */
+  store_view view;
   uid_node *nodes; /* every uid ever seen in proc/, sorted by uid */
   size_t node_count, node_capacity;
 };
@@ -72,6 +78,12 @@ static bool set_has(const uid_set *set, uint32_t uid) {
   return bsearch(&uid, set->uids, set->count, sizeof uid, compare_uids) != NULL;
 }
 
+static void view_free(store_view *view) {
+  free(view->dead.uids);
+  free(view->suspected.uids);
+  free(view->alive.uids);
+}
+
 keel_status keel__detector_create(uint32_t self_uid, keel__detector **detector_p) {
   keel__detector *detector = calloc(1, sizeof *detector);
   if (detector == NULL) return KEEL_ENOMEM;
@@ -84,8 +96,7 @@ keel_status keel__detector_create(uint32_t self_uid, keel__detector **detector_p
 void keel__detector_destroy(keel__detector *detector) {
   if (detector == NULL) return;
   pthread_mutex_destroy(&detector->lock);
-  free(detector->failed.uids);
-  free(detector->alive.uids);
+  view_free(&detector->view);
   free(detector->nodes);
   free(detector);
 }
@@ -147,49 +158,65 @@ static keel_status nodes_note(keel__detector *detector, uint32_t uid, int node) 
   return KEEL_OK;
 }
 
-/* The uids under prefix ("dead/") into set, sorted; proc/ values also give nodes. */
-static keel_status read_prefix(keel__detector *detector, keel_store *store, const char *prefix,
-                               uid_set *set) {
-  keel_store_entry *entries = NULL;
-  size_t count = 0;
-  keel_status status = keel_store_list(store, prefix, &entries, &count, NULL);
-  if (status != KEEL_OK) return status;
-  size_t prefix_length = strlen(prefix);
-  bool proc = strcmp(prefix, "proc/") == 0;
+const char *const keel__detector_prefixes[] = {"dead/", "suspect/", "proc/", NULL};
+
+/* The view from entries (those under other prefixes are passed over) into view's sets,
+ * emptied first, each sorted. */
+static keel_status view_fill(keel__detector *detector, const keel_store_entry *entries,
+                             size_t count, store_view *view) {
+  view->dead.count = view->suspected.count = view->alive.count = 0;
+  keel_status status = KEEL_OK;
   for (size_t i = 0; i < count && status == KEEL_OK; i++) {
+    const char *key = entries[i].key;
+    uid_set *set = NULL;
+    if (strncmp(key, "dead/", 5) == 0) set = &view->dead;
+    if (strncmp(key, "suspect/", 8) == 0) set = &view->suspected;
+    if (strncmp(key, "proc/", 5) == 0) set = &view->alive;
+    if (set == NULL) continue;
     char *end;
-    unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
+    unsigned long uid = strtoul(strchr(key, '/') + 1, &end, 10);
     if (*end != '\0' || uid >= KEEL_MAX_UIDS) continue;
     status = set_add(set, (uint32_t)uid);
-    const char *node = proc ? strstr((const char *)entries[i].value, "node=") : NULL;
+    const char *node = set == &view->alive ? strstr((const char *)entries[i].value, "node=") : NULL;
     if (status == KEEL_OK && node != NULL)
       status = nodes_note(detector, (uint32_t)uid, atoi(node + 5));
   }
+  set_sort(&view->dead);
+  set_sort(&view->suspected);
+  set_sort(&view->alive);
+  return status;
+}
+
+/* Reads the view from the store into view. */
+static keel_status view_read(keel__detector *detector, keel_store *store, store_view *view) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status =
+      keel_store_list_prefixes(store, keel__detector_prefixes, 3, &entries, &count, NULL);
+  if (status == KEEL_OK) status = view_fill(detector, entries, count, view);
   keel_store_entries_free(entries, count);
+  return status;
+}
+
+keel_status keel__detector_take(keel__detector *detector, const keel_store_entry *entries,
+                                size_t count) {
+  keel_status status = view_fill(detector, entries, count, &detector->view);
+  /* A half-read view would declare the living dead: keep no verdict until a full one. */
+  detector->refreshed = status == KEEL_OK;
   return status;
 }
 
 keel_status keel__detector_refresh(keel__detector *detector, keel_store *store) {
   keel__detector_flush(detector, store);
-  detector->failed.count = 0;
-  detector->alive.count = 0;
-  keel_status status = read_prefix(detector, store, "dead/", &detector->failed);
-  if (status == KEEL_OK) status = read_prefix(detector, store, "suspect/", &detector->failed);
-  if (status == KEEL_OK) status = read_prefix(detector, store, "proc/", &detector->alive);
-  if (status != KEEL_OK) {
-    /* A half-read view would declare the living dead: keep no verdict until a full one. */
-    detector->refreshed = false;
-    return status;
-  }
-  set_sort(&detector->failed);
-  set_sort(&detector->alive);
-  detector->refreshed = true;
-  return KEEL_OK;
+  keel_status status = view_read(detector, store, &detector->view);
+  detector->refreshed = status == KEEL_OK;
+  return status;
 }
 
 bool keel__detector_dead(keel__detector *detector, uint32_t uid) {
   if (!detector->refreshed || uid == detector->self) return false;
-  return set_has(&detector->failed, uid) || !set_has(&detector->alive, uid);
+  const store_view *view = &detector->view;
+  return set_has(&view->dead, uid) || set_has(&view->suspected, uid) || !set_has(&view->alive, uid);
 }
 
 int keel__detector_node(keel__detector *detector, uint32_t uid) {
@@ -225,27 +252,22 @@ static void delete_key(keel_store *store, const char *prefix, uint32_t uid) {
  * reads it to tell a process finishing in order from a hung one. */
 void keel__detector_forget(keel__detector *detector, keel_store *store, const uint32_t *members,
                            int member_count) {
-  uid_set dead = {0}, suspected = {0}, alive = {0};
-  if (read_prefix(detector, store, "dead/", &dead) == KEEL_OK &&
-      read_prefix(detector, store, "suspect/", &suspected) == KEEL_OK &&
-      read_prefix(detector, store, "proc/", &alive) == KEEL_OK) {
-    set_sort(&dead);
-    set_sort(&alive);
-    for (size_t i = 0; i < suspected.count; i++) {
-      uint32_t uid = suspected.uids[i];
+  store_view view = {0};
+  if (view_read(detector, store, &view) == KEEL_OK) {
+    for (size_t i = 0; i < view.suspected.count; i++) {
+      uint32_t uid = view.suspected.uids[i];
       if (uid_in(members, member_count, uid) || uid == detector->self) continue;
-      if (!set_has(&dead, uid) && !set_has(&alive, uid)) delete_key(store, "suspect", uid);
+      if (!set_has(&view.dead, uid) && !set_has(&view.alive, uid))
+        delete_key(store, "suspect", uid);
     }
-    for (size_t i = 0; i < dead.count; i++) {
-      uint32_t uid = dead.uids[i];
+    for (size_t i = 0; i < view.dead.count; i++) {
+      uint32_t uid = view.dead.uids[i];
       if (uid_in(members, member_count, uid) || uid == detector->self) continue;
-      if (set_has(&alive, uid)) continue; /* its lease has not lapsed yet: next time */
+      if (set_has(&view.alive, uid)) continue; /* its lease has not lapsed yet: next time */
       delete_key(store, "suspect", uid);
       delete_key(store, "left", uid);
       delete_key(store, "dead", uid);
     }
   }
-  free(dead.uids);
-  free(suspected.uids);
-  free(alive.uids);
+  view_free(&view);
 }

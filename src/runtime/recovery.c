@@ -258,11 +258,17 @@ static void recovery_settled(keel_ctx *ctx, const keel_recovery *info, const cha
   recovery->report_pending = true;
   recovery->kind = kind;
   recovery->detected_ns = detected_ns;
-  if (recovery->reporter && !ctx->config.standalone) {
-    keel_comm *world = keel_world(ctx);
-    keel__detector_forget(ctx->detector, keel__session_store(ctx->session),
-                          ctx->recovery->decision->members, keel_comm_size(world));
-  }
+}
+
+/* The garbage collection of the job's finished keys: after the recovery's first collective,
+ * off the path every member waits on. */
+static void collect_finished_keys(keel_ctx *ctx) {
+  if (ctx->config.standalone) return;
+  keel_endpoint_collect(ctx->endpoint);
+  if (!ctx->recovery->reporter) return;
+  keel_comm *world = keel_world(ctx);
+  keel__detector_forget(ctx->detector, keel__session_store(ctx->session),
+                        ctx->recovery->decision->members, keel_comm_size(world));
 }
 
 /* What a failure means for the caller: an orderly stop or a dead launcher explains a
@@ -339,13 +345,9 @@ keel_status keel__grow(keel_ctx *ctx) {
   return KEEL_OK;
 }
 
-void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns) {
+/* The "recovery" event, written by the new epoch's reporter alone. */
+static void recovery_event(keel_ctx *ctx) {
   keel__recovery *recovery = ctx->recovery;
-  if (!recovery->report_pending) return;
-  if (recovery->kind != NULL && strcmp(recovery->kind, "grow") != 0)
-    recovery->last.redo_ns = redo_ns;
-  recovery->report_pending = false;
-  if (!recovery->reporter) return;
   const keel_recovery *info = &recovery->last;
   char fields[3072];
   int used = snprintf(fields, sizeof fields,
@@ -368,6 +370,16 @@ void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns) {
            info->revoke_ns / 1e6, info->agree_ns / 1e6, info->rebuild_ns / 1e6,
            info->state_transfer_ns / 1e6, info->redo_ns / 1e6, total / 1e6, recovery->detected_ns);
   keel__report_line(ctx, "recovery", fields);
+}
+
+void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns) {
+  keel__recovery *recovery = ctx->recovery;
+  if (!recovery->report_pending) return;
+  if (recovery->kind != NULL && strcmp(recovery->kind, "grow") != 0)
+    recovery->last.redo_ns = redo_ns;
+  recovery->report_pending = false;
+  if (recovery->reporter) recovery_event(ctx);
+  collect_finished_keys(ctx);
 }
 
 /* ---- a spare or a joiner */

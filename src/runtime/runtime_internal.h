@@ -73,8 +73,14 @@ void keel__detector_destroy(keel__detector *detector);
 void keel__detector_observe(keel__detector *detector, uint32_t uid, const char *reason);
 /* Writes queued observations as suspect/<uid> keys. Any thread. */
 void keel__detector_flush(keel__detector *detector, keel_store *store);
-/* Flushes, then reads dead/, suspect/ and proc/ and decides anew who is dead. */
+/* The store prefixes the verdict is made of (dead/, suspect/, proc/), NULL-terminated. */
+extern const char *const keel__detector_prefixes[];
+/* Flushes, then reads the prefixes in one request and decides anew who is dead. */
 keel_status keel__detector_refresh(keel__detector *detector, keel_store *store);
+/* Decides anew from entries read by someone else at one revision (the agreement reads
+ * them with its votes); entries under other prefixes are passed over. */
+keel_status keel__detector_take(keel__detector *detector, const keel_store_entry *entries,
+                                size_t count);
 /* The verdict: dead/<uid> (reaped), suspect/<uid> (seen failing: being fenced), or no
  * proc/<uid> (its lease lapsed, or it left) at the last refresh. */
 bool keel__detector_dead(keel__detector *detector, uint32_t uid);

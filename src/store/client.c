@@ -86,8 +86,7 @@ keel_status keel_store_put(keel_store *store, const char *key, const void *value
 }
 
 keel_status keel_store_cas(keel_store *store, const char *key, uint64_t expected_revision,
-                           const void *value, size_t length, int64_t lease,
-                           uint64_t *revision_p) {
+                           const void *value, size_t length, int64_t lease, uint64_t *revision_p) {
   keel_status status = check_key(key, false);
   if (status == KEEL_OK) status = check_value(value, length, lease);
   if (status != KEEL_OK) return status;
@@ -114,6 +113,23 @@ keel_status keel_store_list(keel_store *store, const char *prefix, keel_store_en
   if (status != KEEL_OK) return status;
   if (entries_p == NULL || count_p == NULL) return KEEL_EINVAL;
   return store->ops->list(store->backend, prefix, entries_p, count_p, revision_p);
+}
+
+keel_status keel_store_list_prefixes(keel_store *store, const char *const *prefixes,
+                                     size_t prefix_count, keel_store_entry **entries_p,
+                                     size_t *count_p, uint64_t *revision_p) {
+  if (prefixes == NULL || prefix_count == 0 || prefix_count > KEEL_STORE_MAX_PREFIXES ||
+      entries_p == NULL || count_p == NULL)
+    return KEEL_EINVAL;
+  for (size_t i = 0; i < prefix_count; i++) {
+    keel_status status = check_key(prefixes[i], false);
+    if (status != KEEL_OK) return status;
+    for (size_t j = 0; j < i; j++) {
+      if (keel__store_prefixes_overlap(prefixes[i], prefixes[j])) return KEEL_EINVAL;
+    }
+  }
+  return store->ops->list_prefixes(store->backend, prefixes, prefix_count, entries_p, count_p,
+                                   revision_p);
 }
 
 keel_status keel_store_wait(keel_store *store, const char *prefix, uint64_t after_revision,

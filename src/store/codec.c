@@ -26,21 +26,17 @@ static const uint8_t op_fields[] = {
     [KEEL__STORE_OP_LEASE_GRANT] = FIELD_DURATION,
     [KEEL__STORE_OP_LEASE_KEEPALIVE] = FIELD_LEASE,
     [KEEL__STORE_OP_LEASE_REVOKE] = FIELD_LEASE,
+    [KEEL__STORE_OP_LIST_PREFIXES] = FIELD_VALUE,
 };
 
-static bool op_known(uint8_t op) {
-  return op < sizeof op_fields && op_fields[op] != 0;
-}
-
+static bool op_known(uint8_t op) { return op < sizeof op_fields && op_fields[op] != 0; }
 
 /* Two's complement both ways without relying on implementation-defined conversions. */
 static int64_t to_signed(uint64_t value) {
   return value <= INT64_MAX ? (int64_t)value : -(int64_t)(~value) - 1;
 }
 
-static bool key_valid(const char *key, size_t length) {
-  return memchr(key, '\0', length) == NULL;
-}
+static bool key_valid(const char *key, size_t length) { return memchr(key, '\0', length) == NULL; }
 
 static bool status_known(int64_t value) {
   switch (value) {
@@ -50,6 +46,32 @@ static bool status_known(int64_t value) {
     return true;
   }
   return false;
+}
+
+bool keel__store_prefixes_overlap(const char *a, const char *b) {
+  size_t a_length = strlen(a), b_length = strlen(b);
+  size_t shorter = a_length < b_length ? a_length : b_length;
+  return memcmp(a, b, shorter) == 0;
+}
+
+bool keel__store_prefixes_parse(const uint8_t *value, size_t length,
+                                const char *prefixes[KEEL_STORE_MAX_PREFIXES], size_t *count_p) {
+  size_t count = 0, at = 0;
+  while (at < length) {
+    const uint8_t *end = memchr(value + at, '\0', length - at);
+    size_t prefix_length = end == NULL ? 0 : (size_t)(end - (value + at));
+    if (end == NULL || prefix_length == 0 || prefix_length > KEEL_STORE_MAX_KEY ||
+        count == KEEL_STORE_MAX_PREFIXES)
+      return false;
+    const char *prefix = (const char *)value + at;
+    for (size_t i = 0; i < count; i++) {
+      if (keel__store_prefixes_overlap(prefixes[i], prefix)) return false;
+    }
+    prefixes[count++] = prefix;
+    at += prefix_length + 1;
+  }
+  *count_p = count;
+  return count > 0;
 }
 
 keel_status keel__store_request_encode(const keel__store_request *request, keel_buffer *buffer) {
@@ -102,6 +124,11 @@ keel_status keel__store_request_decode(const uint8_t *payload, size_t length,
   request.key = (const char *)payload + KEEL__STORE_REQUEST_HEADER_BYTES;
   request.value = payload + KEEL__STORE_REQUEST_HEADER_BYTES + request.key_length;
   if (!key_valid(request.key, request.key_length)) return KEEL_ECORRUPT;
+  const char *prefixes[KEEL_STORE_MAX_PREFIXES];
+  size_t prefix_count;
+  if (request.op == KEEL__STORE_OP_LIST_PREFIXES &&
+      !keel__store_prefixes_parse(request.value, request.value_length, prefixes, &prefix_count))
+    return KEEL_ECORRUPT;
   *request_p = request;
   return KEEL_OK;
 }
@@ -121,10 +148,9 @@ keel_status keel__store_response_begin(keel_buffer *buffer, uint8_t op, uint64_t
   return keel_buffer_append(buffer, header, sizeof header);
 }
 
-keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key,
-                                           size_t key_length, const void *value,
-                                           size_t value_length, uint64_t revision,
-                                           int64_t lease) {
+keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key, size_t key_length,
+                                           const void *value, size_t value_length,
+                                           uint64_t revision, int64_t lease) {
   if (key_length > KEEL_STORE_MAX_KEY || value_length > KEEL_STORE_MAX_VALUE) return KEEL_ERANGE;
   uint8_t header[KEEL__STORE_ENTRY_HEADER_BYTES];
   keel_put_le16(header, (uint16_t)key_length);
@@ -149,8 +175,7 @@ static keel_status entry_decode(const uint8_t *wire, size_t available, keel_stor
   size_t value_length = keel_get_le32(wire + 2);
   if (key_length == 0) return KEEL_ECORRUPT;
   if (key_length > KEEL_STORE_MAX_KEY || value_length > KEEL_STORE_MAX_VALUE) return KEEL_ERANGE;
-  if (available - KEEL__STORE_ENTRY_HEADER_BYTES < key_length + value_length)
-    return KEEL_ECORRUPT;
+  if (available - KEEL__STORE_ENTRY_HEADER_BYTES < key_length + value_length) return KEEL_ECORRUPT;
   entry->revision = keel_get_le64(wire + 6);
   entry->lease = to_signed(keel_get_le64(wire + 14));
   if (entry->lease < 0) return KEEL_ECORRUPT;
@@ -182,8 +207,8 @@ keel_status keel__store_response_decode(const uint8_t *payload, size_t length,
   for (uint32_t i = 0; i < response.entry_count; i++) {
     keel_store_entry entry;
     size_t size;
-    keel_status entry_status = entry_decode(response.entries + offset,
-                                            response.entries_length - offset, &entry, &size);
+    keel_status entry_status =
+        entry_decode(response.entries + offset, response.entries_length - offset, &entry, &size);
     if (entry_status != KEEL_OK) return entry_status;
     offset += size;
   }

@@ -256,6 +256,22 @@ static keel_status embedded_list(void *backend, const char *prefix, keel_store_e
   return entries_request(backend, &request, entries_p, count_p, revision_p);
 }
 
+static keel_status embedded_list_prefixes(void *backend, const char *const *prefixes,
+                                          size_t prefix_count, keel_store_entry **entries_p,
+                                          size_t *count_p, uint64_t *revision_p) {
+  /* Each prefix with its NUL: at most KEEL_STORE_MAX_PREFIXES * (KEEL_STORE_MAX_KEY + 1). */
+  char value[KEEL_STORE_MAX_PREFIXES * (KEEL_STORE_MAX_KEY + 1)];
+  size_t length = 0;
+  for (size_t i = 0; i < prefix_count; i++) {
+    size_t prefix_length = strlen(prefixes[i]) + 1;
+    memcpy(value + length, prefixes[i], prefix_length);
+    length += prefix_length;
+  }
+  keel__store_request request = {
+      .op = KEEL__STORE_OP_LIST_PREFIXES, .value = (const uint8_t *)value, .value_length = length};
+  return entries_request(backend, &request, entries_p, count_p, revision_p);
+}
+
 static keel_status embedded_wait(void *backend, const char *prefix, uint64_t after_revision,
                                  int64_t deadline_ns, uint64_t *revision_p) {
   keel__store_request request = {
@@ -304,6 +320,7 @@ const keel__store_ops keel__store_embedded_ops = {
     .get = embedded_get,
     .remove = embedded_remove,
     .list = embedded_list,
+    .list_prefixes = embedded_list_prefixes,
     .wait = embedded_wait,
     .lease_grant = embedded_lease_grant,
     .lease_keepalive = embedded_lease_keepalive,

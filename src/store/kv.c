@@ -35,7 +35,7 @@ struct keel__store_kv {
   kv_record **records; /* sorted by key */
   size_t count;
   size_t capacity;
-  size_t bytes; /* keys and values held, against KEEL__STORE_MAX_BYTES */
+  size_t bytes;     /* keys and values held, against KEEL__STORE_MAX_BYTES */
   kv_lease *leases; /* sorted by id: ids only grow, so appending keeps the order */
   size_t lease_count;
   size_t lease_capacity;
@@ -47,7 +47,7 @@ struct keel__store_kv {
   uint64_t forgotten_revision; /* newest revision of a deletion the ring dropped */
   int64_t serviced_ns;         /* latest time keel__store_kv_expire ran, once serviced */
   bool serviced;
-  uint64_t stalls;             /* gaps that earned the leases grace */
+  uint64_t stalls; /* gaps that earned the leases grace */
 };
 
 keel_status keel__store_kv_create(keel__store_kv **kv_p) {
@@ -73,9 +73,7 @@ void keel__store_kv_destroy(keel__store_kv *kv) {
   free(kv);
 }
 
-uint64_t keel__store_kv_revision(const keel__store_kv *kv) {
-  return kv->revision;
-}
+uint64_t keel__store_kv_revision(const keel__store_kv *kv) { return kv->revision; }
 
 /* Byte order, shorter first on a tie: the order strcmp gives keys without NULs. */
 static int key_compare(const char *a, size_t a_length, const char *b, size_t b_length) {
@@ -245,9 +243,7 @@ bool keel__store_kv_changed_since(const keel__store_kv *kv, const char *prefix,
   return false;
 }
 
-uint64_t keel__store_kv_stalls(const keel__store_kv *kv) {
-  return kv->stalls;
-}
+uint64_t keel__store_kv_stalls(const keel__store_kv *kv) { return kv->stalls; }
 
 /* Put and cas: every check before the first change, so a refusal changes nothing. */
 static keel_status apply_put(keel__store_kv *kv, const keel__store_request *request,
@@ -324,18 +320,27 @@ static keel_status apply_lease(keel__store_kv *kv, const keel__store_request *re
   return KEEL_OK;
 }
 
-/* Answers with records [first, end) as entries: a list, or a get when the range is one. */
+/* Records [first[r], end[r]) of each range r, in range order. */
+typedef struct record_ranges {
+  size_t first[KEEL_STORE_MAX_PREFIXES], end[KEEL_STORE_MAX_PREFIXES];
+  size_t count;
+} record_ranges;
+
+/* Answers with the records of ranges as entries: a list (one range per prefix), or a get
+ * when the one range is one record. */
 static keel_status respond_records(const keel__store_kv *kv, const keel__store_request *request,
-                                   size_t first, size_t end, keel_buffer *response) {
-  size_t mark = response->length;
+                                   const record_ranges *ranges, keel_buffer *response) {
+  size_t mark = response->length, total = 0;
+  for (size_t r = 0; r < ranges->count; r++) total += ranges->end[r] - ranges->first[r];
   keel_status status = keel__store_response_begin(response, request->op, request->id, KEEL_OK,
-                                                  kv->revision, 0, (uint32_t)(end - first));
-  for (size_t i = first; i < end && status == KEEL_OK; i++) {
-    const kv_record *record = kv->records[i];
-    status = keel__store_response_add_entry(response, record->data, record->key_length,
-                                            record->data + record->key_length,
-                                            record->value_length, record->revision,
-                                            record->lease);
+                                                  kv->revision, 0, (uint32_t)total);
+  for (size_t r = 0; r < ranges->count; r++) {
+    for (size_t i = ranges->first[r]; i < ranges->end[r] && status == KEEL_OK; i++) {
+      const kv_record *record = kv->records[i];
+      status = keel__store_response_add_entry(
+          response, record->data, record->key_length, record->data + record->key_length,
+          record->value_length, record->revision, record->lease);
+    }
   }
   /* A half-written answer must not reach the wire: the caller answers with the error. */
   if (status != KEEL_OK) response->length = mark;
@@ -345,10 +350,19 @@ static keel_status respond_records(const keel__store_kv *kv, const keel__store_r
 static size_t prefix_end(const keel__store_kv *kv, size_t first, const char *prefix,
                          size_t prefix_length) {
   size_t end = first;
-  while (end < kv->count && has_prefix(kv->records[end]->data, kv->records[end]->key_length,
-                                       prefix, prefix_length))
+  while (end < kv->count &&
+         has_prefix(kv->records[end]->data, kv->records[end]->key_length, prefix, prefix_length))
     end++;
   return end;
+}
+
+/* The range of records under prefix, appended to ranges. */
+static void ranges_add_prefix(const keel__store_kv *kv, const char *prefix, size_t prefix_length,
+                              record_ranges *ranges) {
+  size_t first = lower_bound(kv, prefix, prefix_length);
+  ranges->first[ranges->count] = first;
+  ranges->end[ranges->count] = prefix_end(kv, first, prefix, prefix_length);
+  ranges->count++;
 }
 
 keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *request,
@@ -359,7 +373,7 @@ keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *
   keel_status result = KEEL_OK;
   int64_t lease = 0;
   size_t first = 0;
-  size_t end = 0;
+  record_ranges ranges = {.count = 0};
   bool with_records = false;
   switch (request->op) {
     case KEEL__STORE_OP_PUT:
@@ -368,7 +382,7 @@ keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *
       break;
     case KEEL__STORE_OP_GET:
       with_records = find(kv, request->key, request->key_length, &first);
-      end = first + 1;
+      ranges = (record_ranges){.first = {first}, .end = {first + 1}, .count = 1};
       if (!with_records) result = KEEL_ENOTFOUND;
       break;
     case KEEL__STORE_OP_DELETE:
@@ -380,10 +394,20 @@ keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *
       changed = true;
       break;
     case KEEL__STORE_OP_LIST:
-      first = lower_bound(kv, request->key, request->key_length);
-      end = prefix_end(kv, first, request->key, request->key_length);
+      ranges_add_prefix(kv, request->key, request->key_length, &ranges);
       with_records = true;
       break;
+    case KEEL__STORE_OP_LIST_PREFIXES: {
+      const char *prefixes[KEEL_STORE_MAX_PREFIXES];
+      size_t count = 0;
+      /* The decoder checked the value; a request built in process is checked here. */
+      with_records =
+          keel__store_prefixes_parse(request->value, request->value_length, prefixes, &count);
+      for (size_t i = 0; i < count; i++)
+        ranges_add_prefix(kv, prefixes[i], strlen(prefixes[i]), &ranges);
+      if (!with_records) result = KEEL_EINVAL;
+      break;
+    }
     case KEEL__STORE_OP_WAIT:
       /* A poll: blocking is the server's business, outside the state machine. */
       if (!keel__store_kv_changed_since(kv, request->key, request->key_length, request->revision))
@@ -394,7 +418,7 @@ keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *
       break;
   }
   *changed_p = changed;
-  if (with_records) return respond_records(kv, request, first, end, response);
-  return keel__store_response_begin(response, request->op, request->id, result, kv->revision,
-                                    lease, 0);
+  if (with_records) return respond_records(kv, request, &ranges, response);
+  return keel__store_response_begin(response, request->op, request->id, result, kv->revision, lease,
+                                    0);
 }

@@ -42,9 +42,9 @@ typedef struct store_client {
 struct keel_store_server {
   keel_auth auth;
   keel_listener *listener;
-  int wake_fd; /* eventfd: stop and finishing clients wake the accept thread */
-  pthread_mutex_t lock; /* guards everything below */
-  pthread_cond_t changed; /* broadcast on every revision: waiters re-check */
+  int wake_fd;                  /* eventfd: stop and finishing clients wake the accept thread */
+  pthread_mutex_t lock;         /* guards everything below */
+  pthread_cond_t changed;       /* broadcast on every revision: waiters re-check */
   pthread_cond_t lease_changed; /* a lease was granted or the server stops */
   keel__store_kv *kv;
   bool stopping;
@@ -92,8 +92,8 @@ static void *lease_thread_main(void *argument) {
  * timeout (clamped) passes, or the server stops; appends the answer. */
 static keel_status serve_wait(keel_store_server *server, const keel__store_request *request,
                               keel_buffer *response) {
-  int64_t timeout_ns = request->duration_ns < SERVER_MAX_WAIT_NS ? request->duration_ns
-                                                                  : SERVER_MAX_WAIT_NS;
+  int64_t timeout_ns =
+      request->duration_ns < SERVER_MAX_WAIT_NS ? request->duration_ns : SERVER_MAX_WAIT_NS;
   int64_t deadline_ns = keel_deadline_after_ns(timeout_ns);
   keel_status result;
   for (;;) {
@@ -132,8 +132,8 @@ static keel_status serve_frame(store_client *client, const keel_frame *frame,
   keel__store_request request;
   keel_status status = keel__store_request_decode(payload, frame->length, &request);
   if (status != KEEL_OK) {
-    KEEL_LOG_W("store", "client %u sent a malformed request (%s); closing its link",
-               client->peer, keel_strerror(status));
+    KEEL_LOG_W("store", "client %u sent a malformed request (%s); closing its link", client->peer,
+               keel_strerror(status));
     return status;
   }
   keel_buffer_reset(&client->response);
@@ -228,9 +228,8 @@ static void reap_clients(keel_store_server *server, bool all) {
 
 static void accept_one(keel_store_server *server) {
   keel_link *link;
-  keel_status status = keel_listener_accept(server->listener, &server->auth,
-                                            keel_deadline_after_ns(SERVER_HANDSHAKE_TIMEOUT_NS),
-                                            &link);
+  keel_status status = keel_listener_accept(
+      server->listener, &server->auth, keel_deadline_after_ns(SERVER_HANDSHAKE_TIMEOUT_NS), &link);
   if (status != KEEL_OK) {
     /* The net layer decided and logged why; the listener stays usable. */
     KEEL_LOG_D("store", "a connection was not accepted: %s", keel_strerror(status));
@@ -250,8 +249,7 @@ static void accept_one(keel_store_server *server) {
   bool full = server->client_count >= SERVER_MAX_CLIENTS;
   pthread_mutex_unlock(&server->lock);
   if (full) {
-    KEEL_LOG_W("store", "%d clients already; refusing client %u", SERVER_MAX_CLIENTS,
-               client->peer);
+    KEEL_LOG_W("store", "%d clients already; refusing client %u", SERVER_MAX_CLIENTS, client->peer);
     goto fail_free_client;
   }
   if (pthread_create(&client->thread, NULL, client_thread_main, client) != 0) {

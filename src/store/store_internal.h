@@ -23,8 +23,8 @@
 /* Bytes of keys and values the store holds at most (KEEL_ENOSPC past it): small enough
  * that a list of the whole store always fits in one frame of the default bound. */
 #define KEEL__STORE_MAX_BYTES ((size_t)240 << 20)
-#define KEEL__STORE_MAX_RESPONSE                                                     \
-  (KEEL__STORE_RESPONSE_HEADER_BYTES + KEEL__STORE_MAX_BYTES +                       \
+#define KEEL__STORE_MAX_RESPONSE                               \
+  (KEEL__STORE_RESPONSE_HEADER_BYTES + KEEL__STORE_MAX_BYTES + \
    (size_t)KEEL_STORE_MAX_KEYS * KEEL__STORE_ENTRY_HEADER_BYTES)
 /* A keel_buffer keeps one byte past its length for a NUL, so the buffers that hold a
  * whole request or response have a maximum one above it. */
@@ -41,6 +41,7 @@ typedef enum keel__store_op {
   KEEL__STORE_OP_LEASE_GRANT = 7,
   KEEL__STORE_OP_LEASE_KEEPALIVE = 8,
   KEEL__STORE_OP_LEASE_REVOKE = 9,
+  KEEL__STORE_OP_LIST_PREFIXES = 10, /* value: the prefixes, each ended by a NUL byte */
 } keel__store_op;
 
 /* A decoded request. key and value point into the payload it was decoded from (no copy);
@@ -68,6 +69,15 @@ keel_status keel__store_request_encode(const keel__store_request *request, keel_
 keel_status keel__store_request_decode(const uint8_t *payload, size_t length,
                                        keel__store_request *request_p);
 
+/* The prefixes of a LIST_PREFIXES request's value, in order, into prefixes[] (pointers into
+ * value, each ended by its NUL) and *count_p; false unless the value is 1 to
+ * KEEL_STORE_MAX_PREFIXES non-empty NUL-ended prefixes of at most KEEL_STORE_MAX_KEY bytes,
+ * none a prefix of another. The decoder's check and the server's reading both. */
+/* True when one of the two NUL-ended prefixes begins the other: a key under both. */
+bool keel__store_prefixes_overlap(const char *a, const char *b);
+bool keel__store_prefixes_parse(const uint8_t *value, size_t length,
+                                const char *prefixes[KEEL_STORE_MAX_PREFIXES], size_t *count_p);
+
 /* A decoded response header; entries stay encoded until keel__store_response_entries. */
 typedef struct keel__store_response {
   uint8_t op;
@@ -85,10 +95,9 @@ typedef struct keel__store_response {
 keel_status keel__store_response_begin(keel_buffer *buffer, uint8_t op, uint64_t id,
                                        keel_status status, uint64_t revision, int64_t lease,
                                        uint32_t entry_count);
-keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key,
-                                           size_t key_length, const void *value,
-                                           size_t value_length, uint64_t revision,
-                                           int64_t lease);
+keel_status keel__store_response_add_entry(keel_buffer *buffer, const char *key, size_t key_length,
+                                           const void *value, size_t value_length,
+                                           uint64_t revision, int64_t lease);
 /* Checks a response header and walks its entries (counts, lengths, bounds) without
  * allocating; KEEL_ECORRUPT / KEEL_EPROTO / KEEL_ERANGE as for requests. */
 keel_status keel__store_response_decode(const uint8_t *payload, size_t length,
@@ -161,6 +170,8 @@ typedef struct keel__store_ops {
   keel_status (*remove)(void *backend, const char *key);
   keel_status (*list)(void *backend, const char *prefix, keel_store_entry **entries_p,
                       size_t *count_p, uint64_t *revision_p);
+  keel_status (*list_prefixes)(void *backend, const char *const *prefixes, size_t prefix_count,
+                               keel_store_entry **entries_p, size_t *count_p, uint64_t *revision_p);
   keel_status (*wait)(void *backend, const char *prefix, uint64_t after_revision,
                       int64_t deadline_ns, uint64_t *revision_p);
   keel_status (*lease_grant)(void *backend, int64_t ttl_ns, int64_t *lease_p);

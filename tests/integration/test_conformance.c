@@ -536,11 +536,14 @@ static ulfm_case ulfm_cases[] = {
  * through another. */
 #define DEADLINE_MEMBERS 3
 #define DEADLINE_TIMEOUT_MS 1000
+/* src/comm/agree.c's DECIDER_GRACE_NS: how long the others wait for the first member. */
+#define DECIDER_GRACE_MS 20
 #define SETUP_TIMEOUT_MS 20000
 
 typedef struct deadline_case {
   const char *name;
-  long silent; /* the uid that never calls agree; -1: every member does */
+  long silent;  /* the uid that never calls agree; -1: every member does */
+  long stalled; /* the uid that stops (SIGSTOP) right after its vote is written; -1: none */
   /* What to clean up on every path (the teardown does it after a failed assertion). */
   pid_t pids[DEADLINE_MEMBERS];
   keel_store_server *server;
@@ -579,8 +582,6 @@ static void member_suspect(void *context, uint32_t uid, const char *reason) {
     member->suspected[member->suspected_count++] = uid;
 }
 
-static keel_status member_refresh(void *context) { return KEEL_OK; }
-
 static bool member_dead(void *context, uint32_t uid) { return false; }
 
 static int member_node(void *context, uint32_t uid) { return -1; }
@@ -590,7 +591,6 @@ static keel_status member_interrupted(void *context) { return KEEL_OK; }
 static const keel_membership_ops member_ops = {
     .address = member_address,
     .suspect = member_suspect,
-    .refresh = member_refresh,
     .dead = member_dead,
     .node = member_node,
     .interrupted = member_interrupted,
@@ -619,9 +619,16 @@ static bool pipe_read_line(int fd, char *line, size_t capacity, int64_t deadline
   return false;
 }
 
-/* Waits, bounded, until every voter said it is done (a done/<uid> key each). */
-static keel_status wait_for_voters(keel_store *store, long silent, int64_t deadline_ns) {
-  size_t voters = silent < 0 ? DEADLINE_MEMBERS : DEADLINE_MEMBERS - 1;
+/* The members that come out of the agreement and report: all but the silent and the
+ * stalled one. */
+static size_t reporting_voters(const deadline_case *check) {
+  return DEADLINE_MEMBERS - (check->silent >= 0) - (check->stalled >= 0);
+}
+
+/* Waits, bounded, until every reporting voter said it is done (a done/<uid> key each). */
+static keel_status wait_for_voters(keel_store *store, const deadline_case *check,
+                                   int64_t deadline_ns) {
+  size_t voters = reporting_voters(check);
   for (;;) {
     keel_store_entry *entries = NULL;
     size_t count = 0;
@@ -639,9 +646,11 @@ static keel_status wait_for_voters(keel_store *store, long silent, int64_t deadl
  * address comes through address_fd, then agrees (or, the silent one, waits for the others)
  * and writes "member uid=U status=NAME elapsed_ms=N suspected=LIST flags=0xX" to report_fd.
  * Never returns. */
-static void member_main(uint32_t uid, long silent, const keel_auth *job_auth, int address_fd,
-                        int report_fd) {
+static void member_main(uint32_t uid, const deadline_case *check, const keel_auth *job_auth,
+                        int address_fd, int report_fd) {
+  long silent = check->silent;
   member_context member = {.store = NULL};
+  keel_fault_plan *faults = NULL;
   keel_endpoint *endpoint = NULL;
   keel_comm *comm = NULL;
   char address[128] = "", text[64];
@@ -655,12 +664,19 @@ static void member_main(uint32_t uid, long silent, const keel_auth *job_auth, in
     stage = "store";
     status = keel_store_connect(address, &auth, setup_deadline(), &member.store);
   }
+  if (status == KEEL_OK && (long)uid == check->stalled) {
+    stage = "faults";
+    char rule[64];
+    snprintf(rule, sizeof rule, "stop@uid=%" PRIu32 ",point=voted", uid);
+    status = keel_fault_plan_create(rule, uid, &faults);
+  }
   if (status == KEEL_OK) {
     stage = "endpoint";
     keel_endpoint_config config = {.uid = uid,
                                    .auth = auth,
                                    .store = member.store,
                                    .failure_detection = true,
+                                   .faults = faults,
                                    .membership = &member_ops,
                                    .membership_context = &member};
     status = keel_endpoint_create(&config, &endpoint);
@@ -682,7 +698,7 @@ static void member_main(uint32_t uid, long silent, const keel_auth *job_auth, in
              keel_status_name(status));
   } else if ((long)uid == silent) {
     /* Never touching the agreement, alive all through it. */
-    status = wait_for_voters(member.store, silent, setup_deadline());
+    status = wait_for_voters(member.store, check, setup_deadline());
     snprintf(line, sizeof line, "member uid=%" PRIu32 " silent=%s\n", uid,
              keel_status_name(status));
   } else {
@@ -708,9 +724,10 @@ static void member_main(uint32_t uid, long silent, const keel_auth *job_auth, in
   /* A link that closes while another member still agrees would be suspected there: nobody
    * leaves before every voter is done. */
   if (member.store != NULL && (long)uid != silent)
-    wait_for_voters(member.store, silent, setup_deadline());
+    wait_for_voters(member.store, check, setup_deadline());
   keel_endpoint_close(endpoint, 0);
   keel_store_close(member.store);
+  keel_fault_plan_destroy(faults);
   _exit(0);
 }
 
@@ -731,12 +748,12 @@ static int deadline_teardown(void **state) {
   return 0;
 }
 
-/* Reads the members' report lines (up to DEADLINE_MEMBERS) by deadline into reports. */
-static int reports_read(int fd, char reports[][256], int64_t deadline_ns) {
+/* Reads up to expected report lines of the members by deadline into reports. */
+static int reports_read(int fd, char reports[][256], int expected, int64_t deadline_ns) {
   int count = 0;
   char buffer[1024];
   size_t used = 0;
-  while (count < DEADLINE_MEMBERS) {
+  while (count < expected) {
     struct pollfd poller = {.fd = fd, .events = POLLIN};
     int ready = poll(&poller, 1, keel_poll_timeout_ms(deadline_ns));
     if (ready < 0 && errno == EINTR) continue;
@@ -745,7 +762,7 @@ static int reports_read(int fd, char reports[][256], int64_t deadline_ns) {
     if (got <= 0) break; /* every member closed its end */
     used += (size_t)got;
     char *newline;
-    while (count < DEADLINE_MEMBERS && (newline = memchr(buffer, '\n', used)) != NULL) {
+    while (count < expected && (newline = memchr(buffer, '\n', used)) != NULL) {
       size_t length = (size_t)(newline - buffer);
       snprintf(reports[count++], 256, "%.*s", (int)length, buffer);
       memmove(buffer, newline + 1, used - length - 1);
@@ -753,6 +770,13 @@ static int reports_read(int fd, char reports[][256], int64_t deadline_ns) {
     }
   }
   return count;
+}
+
+/* pid's state letter from /proc ('T': stopped); 0 when it is no more. */
+static char process_state_of(pid_t pid) {
+  char state = 0;
+  int parent = 0;
+  return keel_process_stat(pid, &state, &parent) == KEEL_OK ? state : 0;
 }
 
 static const char *report_of(char reports[][256], int count, uint32_t uid) {
@@ -782,7 +806,7 @@ static void test_agree_deadline(void **state) {
         if (j != i) close(address_pipes[j][0]);
       }
       close(report_pipe[0]);
-      member_main((uint32_t)i, check->silent, &auth, address_pipes[i][0], report_pipe[1]);
+      member_main((uint32_t)i, check, &auth, address_pipes[i][0], report_pipe[1]);
     }
     check->pids[i] = pid;
   }
@@ -802,16 +826,25 @@ static void test_agree_deadline(void **state) {
   int64_t deadline = keel_deadline_after_ns(
       ((int64_t)SETUP_TIMEOUT_MS * keel_test_slowdown() + 4 * DEADLINE_TIMEOUT_MS) * 1000000);
   char reports[DEADLINE_MEMBERS][256];
-  int count = reports_read(report_pipe[0], reports, deadline);
+  int expected = check->silent >= 0 ? DEADLINE_MEMBERS : (int)reporting_voters(check);
+  int count = reports_read(report_pipe[0], reports, expected, deadline);
   close(report_pipe[0]);
+  /* The fault hit: the stalled member is stopped, not gone, while the others reported. */
+  char stalled_state = check->stalled >= 0 ? process_state_of(check->pids[check->stalled]) : 0;
   deadline_cleanup(check);
   assert_int_equal(started, KEEL_OK);
   for (int i = 0; i < count; i++) fprintf(stderr, "  %s\n", reports[i]);
-  if (count != DEADLINE_MEMBERS) fail_msg("%d of %d members reported", count, DEADLINE_MEMBERS);
+  if (count != expected) fail_msg("%d of %d members reported", count, expected);
+  if (check->stalled >= 0 && stalled_state != 'T')
+    fail_msg("uid %ld is in state '%c', not stopped after its vote", check->stalled, stalled_state);
 
   int slack_ms = 1000 * keel_test_slowdown();
   for (uint32_t uid = 0; uid < DEADLINE_MEMBERS; uid++) {
     const char *report = report_of(reports, count, uid);
+    if ((long)uid == check->stalled) {
+      if (report != NULL) fail_msg("the stalled member reported: %s", report);
+      continue;
+    }
     if (report == NULL) fail_msg("no report from uid %" PRIu32, uid);
     if ((long)uid == check->silent) {
       /* Alive and silent through the whole agreement, then done in order. */
@@ -823,6 +856,18 @@ static void test_agree_deadline(void **state) {
     if (sscanf(report, "member uid=%*u status=%31s elapsed_ms=%lld suspected=%63s", status,
                &elapsed_ms, suspected) != 3)
       fail_msg("uid %" PRIu32 ": %s", uid, report);
+    if (check->stalled >= 0) {
+      /* uid 0, first in rank order, settles rounds; it stopped right after its vote. The
+       * others wait out the decider's grace (20 ms), then settle it themselves, its vote
+       * counted (it is alive): well before the deadline, and with nobody suspected. */
+      assert_string_equal(status, "KEEL_OK");
+      assert_string_equal(suspected, "none");
+      assert_non_null(strstr(report, "flags=0xfffffff8"));
+      if (elapsed_ms < DECIDER_GRACE_MS || elapsed_ms >= DEADLINE_TIMEOUT_MS)
+        fail_msg("agreed in %lld ms, want %d..%d: %s", elapsed_ms, DECIDER_GRACE_MS,
+                 DEADLINE_TIMEOUT_MS, report);
+      continue;
+    }
     if (check->silent < 0) {
       /* The control: the same setup agrees at once when nobody is silent. */
       assert_string_equal(status, "KEEL_OK");
@@ -845,8 +890,9 @@ static void test_agree_deadline(void **state) {
 }
 
 static deadline_case deadline_cases[] = {
-    {"agree_deadline_silent_member", 2, {0}, NULL},
-    {"agree_deadline_control", -1, {0}, NULL},
+    {"agree_deadline_silent_member", 2, -1, {0}, NULL},
+    {"agree_deadline_control", -1, -1, {0}, NULL},
+    {"agree_decider_stalls_after_its_vote", -1, 0, {0}, NULL},
 };
 
 #define CASE_COUNT(table) (sizeof table / sizeof table[0])

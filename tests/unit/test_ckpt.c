@@ -403,7 +403,7 @@ static void test_ckpt_size_mismatch(void **unused) {
     assert_int_equal(keel_registry_add(registry, "step", &s.step, 8), KEEL_OK);
     assert_int_equal(
         keel_registry_add(registry, last_names[variant], variant == 0 ? smaller : other,
-                               variant == 0 ? sizeof smaller : sizeof other),
+                          variant == 0 ? sizeof smaller : sizeof other),
         KEEL_OK);
     keel_ckpt_identity newer = identity_of(JOB, 0, 0, 6 + (uint64_t)variant, 0);
     assert_int_equal(keel_ckpt_persistent_save(registry, root, &newer, 0), KEEL_OK);
@@ -527,6 +527,69 @@ static void test_ckpt_shards(void **unused) {
   selector.shard_index = 2;
   assert_int_equal(keel_ckpt_persistent_restore(s.registry, root, &selector, &used),
                    KEEL_ENOTFOUND);
+  state_free(&s);
+  tree_remove(root);
+  free(root);
+}
+
+/* A collective that failed on some ranks and completed on others leaves a sharded job's
+ * survivors a step apart: shard 0 at steps 6 (rank 2) and 7 (rank 0), shard 1 at step 6
+ * only (rank 1; rank 3 died). Each rank of the restart restores its own shard; with
+ * common_step every shard comes from step 6, the newest one they all have. */
+static void save_shard(const char *root, state *s, uint32_t rank, uint64_t step) {
+  keel_ckpt_identity identity = {.job_id = JOB,
+                                 .rank = rank,
+                                 .shard_index = rank % 2,
+                                 .shard_count = 2,
+                                 .replica = rank / 2,
+                                 .step = step};
+  save_at(root, s, &identity, 0);
+}
+
+static void test_ckpt_shards_restore_one_common_step(void **unused) {
+  (void)unused;
+  char *root = root_make();
+  state s;
+  state_make(&s);
+  save_shard(root, &s, 0, 7);
+  save_shard(root, &s, 2, 6);
+  save_shard(root, &s, 1, 6);
+  keel_ckpt_selector selector = {.job_id = JOB,
+                                 .shard_index = 0,
+                                 .shard_count = 2,
+                                 .max_step = UINT64_MAX,
+                                 .common_step = true};
+  keel_ckpt_identity used;
+  for (uint32_t shard = 0; shard < 2; shard++) {
+    selector.shard_index = shard;
+    state_poison(&s);
+    assert_int_equal(keel_ckpt_persistent_restore(s.registry, root, &selector, &used), KEEL_OK);
+    assert_int_equal(used.step, 6);
+    assert_true(state_holds(&s, shard, 6, 0));
+  }
+  /* Without it, shard 0 alone would take its newest step. */
+  selector.shard_index = 0;
+  selector.common_step = false;
+  assert_int_equal(keel_ckpt_persistent_restore(s.registry, root, &selector, &used), KEEL_OK);
+  assert_int_equal(used.step, 7);
+  /* When the only step-6 snapshot of shard 1 is damaged, no older step is tried: the rank
+   * says so rather than restore a step the other shard's ranks would not. */
+  char path[512];
+  snapshot_file(path, sizeof path, root, JOB, 6, 1, "buffer-0");
+  byte_flip(path, 0);
+  selector.shard_index = 1;
+  selector.common_step = true;
+  state_poison(&s);
+  assert_int_equal(keel_ckpt_persistent_restore(s.registry, root, &selector, &used), KEEL_ECORRUPT);
+  assert_true(state_poisoned(&s));
+  /* No step with both shards: nothing is restored. */
+  snapshot_file(path, sizeof path, root, JOB, 6, 1, "manifest");
+  assert_int_equal(unlink(path), 0);
+  selector.shard_index = 0;
+  state_poison(&s);
+  assert_int_equal(keel_ckpt_persistent_restore(s.registry, root, &selector, &used),
+                   KEEL_ENOTFOUND);
+  assert_true(state_poisoned(&s));
   state_free(&s);
   tree_remove(root);
   free(root);
@@ -1065,6 +1128,7 @@ int main(void) {
       cmocka_unit_test(test_ckpt_newest_step_of_any_replica),
       cmocka_unit_test(test_ckpt_all_bad_leaves_state),
       cmocka_unit_test(test_ckpt_shards),
+      cmocka_unit_test(test_ckpt_shards_restore_one_common_step),
       cmocka_unit_test(test_ckpt_save_fails_at_each_operation),
       cmocka_unit_test_setup_teardown(test_ckpt_disk_full, disk_full_setup, disk_full_teardown),
       cmocka_unit_test(test_ckpt_memory_round_trip),

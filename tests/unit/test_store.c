@@ -2,8 +2,10 @@
  * the embedded server and client over loopback: operations, compare-and-swap races,
  * waits, leases, bounds, authentication, a misbehaving client, stopping the server, and
  * a server in a child process that is really stopped and resumed (reconnect, lease grace). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -13,12 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -97,8 +97,8 @@ static void test_request_decode_refuses(void **state) {
   wire[7] = 0;
   assert_int_equal(keel__store_request_decode(wire, sizeof wire, &decoded), KEEL_OK);
 
-  keel__store_request too_long = {.op = KEEL__STORE_OP_GET, .key = "k",
-                                  .key_length = KEEL_STORE_MAX_KEY + 1};
+  keel__store_request too_long = {
+      .op = KEEL__STORE_OP_GET, .key = "k", .key_length = KEEL_STORE_MAX_KEY + 1};
   assert_int_equal(keel__store_request_encode(&too_long, &buffer), KEEL_ERANGE);
   keel_buffer_free(&buffer);
 }
@@ -114,9 +114,9 @@ typedef struct kv_fixture {
 
 static keel_status kv_do(kv_fixture *fixture, keel__store_request request, int64_t now_ns) {
   keel_buffer_reset(&fixture->response);
-  assert_int_equal(keel__store_kv_apply(fixture->kv, &request, now_ns, &fixture->response,
-                                        &fixture->changed),
-                   KEEL_OK);
+  assert_int_equal(
+      keel__store_kv_apply(fixture->kv, &request, now_ns, &fixture->response, &fixture->changed),
+      KEEL_OK);
   assert_int_equal(keel__store_response_decode(fixture->response.data, fixture->response.length,
                                                &fixture->decoded),
                    KEEL_OK);
@@ -396,6 +396,65 @@ static void test_put_get_delete_list(void **state) {
   keel_store_entry_free(entry);
 }
 
+/* Several prefixes in one request: each prefix's keys in order, prefix after prefix, at one
+ * revision; empty, overlapping or too many prefixes are refused by the client, and a
+ * malformed prefix list on the wire by the decoder. */
+static void test_list_prefixes(void **state) {
+  server_fixture *fixture = *state;
+  keel_store *store = fixture->store;
+  put_text(store, "proc/2", "two", NULL);
+  put_text(store, "proc/1", "one", NULL);
+  put_text(store, "dead/7", "", NULL);
+  put_text(store, "agree/1/0", "vote", NULL);
+  uint64_t last;
+  put_text(store, "suspect/3", "by=1", &last);
+
+  const char *const prefixes[] = {"suspect/", "proc/", "dead/", "none/"};
+  keel_store_entry *entries;
+  size_t count;
+  uint64_t revision;
+  assert_int_equal(keel_store_list_prefixes(store, prefixes, 4, &entries, &count, &revision),
+                   KEEL_OK);
+  assert_int_equal(count, 4);
+  assert_string_equal(entries[0].key, "suspect/3");
+  assert_string_equal((char *)entries[0].value, "by=1");
+  assert_string_equal(entries[1].key, "proc/1");
+  assert_string_equal(entries[2].key, "proc/2");
+  assert_string_equal(entries[3].key, "dead/7");
+  assert_int_equal(revision, last);
+  keel_store_entries_free(entries, count);
+
+  const char *const overlapping[] = {"proc/", "proc/1"};
+  const char *const empty[] = {"proc/", ""};
+  const char *const many[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i"};
+  assert_int_equal(keel_store_list_prefixes(store, overlapping, 2, &entries, &count, NULL),
+                   KEEL_EINVAL);
+  assert_int_equal(keel_store_list_prefixes(store, empty, 2, &entries, &count, NULL), KEEL_EINVAL);
+  assert_int_equal(
+      keel_store_list_prefixes(store, many, KEEL_STORE_MAX_PREFIXES + 1, &entries, &count, NULL),
+      KEEL_EINVAL);
+  assert_int_equal(keel_store_list_prefixes(store, prefixes, 0, &entries, &count, NULL),
+                   KEEL_EINVAL);
+
+  /* On the wire: a list that does not end in NUL, an empty prefix, overlapping prefixes. */
+  static const struct {
+    const char *value;
+    size_t length;
+  } malformed[] = {{"proc/", 5}, {"proc/\0\0", 7}, {"proc/\0proc/1\0", 14}, {"", 0}};
+  for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++) {
+    keel__store_request request = {.op = KEEL__STORE_OP_LIST_PREFIXES,
+                                   .value = (const uint8_t *)malformed[i].value,
+                                   .value_length = malformed[i].length};
+    keel_buffer buffer;
+    keel_buffer_init(&buffer, KEEL__STORE_REQUEST_BUFFER_MAX);
+    assert_int_equal(keel__store_request_encode(&request, &buffer), KEEL_OK);
+    keel__store_request decoded;
+    assert_int_equal(keel__store_request_decode(buffer.data, buffer.length, &decoded),
+                     KEEL_ECORRUPT);
+    keel_buffer_free(&buffer);
+  }
+}
+
 static void test_cas(void **state) {
   server_fixture *fixture = *state;
   keel_store *store = fixture->store;
@@ -540,9 +599,9 @@ static void test_wait_timeout_and_past_change(void **state) {
   assert_int_equal(keel_store_wait(fixture->store, "t/", revision, 0, &seen), KEEL_ETIMEDOUT);
 
   int64_t start = keel_now_ns();
-  assert_int_equal(keel_store_wait(fixture->store, "t/", revision, keel_deadline_after_ns(200 * MS),
-                                   NULL),
-                   KEEL_ETIMEDOUT);
+  assert_int_equal(
+      keel_store_wait(fixture->store, "t/", revision, keel_deadline_after_ns(200 * MS), NULL),
+      KEEL_ETIMEDOUT);
   int64_t elapsed = keel_now_ns() - start;
   assert_true(elapsed >= 195 * MS);
   assert_true(elapsed < 1000 * MS);
@@ -652,9 +711,9 @@ static void test_garbage_frame_drops_only_that_client(void **state) {
   uint8_t garbage[64];
   for (size_t i = 0; i < sizeof garbage; i++) garbage[i] = (uint8_t)(i * 37 + 11);
   keel_frame frame = {.type = KEEL_FRAME_STORE_REQUEST, .tag = 1};
-  assert_int_equal(keel_link_send(link, &frame, garbage, sizeof garbage,
-                                  keel_deadline_after_ns(2000 * MS)),
-                   KEEL_OK);
+  assert_int_equal(
+      keel_link_send(link, &frame, garbage, sizeof garbage, keel_deadline_after_ns(2000 * MS)),
+      KEEL_OK);
   void *payload = NULL;
   keel_status status = keel_link_recv(link, &frame, &payload, keel_deadline_after_ns(2000 * MS));
   assert_int_not_equal(status, KEEL_OK);
@@ -1078,6 +1137,7 @@ int main(void) {
       cmocka_unit_test(test_kv_stall_grace),
       cmocka_unit_test_setup_teardown(test_kv_idle_store_is_no_stall, kv_setup, kv_teardown),
       cmocka_unit_test_setup_teardown(test_put_get_delete_list, server_setup, server_teardown),
+      cmocka_unit_test_setup_teardown(test_list_prefixes, server_setup, server_teardown),
       cmocka_unit_test_setup_teardown(test_cas, server_setup, server_teardown),
       cmocka_unit_test_setup_teardown(test_cas_race_one_winner, server_setup, server_teardown),
       cmocka_unit_test_setup_teardown(test_wait_woken_by_put_and_delete, server_setup,
