@@ -1,7 +1,8 @@
 /* Just-in-time checkpoints (JIT paper §3): the policy that saves only when a collective
  * fails. Its failure hook writes this rank's registered state into the persistent tier with
  * no collective; in a restarted process it restores this rank's shard from any replica, at
- * the newest step of which every shard has a complete snapshot. Registry, format, tiers and restore are the engine's. */
+ * the newest step of which every shard has a complete snapshot. Registry, format, tiers
+ * and restore are the engine's. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
