@@ -185,4 +185,43 @@ typedef struct keel__store_ops {
 
 extern const keel__store_ops keel__store_embedded_ops;
 
+/* ---- etcd's v3 JSON gateway (etcd_codec.c): request bodies and reply readers. Requests
+ * return a NUL-terminated body the caller frees, or NULL for an invalid argument (a key
+ * empty or too long, a value too long) or no memory. Replies: an error reply of the
+ * gateway becomes its status (grpc code: NOT_FOUND -> KEEL_ENOTFOUND, UNAVAILABLE ->
+ * KEEL_EAGAIN, ...; its text into message when given), anything that is not the expected
+ * shape KEEL_ECORRUPT; nothing is written on failure. Fields left out read as their
+ * defaults (0, false, empty); int64 fields are decimal strings (or integers). */
+size_t keel__base64_encoded_bytes(size_t length);
+/* text must hold keel__base64_encoded_bytes(length) + 1 bytes. */
+void keel__base64_encode(const uint8_t *data, size_t length, char *text);
+/* Strict: padded, standard alphabet, zero bits under the padding (KEEL_ECORRUPT). *data_p
+ * has a NUL after its length bytes; the caller frees it. */
+keel_status keel__base64_decode(const char *text, size_t text_length, uint8_t **data_p,
+                                size_t *length_p);
+char *keel__etcd_range_request(const char *key, bool prefix);
+char *keel__etcd_put_request(const char *key, const void *value, size_t length, int64_t lease);
+char *keel__etcd_delete_request(const char *key, bool prefix);
+/* A txn: put if the key's mod_revision is expected_revision (0: if it is absent). */
+char *keel__etcd_cas_request(const char *key, uint64_t expected_revision, const void *value,
+                             size_t length, int64_t lease);
+char *keel__etcd_lease_grant_request(int64_t ttl_seconds);
+/* The body of /v3/lease/keepalive and /v3/lease/revoke. */
+char *keel__etcd_lease_id_request(int64_t lease);
+keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_entry **entries_p,
+                                   size_t *count_p, uint64_t *revision_p, char *message,
+                                   size_t capacity);
+/* A txn's reply: a failed one has no "succeeded". */
+keel_status keel__etcd_txn_reply(const char *body, size_t length, bool *succeeded_p,
+                                 uint64_t *revision_p, char *message, size_t capacity);
+/* A put's or deleterange's reply: the header's revision, and how many keys were deleted. */
+keel_status keel__etcd_write_reply(const char *body, size_t length, int64_t *deleted_p,
+                                   uint64_t *revision_p, char *message, size_t capacity);
+keel_status keel__etcd_lease_grant_reply(const char *body, size_t length, int64_t *lease_p,
+                                         int64_t *ttl_seconds_p, char *message, size_t capacity);
+/* One message of the keepalive stream; a TTL of 0 (left out) is a lease that is gone
+ * (KEEL_ENOTFOUND). */
+keel_status keel__etcd_keepalive_reply(const char *body, size_t length, int64_t *ttl_seconds_p,
+                                       char *message, size_t capacity);
+
 #endif

@@ -1,0 +1,81 @@
+/* libFuzzer target over the etcd gateway's reply readers (src/store/etcd_codec.c), which
+ * read whatever an etcd member, a proxy or a stranger on the port sends: any input is
+ * refused with a documented status and nothing written, or read into entries that keel's
+ * store contract allows (named keys without NUL, values within bounds, NUL-terminated). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store_internal.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity);
+
+static bool refusal_known(keel_status status) {
+  return status == KEEL_ECORRUPT || status == KEEL_ERANGE || status == KEEL_ENOMEM ||
+         status == KEEL_EINVAL || status == KEEL_ETIMEDOUT || status == KEEL_ENOTFOUND ||
+         status == KEEL_ENOSPC || status == KEEL_ECONFLICT || status == KEEL_EAGAIN ||
+         status == KEEL_EAUTH || status == KEEL_EIO;
+}
+
+static void range_once(const char *body, size_t size) {
+  keel_store_entry *entries = (keel_store_entry *)&entries;
+  size_t count = 12345;
+  uint64_t revision = 12345;
+  char message[64];
+  keel_status status =
+      keel__etcd_range_reply(body, size, &entries, &count, &revision, message, sizeof message);
+  if (status != KEEL_OK) {
+    if (!refusal_known(status)) abort();
+    if (entries != (keel_store_entry *)&entries || count != 12345 || revision != 12345) abort();
+    if (memchr(message, 0, sizeof message) == NULL) abort();
+    return;
+  }
+  if (count > KEEL_STORE_MAX_KEYS) abort();
+  for (size_t i = 0; i < count; i++) {
+    size_t key_length = strlen(entries[i].key);
+    if (key_length == 0 || key_length > KEEL_STORE_MAX_KEY) abort();
+    if (entries[i].value_length > KEEL_STORE_MAX_VALUE) abort();
+    if (entries[i].value[entries[i].value_length] != 0) abort();
+  }
+  keel_store_entries_free(entries, count);
+}
+
+static void others_once(const char *body, size_t size) {
+  bool succeeded = false;
+  uint64_t revision = 0;
+  int64_t number = 0, ttl = 0;
+  keel_status statuses[] = {
+      keel__etcd_txn_reply(body, size, &succeeded, &revision, NULL, 0),
+      keel__etcd_write_reply(body, size, &number, &revision, NULL, 0),
+      keel__etcd_lease_grant_reply(body, size, &number, &ttl, NULL, 0),
+      keel__etcd_keepalive_reply(body, size, &ttl, NULL, 0),
+  };
+  for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+    if (statuses[i] != KEEL_OK && !refusal_known(statuses[i])) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  range_once((const char *)data, size);
+  others_once((const char *)data, size);
+  return 0;
+}
+
+size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
+  static const char *const seeds[] = {
+      "{\"header\":{\"revision\":\"7\"},\"kvs\":[{\"key\":\"Zm9v\",\"mod_revision\":\"7\","
+      "\"value\":\"YmFy\"},{\"key\":\"Zm9vMg==\",\"mod_revision\":\"6\",\"lease\":\"75\"}],"
+      "\"count\":\"2\"}",
+      "{\"header\":{\"revision\":\"10\"},\"succeeded\":true}",
+      "{\"header\":{\"revision\":\"12\"},\"deleted\":\"3\"}",
+      "{\"header\":{\"revision\":\"3\"},\"ID\":\"7587862072907474694\",\"TTL\":\"5\"}",
+      "{\"result\":{\"header\":{\"revision\":\"3\"},\"ID\":\"75\",\"TTL\":\"5\"}}",
+      "{\"error\":\"etcdserver: requested lease not found\",\"code\":5,\"message\":\"x\"}",
+      "{\"error\":{\"grpc_code\":14,\"http_code\":503,\"message\":\"no leader\"}}",
+  };
+  if (index < 0 || (size_t)index >= sizeof seeds / sizeof seeds[0]) return 0;
+  size_t length = strlen(seeds[index]);
+  if (length > capacity) return 0;
+  memcpy(buffer, seeds[index], length);
+  return length;
+}
