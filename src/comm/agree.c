@@ -219,6 +219,16 @@ static int member_node(keel_endpoint *endpoint, uint32_t uid) {
   return ops->node != NULL ? ops->node(endpoint->config.membership_context, uid) : -1;
 }
 
+/* The uid a key under prefix names ("agree/3/1/" + "7"); false for another key. */
+static bool key_uid(const char *key, const char *prefix, size_t prefix_length, uint32_t *uid_p) {
+  if (strncmp(key, prefix, prefix_length) != 0) return false;
+  char *end;
+  unsigned long uid = strtoul(key + prefix_length, &end, 10);
+  if (*end != '\0' || uid >= KEEL_MAX_UIDS) return false;
+  *uid_p = (uint32_t)uid;
+  return true;
+}
+
 /* The ballots from the round's votes (entries under prefix) and the detector's view. */
 static void ballots_fill(agreement *round, const keel_store_entry *entries, size_t count,
                          const char *prefix) {
@@ -231,10 +241,9 @@ static void ballots_fill(agreement *round, const keel_store_entry *entries, size
   }
   size_t prefix_length = strlen(prefix);
   for (size_t i = 0; i < count; i++) {
-    if (strncmp(entries[i].key, prefix, prefix_length) != 0) continue;
-    char *end;
-    unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
-    int rank = *end == '\0' ? keel_comm_rank_of(comm, (uint32_t)uid) : -1;
+    uint32_t uid;
+    int rank =
+        key_uid(entries[i].key, prefix, prefix_length, &uid) ? keel_comm_rank_of(comm, uid) : -1;
     if (rank < 0) continue;
     keel__ballot *ballot = &round->ballots[rank];
     int node = -1;
@@ -259,13 +268,10 @@ static void candidates_fill(agreement *round, const keel_store_entry *entries, s
   int found = 0;
   size_t prefix_length = strlen(prefix);
   for (size_t i = 0; i < count && found < KEEL_MAX_SPARES; i++) {
-    if (strncmp(entries[i].key, prefix, prefix_length) != 0) continue;
-    char *end;
-    unsigned long uid = strtoul(entries[i].key + prefix_length, &end, 10);
-    if (*end != '\0' || uid >= KEEL_MAX_UIDS) continue;
-    if (member_dead(endpoint, (uint32_t)uid) || keel_comm_rank_of(round->comm, (uint32_t)uid) >= 0)
-      continue;
-    out[found++] = (uint32_t)uid;
+    uint32_t uid;
+    if (!key_uid(entries[i].key, prefix, prefix_length, &uid)) continue;
+    if (member_dead(endpoint, uid) || keel_comm_rank_of(round->comm, uid) >= 0) continue;
+    out[found++] = uid;
   }
   /* Keys sort as text ("spare/10" before "spare/9"); order by number. */
   for (int a = 1; a < found; a++) {
@@ -276,6 +282,12 @@ static void candidates_fill(agreement *round, const keel_store_entry *entries, s
     }
   }
   *count_p = found;
+}
+
+/* Both pools, spares and joiners, from entries. */
+static void pools_fill(agreement *round, const keel_store_entry *entries, size_t count) {
+  candidates_fill(round, entries, count, "spare/", round->spares, &round->spare_count);
+  candidates_fill(round, entries, count, "join/", round->joiners, &round->joiner_count);
 }
 
 static bool any_vote_wants(const agreement *round, bool spares) {
@@ -308,18 +320,17 @@ void keel_endpoint_collect(keel_endpoint *endpoint) {
   uint64_t epoch = endpoint->collect_before;
   endpoint->collect_before = 0;
   static const char *const prefixes[] = {"agree/", "decide/"};
-  for (size_t p = 0; p < sizeof prefixes / sizeof prefixes[0]; p++) {
-    keel_store_entry *entries = NULL;
-    size_t count = 0;
-    if (keel_store_list(endpoint->config.store, prefixes[p], &entries, &count, NULL) != KEEL_OK)
-      continue;
-    size_t prefix_length = strlen(prefixes[p]);
-    for (size_t i = 0; i < count; i++) {
-      uint64_t key_epoch = strtoull(entries[i].key + prefix_length, NULL, 10);
-      if (key_epoch < epoch) keel_store_delete(endpoint->config.store, entries[i].key);
-    }
-    keel_store_entries_free(entries, count);
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list_prefixes(endpoint->config.store, prefixes, 2, &entries, &count, NULL) !=
+      KEEL_OK)
+    return;
+  for (size_t i = 0; i < count; i++) {
+    /* "agree/<epoch>/..." or "decide/<epoch>/...". */
+    uint64_t key_epoch = strtoull(strchr(entries[i].key, '/') + 1, NULL, 10);
+    if (key_epoch < epoch) keel_store_delete(endpoint->config.store, entries[i].key);
   }
+  keel_store_entries_free(entries, count);
 }
 
 /* The prefixes one look reads: the round's decision, its votes, the spare and joiner pools
@@ -378,9 +389,7 @@ static keel_status round_read(agreement *round, const keel_rebuild_vote *vote,
     status = ops->take_view(endpoint->config.membership_context, entries, count);
   if (status == KEEL_OK && !*found_p) {
     ballots_fill(round, entries, count, votes);
-    round->spare_count = round->joiner_count = 0;
-    candidates_fill(round, entries, count, "spare/", round->spares, &round->spare_count);
-    candidates_fill(round, entries, count, "join/", round->joiners, &round->joiner_count);
+    pools_fill(round, entries, count);
   }
   keel_store_entries_free(entries, count);
   return status;
@@ -395,8 +404,7 @@ static keel_status pools_read(agreement *round) {
   keel_status status = keel_store_list_prefixes(round->comm->endpoint->config.store, pools, 2,
                                                 &entries, &count, NULL);
   if (status != KEEL_OK) return status;
-  candidates_fill(round, entries, count, "spare/", round->spares, &round->spare_count);
-  candidates_fill(round, entries, count, "join/", round->joiners, &round->joiner_count);
+  pools_fill(round, entries, count);
   keel_store_entries_free(entries, count);
   return KEEL_OK;
 }

@@ -240,20 +240,10 @@ static bool int64_field(const json_t *object, const char *name, int64_t *value_p
     *value_p = (int64_t)json_integer_value(field);
     return true;
   }
-  if (!json_is_string(field)) return false;
-  const char *text = json_string_value(field);
-  size_t length = json_string_length(field);
-  bool negative = length > 0 && text[0] == '-';
-  size_t start = negative ? 1 : 0;
-  if (length == start || length - start > 19) return false;
-  uint64_t magnitude = 0;
-  for (size_t i = start; i < length; i++) {
-    if (text[i] < '0' || text[i] > '9') return false;
-    magnitude = magnitude * 10 + (uint64_t)(text[i] - '0');
-  }
-  if (magnitude > (uint64_t)INT64_MAX + (negative ? 1u : 0u)) return false;
-  *value_p = negative ? (int64_t)(0 - magnitude) : (int64_t)magnitude;
-  return true;
+  /* A NUL inside the string would end the parser's text early. */
+  if (!json_is_string(field) || strlen(json_string_value(field)) != json_string_length(field))
+    return false;
+  return keel_parse_int(json_string_value(field), INT64_MIN, INT64_MAX, value_p) == KEEL_OK;
 }
 
 static bool revision_field(const json_t *object, const char *name, uint64_t *revision_p) {
@@ -331,10 +321,19 @@ static keel_status reply_open(const char *body, size_t length, json_t **object_p
   return KEEL_OK;
 }
 
-static bool header_revision(const json_t *reply, uint64_t *revision_p) {
+/* reply_open for the replies that carry the store's revision in their header. */
+static keel_status reply_open_at_revision(const char *body, size_t length, json_t **object_p,
+                                          uint64_t *revision_p, char *message, size_t capacity) {
+  json_t *reply = NULL;
+  keel_status status = reply_open(body, length, &reply, message, capacity);
+  if (status != KEEL_OK) return status;
   const json_t *header = json_object_get(reply, "header");
-  if (header == NULL || !json_is_object(header)) return false;
-  return revision_field(header, "revision", revision_p);
+  if (!json_is_object(header) || !revision_field(header, "revision", revision_p)) {
+    json_decref(reply);
+    return KEEL_ECORRUPT;
+  }
+  *object_p = reply;
+  return KEEL_OK;
 }
 
 /* One element of "kvs" into entry. */
@@ -370,13 +369,13 @@ keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_e
                                    size_t *count_p, uint64_t *revision_p, char *message,
                                    size_t capacity) {
   json_t *reply = NULL;
-  keel_status status = reply_open(body, length, &reply, message, capacity);
-  if (status != KEEL_OK) return status;
   uint64_t revision = 0;
+  keel_status status = reply_open_at_revision(body, length, &reply, &revision, message, capacity);
+  if (status != KEEL_OK) return status;
   const json_t *kvs = json_object_get(reply, "kvs");
   size_t count = kvs == NULL ? 0 : json_array_size(kvs);
   keel_store_entry *entries = NULL;
-  if (!header_revision(reply, &revision) || (kvs != NULL && !json_is_array(kvs))) {
+  if (kvs != NULL && !json_is_array(kvs)) {
     status = KEEL_ECORRUPT;
   } else if (count > KEEL_STORE_MAX_KEYS) {
     status = KEEL_ERANGE;
@@ -402,12 +401,11 @@ keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_e
 keel_status keel__etcd_txn_reply(const char *body, size_t length, bool *succeeded_p,
                                  uint64_t *revision_p, char *message, size_t capacity) {
   json_t *reply = NULL;
-  keel_status status = reply_open(body, length, &reply, message, capacity);
+  uint64_t revision = 0;
+  keel_status status = reply_open_at_revision(body, length, &reply, &revision, message, capacity);
   if (status != KEEL_OK) return status;
   bool succeeded = false;
-  uint64_t revision = 0;
-  if (!header_revision(reply, &revision) || !bool_field(reply, "succeeded", &succeeded))
-    status = KEEL_ECORRUPT;
+  if (!bool_field(reply, "succeeded", &succeeded)) status = KEEL_ECORRUPT;
   json_decref(reply);
   if (status != KEEL_OK) return status;
   *succeeded_p = succeeded;
@@ -418,12 +416,11 @@ keel_status keel__etcd_txn_reply(const char *body, size_t length, bool *succeede
 keel_status keel__etcd_write_reply(const char *body, size_t length, int64_t *deleted_p,
                                    uint64_t *revision_p, char *message, size_t capacity) {
   json_t *reply = NULL;
-  keel_status status = reply_open(body, length, &reply, message, capacity);
+  uint64_t revision = 0;
+  keel_status status = reply_open_at_revision(body, length, &reply, &revision, message, capacity);
   if (status != KEEL_OK) return status;
   int64_t deleted = 0;
-  uint64_t revision = 0;
-  if (!header_revision(reply, &revision) || !int64_field(reply, "deleted", &deleted) || deleted < 0)
-    status = KEEL_ECORRUPT;
+  if (!int64_field(reply, "deleted", &deleted) || deleted < 0) status = KEEL_ECORRUPT;
   json_decref(reply);
   if (status != KEEL_OK) return status;
   if (deleted_p != NULL) *deleted_p = deleted;
