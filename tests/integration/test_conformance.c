@@ -839,6 +839,7 @@ static void test_agree_deadline(void **state) {
     fail_msg("uid %ld is in state '%c', not stopped after its vote", check->stalled, stalled_state);
 
   int slack_ms = 1000 * keel_test_slowdown();
+  long long slowest_ms = -1;
   for (uint32_t uid = 0; uid < DEADLINE_MEMBERS; uid++) {
     const char *report = report_of(reports, count, uid);
     if ((long)uid == check->stalled) {
@@ -863,9 +864,11 @@ static void test_agree_deadline(void **state) {
       assert_string_equal(status, "KEEL_OK");
       assert_string_equal(suspected, "none");
       assert_non_null(strstr(report, "flags=0xfffffff8"));
-      if (elapsed_ms < DECIDER_GRACE_MS || elapsed_ms >= DEADLINE_TIMEOUT_MS)
-        fail_msg("agreed in %lld ms, want %d..%d: %s", elapsed_ms, DECIDER_GRACE_MS,
-                 DEADLINE_TIMEOUT_MS, report);
+      if (elapsed_ms >= DEADLINE_TIMEOUT_MS)
+        fail_msg("agreed in %lld ms, want under %d: %s", elapsed_ms, DEADLINE_TIMEOUT_MS, report);
+      /* Only the member that settled waited a whole grace by its own clock: one that began
+       * later may adopt that decision sooner by its own. */
+      if (elapsed_ms > slowest_ms) slowest_ms = elapsed_ms;
       continue;
     }
     if (check->silent < 0) {
@@ -887,6 +890,9 @@ static void test_agree_deadline(void **state) {
     if (strcmp(suspected, want) != 0)
       fail_msg("suspected %s, want exactly the silent uid %s: %s", suspected, want, report);
   }
+  if (check->stalled >= 0 && slowest_ms < DECIDER_GRACE_MS)
+    fail_msg("settled in %lld ms, before the decider's grace of %d ms ended", slowest_ms,
+             DECIDER_GRACE_MS);
 }
 
 static deadline_case deadline_cases[] = {
