@@ -1,6 +1,6 @@
 /* What the benchmarks that start whole `keel run` jobs share (bench/recovery.c, bench/jit.c):
  * finding the programs, starting a launcher with its output in a log, bounding and reaping
- * it, reading its events file line by line (members are looked up with core's keel_json_*).
+ * it, reading its events file line by line and each line's members (parsed with jansson).
  * Header-only, like bench_stats.h; single-threaded callers. */
 #ifndef KEEL_BENCH_JOBS_H
 #define KEEL_BENCH_JOBS_H
@@ -8,7 +8,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -51,7 +53,39 @@ static inline bool bench_fail(bench_verdict *verdict, const char *format, ...) {
   return false;
 }
 
-/* ---- members of the flat one-line JSON objects of RUNTIME.md (no nesting to speak of) */
+/* ---- members of the one-line JSON objects of RUNTIME.md */
+
+/* The object that line holds, or NULL when it is not one JSON object (a line that is not
+ * the launcher's, or one cut short). The caller json_decref()s it. */
+static inline json_t *bench_json_parse(const char *line) {
+  json_t *object = json_loads(line, 0, NULL);
+  if (json_is_object(object)) return object;
+  json_decref(object);
+  return NULL;
+}
+
+/* Members of object: true and *value_p set when key is there with the right type, false
+ * and *value_p untouched otherwise. An integer must be written as one (12.0 is not); a
+ * double is any finite number. */
+static inline bool bench_json_int(const json_t *object, const char *key, int64_t *value_p) {
+  const json_t *value = json_object_get(object, key);
+  if (!json_is_integer(value)) return false;
+  *value_p = json_integer_value(value);
+  return true;
+}
+
+static inline bool bench_json_double(const json_t *object, const char *key, double *value_p) {
+  const json_t *value = json_object_get(object, key);
+  if (!json_is_number(value) || !isfinite(json_number_value(value))) return false;
+  *value_p = json_number_value(value);
+  return true;
+}
+
+/* Whether member key is the string text exactly. */
+static inline bool bench_json_string_is(const json_t *object, const char *key, const char *text) {
+  const char *value = json_string_value(json_object_get(object, key));
+  return value != NULL && strcmp(value, text) == 0;
+}
 
 /* ---- reading a file that a launcher appends to, one complete line at a time */
 

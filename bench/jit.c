@@ -106,60 +106,65 @@ static void fit_add(job_events *e, int64_t step, int64_t t_ns) {
   e->fit_xy += x * y;
 }
 
-static void events_progress(job_events *e, const char *line, int64_t t_ns) {
+static void events_progress(job_events *e, const json_t *event, int64_t t_ns) {
   int64_t rank, step;
-  if (keel_json_int(line, "rank", &rank) && rank == 0 && keel_json_int(line, "step", &step) &&
+  if (bench_json_int(event, "rank", &rank) && rank == 0 && bench_json_int(event, "step", &step) &&
       step > WARM_STEPS)
     fit_add(e, step, t_ns);
 }
 
-static void events_save(job_events *e, const char *line, int64_t t_ns) {
+static void events_save(job_events *e, const json_t *event, int64_t t_ns) {
   int64_t failed_ns, step;
   e->saves++;
-  if (!keel_json_string_is(line, "status", "ok")) e->failed_saves++;
-  if (keel_json_int(line, "t_failed_ns", &failed_ns) &&
+  if (!bench_json_string_is(event, "status", "ok")) e->failed_saves++;
+  if (bench_json_int(event, "t_failed_ns", &failed_ns) &&
       (e->first_failed_ns == 0 || failed_ns < e->first_failed_ns))
     e->first_failed_ns = failed_ns;
   if (t_ns > e->last_save_ns) e->last_save_ns = t_ns;
-  if (keel_json_int(line, "step", &step) && step > e->newest_save_step)
+  if (bench_json_int(event, "step", &step) && step > e->newest_save_step)
     e->newest_save_step = step;
 }
 
-static void events_restore(job_events *e, const char *line, int64_t t_ns) {
+static void events_restore(job_events *e, const json_t *event, int64_t t_ns) {
   int64_t step;
   e->restores++;
-  if (!keel_json_string_is(line, "status", "ok")) e->failed_restores++;
+  if (!bench_json_string_is(event, "status", "ok")) e->failed_restores++;
   if (t_ns > e->last_restore_ns) e->last_restore_ns = t_ns;
   /* The oldest restored step, should the ranks differ: the job redoes from there. */
-  if (keel_json_int(line, "step", &step) && (e->restores == 1 || step < e->restored_step))
+  if (bench_json_int(event, "step", &step) && (e->restores == 1 || step < e->restored_step))
     e->restored_step = step;
 }
 
-static void events_line(const char *line, void *arg) {
-  job_events *e = arg;
+static void events_handle(job_events *e, const char *line, const json_t *event) {
   int64_t t_ns;
-  if (!keel_json_int(line, "t_ns", &t_ns)) return;
-  if (keel_json_string_is(line, "event", "progress")) events_progress(e, line, t_ns);
-  if (keel_json_string_is(line, "event", "fault") && e->fault_ns == 0) e->fault_ns = t_ns;
-  if (keel_json_string_is(line, "event", "jit_save")) events_save(e, line, t_ns);
-  if (keel_json_string_is(line, "event", "restart")) {
+  if (!bench_json_int(event, "t_ns", &t_ns)) return;
+  if (bench_json_string_is(event, "event", "progress")) events_progress(e, event, t_ns);
+  if (bench_json_string_is(event, "event", "fault") && e->fault_ns == 0) e->fault_ns = t_ns;
+  if (bench_json_string_is(event, "event", "jit_save")) events_save(e, event, t_ns);
+  if (bench_json_string_is(event, "event", "restart")) {
     e->restarts++;
     e->restart_ns = t_ns;
   }
-  if (keel_json_string_is(line, "event", "jit_restore")) events_restore(e, line, t_ns);
-  if (keel_json_string_is(line, "event", "resumed") && e->resumed_ns == 0) {
+  if (bench_json_string_is(event, "event", "jit_restore")) events_restore(e, event, t_ns);
+  if (bench_json_string_is(event, "event", "resumed") && e->resumed_ns == 0) {
     e->resumed_ns = t_ns;
-    bool restart = keel_json_string_is(line, "kind", "restart");
-    bool in_process = keel_json_string_is(line, "kind", "in-process");
+    bool restart = bench_json_string_is(event, "kind", "restart");
+    bool in_process = bench_json_string_is(event, "kind", "in-process");
     snprintf(e->resumed_kind, sizeof e->resumed_kind, "%s",
              restart      ? "restart"
              : in_process ? "in-process"
                           : "other");
   }
-  if (keel_json_string_is(line, "event", "recovery") && e->recovery[0] == '\0') {
+  if (bench_json_string_is(event, "event", "recovery") && e->recovery[0] == '\0') {
     int length = snprintf(e->recovery, sizeof e->recovery, "%s", line);
     if (length < 0 || (size_t)length >= sizeof e->recovery) e->recovery[0] = '\0'; /* not ours */
   }
+}
+
+static void events_line(const char *line, void *arg) {
+  json_t *event = bench_json_parse(line);
+  if (event != NULL) events_handle(arg, line, event);
+  json_decref(event);
 }
 
 static void log_line(const char *line, void *arg) {
@@ -288,24 +293,22 @@ static bool user_record(trial *t, const job_events *e) {
   return true;
 }
 
-static bool inprocess_record(trial *t, const job_events *e) {
+/* The figures of the in-process recovery's line, checked to be a replacement. */
+static bool inprocess_figures(trial *t, const job_events *e, const json_t *event) {
   bench_verdict *v = &t->verdict;
   const char *line = e->recovery;
   int64_t t_ns, detect_ns, new_world, replaced;
   double revoke, agree, rebuild, state, redo;
-  if (e->fault_ns == 0) return bench_fail(v, "no fault event");
-  if (line[0] == '\0') return bench_fail(v, "no recovery event");
-  if (!keel_json_int(line, "t_ns", &t_ns) ||
-      !keel_json_int(line, "t_detect_ns", &detect_ns) ||
-      !keel_json_double(line, "revoke_ms", &revoke) ||
-      !keel_json_double(line, "agree_ms", &agree) ||
-      !keel_json_double(line, "rebuild_ms", &rebuild) ||
-      !keel_json_double(line, "state_transfer_ms", &state) ||
-      !keel_json_double(line, "redo_ms", &redo) ||
-      !keel_json_int(line, "redo_minibatches", &t->wasted))
+  if (!bench_json_int(event, "t_ns", &t_ns) || !bench_json_int(event, "t_detect_ns", &detect_ns) ||
+      !bench_json_double(event, "revoke_ms", &revoke) ||
+      !bench_json_double(event, "agree_ms", &agree) ||
+      !bench_json_double(event, "rebuild_ms", &rebuild) ||
+      !bench_json_double(event, "state_transfer_ms", &state) ||
+      !bench_json_double(event, "redo_ms", &redo) ||
+      !bench_json_int(event, "redo_minibatches", &t->wasted))
     return bench_fail(v, "malformed recovery event: %.100s", line);
-  if (!keel_json_int(line, "new_world", &new_world) || new_world != WORLD ||
-      !keel_json_int(line, "replaced", &replaced) || replaced != 1)
+  if (!bench_json_int(event, "new_world", &new_world) || new_world != WORLD ||
+      !bench_json_int(event, "replaced", &replaced) || replaced != 1)
     return bench_fail(v, "unexpected membership after recovery: %.100s", line);
   if (e->resumed_ns == 0 || strcmp(e->resumed_kind, "in-process") != 0)
     return bench_fail(v, "no resumed event of kind in-process");
@@ -315,6 +318,17 @@ static bool inprocess_record(trial *t, const job_events *e) {
   t->parts[3] = redo + span_ms(t_ns, e->resumed_ns);
   t->total_ms = span_ms(e->fault_ns, e->resumed_ns);
   return true;
+}
+
+static bool inprocess_record(trial *t, const job_events *e) {
+  bench_verdict *v = &t->verdict;
+  if (e->fault_ns == 0) return bench_fail(v, "no fault event");
+  if (e->recovery[0] == '\0') return bench_fail(v, "no recovery event");
+  json_t *event = bench_json_parse(e->recovery);
+  if (event == NULL) return bench_fail(v, "malformed recovery event: %.100s", e->recovery);
+  bool recorded = inprocess_figures(t, e, event);
+  json_decref(event);
+  return recorded;
 }
 
 /* Holds every good job to the clean run's final parameters (the first good job's, since the

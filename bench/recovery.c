@@ -199,21 +199,26 @@ typedef struct job_view {
   char recovery[4096]; /* the first recovery event after the kill */
 } job_view;
 
-static void view_line(const char *line, void *arg) {
-  job_view *view = arg;
+static void view_event(job_view *view, const char *line, const json_t *event) {
   int64_t uid, pid, step, epoch, t_ns;
-  if (keel_json_string_is(line, "event", "spawn") && keel_json_string_is(line, "role", "worker") &&
-      keel_json_int(line, "uid", &uid) && keel_json_int(line, "pid", &pid) && uid >= 0 &&
-      uid < WORLD)
+  if (bench_json_string_is(event, "event", "spawn") &&
+      bench_json_string_is(event, "role", "worker") && bench_json_int(event, "uid", &uid) &&
+      bench_json_int(event, "pid", &pid) && uid >= 0 && uid < WORLD)
     view->worker_pids[uid] = (pid_t)pid;
-  if (keel_json_string_is(line, "event", "progress") && keel_json_int(line, "epoch", &epoch) &&
-      epoch == 0 && keel_json_int(line, "step", &step) && step > view->epoch0_step)
+  if (bench_json_string_is(event, "event", "progress") && bench_json_int(event, "epoch", &epoch) &&
+      epoch == 0 && bench_json_int(event, "step", &step) && step > view->epoch0_step)
     view->epoch0_step = step;
-  if (keel_json_string_is(line, "event", "recovery") && !view->recovered && view->kill_ns > 0 &&
-      keel_json_int(line, "t_ns", &t_ns) && t_ns > view->kill_ns) {
+  if (bench_json_string_is(event, "event", "recovery") && !view->recovered && view->kill_ns > 0 &&
+      bench_json_int(event, "t_ns", &t_ns) && t_ns > view->kill_ns) {
     int length = snprintf(view->recovery, sizeof view->recovery, "%s", line);
     view->recovered = length > 0 && (size_t)length < sizeof view->recovery;
   }
+}
+
+static void view_line(const char *line, void *arg) {
+  json_t *event = bench_json_parse(line);
+  if (event != NULL) view_event(arg, line, event);
+  json_decref(event);
 }
 
 /* Reads what the launcher appended and handles each complete line. */
@@ -304,25 +309,32 @@ static bool wait_for_recovery(bench_job *j, job_view *view, trial *t, int64_t ki
 }
 
 /* Reads the recovery event's figures and checks it is the membership the policy implies. */
-static bool trial_record(trial *t, const job_view *view, policy which, int64_t kill_ns) {
+static bool trial_figures(trial *t, const json_t *event, const char *line, policy which,
+                          int64_t kill_ns) {
   int64_t t_ns, detect_ns, new_world, replaced;
-  const char *event = view->recovery;
-  if (!keel_json_int(event, "t_ns", &t_ns) || !keel_json_int(event, "new_world", &new_world))
-    return bench_fail(&t->verdict, "malformed recovery event: %.100s", event);
+  if (!bench_json_int(event, "t_ns", &t_ns) || !bench_json_int(event, "new_world", &new_world))
+    return bench_fail(&t->verdict, "malformed recovery event: %.100s", line);
   int64_t expected_world = which == POLICY_SHRINK ? WORLD - 1 : WORLD;
   if (new_world != expected_world ||
-      (which == POLICY_REPLACE &&
-       (!keel_json_int(event, "replaced", &replaced) || replaced != 1)))
-    return bench_fail(&t->verdict, "unexpected membership after recovery: %.100s", event);
+      (which == POLICY_REPLACE && (!bench_json_int(event, "replaced", &replaced) || replaced != 1)))
+    return bench_fail(&t->verdict, "unexpected membership after recovery: %.100s", line);
   t->latency_ms = (double)(t_ns - kill_ns) / 1e6;
-  t->kill_to_detect_ms = keel_json_int(event, "t_detect_ns", &detect_ns)
-                             ? (double)(detect_ns - kill_ns) / 1e6
-                             : NAN;
+  t->kill_to_detect_ms =
+      bench_json_int(event, "t_detect_ns", &detect_ns) ? (double)(detect_ns - kill_ns) / 1e6 : NAN;
   for (int i = 0; i < PART_COUNT; i++) {
-    if (!keel_json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
+    if (!bench_json_double(event, part_names[i], &t->parts[i])) t->parts[i] = NAN;
   }
   t->verdict.ok = true;
   return true;
+}
+
+static bool trial_record(trial *t, const job_view *view, policy which, int64_t kill_ns) {
+  json_t *event = bench_json_parse(view->recovery);
+  if (event == NULL)
+    return bench_fail(&t->verdict, "malformed recovery event: %.100s", view->recovery);
+  bool recorded = trial_figures(t, event, view->recovery, which, kill_ns);
+  json_decref(event);
+  return recorded;
 }
 
 static void trial_run(driver *d, policy which, int index, trial *t) {
@@ -476,58 +488,54 @@ typedef struct long_view {
   long store_keys; /* of the census after that recovery; -1: none yet */
 } long_view;
 
-/* Calls note(uid) for every number of the JSON array value that starts at list ('['), or for
- * every "to": member of its objects when key is "to". */
-static void list_each(const char *list, const char *key, void (*note)(long_view *, long),
-                      long_view *view) {
-  if (list == NULL || *list != '[') return;
-  const char *end = strchr(list, ']');
-  for (const char *at = list + 1; at != NULL && end != NULL && at < end;) {
-    if (key != NULL) {
-      at = strstr(at, key);
-      if (at == NULL || at > end) return;
-      at += strlen(key);
-    }
-    char *after;
-    long uid = strtol(at, &after, 10);
-    if (after != at) note(view, uid);
-    at = after != at ? after + 1 : at + 1;
+/* Marks who left and who joined in a recovery: the uids of "failed" hold no rank any more,
+ * the "to" of each of "transfers" (a spare taking a rank) holds one now. */
+static void long_membership(long_view *view, const json_t *event) {
+  const json_t *failed = json_object_get(event, "failed");
+  const json_t *transfers = json_object_get(event, "transfers");
+  const json_t *element;
+  size_t index;
+  json_array_foreach(failed, index, element) {
+    json_int_t uid = json_integer_value(element);
+    if (json_is_integer(element) && uid >= 0 && uid < LONG_MAX_UIDS) view->holds[uid] = false;
+  }
+  json_array_foreach(transfers, index, element) {
+    int64_t uid;
+    if (bench_json_int(element, "to", &uid) && uid >= 0 && uid < LONG_MAX_UIDS)
+      view->holds[uid] = true;
   }
 }
 
-static void uid_left(long_view *view, long uid) {
-  if (uid >= 0 && uid < LONG_MAX_UIDS) view->holds[uid] = false;
-}
-
-static void uid_joined(long_view *view, long uid) {
-  if (uid >= 0 && uid < LONG_MAX_UIDS) view->holds[uid] = true;
-}
-
-static void long_line(const char *line, void *arg) {
-  long_view *view = arg;
+static void long_event(long_view *view, const json_t *event) {
   int64_t uid, pid, t_ns, keys;
-  if (keel_json_string_is(line, "event", "spawn") && keel_json_int(line, "uid", &uid) &&
-      keel_json_int(line, "pid", &pid) && uid >= 0 && uid < LONG_MAX_UIDS) {
+  if (bench_json_string_is(event, "event", "spawn") && bench_json_int(event, "uid", &uid) &&
+      bench_json_int(event, "pid", &pid) && uid >= 0 && uid < LONG_MAX_UIDS) {
     view->pids[uid] = (pid_t)pid;
-    if (keel_json_string_is(line, "role", "worker")) view->holds[uid] = true;
-    if (keel_json_string_is(line, "role", "spare")) view->spare[uid] = true;
+    if (bench_json_string_is(event, "role", "worker")) view->holds[uid] = true;
+    if (bench_json_string_is(event, "role", "spare")) view->spare[uid] = true;
   }
-  if (keel_json_string_is(line, "event", "ready") && keel_json_int(line, "uid", &uid) && uid >= 0 &&
-      uid < LONG_MAX_UIDS)
+  if (bench_json_string_is(event, "event", "ready") && bench_json_int(event, "uid", &uid) &&
+      uid >= 0 && uid < LONG_MAX_UIDS)
     view->ready[uid] = true;
-  if (keel_json_string_is(line, "event", "recovery") && view->kill_ns > 0 && !view->recovered &&
-      keel_json_int(line, "t_ns", &t_ns) && t_ns > view->kill_ns) {
-    list_each(keel_json_member(line, "failed"), NULL, uid_left, view);
-    list_each(keel_json_member(line, "transfers"), "\"to\":", uid_joined, view);
+  if (bench_json_string_is(event, "event", "recovery") && view->kill_ns > 0 && !view->recovered &&
+      bench_json_int(event, "t_ns", &t_ns) && t_ns > view->kill_ns) {
+    long_membership(view, event);
     view->latency_ms = (double)(t_ns - view->kill_ns) / 1e6;
     for (int i = 0; i < PART_COUNT; i++) {
-      if (!keel_json_double(line, part_names[i], &view->parts[i])) view->parts[i] = NAN;
+      if (!bench_json_double(event, part_names[i], &view->parts[i])) view->parts[i] = NAN;
     }
     view->recovered = true;
   }
-  if (keel_json_string_is(line, "event", "store") && keel_json_string_is(line, "when", "recovery") &&
-      view->recovered && view->store_keys < 0 && keel_json_int(line, "keys", &keys))
+  if (bench_json_string_is(event, "event", "store") &&
+      bench_json_string_is(event, "when", "recovery") && view->recovered && view->store_keys < 0 &&
+      bench_json_int(event, "keys", &keys))
     view->store_keys = (long)keys;
+}
+
+static void long_line(const char *line, void *arg) {
+  json_t *event = bench_json_parse(line);
+  if (event != NULL) long_event(arg, event);
+  json_decref(event);
 }
 
 /* A rank holder to kill: any but uid 0 (rank 0, which the job keeps), alive, the launcher's. */

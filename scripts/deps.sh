@@ -8,6 +8,7 @@ packages=(
   build-essential cmake pkg-config
   libcmocka-dev libisal-dev libsodium-dev
   libcurl4-openssl-dev libjansson-dev
+  etcd-server etcd-client
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   iproute2 procps
 )

@@ -172,20 +172,6 @@ static inline uint64_t keel_get_le64(const uint8_t *in) {
  * pid from /proc. KEEL_ENOTFOUND if there is no such process; outputs set only on success. */
 keel_status keel_process_stat(int pid, char *state_p, int *parent_p);
 
-/* ---- one-line JSON objects (status and event lines), read in place. A member is found
- * only at the top level, where a key can stand, so a string value that reads "key": never
- * matches; NULL or false when the line is not an object, lacks the key, or breaks off. */
-/* Where the value of member key starts (its first character). */
-const char *keel_json_member(const char *line, const char *key);
-/* A number that ends where the member ends ("12abc", "nan" are refused); doubles finite. */
-bool keel_json_int(const char *line, const char *key, int64_t *value_p);
-bool keel_json_double(const char *line, const char *key, double *value_p);
-/* Whether member key is the string text exactly. */
-bool keel_json_string_is(const char *line, const char *key, const char *text);
-/* String member key into text (capacity >= 1), truncated to fit; escapes are copied, not
- * decoded. */
-bool keel_json_string(const char *line, const char *key, char *text, size_t capacity);
-
 /* ---- folders. Makes path and every missing folder above it (mkdir -p), new ones with
  * mode; folders that exist are fine. The launcher's job and checkpoint folders and the JIT
  * engine's checkpoint folder are made this way. KEEL_EINVAL for an empty or too long path,

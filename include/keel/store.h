@@ -1,8 +1,8 @@
 /* keel store: the job's key-value store: put, get, compare-and-swap, delete, prefix list,
  * leases that expire with their keys, and waiting for a change. Membership, addresses,
  * liveness and recovery decisions live here. Backends fill keel_store_ops: the embedded
- * server (a thread in the launcher, over keel net links) and, later, etcd. Depends on core
- * and net. */
+ * server (a thread in the launcher, over keel net links) and an etcd cluster (its v3 JSON
+ * gateway, over libcurl). Depends on core and net. */
 #ifndef KEEL_STORE_H
 #define KEEL_STORE_H
 
@@ -44,8 +44,15 @@ typedef struct keel_store_entry {
   int64_t lease;     /* 0 when the key has no lease */
 } keel_store_entry;
 
-/* endpoint: "host:port" of an embedded server (an "embedded://" prefix is accepted).
- * Retries until deadline while the server is not yet listening. */
+/* endpoint: "host:port" of an embedded server (an "embedded://" prefix is accepted), or an
+ * etcd cluster: "etcd://h1:2379,h2:2379,..." over HTTP, "https://h1:2379,..." over TLS with
+ * the files KEEL_RDZV_CA, KEEL_RDZV_CERT and KEEL_RDZV_KEY name (the environment). Retries
+ * until deadline while the server is not yet listening. With etcd, auth's job id names the
+ * job's namespace ("keel/<job id>/", invisible to the caller; etcd's own TLS, not the
+ * token, guards the cluster); requests go to one member and move to the next when it
+ * cannot be reached (a read also when it does not answer in its share of the timeout); a
+ * write that reached a member is never resent. A member that answers but not like etcd's
+ * gateway is KEEL_ECORRUPT at once. */
 keel_status keel_store_connect(const char *endpoint, const keel_auth *auth, int64_t deadline_ns,
                                keel_store **store_p);
 /* Closes the link; leases the client held expire on their own (no implicit revoke). */

@@ -1,8 +1,9 @@
 /* Reads the model's inputs from a keel events file (docs/RUNTIME.md): recovery lines give
  * the checkpoint (state transfer) and fixed recovery costs, job restarts (restart.c puts them
- * together) the just-in-time save and restart costs, progress lines the minibatch time. A
- * small bounded scanner reads only top-level members; it never builds a tree. */
+ * together) the just-in-time save and restart costs, progress lines the minibatch time. Each
+ * line is parsed with jansson; a line that is not one JSON object is skipped, never trusted. */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -54,11 +55,34 @@ typedef struct measure_context {
   keel_model_measured measured; /* counts; the means are computed at the end */
 } measure_context;
 
+/* ---- members of an event: false, output untouched, when the member is absent or of
+ * another type. Integers must be written as integers (12.0 is not a step); numbers are
+ * finite (jansson refuses nan and inf, and a real that overflows). */
+
+static bool member_int(const json_t *event, const char *key, int64_t *value_p) {
+  const json_t *value = json_object_get(event, key);
+  if (!json_is_integer(value)) return false;
+  *value_p = json_integer_value(value);
+  return true;
+}
+
+static bool member_double(const json_t *event, const char *key, double *value_p) {
+  const json_t *value = json_object_get(event, key);
+  if (!json_is_number(value) || !isfinite(json_number_value(value))) return false;
+  *value_p = json_number_value(value);
+  return true;
+}
+
+static bool member_string_is(const json_t *event, const char *key, const char *text) {
+  const char *value = json_string_value(json_object_get(event, key));
+  return value != NULL && strcmp(value, text) == 0;
+}
+
 /* ---- the events */
 
 /* A time split in milliseconds: present, finite and not negative, or the line is refused. */
-static bool member_milliseconds(const char *line, const char *key, double *value_p) {
-  return keel_json_double(line, key, value_p) && *value_p >= 0.0;
+static bool member_milliseconds(const json_t *event, const char *key, double *value_p) {
+  return member_double(event, key, value_p) && *value_p >= 0.0;
 }
 
 static void recovery_settle(measure_context *context, const recovery_mark *mark) {
@@ -106,7 +130,7 @@ static void restarts_settle(measure_context *context) {
 
 /* A new job in the same file (runs appended to one events file) numbers its epochs, uids
  * and restarts afresh: what came before can no longer merge with what follows. */
-static bool job_start(measure_context *context, const char *line) {
+static bool job_start(measure_context *context, const json_t *event) {
   for (size_t i = 0; i < context->recovery_count; i++)
     recovery_settle(context, &context->recoveries[i]);
   context->recovery_count = 0;
@@ -132,25 +156,24 @@ static void recovery_keep(measure_context *context, const recovery_mark *mark) {
     recovery_settle(context, mark);
 }
 
-static bool scan_recovery(measure_context *context, const char *line) {
+static bool scan_recovery(measure_context *context, const json_t *event) {
   double detect, revoke, agree, rebuild, transfer, redo;
   recovery_mark mark;
-  if (!member_milliseconds(line, "detect_ms", &detect) ||
-      !member_milliseconds(line, "revoke_ms", &revoke) ||
-      !member_milliseconds(line, "agree_ms", &agree) ||
-      !member_milliseconds(line, "rebuild_ms", &rebuild) ||
-      !member_milliseconds(line, "state_transfer_ms", &transfer) ||
-      !member_milliseconds(line, "redo_ms", &redo))
+  if (!member_milliseconds(event, "detect_ms", &detect) ||
+      !member_milliseconds(event, "revoke_ms", &revoke) ||
+      !member_milliseconds(event, "agree_ms", &agree) ||
+      !member_milliseconds(event, "rebuild_ms", &rebuild) ||
+      !member_milliseconds(event, "state_transfer_ms", &transfer) ||
+      !member_milliseconds(event, "redo_ms", &redo))
     return false;
   /* Without an epoch the line is its own recovery: -1 - count never matches a real one. */
-  if (!keel_json_int(line, "new_epoch", &mark.new_epoch))
+  if (!member_int(event, "new_epoch", &mark.new_epoch))
     mark.new_epoch = -1 - (int64_t)context->recovery_count;
   mark.fixed_ms = detect + revoke + agree + rebuild;
   mark.transfer_ms = transfer;
   mark.redo_ms = redo;
   /* In-process JIT says whether the minibatch was redone; older lines do not. */
-  if (!keel_json_int(line, "redo_minibatches", &mark.redo_minibatches) ||
-      mark.redo_minibatches < 0)
+  if (!member_int(event, "redo_minibatches", &mark.redo_minibatches) || mark.redo_minibatches < 0)
     mark.redo_minibatches = -1;
   recovery_keep(context, &mark);
   return true;
@@ -158,12 +181,12 @@ static bool scan_recovery(measure_context *context, const char *line) {
 
 /* Minibatch time from two progress lines of one uid: only within one epoch (a recovery
  * between them is not training) and only when the step moved forward (a redo repeats one). */
-static bool scan_progress(measure_context *context, const char *line) {
+static bool scan_progress(measure_context *context, const json_t *event) {
   int64_t uid, epoch = 0, step, t_ns;
-  if (!keel_json_int(line, "uid", &uid) || !keel_json_int(line, "step", &step) ||
-      !keel_json_int(line, "t_ns", &t_ns) || t_ns < 0 || step < 0)
+  if (!member_int(event, "uid", &uid) || !member_int(event, "step", &step) ||
+      !member_int(event, "t_ns", &t_ns) || t_ns < 0 || step < 0)
     return false;
-  (void)keel_json_int(line, "epoch", &epoch);
+  (void)member_int(event, "epoch", &epoch);
   if (uid < 0 || uid >= UID_MAXIMUM) return true;
   progress_mark *mark = &context->marks[uid];
   if (mark->seen && mark->epoch == epoch && step > mark->step && t_ns > mark->t_ns) {
@@ -176,24 +199,24 @@ static bool scan_progress(measure_context *context, const char *line) {
 
 /* ---- the events of job restarts, kept in the restart log until the job ends */
 
-static bool scan_time(const char *line, int64_t *t_ns_p) {
-  return keel_json_int(line, "t_ns", t_ns_p) && *t_ns_p >= 0;
+static bool scan_time(const json_t *event, int64_t *t_ns_p) {
+  return member_int(event, "t_ns", t_ns_p) && *t_ns_p >= 0;
 }
 
 /* The death record of the line's uid; NULL when it names none the table holds. */
-static keel__death_mark *death_mark(measure_context *context, const char *line) {
+static keel__death_mark *death_mark(measure_context *context, const json_t *event) {
   int64_t uid;
-  if (!keel_json_int(line, "uid", &uid) || uid < 0 || uid >= UID_MAXIMUM) return NULL;
+  if (!member_int(event, "uid", &uid) || uid < 0 || uid >= UID_MAXIMUM) return NULL;
   return &context->restart_log->deaths[uid];
 }
 
-static bool scan_exit(measure_context *context, const char *line) {
+static bool scan_exit(measure_context *context, const json_t *event) {
   int64_t code = 0, t_ns;
-  bool signalled = keel_json_member(line, "signal") != NULL;
-  bool coded = keel_json_int(line, "code", &code);
+  bool signalled = json_object_get(event, "signal") != NULL;
+  bool coded = member_int(event, "code", &code);
   if (signalled || (coded && code != 0)) context->measured.failed_exits++;
-  keel__death_mark *death = death_mark(context, line);
-  if (death == NULL || !scan_time(line, &t_ns)) return true;
+  keel__death_mark *death = death_mark(context, event);
+  if (death == NULL || !scan_time(event, &t_ns)) return true;
   death->exit_t_ns = t_ns;
   death->exit_failed = signalled || (coded && code != 0 && code != KEEL__MODEL_EXIT_RESTART);
   return true;
@@ -201,67 +224,68 @@ static bool scan_exit(measure_context *context, const char *line) {
 
 /* A fault line is written just before the fault fires: the death when the fault ends the
  * process or hangs it (a delay or a corrupted snapshot does neither). */
-static bool scan_fault(measure_context *context, const char *line) {
+static bool scan_fault(measure_context *context, const json_t *event) {
   int64_t t_ns;
   context->measured.faults++;
-  bool fatal = keel_json_string_is(line, "action", "kill") || keel_json_string_is(line, "action", "exit") ||
-               keel_json_string_is(line, "action", "stop");
-  keel__death_mark *death = death_mark(context, line);
-  if (fatal && death != NULL && death->fault_t_ns < 0 && scan_time(line, &t_ns))
+  bool fatal = member_string_is(event, "action", "kill") ||
+               member_string_is(event, "action", "exit") ||
+               member_string_is(event, "action", "stop");
+  keel__death_mark *death = death_mark(context, event);
+  if (fatal && death != NULL && death->fault_t_ns < 0 && scan_time(event, &t_ns))
     death->fault_t_ns = t_ns;
   return true;
 }
 
 /* restart_begin and restart lines of one restart number fill one record. */
-static bool scan_restart(measure_context *context, const char *line) {
+static bool scan_restart(measure_context *context, const json_t *event) {
   int64_t number, t_ns;
-  if (!keel_json_int(line, "restart", &number) || !scan_time(line, &t_ns)) return false;
+  if (!member_int(event, "restart", &number) || !scan_time(event, &t_ns)) return false;
   keel__restart_mark *mark = keel__restart_log_mark(context->restart_log, number);
   if (mark == NULL) return true;
-  if (keel_json_string_is(line, "event", "restart_begin")) {
+  if (member_string_is(event, "event", "restart_begin")) {
     mark->begin_t_ns = t_ns;
-    (void)keel_json_int(line, "failed_uid", &mark->failed_uid);
-    (void)keel_json_string(line, "reason", mark->reason, sizeof mark->reason);
+    (void)member_int(event, "failed_uid", &mark->failed_uid);
+    const char *reason = json_string_value(json_object_get(event, "reason"));
+    if (reason != NULL) snprintf(mark->reason, sizeof mark->reason, "%s", reason);
   } else {
     mark->spawn_t_ns = t_ns;
-    (void)keel_json_int(line, "first_uid", &mark->first_uid);
-    (void)keel_json_int(line, "world", &mark->world);
+    (void)member_int(event, "first_uid", &mark->first_uid);
+    (void)member_int(event, "world", &mark->world);
   }
   return true;
 }
 
-static bool scan_jit_save(measure_context *context, const char *line) {
+static bool scan_jit_save(measure_context *context, const json_t *event) {
   keel__save_mark save = {.t_failed_ns = -1};
   int64_t bytes = 0;
-  if (!scan_time(line, &save.t_ns) || !keel_json_int(line, "step", &save.step) || save.step < 0 ||
-      !member_milliseconds(line, "save_ms", &save.save_ms))
+  if (!scan_time(event, &save.t_ns) || !member_int(event, "step", &save.step) || save.step < 0 ||
+      !member_milliseconds(event, "save_ms", &save.save_ms))
     return false;
-  (void)keel_json_int(line, "t_failed_ns", &save.t_failed_ns);
-  if (keel_json_int(line, "bytes", &bytes) && bytes > 0) save.bytes = (uint64_t)bytes;
-  save.ok = keel_json_string_is(line, "status", "ok");
+  (void)member_int(event, "t_failed_ns", &save.t_failed_ns);
+  if (member_int(event, "bytes", &bytes) && bytes > 0) save.bytes = (uint64_t)bytes;
+  save.ok = member_string_is(event, "status", "ok");
   keel__restart_log *log = context->restart_log;
   if (log->save_count < KEEL__MODEL_RANK_EVENT_MAXIMUM) log->saves[log->save_count++] = save;
   return true;
 }
 
-static bool scan_jit_restore(measure_context *context, const char *line) {
+static bool scan_jit_restore(measure_context *context, const json_t *event) {
   keel__restore_mark restore = {.step = -1, .restore_ms = NAN};
-  if (!scan_time(line, &restore.t_ns) || !keel_json_int(line, "restart", &restore.restart))
+  if (!scan_time(event, &restore.t_ns) || !member_int(event, "restart", &restore.restart))
     return false;
-  restore.ok = keel_json_string_is(line, "status", "ok");
-  if (restore.ok && (!keel_json_int(line, "step", &restore.step) || restore.step < 0))
-    return false;
+  restore.ok = member_string_is(event, "status", "ok");
+  if (restore.ok && (!member_int(event, "step", &restore.step) || restore.step < 0)) return false;
   double restore_ms;
-  if (member_milliseconds(line, "restore_ms", &restore_ms)) restore.restore_ms = restore_ms;
+  if (member_milliseconds(event, "restore_ms", &restore_ms)) restore.restore_ms = restore_ms;
   keel__restart_log *log = context->restart_log;
   if (log->restore_count < KEEL__MODEL_RANK_EVENT_MAXIMUM)
     log->restores[log->restore_count++] = restore;
   return true;
 }
 
-static bool scan_resumed(measure_context *context, const char *line) {
-  keel__resumed_mark resumed = {.in_process = keel_json_string_is(line, "kind", "in-process")};
-  if (!scan_time(line, &resumed.t_ns)) return false;
+static bool scan_resumed(measure_context *context, const json_t *event) {
+  keel__resumed_mark resumed = {.in_process = member_string_is(event, "kind", "in-process")};
+  if (!scan_time(event, &resumed.t_ns)) return false;
   keel__restart_log *log = context->restart_log;
   if (log->resumed_count < KEEL__MODEL_RESTART_MAXIMUM)
     log->resumed[log->resumed_count++] = resumed;
@@ -272,7 +296,7 @@ static bool scan_resumed(measure_context *context, const char *line) {
 
 static const struct {
   const char *event;
-  bool (*scan)(measure_context *context, const char *line);
+  bool (*scan)(measure_context *context, const json_t *event);
 } scanners[] = {
     {"recovery", scan_recovery}, {"progress", scan_progress}, {"exit", scan_exit},
     {"fault", scan_fault},       {"job_start", job_start},    {"restart_begin", scan_restart},
@@ -280,13 +304,24 @@ static const struct {
     {"resumed", scan_resumed},
 };
 
-/* One line; false when it is malformed (counted as skipped). Unknown events are fine. */
-static bool scan_line(measure_context *context, const char *line) {
-  const char *event = keel_json_member(line, "event");
-  if (event == NULL || *event != '"') return false;
+/* One event; false when it has no "event" string or a scanner refuses it. Unknown events
+ * are fine. */
+static bool scan_event(measure_context *context, const json_t *event) {
+  const char *name = json_string_value(json_object_get(event, "event"));
+  if (name == NULL) return false;
   for (size_t i = 0; i < sizeof scanners / sizeof scanners[0]; i++)
-    if (keel_json_string_is(line, "event", scanners[i].event)) return scanners[i].scan(context, line);
+    if (strcmp(name, scanners[i].event) == 0) return scanners[i].scan(context, event);
   return true;
+}
+
+/* One line; false when it is malformed (counted as skipped): not one JSON object, or an
+ * event refused. A line jansson cannot parse for want of memory is skipped the same way. */
+static bool scan_line(measure_context *context, const char *line) {
+  json_t *event = json_loads(line, 0, NULL);
+  if (event == NULL) return false;
+  bool scanned = json_is_object(event) && scan_event(context, event);
+  json_decref(event);
+  return scanned;
 }
 
 static double mean(double sum, size_t count) { return count > 0 ? sum / (double)count : 0.0; }

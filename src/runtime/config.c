@@ -105,6 +105,11 @@ keel_status keel__config_read(keel__config *config) {
   const char *store = getenv("KEEL_STORE");
   config->standalone = store == NULL;
   if (config->standalone) return KEEL_OK;
+  if (strlen(store) >= sizeof config->store_endpoint) {
+    KEEL_LOG_E("runtime", "KEEL_STORE is longer than %zu characters",
+               sizeof config->store_endpoint - 1);
+    return KEEL_EINVAL;
+  }
   snprintf(config->store_endpoint, sizeof config->store_endpoint, "%s", store);
   keel_status status = keel_auth_from_env(&config->auth);
   if (status == KEEL_OK) status = read_sizes(config);

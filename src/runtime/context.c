@@ -4,6 +4,7 @@
  * membership (addresses, deaths, interruptions) from the detector and the session, and
  * carries the small public calls that belong to no single part. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,11 +89,16 @@ void keel_report(keel_ctx *ctx, uint64_t step, double loss, double samples_per_s
   int64_t now = keel_now_ns();
   if (ctx->events == NULL || now - ctx->last_report_ns < REPORT_INTERVAL_NS) return;
   ctx->last_report_ns = now;
+  /* nan and inf (a diverged loss) are no JSON numbers: the launcher would drop the line. */
+  char loss_text[32] = "null", rate_text[64] = "null";
+  if (isfinite(loss)) snprintf(loss_text, sizeof loss_text, "%.6g", loss);
+  if (isfinite(samples_per_second))
+    snprintf(rate_text, sizeof rate_text, "%.1f", samples_per_second);
   char fields[256];
   keel_comm *world = keel_world(ctx);
   snprintf(fields, sizeof fields,
-           "\"world\":%d,\"step\":%" PRIu64 ",\"loss\":%.6g,\"samples_per_s\":%.1f",
-           world ? keel_comm_size(world) : 0, step, loss, samples_per_second);
+           "\"world\":%d,\"step\":%" PRIu64 ",\"loss\":%s,\"samples_per_s\":%s",
+           world ? keel_comm_size(world) : 0, step, loss_text, rate_text);
   keel__report_line(ctx, "progress", fields);
 }
 

@@ -28,7 +28,7 @@ typedef enum keel__policy_kind {
 typedef struct keel__config {
   bool standalone; /* no KEEL_STORE: a world of one */
   keel_auth auth;
-  char store_endpoint[256];
+  char store_endpoint[512];
   uint32_t uid;
   keel__role role;
   keel__policy_kind policy;

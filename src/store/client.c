@@ -1,6 +1,6 @@
 /* The store's public client API: checks arguments against the store's bounds once, for
  * every backend, then dispatches through the ops table of the backend the endpoint names
- * (only the embedded server today; etcd will be a second table). */
+ * (the embedded server, or etcd's gateway over http or https). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +11,8 @@ struct keel_store {
   void *backend;
 };
 
-static const keel__store_ops *const store_backends[] = {&keel__store_embedded_ops};
+static const keel__store_ops *const store_backends[] = {
+    &keel__store_embedded_ops, &keel__store_etcd_ops, &keel__store_etcd_tls_ops};
 
 /* A key must be a non-empty string of at most KEEL_STORE_MAX_KEY bytes; a prefix may be
  * empty. */
@@ -43,7 +44,9 @@ keel_status keel_store_connect(const char *endpoint, const keel_auth *auth, int6
   }
   if (ops == NULL) {
     if (strstr(endpoint, "://") != NULL) {
-      KEEL_LOG_E("store", "endpoint %s: unsupported scheme (use host:port or embedded://)",
+      KEEL_LOG_E("store",
+                 "endpoint %s: unsupported scheme (use host:port, embedded://, etcd:// or "
+                 "https://)",
                  endpoint);
       return KEEL_ENOTSUP;
     }

@@ -128,7 +128,7 @@ static json_t *range_object(const char *key, bool prefix) {
   } else {
     ok = member_set(object, "key", base64_string(key, strlen(key)));
     if (ok && prefix) {
-      uint8_t end[KEEL_STORE_MAX_KEY + 1];
+      uint8_t end[KEEL__ETCD_MAX_KEY + 1];
       size_t end_length = prefix_end(key, end);
       ok = member_set(object, "range_end", base64_string(end, end_length));
     }
@@ -160,7 +160,7 @@ static char *body_of(json_t *object) {
 static bool key_valid(const char *key, bool prefix) {
   if (key == NULL) return false;
   size_t length = strlen(key);
-  return length <= KEEL_STORE_MAX_KEY && (length > 0 || prefix);
+  return length <= KEEL__ETCD_MAX_KEY && (length > 0 || prefix);
 }
 
 char *keel__etcd_range_request(const char *key, bool prefix) {
@@ -224,6 +224,40 @@ char *keel__etcd_lease_id_request(int64_t lease) {
     return NULL;
   }
   return body_of(body);
+}
+
+/* A txn with no compare (so it succeeds) of one prefix range per prefix: several prefixes
+ * read at one revision in one request. */
+char *keel__etcd_ranges_request(const char *const *prefixes, size_t count) {
+  if (count == 0 || count > KEEL_STORE_MAX_PREFIXES) return NULL;
+  json_t *body = json_object(), *success = json_array();
+  bool ok = body != NULL && success != NULL;
+  for (size_t i = 0; ok && i < count; i++) {
+    json_t *operation = json_object();
+    ok = operation != NULL && key_valid(prefixes[i], true) &&
+         member_set(operation, "request_range", range_object(prefixes[i], true)) &&
+         json_array_append(success, operation) == 0;
+    json_decref(operation);
+  }
+  ok = ok && member_set(body, "success", json_incref(success));
+  json_decref(success);
+  if (ok) return body_of(body);
+  json_decref(body);
+  return NULL;
+}
+
+/* {"create_request": {"key", "range_end", "start_revision"}}: every change under prefix
+ * from start_revision on, the ones already made included. */
+char *keel__etcd_watch_request(const char *prefix, uint64_t start_revision) {
+  if (!key_valid(prefix, true) || start_revision == 0 || start_revision > INT64_MAX) return NULL;
+  json_t *body = json_object(), *create = range_object(prefix, true);
+  bool ok = body != NULL && create != NULL &&
+            member_set(create, "start_revision", int64_string((int64_t)start_revision)) &&
+            member_set(body, "create_request", json_incref(create));
+  json_decref(create);
+  if (ok) return body_of(body);
+  json_decref(body);
+  return NULL;
 }
 
 /* ---- replies */
@@ -348,7 +382,7 @@ static keel_status entry_read(const json_t *kv, keel_store_entry *entry) {
   keel_status status = bytes_field(kv, "key", &key, &key_length);
   if (status != KEEL_OK) return status;
   /* keel's keys are text: a NUL inside one, or none at all, is not a keel key. */
-  if (key_length == 0 || key_length > KEEL_STORE_MAX_KEY || memchr(key, 0, key_length) != NULL) {
+  if (key_length == 0 || key_length > KEEL__ETCD_MAX_KEY || memchr(key, 0, key_length) != NULL) {
     free(key);
     return KEEL_ECORRUPT;
   }
@@ -365,6 +399,44 @@ static keel_status entry_read(const json_t *kv, keel_store_entry *entry) {
   return status;
 }
 
+/* Appends the "kvs" of holder (absent: none) to *entries (of *count, grown as needed). */
+static keel_status kvs_append(const json_t *holder, keel_store_entry **entries, size_t *count) {
+  if (!json_is_object(holder)) return KEEL_ECORRUPT;
+  const json_t *kvs = json_object_get(holder, "kvs");
+  if (kvs == NULL) return KEEL_OK;
+  if (!json_is_array(kvs)) return KEEL_ECORRUPT;
+  size_t more = json_array_size(kvs);
+  if (more > KEEL_STORE_MAX_KEYS - *count) return KEEL_ERANGE;
+  if (more == 0) return KEEL_OK;
+  keel_store_entry *grown = realloc(*entries, (*count + more) * sizeof *grown);
+  if (grown == NULL) return KEEL_ENOMEM;
+  *entries = grown;
+  for (size_t i = 0; i < more; i++) {
+    memset(&grown[*count], 0, sizeof grown[*count]);
+    keel_status status = entry_read(json_array_get(kvs, i), &grown[*count]);
+    if (status != KEEL_OK) return status;
+    (*count)++;
+  }
+  return KEEL_OK;
+}
+
+/* Hands the entries read from a reply to the caller, or frees them on failure; an empty
+ * result is a one-entry allocation, never NULL, so that success always owns an array. */
+static keel_status entries_finish(keel_status status, keel_store_entry *entries, size_t count,
+                                  uint64_t revision, keel_store_entry **entries_p, size_t *count_p,
+                                  uint64_t *revision_p) {
+  if (status == KEEL_OK && entries == NULL && (entries = calloc(1, sizeof *entries)) == NULL)
+    status = KEEL_ENOMEM;
+  if (status != KEEL_OK) {
+    keel_store_entries_free(entries, count);
+    return status;
+  }
+  *entries_p = entries;
+  *count_p = count;
+  if (revision_p != NULL) *revision_p = revision;
+  return KEEL_OK;
+}
+
 keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_entry **entries_p,
                                    size_t *count_p, uint64_t *revision_p, char *message,
                                    size_t capacity) {
@@ -372,30 +444,35 @@ keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_e
   uint64_t revision = 0;
   keel_status status = reply_open_at_revision(body, length, &reply, &revision, message, capacity);
   if (status != KEEL_OK) return status;
-  const json_t *kvs = json_object_get(reply, "kvs");
-  size_t count = kvs == NULL ? 0 : json_array_size(kvs);
   keel_store_entry *entries = NULL;
-  if (kvs != NULL && !json_is_array(kvs)) {
+  size_t count = 0;
+  status = kvs_append(reply, &entries, &count);
+  json_decref(reply);
+  return entries_finish(status, entries, count, revision, entries_p, count_p, revision_p);
+}
+
+keel_status keel__etcd_ranges_reply(const char *body, size_t length, size_t range_count,
+                                    keel_store_entry **entries_p, size_t *count_p,
+                                    uint64_t *revision_p, char *message, size_t capacity) {
+  json_t *reply = NULL;
+  uint64_t revision = 0;
+  keel_status status = reply_open_at_revision(body, length, &reply, &revision, message, capacity);
+  if (status != KEEL_OK) return status;
+  const json_t *responses = json_object_get(reply, "responses");
+  bool succeeded = false;
+  if (!bool_field(reply, "succeeded", &succeeded) || !succeeded || !json_is_array(responses) ||
+      json_array_size(responses) != range_count)
     status = KEEL_ECORRUPT;
-  } else if (count > KEEL_STORE_MAX_KEYS) {
-    status = KEEL_ERANGE;
-  } else if ((entries = calloc(count > 0 ? count : 1, sizeof *entries)) == NULL) {
-    status = KEEL_ENOMEM;
-  }
-  size_t filled = 0;
-  while (status == KEEL_OK && filled < count) {
-    status = entry_read(json_array_get(kvs, filled), &entries[filled]);
-    if (status == KEEL_OK) filled++;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  for (size_t i = 0; status == KEEL_OK && i < range_count; i++) {
+    const json_t *response = json_array_get(responses, i);
+    status = json_is_object(response)
+                 ? kvs_append(json_object_get(response, "response_range"), &entries, &count)
+                 : KEEL_ECORRUPT;
   }
   json_decref(reply);
-  if (status != KEEL_OK) {
-    keel_store_entries_free(entries, filled);
-    return status;
-  }
-  *entries_p = entries;
-  *count_p = count;
-  if (revision_p != NULL) *revision_p = revision;
-  return KEEL_OK;
+  return entries_finish(status, entries, count, revision, entries_p, count_p, revision_p);
 }
 
 keel_status keel__etcd_txn_reply(const char *body, size_t length, bool *succeeded_p,
@@ -466,4 +543,29 @@ keel_status keel__etcd_keepalive_reply(const char *body, size_t length, int64_t 
   if (status != KEEL_OK) return status;
   *ttl_seconds_p = ttl;
   return KEEL_OK;
+}
+
+/* One message of a watch stream: {"result": {"header", "created", "events", "canceled",
+ * "compact_revision"}}. A compacted start is a cancel with compact_revision set. */
+keel_status keel__etcd_watch_reply(const char *body, size_t length,
+                                   keel__etcd_watch_message *message_p, char *message,
+                                   size_t capacity) {
+  json_t *reply = NULL;
+  keel_status status = reply_open(body, length, &reply, message, capacity);
+  if (status != KEEL_OK) return status;
+  const json_t *result = json_object_get(reply, "result");
+  const json_t *header = json_object_get(result, "header");
+  const json_t *events = json_object_get(result, "events");
+  keel__etcd_watch_message read = {0};
+  if (!json_is_object(result) || !json_is_object(header) ||
+      !revision_field(header, "revision", &read.revision) ||
+      !bool_field(result, "created", &read.created) ||
+      !bool_field(result, "canceled", &read.canceled) ||
+      !int64_field(result, "compact_revision", &read.compact_revision) ||
+      read.compact_revision < 0 || (events != NULL && !json_is_array(events)))
+    status = KEEL_ECORRUPT;
+  read.events = events == NULL ? 0 : json_array_size(events);
+  json_decref(reply);
+  if (status == KEEL_OK) *message_p = read;
+  return status;
 }

@@ -184,6 +184,9 @@ typedef struct keel__store_ops {
 } keel__store_ops;
 
 extern const keel__store_ops keel__store_embedded_ops;
+/* etcd_client.c: "etcd://h1:2379,h2:2379" over HTTP, "https://..." over TLS. */
+extern const keel__store_ops keel__store_etcd_ops;
+extern const keel__store_ops keel__store_etcd_tls_ops;
 
 /* ---- etcd's v3 JSON gateway (etcd_codec.c): request bodies and reply readers. Requests
  * return a NUL-terminated body the caller frees, or NULL for an invalid argument (a key
@@ -192,6 +195,10 @@ extern const keel__store_ops keel__store_embedded_ops;
  * KEEL_EAGAIN, ...; its text into message when given), anything that is not the expected
  * shape KEEL_ECORRUPT; nothing is written on failure. Fields left out read as their
  * defaults (0, false, empty); int64 fields are decimal strings (or integers). */
+/* The etcd backend keeps a job's keys under a namespace of at most this many bytes, so the
+ * keys the codec reads and writes are that much longer than keel's own. */
+#define KEEL__ETCD_MAX_NAMESPACE 64
+#define KEEL__ETCD_MAX_KEY (KEEL_STORE_MAX_KEY + KEEL__ETCD_MAX_NAMESPACE)
 size_t keel__base64_encoded_bytes(size_t length);
 /* text must hold keel__base64_encoded_bytes(length) + 1 bytes. */
 void keel__base64_encode(const uint8_t *data, size_t length, char *text);
@@ -205,12 +212,21 @@ char *keel__etcd_delete_request(const char *key, bool prefix);
 /* A txn: put if the key's mod_revision is expected_revision (0: if it is absent). */
 char *keel__etcd_cas_request(const char *key, uint64_t expected_revision, const void *value,
                              size_t length, int64_t lease);
+/* A txn of one prefix range per prefix (1 to KEEL_STORE_MAX_PREFIXES; "" is every key). */
+char *keel__etcd_ranges_request(const char *const *prefixes, size_t count);
+/* A watch of every key under prefix from start_revision (>= 1) on. */
+char *keel__etcd_watch_request(const char *prefix, uint64_t start_revision);
 char *keel__etcd_lease_grant_request(int64_t ttl_seconds);
 /* The body of /v3/lease/keepalive and /v3/lease/revoke. */
 char *keel__etcd_lease_id_request(int64_t lease);
 keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_entry **entries_p,
                                    size_t *count_p, uint64_t *revision_p, char *message,
                                    size_t capacity);
+/* The reply to keel__etcd_ranges_request of range_count prefixes: every range's entries
+ * in order, at the txn's revision. */
+keel_status keel__etcd_ranges_reply(const char *body, size_t length, size_t range_count,
+                                    keel_store_entry **entries_p, size_t *count_p,
+                                    uint64_t *revision_p, char *message, size_t capacity);
 /* A txn's reply: a failed one has no "succeeded". */
 keel_status keel__etcd_txn_reply(const char *body, size_t length, bool *succeeded_p,
                                  uint64_t *revision_p, char *message, size_t capacity);
@@ -223,5 +239,16 @@ keel_status keel__etcd_lease_grant_reply(const char *body, size_t length, int64_
  * (KEEL_ENOTFOUND). */
 keel_status keel__etcd_keepalive_reply(const char *body, size_t length, int64_t *ttl_seconds_p,
                                        char *message, size_t capacity);
+/* One message of a watch stream, as far as a wait needs it. */
+typedef struct keel__etcd_watch_message {
+  uint64_t revision; /* the header's: the store's revision when the message was sent */
+  bool created;      /* the answer to the create_request */
+  bool canceled;     /* the watch ended (compacted start, or the server's reason) */
+  int64_t compact_revision;
+  size_t events;
+} keel__etcd_watch_message;
+keel_status keel__etcd_watch_reply(const char *body, size_t length,
+                                   keel__etcd_watch_message *message_p, char *message,
+                                   size_t capacity);
 
 #endif

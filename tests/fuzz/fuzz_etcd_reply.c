@@ -18,13 +18,16 @@ static bool refusal_known(keel_status status) {
          status == KEEL_EAUTH || status == KEEL_EIO;
 }
 
-static void range_once(const char *body, size_t size) {
+/* ranges: 0 reads the reply as one range's, 1 or more as a txn of that many ranges. */
+static void range_once(const char *body, size_t size, size_t ranges) {
   keel_store_entry *entries = (keel_store_entry *)&entries;
   size_t count = 12345;
   uint64_t revision = 12345;
   char message[64];
-  keel_status status =
-      keel__etcd_range_reply(body, size, &entries, &count, &revision, message, sizeof message);
+  keel_status status = ranges == 0 ? keel__etcd_range_reply(body, size, &entries, &count, &revision,
+                                                            message, sizeof message)
+                                   : keel__etcd_ranges_reply(body, size, ranges, &entries, &count,
+                                                             &revision, message, sizeof message);
   if (status != KEEL_OK) {
     if (!refusal_known(status)) abort();
     if (entries != (keel_store_entry *)&entries || count != 12345 || revision != 12345) abort();
@@ -34,7 +37,7 @@ static void range_once(const char *body, size_t size) {
   if (count > KEEL_STORE_MAX_KEYS) abort();
   for (size_t i = 0; i < count; i++) {
     size_t key_length = strlen(entries[i].key);
-    if (key_length == 0 || key_length > KEEL_STORE_MAX_KEY) abort();
+    if (key_length == 0 || key_length > KEEL__ETCD_MAX_KEY) abort();
     if (entries[i].value_length > KEEL_STORE_MAX_VALUE) abort();
     if (entries[i].value[entries[i].value_length] != 0) abort();
   }
@@ -45,18 +48,21 @@ static void others_once(const char *body, size_t size) {
   bool succeeded = false;
   uint64_t revision = 0;
   int64_t number = 0, ttl = 0;
+  keel__etcd_watch_message watch;
   keel_status statuses[] = {
       keel__etcd_txn_reply(body, size, &succeeded, &revision, NULL, 0),
       keel__etcd_write_reply(body, size, &number, &revision, NULL, 0),
       keel__etcd_lease_grant_reply(body, size, &number, &ttl, NULL, 0),
       keel__etcd_keepalive_reply(body, size, &ttl, NULL, 0),
+      keel__etcd_watch_reply(body, size, &watch, NULL, 0),
   };
   for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
     if (statuses[i] != KEEL_OK && !refusal_known(statuses[i])) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  range_once((const char *)data, size);
+  range_once((const char *)data, size, 0);
+  range_once((const char *)data, size, 2);
   others_once((const char *)data, size);
   return 0;
 }
@@ -72,6 +78,14 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
       "{\"result\":{\"header\":{\"revision\":\"3\"},\"ID\":\"75\",\"TTL\":\"5\"}}",
       "{\"error\":\"etcdserver: requested lease not found\",\"code\":5,\"message\":\"x\"}",
       "{\"error\":{\"grpc_code\":14,\"http_code\":503,\"message\":\"no leader\"}}",
+      "{\"header\":{\"revision\":\"9\"},\"succeeded\":true,\"responses\":[{\"response_range\":"
+      "{\"header\":{\"revision\":\"9\"},\"kvs\":[{\"key\":\"YS8x\",\"mod_revision\":\"4\"}]}},"
+      "{\"response_range\":{\"header\":{\"revision\":\"9\"}}}]}",
+      "{\"result\":{\"header\":{\"revision\":\"9\"},\"created\":true}}",
+      "{\"result\":{\"header\":{\"revision\":\"11\"},\"events\":[{\"type\":\"DELETE\","
+      "\"kv\":{\"key\":\"YS8x\",\"mod_revision\":\"11\"}}]}}",
+      "{\"result\":{\"header\":{\"revision\":\"11\"},\"canceled\":true,"
+      "\"compact_revision\":\"5\"}}",
   };
   if (index < 0 || (size_t)index >= sizeof seeds / sizeof seeds[0]) return 0;
   size_t length = strlen(seeds[index]);

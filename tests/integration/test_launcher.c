@@ -164,6 +164,7 @@ static void test_all_exit_zero(void **state) {
   assert_int_equal(keel_test_events_count(&log, "exit"), 3);
   assert_int_equal(keel_test_events_count(&log, "job_end"), 1);
   assert_int_equal(keel_test_events_count(&log, "too_long"), 0);
+  assert_int_equal(keel_test_events_count(&log, "broken"), 0);
   assert_true(keel_test_events_count(&log, "progress") >= 1);
   assert_int_equal(keel_test_event_long(last_line(&log), "code"), 0);
   for (long uid = 0; uid < 3; uid++)

@@ -391,33 +391,6 @@ static void test_directory_make(void **state) {
   assert_int_equal(keel_directory_make(NULL, 0700), KEEL_EINVAL);
 }
 
-/* The one-line JSON reader: top-level members only, where a key can stand; numbers that
- * end with their member; strings read in place; anything broken gives nothing. */
-static void test_json_members(void **state) {
-  (void)state;
-  const char *line = "{\"event\":\"fault\",\"note\":\"\\\"step\\\":9\",\"inner\":{\"step\":8},"
-                     "\"list\":[1,2],\"step\":7,\"ms\":1.5,\"bad\":12abc}";
-  int64_t number = 0;
-  double real = 0;
-  char text[8];
-  assert_true(keel_json_int(line, "step", &number));
-  assert_int_equal(number, 7); /* not the one inside a string, nor the nested one */
-  assert_true(keel_json_double(line, "ms", &real));
-  assert_true(real == 1.5);
-  assert_false(keel_json_int(line, "bad", &number));
-  assert_false(keel_json_int(line, "missing", &number));
-  assert_true(keel_json_string_is(line, "event", "fault"));
-  assert_false(keel_json_string_is(line, "event", "fau"));
-  assert_true(keel_json_string(line, "event", text, sizeof text));
-  assert_string_equal(text, "fault");
-  assert_true(keel_json_string(line, "event", text, 4));
-  assert_string_equal(text, "fau"); /* truncated to fit */
-  assert_non_null(keel_json_member(line, "list"));
-  assert_int_equal(*keel_json_member(line, "list"), '[');
-  assert_null(keel_json_member("not an object", "step"));
-  assert_null(keel_json_member("{\"step\":\"unterminated", "other"));
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crc32c_check_value),
@@ -434,7 +407,6 @@ int main(void) {
       cmocka_unit_test(test_status_names),
       cmocka_unit_test(test_clock),
       cmocka_unit_test(test_directory_make),
-      cmocka_unit_test(test_json_members),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

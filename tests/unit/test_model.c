@@ -435,6 +435,7 @@ static const char events_text[] =
     "{\"event\":\"recovery\",\"new_epoch\":6,\"detect_ms\":1,\"revoke_ms\":0,\"agree_ms\":0,"
     "\"rebuild_ms\":0,\"state_transfer_ms\":0,\"redo_ms\":12abc}\n"
     "{\"event\":\"progress\",\"uid\":0,\"epoch\":1,\"step\":9,\"t_ns\":\n"
+    "{\"event\":\"progress\",\"uid\":0,\"epoch\":1,\"step\":7.0,\"t_ns\":12000000000}\n"
     "{\"nested\":{\"event\":\"recovery\",\"detect_ms\":1}}\n"
     "{\"event\":7}\n"
     "{\"event\":\"recovery\",\"detect_ms\":1,\"revoke_ms\":0,\"agree_ms\":0,\"rebuild_ms\":0,"
@@ -448,8 +449,8 @@ static void test_measured_events(void **state) {
   const char *path = write_file("events.jsonl", events_text);
   keel_model_measured measured;
   assert_int_equal(keel_model_measure_file(path, &measured), KEEL_OK);
-  assert_int_equal(measured.lines, 28);
-  assert_int_equal(measured.skipped_lines, 9);
+  assert_int_equal(measured.lines, 29);
+  assert_int_equal(measured.skipped_lines, 10);
   assert_int_equal(measured.recoveries, 2);
   assert_int_equal(measured.state_recoveries, 1);
   check_near(measured.checkpoint_cost_s, 0.040, 1e-12, "o = slowest epoch-1 transfer");

@@ -104,7 +104,7 @@ static void test_range_request_scopes_a_prefix(void **unused) {
   json_decref(all);
   /* A key must be named and fit. */
   assert_null(keel__etcd_range_request("", false));
-  char long_key[KEEL_STORE_MAX_KEY + 2];
+  char long_key[KEEL__ETCD_MAX_KEY + 2];
   memset(long_key, 'k', sizeof long_key - 1);
   long_key[sizeof long_key - 1] = '\0';
   assert_null(keel__etcd_range_request(long_key, false));

@@ -41,6 +41,8 @@ typedef struct keel__run_options {
   int64_t heartbeat_ns;
   int64_t restart_grace_ns; /* a restart round waits collective_timeout_ns plus this */
   const char *events_path;  /* NULL: no events file */
+  const char *rdzv_endpoint; /* etcd://... or https://...; NULL: the embedded store */
+  const char *rdzv_tls[3];   /* --rdzv-ca, --rdzv-cert, --rdzv-key; NULL where not given */
   bool quiet;
   char **program_argv; /* NULL-terminated; points into the command's argv */
 } keel__run_options;
@@ -157,7 +159,7 @@ typedef struct keel__launcher {
   keel_auth auth;
   keel_store_server *server;
   keel_store *store; /* the loop's own client */
-  char endpoint[128];
+  char endpoint[512];
   sigset_t old_mask;
   int signal_fd;
   int status_read_fd;

@@ -4,6 +4,7 @@
  * the whole job (user-level JIT) as libkeel's model puts it together. A line that is not one
  * whole JSON object (garbage, a file cut mid-line) is skipped and counted, never trusted. */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,8 @@ typedef struct report_resumed {
   bool in_process;
 } report_resumed;
 
-/* A line may hold anything a number parses to; nan and inf would not be JSON in --json. */
+/* A phase missing from its line is negative, one the model could not measure NaN: either
+ * is shown as unknown, never as a figure (nan would not be JSON in --json). */
 static bool phase_known(double ms) { return isfinite(ms) && ms >= 0; }
 
 typedef struct report_fault {
@@ -110,48 +112,48 @@ typedef struct report_data {
 } report_data;
 
 /* ---- reading events */
-static int64_t member_int(const char *line, const char *key, int64_t fallback) {
+static int64_t member_int(const json_t *event, const char *key, int64_t fallback) {
   int64_t value;
-  return keel__json_int(line, key, &value) ? value : fallback;
+  return keel__json_int(event, key, &value) ? value : fallback;
 }
 
-static void job_start_read(report_data *data, const char *line, int64_t t_ns) {
+static void job_start_read(report_data *data, const json_t *event, int64_t t_ns) {
   report_job *job = &data->job;
   job->started = true;
   job->start_t_ns = t_ns;
-  job->start_wall_ns = member_int(line, "wall_ns", 0);
-  keel__json_string(line, "job_id", job->job_id, sizeof job->job_id);
-  keel__json_string(line, "program", job->program, sizeof job->program);
-  keel__json_string(line, "on_failure", job->policy, sizeof job->policy);
-  job->world = member_int(line, "world", 0);
-  job->spares = member_int(line, "spares", 0);
-  job->max_world = member_int(line, "max_world", job->world);
+  job->start_wall_ns = member_int(event, "wall_ns", 0);
+  keel__json_string(event, "job_id", job->job_id, sizeof job->job_id);
+  keel__json_string(event, "program", job->program, sizeof job->program);
+  keel__json_string(event, "on_failure", job->policy, sizeof job->policy);
+  job->world = member_int(event, "world", 0);
+  job->spares = member_int(event, "spares", 0);
+  job->max_world = member_int(event, "max_world", job->world);
   data->origin_t_ns = t_ns;
   data->have_origin = true;
 }
 
-static void job_end_read(report_data *data, const char *line) {
+static void job_end_read(report_data *data, const json_t *event) {
   data->job.ended = true;
-  data->job.code = member_int(line, "code", -1);
-  keel_json_double(line, "seconds", &data->job.seconds);
+  data->job.code = member_int(event, "code", -1);
+  keel__json_double(event, "seconds", &data->job.seconds);
 }
 
-static report_failure *failure_add(report_data *data, const char *line, int64_t t_ns) {
+static report_failure *failure_add(report_data *data, const json_t *event, int64_t t_ns) {
   if (data->failure_count == MAX_RECORDS) {
     data->not_kept++;
     return NULL;
   }
   report_failure *failure = &data->failures[data->failure_count++];
   *failure = (report_failure){.t_ns = t_ns, .rank = -1};
-  failure->uid = member_int(line, "uid", -1);
-  failure->pid = member_int(line, "pid", -1);
-  keel__json_string(line, "role", failure->role, sizeof failure->role);
+  failure->uid = member_int(event, "uid", -1);
+  failure->pid = member_int(event, "pid", -1);
+  keel__json_string(event, "role", failure->role, sizeof failure->role);
   return failure;
 }
 
-static void fence_read(report_data *data, const char *line, int64_t t_ns) {
-  report_failure *failure = failure_add(data, line, t_ns);
-  if (failure != NULL) keel__json_string(line, "reason", failure->reason, sizeof failure->reason);
+static void fence_read(report_data *data, const json_t *event, int64_t t_ns) {
+  report_failure *failure = failure_add(data, event, t_ns);
+  if (failure != NULL) keel__json_string(event, "reason", failure->reason, sizeof failure->reason);
 }
 
 /* A fenced process's exit completes its fence's record rather than making a second one. */
@@ -164,17 +166,16 @@ static report_failure *fence_of(report_data *data, int64_t uid) {
   return NULL;
 }
 
-static void exit_read(report_data *data, const char *line, int64_t t_ns) {
-  int64_t uid = member_int(line, "uid", -1), rank = member_int(line, "rank", -1);
+static void exit_read(report_data *data, const json_t *event, int64_t t_ns) {
+  int64_t uid = member_int(event, "uid", -1), rank = member_int(event, "rank", -1);
   if (data->exit_count < MAX_EXITS)
     data->exits[data->exit_count++] = (report_exit){.t_ns = t_ns, .uid = uid};
   else
     data->not_kept++;
   char outcome[32] = "";
-  if (!keel__json_string(line, "signal", outcome, sizeof outcome))
-    snprintf(outcome, sizeof outcome, "%lld", (long long)member_int(line, "code", 0));
-  const char *fenced_value = keel_json_member(line, "fenced");
-  bool fenced = fenced_value != NULL && strncmp(fenced_value, "true", 4) == 0;
+  if (!keel__json_string(event, "signal", outcome, sizeof outcome))
+    snprintf(outcome, sizeof outcome, "%lld", (long long)member_int(event, "code", 0));
+  bool fenced = json_is_true(json_object_get(event, "fenced"));
   if (strcmp(outcome, "0") == 0 && !fenced) return;
   /* A spare or joiner that never held a rank and ends badly was idle: most are the ones
    * the launcher stops at the end of the job. */
@@ -183,100 +184,105 @@ static void exit_read(report_data *data, const char *line, int64_t t_ns) {
     return;
   }
   report_failure *failure = fenced ? fence_of(data, uid) : NULL;
-  if (failure == NULL) failure = failure_add(data, line, t_ns);
+  if (failure == NULL) failure = failure_add(data, event, t_ns);
   if (failure == NULL) return;
   failure->rank = rank;
   if (failure->role[0] == '\0')
-    keel__json_string(line, "role", failure->role, sizeof failure->role);
+    keel__json_string(event, "role", failure->role, sizeof failure->role);
   snprintf(failure->outcome, sizeof failure->outcome, "%s", outcome);
 }
 
-static void recovery_read(report_data *data, const char *line, int64_t t_ns) {
+static void recovery_read(report_data *data, const json_t *event, int64_t t_ns) {
   if (data->recovery_count == MAX_RECORDS) {
     data->not_kept++;
     return;
   }
   report_recovery *recovery = &data->recoveries[data->recovery_count++];
   *recovery = (report_recovery){.t_ns = t_ns};
-  recovery->old_epoch = member_int(line, "old_epoch", -1);
-  recovery->new_epoch = member_int(line, "new_epoch", -1);
-  recovery->old_world = member_int(line, "old_world", -1);
-  recovery->new_world = member_int(line, "new_world", -1);
-  recovery->replaced = member_int(line, "replaced", 0);
-  keel__json_string(line, "policy", recovery->policy, sizeof recovery->policy);
-  recovery->failed_count =
-      keel__json_int_array(line, "failed", recovery->failed, MAX_FAILED_UIDS, NULL);
+  recovery->old_epoch = member_int(event, "old_epoch", -1);
+  recovery->new_epoch = member_int(event, "new_epoch", -1);
+  recovery->old_world = member_int(event, "old_world", -1);
+  recovery->new_world = member_int(event, "new_world", -1);
+  recovery->replaced = member_int(event, "replaced", 0);
+  keel__json_string(event, "policy", recovery->policy, sizeof recovery->policy);
+  recovery->failed_count = keel__json_int_array(event, "failed", recovery->failed, MAX_FAILED_UIDS);
   for (size_t i = 0; i < PHASE_COUNT; i++) {
     recovery->phase_ms[i] = -1;
-    keel_json_double(line, phase_keys[i], &recovery->phase_ms[i]);
+    keel__json_double(event, phase_keys[i], &recovery->phase_ms[i]);
   }
-  recovery->redo_minibatches = member_int(line, "redo_minibatches", -1);
+  recovery->redo_minibatches = member_int(event, "redo_minibatches", -1);
 }
 
-static void resumed_read(report_data *data, const char *line, int64_t t_ns) {
+static void resumed_read(report_data *data, const json_t *event, int64_t t_ns) {
   if (data->resumed_count == MAX_RECORDS) {
     data->not_kept++;
     return;
   }
   char kind[16] = "";
-  keel__json_string(line, "kind", kind, sizeof kind);
+  keel__json_string(event, "kind", kind, sizeof kind);
   data->resumed[data->resumed_count++] =
       (report_resumed){.t_ns = t_ns,
-                       .epoch = member_int(line, "epoch", -1),
+                       .epoch = member_int(event, "epoch", -1),
                        .in_process = strcmp(kind, "in-process") == 0};
 }
 
-static void fault_read(report_data *data, const char *line, int64_t t_ns) {
+static void fault_read(report_data *data, const json_t *event, int64_t t_ns) {
   if (data->fault_count == MAX_RECORDS) {
     data->not_kept++;
     return;
   }
   report_fault *fault = &data->faults[data->fault_count++];
   *fault = (report_fault){.t_ns = t_ns};
-  fault->uid = member_int(line, "uid", -1);
-  fault->step = member_int(line, "step", -1);
-  keel__json_string(line, "action", fault->action, sizeof fault->action);
-  keel__json_string(line, "point", fault->point, sizeof fault->point);
+  fault->uid = member_int(event, "uid", -1);
+  fault->step = member_int(event, "step", -1);
+  keel__json_string(event, "action", fault->action, sizeof fault->action);
+  keel__json_string(event, "point", fault->point, sizeof fault->point);
 }
 
-static void spawn_read(report_data *data, const char *line) {
+static void spawn_read(report_data *data, const json_t *event) {
   char role[16] = "";
-  keel__json_string(line, "role", role, sizeof role);
+  keel__json_string(event, "role", role, sizeof role);
   if (strcmp(role, "worker") == 0) data->spawned_workers++;
   if (strcmp(role, "spare") == 0) data->spawned_spares++;
   if (strcmp(role, "joiner") == 0) data->spawned_joiners++;
 }
 
-static void join_request_read(report_data *data, const char *line) {
-  const char *accepted = keel_json_member(line, "accepted");
-  if (accepted != NULL && strncmp(accepted, "true", 4) == 0)
+static void join_request_read(report_data *data, const json_t *event) {
+  if (json_is_true(json_object_get(event, "accepted")))
     data->joins_accepted++;
   else
     data->joins_refused++;
 }
 
-/* One events line, newline removed. */
-static void line_read(report_data *data, const char *line) {
-  char event[32];
+/* One event of the file; false when it lacks an "event" name or a "t_ns" time. */
+static bool event_read(report_data *data, const json_t *event) {
+  char name[32];
   int64_t t_ns;
-  if (!keel__json_object_valid(line) || !keel__json_string(line, "event", event, sizeof event) ||
-      !keel__json_int(line, "t_ns", &t_ns)) {
-    data->skipped++;
-    return;
-  }
+  if (!keel__json_string(event, "event", name, sizeof name) ||
+      !keel__json_int(event, "t_ns", &t_ns))
+    return false;
   if (!data->have_origin) {
     data->origin_t_ns = t_ns;
     data->have_origin = true;
   }
-  if (strcmp(event, "job_start") == 0) job_start_read(data, line, t_ns);
-  if (strcmp(event, "job_end") == 0) job_end_read(data, line);
-  if (strcmp(event, "fence") == 0) fence_read(data, line, t_ns);
-  if (strcmp(event, "exit") == 0) exit_read(data, line, t_ns);
-  if (strcmp(event, "recovery") == 0) recovery_read(data, line, t_ns);
-  if (strcmp(event, "fault") == 0) fault_read(data, line, t_ns);
-  if (strcmp(event, "spawn") == 0) spawn_read(data, line);
-  if (strcmp(event, "join_request") == 0) join_request_read(data, line);
-  if (strcmp(event, "resumed") == 0) resumed_read(data, line, t_ns);
+  if (strcmp(name, "job_start") == 0) job_start_read(data, event, t_ns);
+  if (strcmp(name, "job_end") == 0) job_end_read(data, event);
+  if (strcmp(name, "fence") == 0) fence_read(data, event, t_ns);
+  if (strcmp(name, "exit") == 0) exit_read(data, event, t_ns);
+  if (strcmp(name, "recovery") == 0) recovery_read(data, event, t_ns);
+  if (strcmp(name, "fault") == 0) fault_read(data, event, t_ns);
+  if (strcmp(name, "spawn") == 0) spawn_read(data, event);
+  if (strcmp(name, "join_request") == 0) join_request_read(data, event);
+  if (strcmp(name, "resumed") == 0) resumed_read(data, event, t_ns);
+  return true;
+}
+
+/* One events line (length bytes, newline removed): skipped unless it is one whole JSON
+ * object with an event name and a time. */
+static void line_read(report_data *data, const char *line, size_t length) {
+  json_t *event = keel__json_object_parse(line, length);
+  if (event == NULL || !event_read(data, event)) data->skipped++;
+  json_decref(event);
 }
 
 /* Reads the next line into line (NUL-terminated, newline removed). *bad_p: it was too
@@ -306,7 +312,7 @@ static bool events_read(FILE *file, report_data *data) {
     if (bad)
       data->skipped++;
     else if (length > 0)
-      line_read(data, data->line);
+      line_read(data, data->line, length);
   }
   return !ferror(file);
 }

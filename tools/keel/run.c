@@ -459,13 +459,22 @@ static keel_status store_open(keel__launcher *launcher) {
     return status;
   }
   launcher->auth.local_id = KEEL__LAUNCHER_ID;
-  status = keel_store_server_start("127.0.0.1:0", &launcher->auth, &launcher->server);
-  if (status != KEEL_OK) {
-    KEEL_LOG_E("launcher", "cannot start the store: %s", keel_strerror(status));
-    return status;
+  const keel__run_options *options = &launcher->options;
+  if (options->rdzv_endpoint != NULL) {
+    /* An outside store (etcd): the workers inherit its address and TLS files. */
+    static const char *const tls_names[] = {"KEEL_RDZV_CA", "KEEL_RDZV_CERT", "KEEL_RDZV_KEY"};
+    for (int i = 0; i < 3; i++)
+      if (options->rdzv_tls[i] != NULL) setenv(tls_names[i], options->rdzv_tls[i], 1);
+    snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s", options->rdzv_endpoint);
+  } else {
+    status = keel_store_server_start("127.0.0.1:0", &launcher->auth, &launcher->server);
+    if (status != KEEL_OK) {
+      KEEL_LOG_E("launcher", "cannot start the store: %s", keel_strerror(status));
+      return status;
+    }
+    snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s",
+             keel_store_server_address(launcher->server));
   }
-  snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s",
-           keel_store_server_address(launcher->server));
   status = keel_store_connect(launcher->endpoint, &launcher->auth,
                               keel_deadline_after_ns(CONNECT_DEADLINE_NS), &launcher->store);
   if (status != KEEL_OK) {

@@ -48,6 +48,9 @@ static const char run_help_text[] =
     "  --heartbeat DURATION      lease time-to-live; a process silent this long is fenced\n"
     "                            (default 2s)\n"
     "  --events FILE             write every event, as JSON lines, to FILE\n"
+    "  --rdzv-endpoint E         the job's store: etcd://host:port[,host:port...] (or\n"
+    "                            https://... for TLS) instead of the embedded one\n"
+    "  --rdzv-ca / --rdzv-cert / --rdzv-key FILE  TLS files for an https:// store\n"
     "  --quiet                   no status line on the terminal\n"
     "  -h, --help                this text\n"
     "\n"
@@ -75,6 +78,10 @@ typedef enum flag_id {
   FLAG_COLLECTIVE_TIMEOUT,
   FLAG_HEARTBEAT,
   FLAG_EVENTS,
+  FLAG_RDZV_ENDPOINT,
+  FLAG_RDZV_CA,
+  FLAG_RDZV_CERT,
+  FLAG_RDZV_KEY,
   FLAG_QUIET,
   FLAG_HELP,
   FLAG_COUNT,
@@ -105,6 +112,10 @@ static const flag_spec flag_table[] = {
     {"--collective-timeout", FLAG_COLLECTIVE_TIMEOUT, true},
     {"--heartbeat", FLAG_HEARTBEAT, true},
     {"--events", FLAG_EVENTS, true},
+    {"--rdzv-endpoint", FLAG_RDZV_ENDPOINT, true},
+    {"--rdzv-ca", FLAG_RDZV_CA, true},
+    {"--rdzv-cert", FLAG_RDZV_CERT, true},
+    {"--rdzv-key", FLAG_RDZV_KEY, true},
     {"--quiet", FLAG_QUIET, false},
     {"-q", FLAG_QUIET, false},
     {"--help", FLAG_HELP, false},
@@ -242,6 +253,18 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
     case FLAG_EVENTS:
       if (*value == '\0') return reject("--events needs a file name");
       options->events_path = value;
+      return true;
+    case FLAG_RDZV_ENDPOINT:
+      if (strncmp(value, "etcd://", 7) != 0 && strncmp(value, "https://", 8) != 0)
+        return reject("--rdzv-endpoint wants etcd://host:port[,host:port...] or https://...");
+      if (strlen(value) >= 500) return reject("--rdzv-endpoint is longer than 500 characters");
+      options->rdzv_endpoint = value;
+      return true;
+    case FLAG_RDZV_CA:
+    case FLAG_RDZV_CERT:
+    case FLAG_RDZV_KEY:
+      if (*value == '\0') return reject("%s needs a file name", flag->name);
+      options->rdzv_tls[flag->id - FLAG_RDZV_CA] = value;
       return true;
     case FLAG_QUIET:
       options->quiet = true;

@@ -1,8 +1,9 @@
 /* What the launcher tells people: the events file (its own events and every status line of
  * the workers, as JSON lines with monotonic and wall time) and the one-line status on the
- * terminal. Status lines are read with the tiny bounded scanner of json_scan.c, not a JSON
- * parser: only a few fields matter, and a garbage line must be dropped, never trusted. */
+ * terminal. Status lines are parsed with jansson (json_scan.c): a line that is not one JSON
+ * object with an event is dropped, never trusted nor copied. */
 #include <errno.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,23 +45,26 @@ void keel__event_emit(keel__launcher *launcher, const char *event, const char *f
 }
 
 /* ---- status lines */
-/* A line is kept only if it looks like one flat JSON object with an "event". */
-static bool status_line_valid(const char *line, size_t length) {
-  if (length < 2 || line[0] != '{' || line[length - 1] != '}') return false;
-  for (size_t i = 0; i < length; i++) {
-    if ((unsigned char)line[i] < 0x20) return false;
-  }
-  char event[64];
-  return keel__json_string(line, "event", event, sizeof event) && event[0] != '\0';
+/* The object of a worker's line, or NULL when the line is to be dropped: not one JSON
+ * object, or no "event" name. It must end with its closing brace, since the copy adds its
+ * members in front of it. The caller json_decref()s it. */
+static json_t *status_line_parse(const char *line, size_t length) {
+  if (length < 2 || line[length - 1] != '}') return NULL;
+  json_t *object = keel__json_object_parse(line, length);
+  const char *event = json_string_value(json_object_get(object, "event"));
+  if (event != NULL && event[0] != '\0') return object;
+  json_decref(object);
+  return NULL;
 }
 
 /* Copies a worker's line with the wall time added (and the time of arrival as t_ns if the
  * worker gave none), so that every line of the events file can be placed in time. */
-static void status_line_copy(keel__launcher *launcher, const char *line, size_t length) {
+static void status_line_copy(keel__launcher *launcher, const char *line, size_t length,
+                             const json_t *object) {
   keel_buffer copy;
   keel_buffer_init(&copy, EVENT_MAX_BYTES);
   keel_status status = keel_buffer_append(&copy, line, length - 1);
-  if (status == KEEL_OK && keel_json_member(line, "t_ns") == NULL)
+  if (status == KEEL_OK && json_object_get(object, "t_ns") == NULL)
     status = keel_buffer_appendf(&copy, ",\"t_ns\":%lld", (long long)keel_now_ns());
   if (status == KEEL_OK)
     status = keel_buffer_appendf(&copy, ",\"wall_ns\":%lld}\n", (long long)keel_wall_ns());
@@ -68,29 +72,29 @@ static void status_line_copy(keel__launcher *launcher, const char *line, size_t 
   keel_buffer_free(&copy);
 }
 
-static void status_progress(keel__launcher *launcher, const char *line) {
+static void status_progress(keel__launcher *launcher, const json_t *object) {
   int64_t rank;
-  if (!keel__json_int(line, "rank", &rank) || rank != 0) return;
+  if (!keel__json_int(object, "rank", &rank) || rank != 0) return;
   keel__display *display = &launcher->display;
   display->has_progress = true;
-  keel__json_int(line, "step", &display->step);
-  keel__json_int(line, "world", &display->world);
-  keel__json_int(line, "epoch", &display->epoch);
-  keel_json_double(line, "loss", &display->loss);
-  keel_json_double(line, "samples_per_s", &display->samples_per_s);
+  keel__json_int(object, "step", &display->step);
+  keel__json_int(object, "world", &display->world);
+  keel__json_int(object, "epoch", &display->epoch);
+  keel__json_double(object, "loss", &display->loss);
+  keel__json_double(object, "samples_per_s", &display->samples_per_s);
   display->dirty = true;
 }
 
 /* Rank 0 writes the recovery line; "failed" lists uids, which the table maps to the rank
  * each held. An empty list is a grow: joiners were admitted and nothing failed. */
-static void status_recovery(keel__launcher *launcher, const char *line) {
+static void status_recovery(keel__launcher *launcher, const json_t *object) {
   int64_t failed = -1, new_world = 0;
   double total_ms = 0;
   char policy[16] = "";
-  keel__json_int(line, "failed", &failed);
-  keel__json_int(line, "new_world", &new_world);
-  keel_json_double(line, "total_ms", &total_ms);
-  keel__json_string(line, "policy", policy, sizeof policy);
+  keel__json_int_array(object, "failed", &failed, 1);
+  keel__json_int(object, "new_world", &new_world);
+  keel__json_double(object, "total_ms", &total_ms);
+  keel__json_string(object, "policy", policy, sizeof policy);
   if (failed < 0) {
     keel__display_note(launcher, "grew: world %lld in %.0f ms", (long long)new_world, total_ms);
     return;
@@ -108,18 +112,19 @@ static void status_recovery(keel__launcher *launcher, const char *line) {
 
 static void status_line_handle(keel__launcher *launcher, char *line, size_t length) {
   if (length > 0 && line[length - 1] == '\r') line[--length] = '\0';
-  if (!status_line_valid(line, length)) {
+  json_t *object = status_line_parse(line, length);
+  if (object == NULL) {
     KEEL_LOG_D("launcher", "ignoring a malformed status line (%zu bytes)", length);
     return;
   }
-  status_line_copy(launcher, line, length);
-  char event[64];
-  keel__json_string(line, "event", event, sizeof event);
-  if (strcmp(event, "progress") == 0) status_progress(launcher, line);
+  status_line_copy(launcher, line, length, object);
+  const char *event = json_string_value(json_object_get(object, "event"));
+  if (strcmp(event, "progress") == 0) status_progress(launcher, object);
   if (strcmp(event, "recovery") == 0) {
-    status_recovery(launcher, line);
+    status_recovery(launcher, object);
     keel__launcher_store_census(launcher, "recovery");
   }
+  json_decref(object);
 }
 
 /* Handles the complete lines at the front of the buffer and keeps the partial rest. */

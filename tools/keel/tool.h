@@ -1,6 +1,6 @@
 /* Private interface between the files of the `keel` command: the subcommands, the job
  * files that let `inject`, `ps` and `join` find a running launcher, the parser of proc/
- * values (docs/RUNTIME.md) and the JSON line scanner that several commands share. Nothing
+ * values (docs/RUNTIME.md) and the JSON line readers that several commands share. Nothing
  * here is part of libkeel. */
 #ifndef KEEL_TOOL_H
 #define KEEL_TOOL_H
@@ -33,7 +33,7 @@ int keel__command_report(int argc, char **argv);
 /* ---- job files: /tmp/keel-<unix uid>/<job id>.job (directory 0700, file 0600), one per
  * running launcher, holding what a tool needs to join the job's store. */
 typedef struct keel__job_info {
-  char store[128]; /* host:port */
+  char store[512]; /* host:port, or etcd://... */
   keel_auth auth;  /* job id and token; local_id left 0 */
   pid_t launcher_pid;
 } keel__job_info;
@@ -73,18 +73,24 @@ keel_status keel__proc_value_parse(const char *text, keel__proc_value *value_p);
 /* The uid in key "<prefix><uid>" (decimal, nothing after it); KEEL_EINVAL otherwise. */
 keel_status keel__uid_from_key(const char *key, const char *prefix, uint32_t *uid_p);
 
-/* ---- one-line JSON objects (status lines, events files), read without a parse tree; the
- * member lookup, keel_json_member and keel_json_double, is core's. */
-/* An integer member, or the first element of an integer array ("failed":[2]). */
-bool keel__json_int(const char *line, const char *key, int64_t *value_p);
-/* A string member, escapes kept as the character after the backslash, truncated to fit. */
-bool keel__json_string(const char *line, const char *key, char *text, size_t capacity);
-/* The integers of an array member: stores at most capacity of them and returns how many it
- * stored; *total_p (optional) gets how many the array holds. 0 for a missing member. */
-size_t keel__json_int_array(const char *line, const char *key, int64_t *values, size_t capacity,
-                            size_t *total_p);
-/* Whether text is exactly one JSON object (nesting bounded), nothing before or after. */
-bool keel__json_object_valid(const char *text);
+/* ---- one-line JSON objects (status lines, events files), parsed with jansson. json_t is
+ * named by its struct tag so that only the files that read JSON include <jansson.h>, whose
+ * json_* names would clash with the writers of model.c. */
+struct json_t;
+/* The object that line (length bytes, no NUL needed) holds, or NULL when it is not exactly
+ * one JSON object with nothing before or after it. The caller json_decref()s it. */
+struct json_t *keel__json_object_parse(const char *line, size_t length);
+/* Members of object: true and *value_p set when key is there with the right type, false
+ * and *value_p untouched otherwise. An integer must be written as one (12.0 is not); a
+ * double is any finite number. */
+bool keel__json_int(const struct json_t *object, const char *key, int64_t *value_p);
+bool keel__json_double(const struct json_t *object, const char *key, double *value_p);
+/* A string member into text (capacity >= 1), truncated to fit. */
+bool keel__json_string(const struct json_t *object, const char *key, char *text, size_t capacity);
+/* The leading integers of an array member, at most capacity of them; how many it stored
+ * (0 for a missing member or one that is no array). */
+size_t keel__json_int_array(const struct json_t *object, const char *key, int64_t *values,
+                            size_t capacity);
 /* Writes text as the inside of a JSON string (quotes, backslashes and control characters
  * escaped), truncated to fit capacity. */
 void keel__json_escape(const char *text, char *escaped, size_t capacity);

@@ -1,0 +1,288 @@
+/* The store's etcd backend against a real three-member etcd cluster (Debian's etcd-server):
+ * the store suite every backend passes, then what only etcd has: members that die or stop
+ * under a client, and endpoints that are down, wrong or answer garbage. Exits 77 (skipped,
+ * with the reason) when etcd is not installed. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "keel/store.h"
+#include "test_etcd.h"
+#include "test_store_suite.h"
+#include "test_support.h"
+
+#define MS ((int64_t)1000000)
+#define MEMBERS 3
+
+static keel_test_etcd *cluster;
+
+/* ---- the suite: each test a fresh job id, so a fresh namespace on the one cluster */
+
+static void etcd_open(keel_test_store_backend *backend, const keel_auth *auth, char *endpoint,
+                      size_t capacity, void **context_p) {
+  snprintf(endpoint, capacity, "%s", keel_test_etcd_endpoint(cluster));
+  *context_p = NULL;
+}
+
+static void etcd_close(keel_test_store_backend *backend, void *context) {}
+
+/* ---- failures of members */
+
+typedef struct etcd_fixture {
+  keel_auth auth;
+  keel_store *store;
+} etcd_fixture;
+
+static int client_setup(void **state) {
+  etcd_fixture *fixture = calloc(1, sizeof *fixture);
+  assert_non_null(fixture);
+  assert_int_equal(keel_auth_generate(&fixture->auth), KEEL_OK);
+  assert_int_equal(keel_store_connect(keel_test_etcd_endpoint(cluster), &fixture->auth,
+                                      keel_deadline_after_ns(5000 * MS), &fixture->store),
+                   KEEL_OK);
+  keel_store_set_timeout(fixture->store, 3000 * MS);
+  *state = fixture;
+  return 0;
+}
+
+static int client_teardown(void **state) {
+  etcd_fixture *fixture = *state;
+  keel_store_close(fixture->store);
+  free(fixture);
+  return 0;
+}
+
+/* Writes until one succeeds or deadline_ms pass, as a caller of a store whose leader just
+ * went does (a write whose member failed is not resent by the client); the status of the
+ * last try. */
+static keel_status put_until(keel_store *store, const char *key, const char *value,
+                             int deadline_ms) {
+  int64_t deadline = keel_deadline_after_ns(deadline_ms * MS * keel_test_slowdown());
+  keel_status status;
+  do {
+    status = keel_store_put(store, key, value, strlen(value), 0, NULL);
+  } while (status != KEEL_OK && keel_now_ns() < deadline);
+  return status;
+}
+
+static void value_is(keel_store *store, const char *key, const char *value) {
+  keel_store_entry *entry = NULL;
+  assert_int_equal(keel_store_get(store, key, &entry), KEEL_OK);
+  assert_string_equal((const char *)entry->value, value);
+  keel_store_entry_free(entry);
+}
+
+/* The member the client talks to first (the first of the endpoint) is killed, then the
+ * leader: the client moves on, and what was written before is still there. Every member
+ * killed is started again, so the cluster has three for the next test. */
+static void test_member_and_leader_killed(void **state) {
+  etcd_fixture *fixture = *state;
+  keel_store *store = fixture->store;
+  keel_test_store_put_text(store, "before/kill", "1", NULL);
+  assert_true(keel_test_etcd_kill(cluster, 0));
+  value_is(store, "before/kill", "1");
+  assert_int_equal(put_until(store, "after/member", "2", 5000), KEEL_OK);
+  assert_true(keel_store_reconnects(store) >= 1);
+  assert_true(keel_test_etcd_restart(cluster, 0, 20000));
+
+  int leader = keel_test_etcd_leader(cluster, 10000);
+  assert_true(leader >= 0);
+  pid_t leader_pid = keel_test_etcd_pid(cluster, leader);
+  assert_true(keel_test_etcd_kill(cluster, leader));
+  assert_false(keel_test_pid_exists(leader_pid));
+  int64_t killed_ns = keel_now_ns();
+  assert_int_equal(put_until(store, "after/leader", "3", 10000), KEEL_OK);
+  print_message("a write succeeded %.0f ms after the leader (member %d) was killed\n",
+                (double)(keel_now_ns() - killed_ns) / 1e6, leader);
+  value_is(store, "before/kill", "1");
+  value_is(store, "after/member", "2");
+  int new_leader = keel_test_etcd_leader(cluster, 10000);
+  assert_true(new_leader >= 0 && new_leader != leader);
+  assert_true(keel_test_etcd_restart(cluster, leader, 20000));
+}
+
+/* The leader stops (SIGSTOP) for five seconds: reads and writes go on through the others
+ * meanwhile, and after it resumes the cluster has all the writes. */
+static void test_leader_stopped(void **state) {
+  etcd_fixture *fixture = *state;
+  keel_store *store = fixture->store;
+  int leader = keel_test_etcd_leader(cluster, 10000);
+  assert_true(leader >= 0);
+  assert_true(keel_test_etcd_stop(cluster, leader));
+  int64_t stopped_ns = keel_now_ns();
+  int written = 0;
+  char key[32];
+  while (keel_now_ns() - stopped_ns < 5000 * MS) {
+    snprintf(key, sizeof key, "during/%d", written);
+    if (put_until(store, key, "x", 5000) != KEEL_OK) break;
+    written++;
+  }
+  assert_int_equal(keel_test_etcd_state(cluster, leader), 'T'); /* still stopped throughout */
+  assert_true(keel_test_etcd_resume(cluster, leader));
+  print_message("%d writes while the leader (member %d) was stopped for 5 s\n", written, leader);
+  assert_true(written > 10);
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  assert_int_equal(keel_store_list(store, "during/", &entries, &count, NULL), KEEL_OK);
+  keel_store_entries_free(entries, count);
+  assert_int_equal(count, written);
+}
+
+/* ---- endpoints that are down, wrong, or answer garbage */
+
+/* A port nobody listens on: bound, then closed. */
+static int closed_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in address = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  assert_int_equal(bind(fd, (struct sockaddr *)&address, sizeof address), 0);
+  socklen_t length = sizeof address;
+  getsockname(fd, (struct sockaddr *)&address, &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+static void test_endpoint_down(void **unused) {
+  (void)unused;
+  keel_auth auth;
+  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "etcd://127.0.0.1:%d", closed_port());
+  keel_store *store = NULL;
+  int64_t start = keel_now_ns();
+  assert_int_equal(keel_store_connect(endpoint, &auth, keel_deadline_after_ns(1000 * MS), &store),
+                   KEEL_ETIMEDOUT);
+  assert_null(store);
+  int64_t elapsed = keel_now_ns() - start;
+  assert_true(elapsed >= 900 * MS && elapsed < 3000 * MS);
+  /* Malformed endpoints are refused at once. */
+  const char *const malformed[] = {"etcd://", "etcd://127.0.0.1", "etcd://127.0.0.1:2379,,x:1"};
+  for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++)
+    assert_int_equal(
+        keel_store_connect(malformed[i], &auth, keel_deadline_after_ns(1000 * MS), &store),
+        KEEL_EINVAL);
+}
+
+/* A one-shot HTTP server on loopback that answers every request with the same reply. */
+typedef struct fake_server {
+  int listen_fd;
+  int port;
+  const char *status_line; /* "200 OK" */
+  const char *body;
+  pthread_t thread;
+} fake_server;
+
+static void *fake_main(void *argument) {
+  fake_server *fake = argument;
+  for (;;) {
+    int fd = accept(fake->listen_fd, NULL, NULL);
+    if (fd < 0) return NULL;
+    char request[4096], reply[4096];
+    ssize_t ignored = read(fd, request, sizeof request);
+    int length = snprintf(reply, sizeof reply,
+                          "HTTP/1.1 %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                          fake->status_line, strlen(fake->body), fake->body);
+    ignored = write(fd, reply, (size_t)length);
+    (void)ignored;
+    close(fd);
+  }
+}
+
+static void fake_start(fake_server *fake, const char *status_line, const char *body) {
+  *fake = (fake_server){.status_line = status_line, .body = body};
+  fake->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in address = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  assert_int_equal(bind(fake->listen_fd, (struct sockaddr *)&address, sizeof address), 0);
+  assert_int_equal(listen(fake->listen_fd, 8), 0);
+  socklen_t length = sizeof address;
+  getsockname(fake->listen_fd, (struct sockaddr *)&address, &length);
+  fake->port = ntohs(address.sin_port);
+  assert_int_equal(pthread_create(&fake->thread, NULL, fake_main, fake), 0);
+}
+
+static void fake_stop(fake_server *fake) {
+  shutdown(fake->listen_fd, SHUT_RDWR);
+  close(fake->listen_fd);
+  pthread_join(fake->thread, NULL);
+}
+
+static void test_endpoint_answers_garbage(void **unused) {
+  (void)unused;
+  /* Not JSON; another server's page; JSON of the wrong shape (a negative revision). */
+  static const char *const replies[][2] = {
+      {"200 OK", "hello world"},
+      {"404 Not Found", "404 page not found\n"},
+      {"200 OK", "{\"header\":{\"revision\":-4}}"},
+  };
+  keel_auth auth;
+  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
+  for (size_t i = 0; i < sizeof replies / sizeof replies[0]; i++) {
+    fake_server fake;
+    fake_start(&fake, replies[i][0], replies[i][1]);
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "etcd://127.0.0.1:%d", fake.port);
+    keel_store *store = NULL;
+    int64_t start = keel_now_ns();
+    assert_int_equal(keel_store_connect(endpoint, &auth, keel_deadline_after_ns(3000 * MS), &store),
+                     KEEL_ECORRUPT);
+    assert_true(keel_now_ns() - start < 2000 * MS); /* told at once, not at the deadline */
+    assert_null(store);
+    fake_stop(&fake);
+  }
+}
+
+/* A cluster member is reachable but the first endpoint is down: the client starts on the
+ * next one. */
+static void test_first_endpoint_down(void **unused) {
+  (void)unused;
+  keel_auth auth;
+  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
+  char endpoint[256];
+  snprintf(endpoint, sizeof endpoint, "etcd://127.0.0.1:%d,%s", closed_port(),
+           keel_test_etcd_member_address(cluster, 1));
+  keel_store *store = NULL;
+  assert_int_equal(keel_store_connect(endpoint, &auth, keel_deadline_after_ns(5000 * MS), &store),
+                   KEEL_OK);
+  keel_test_store_put_text(store, "k", "v", NULL);
+  value_is(store, "k", "v");
+  keel_store_close(store);
+}
+
+int main(void) {
+  char reason[256];
+  cluster = keel_test_etcd_start(MEMBERS, 30000, reason, sizeof reason);
+  if (cluster == NULL) {
+    fprintf(stderr, "test_store_etcd: %s\n", reason);
+    /* Not installed: skipped (ctest's SKIP_RETURN_CODE); installed but broken: failed. */
+    return strstr(reason, "not installed") != NULL ? 77 : 1;
+  }
+  /* etcd keeps leases in whole seconds (1 s is its minimum with these timings) and its
+   * leader looks for expired ones every 500 ms. */
+  keel_test_store_backend etcd = {.open = etcd_open,
+                                  .close = etcd_close,
+                                  .lease_ttl_ns = 1000 * MS,
+                                  .expiry_slack_ns = 1000 * MS};
+  int failures = keel_test_store_suite_run("store suite: etcd", &etcd);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_endpoint_down),
+      cmocka_unit_test(test_endpoint_answers_garbage),
+      cmocka_unit_test(test_first_endpoint_down),
+      cmocka_unit_test_setup_teardown(test_member_and_leader_killed, client_setup, client_teardown),
+      cmocka_unit_test_setup_teardown(test_leader_stopped, client_setup, client_teardown),
+  };
+  failures += cmocka_run_group_tests_name("etcd members and endpoints", tests, NULL, NULL);
+  if (failures != 0) keel_test_etcd_print_logs(cluster);
+  keel_test_etcd_destroy(cluster);
+  return failures;
+}
