@@ -343,15 +343,22 @@ static keel_status etcd_get(void *backend, const char *key, keel_store_entry **e
   return KEEL_OK;
 }
 
+/* A list's result to the caller, on success. */
+static keel_status entries_hand_out(keel_status status, const entries_out *result,
+                                    keel_store_entry **entries_p, size_t *count_p,
+                                    uint64_t *revision_p) {
+  if (status != KEEL_OK) return status;
+  *entries_p = result->entries;
+  *count_p = result->count;
+  if (revision_p != NULL) *revision_p = result->revision;
+  return KEEL_OK;
+}
+
 static keel_status etcd_list(void *backend, const char *prefix, keel_store_entry **entries_p,
                              size_t *count_p, uint64_t *revision_p) {
   entries_out result = {0};
   keel_status status = etcd_range(backend, prefix, true, &result);
-  if (status != KEEL_OK) return status;
-  *entries_p = result.entries;
-  *count_p = result.count;
-  if (revision_p != NULL) *revision_p = result.revision;
-  return KEEL_OK;
+  return entries_hand_out(status, &result, entries_p, count_p, revision_p);
 }
 
 static keel_status etcd_list_prefixes(void *backend, const char *const *prefixes,
@@ -369,11 +376,7 @@ static keel_status etcd_list_prefixes(void *backend, const char *const *prefixes
   keel_status status =
       etcd_call(client, "/v3/kv/txn", keel__etcd_ranges_request(scoped, prefix_count), REQUEST_READ,
                 read_entries, &result, "a list of prefixes");
-  if (status != KEEL_OK) return status;
-  *entries_p = result.entries;
-  *count_p = result.count;
-  if (revision_p != NULL) *revision_p = result.revision;
-  return KEEL_OK;
+  return entries_hand_out(status, &result, entries_p, count_p, revision_p);
 }
 
 /* ---- wait: a watch stream from after_revision + 1, cut at its first event. */

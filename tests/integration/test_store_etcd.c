@@ -50,7 +50,8 @@ static int client_setup(void **state) {
   assert_int_equal(keel_store_connect(keel_test_etcd_endpoint(cluster), &fixture->auth,
                                       keel_deadline_after_ns(5000 * MS), &fixture->store),
                    KEEL_OK);
-  keel_store_set_timeout(fixture->store, 3000 * MS);
+  /* A write stuck on a stopped leader costs this much before the next goes elsewhere. */
+  keel_store_set_timeout(fixture->store, 1000 * MS);
   *state = fixture;
   return 0;
 }
