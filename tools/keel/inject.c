@@ -58,15 +58,20 @@ static keel_status rank_holder_find(keel_store *store, int64_t rank, uint32_t *u
 }
 
 /* The process must be the job's: proc/ values are written by processes, and a signal to a
- * pid that was reused by something else would hit a bystander. */
-static bool pid_is_child_of(pid_t pid, pid_t parent) {
+ * pid that was reused by something else would hit a bystander. A job's processes are the
+ * launcher's children, or its agents' (keel run --agents). */
+static bool pid_is_of_job(pid_t pid, pid_t launcher) {
   char state;
-  pid_t actual_parent;
-  return keel_process_stat(pid, &state, &actual_parent) == KEEL_OK && actual_parent == parent;
+  pid_t parent, grandparent;
+  if (keel_process_stat(pid, &state, &parent) != KEEL_OK) return false;
+  if (parent == launcher) return true;
+  return keel_process_stat(parent, &state, &grandparent) == KEEL_OK && grandparent == launcher;
 }
 
 static int inject_usage(const char *message) {
-  fprintf(stderr, "keel inject: %s (usage: keel inject kill|stop|cont RANK [--job JOB_ID])\n",
+  fprintf(stderr,
+          "keel inject: %s (usage: keel inject kill|stop|cont RANK | kill-node NODE"
+          " [--job JOB_ID])\n",
           message);
   return KEEL__EXIT_USAGE;
 }
@@ -81,7 +86,7 @@ static int inject_signal(keel_store *store, const keel__job_info *job, const inj
             (unsigned long long)job->auth.job_id);
     return KEEL__EXIT_FAILURE;
   }
-  if (!pid_is_child_of(value.pid, job->launcher_pid)) {
+  if (!pid_is_of_job(value.pid, job->launcher_pid)) {
     fprintf(stderr, "keel inject: pid %ld of rank %lld is not a process of job %llu\n",
             (long)value.pid, (long long)rank, (unsigned long long)job->auth.job_id);
     return KEEL__EXIT_FAILURE;
@@ -93,6 +98,51 @@ static int inject_signal(keel_store *store, const keel__job_info *job, const inj
   }
   printf("%s rank %lld (uid %u, pid %ld)\n", action->done, (long long)rank, (unsigned)uid,
          (long)value.pid);
+  return 0;
+}
+
+/* For agents that do not keep their node's processes in their own group (one agent per
+ * host), each process the store shows on the node is killed by pid. */
+static bool process_kill(keel_store *store, const keel_store_entry *entry,
+                         const keel__proc_value *value, void *context) {
+  (void)store, (void)entry;
+  const keel__job_info *job = context;
+  return pid_is_of_job(value->pid, job->launcher_pid) && kill(value->pid, SIGKILL) == 0;
+}
+
+/* kill-node: the agent and every process of its node at once, as when a host dies. */
+static int inject_kill_node(keel_store *store, const keel__job_info *job, int64_t node) {
+  char key[32];
+  snprintf(key, sizeof key, "node/%lld", (long long)node);
+  keel_store_entry *entry = NULL;
+  keel__node_value value;
+  keel_status status = keel_store_get(store, key, &entry);
+  if (status == KEEL_OK) status = keel__node_value_parse((const char *)entry->value, &value);
+  keel_store_entry_free(entry);
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel inject: job %llu has no live node %lld (%s)\n",
+            (unsigned long long)job->auth.job_id, (long long)node, keel_strerror(status));
+    return KEEL__EXIT_FAILURE;
+  }
+  bool agent_is_job = value.pid == job->launcher_pid || pid_is_of_job(value.pid, job->launcher_pid);
+  if (!agent_is_job) {
+    fprintf(stderr, "keel inject: the agent of node %lld (pid %ld) is not a process of job %llu\n",
+            (long long)node, (long)value.pid, (unsigned long long)job->auth.job_id);
+    return KEEL__EXIT_FAILURE;
+  }
+  if (value.own_group) {
+    if (kill(-value.pgid, SIGKILL) != 0) {
+      fprintf(stderr, "keel inject: kill-node %lld: %s\n", (long long)node, strerror(errno));
+      return KEEL__EXIT_FAILURE;
+    }
+    printf("killed node %lld (agent pid %ld and its process group)\n", (long long)node,
+           (long)value.pid);
+    return 0;
+  }
+  size_t killed = keel__node_processes_visit(store, node, process_kill, (void *)job);
+  kill(value.pid, SIGKILL);
+  printf("killed node %lld (agent pid %ld and %zu processes)\n", (long long)node, (long)value.pid,
+         killed);
   return 0;
 }
 
@@ -112,18 +162,21 @@ int keel__command_inject(int argc, char **argv) {
   if (bad) return inject_usage("--job needs a job id");
   if (action_name == NULL || rank_text == NULL)
     return inject_usage("an action and a rank are needed");
+  bool node_action = strcmp(action_name, "kill-node") == 0;
   const inject_action *action = NULL;
   for (size_t i = 0; i < sizeof inject_actions / sizeof inject_actions[0]; i++) {
     if (strcmp(action_name, inject_actions[i].name) == 0) action = &inject_actions[i];
   }
-  if (action == NULL) return inject_usage("the action must be kill, stop or cont");
+  if (action == NULL && !node_action)
+    return inject_usage("the action must be kill, stop, cont or kill-node");
   int64_t rank;
   if (keel_parse_int(rank_text, 0, INT32_MAX, &rank) != KEEL_OK)
     return inject_usage("RANK must be a non-negative integer");
   keel__job_info job;
   keel_store *store = NULL;
   if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
-  int exit_code = inject_signal(store, &job, action, rank);
+  int exit_code =
+      node_action ? inject_kill_node(store, &job, rank) : inject_signal(store, &job, action, rank);
   keel_store_close(store);
   return exit_code;
 }

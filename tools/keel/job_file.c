@@ -246,20 +246,76 @@ static bool proc_field_set(keel__proc_value *value, const char *name, const char
   return true;
 }
 
-keel_status keel__proc_value_parse(const char *text, keel__proc_value *value_p) {
-  keel__proc_value value = {.node = -1, .rank = -1};
+/* Calls set for each "name=value" field of text (space-separated); false when a field has
+ * no '=' or set refuses it. */
+static bool fields_parse(const char *text,
+                         bool (*set)(void *, const char *, const char *, unsigned *), void *value,
+                         unsigned *seen) {
   char copy[512];
-  if (strlen(text) >= sizeof copy) return KEEL_EINVAL;
+  if (strlen(text) >= sizeof copy) return false;
   snprintf(copy, sizeof copy, "%s", text);
-  unsigned seen = 0;
   for (char *save = NULL, *field = strtok_r(copy, " \t\n", &save); field != NULL;
        field = strtok_r(NULL, " \t\n", &save)) {
     char *equals = strchr(field, '=');
-    if (equals == NULL) return KEEL_EINVAL;
+    if (equals == NULL) return false;
     *equals = '\0';
-    if (!proc_field_set(&value, field, equals + 1, &seen)) return KEEL_EINVAL;
+    if (!set(value, field, equals + 1, seen)) return false;
   }
-  if (seen != 15) return KEEL_EINVAL;
+  return true;
+}
+
+static bool proc_field_set_any(void *value, const char *name, const char *text, unsigned *seen) {
+  return proc_field_set(value, name, text, seen);
+}
+
+keel_status keel__proc_value_parse(const char *text, keel__proc_value *value_p) {
+  keel__proc_value value = {.node = -1, .rank = -1};
+  unsigned seen = 0;
+  if (!fields_parse(text, proc_field_set_any, &value, &seen) || seen != 15) return KEEL_EINVAL;
   *value_p = value;
   return KEEL_OK;
+}
+
+static bool node_field_set(void *target, const char *name, const char *text, unsigned *seen) {
+  keel__node_value *value = target;
+  int64_t number;
+  if (strcmp(name, "pid") == 0 || strcmp(name, "pgid") == 0) {
+    if (keel_parse_int(text, 1, INT32_MAX, &number) != KEEL_OK) return false;
+    *(name[1] == 'i' ? &value->pid : &value->pgid) = (pid_t)number;
+    *seen |= name[1] == 'i' ? 1 : 2;
+  } else if (strcmp(name, "group") == 0) {
+    if (keel_parse_int(text, 0, 1, &number) != KEEL_OK) return false;
+    value->own_group = number == 1;
+    *seen |= 4;
+  } else if (strcmp(name, "role") == 0) {
+    if (strlen(text) >= sizeof value->role) return false;
+    snprintf(value->role, sizeof value->role, "%s", text);
+  } else if (strcmp(name, "addr") == 0) {
+    snprintf(value->addr, sizeof value->addr, "%s", text);
+  }
+  return true;
+}
+
+keel_status keel__node_value_parse(const char *text, keel__node_value *value_p) {
+  keel__node_value value = {0};
+  unsigned seen = 0;
+  if (!fields_parse(text, node_field_set, &value, &seen) || seen != 7) return KEEL_EINVAL;
+  *value_p = value;
+  return KEEL_OK;
+}
+
+size_t keel__node_processes_visit(keel_store *store, int64_t node,
+                                  bool (*visit)(keel_store *store, const keel_store_entry *entry,
+                                                const keel__proc_value *value, void *context),
+                                  void *context) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0, counted = 0;
+  if (keel_store_list(store, "proc/", &entries, &count, NULL) != KEEL_OK) return 0;
+  for (size_t i = 0; i < count; i++) {
+    keel__proc_value value;
+    if (keel__proc_value_parse((const char *)entries[i].value, &value) != KEEL_OK) continue;
+    if (value.node == node) counted += visit(store, &entries[i], &value, context);
+  }
+  keel_store_entries_free(entries, count);
+  return counted;
 }

@@ -30,7 +30,7 @@ typedef struct keel__run_options {
   keel__policy on_failure;
   bool node_failure_domain;
   keel__ckpt_policy ckpt;
-  const char *ckpt_dir; /* as given (relative or not); NULL: the default */
+  const char *ckpt_dir;   /* as given (relative or not); NULL: the default */
   const char *resume_dir; /* --resume: the old job's checkpoint folder; NULL: none */
   int64_t max_restarts;
   int64_t min_world;
@@ -39,10 +39,19 @@ typedef struct keel__run_options {
   int64_t timeout_ns;    /* -1: none */
   int64_t collective_timeout_ns;
   int64_t heartbeat_ns;
-  int64_t restart_grace_ns; /* a restart round waits collective_timeout_ns plus this */
-  const char *events_path;  /* NULL: no events file */
+  int64_t restart_grace_ns;  /* a restart round waits collective_timeout_ns plus this */
+  const char *events_path;   /* NULL: no events file */
   const char *rdzv_endpoint; /* etcd://... or https://...; NULL: the embedded store */
   const char *rdzv_tls[3];   /* --rdzv-ca, --rdzv-cert, --rdzv-key; NULL where not given */
+  const char *rdzv_id;       /* --rdzv-id: the job's name in an outside store; NULL: none */
+  int64_t node_rank;         /* --node-rank (or SLURM_NODEID): this process is that node's agent;
+                                -1: it is not an agent */
+  int64_t spare_nodes;       /* --spare-nodes: nodes whose agents start only spares */
+  bool agents;               /* --agents: one agent process per node on this host */
+  bool netns;                /* --netns: each node an own network namespace (implies agents) */
+  const char *link_rate;     /* --link-rate with --netns ("10gbit"); NULL: not shaped */
+  int argc;                  /* the command's own argv, handed on to the agents */
+  char **argv;
   bool quiet;
   char **program_argv; /* NULL-terminated; points into the command's argv */
 } keel__run_options;
@@ -153,6 +162,28 @@ typedef struct keel__restart_round {
 /* Status lines are at most 4 KiB (RUNTIME.md); the buffer holds one whole line and more. */
 #define KEEL__STATUS_LINE_MAX 4096
 
+/* An agent that lost its node's lease killed its workers and exits with this code. */
+#define KEEL__EXIT_FENCED 78
+
+/* A launcher that is one node's agent (docs/NODES.md): its part of the uid space, its node's
+ * lease in the store, and when it must fence itself. */
+typedef struct keel__agent_state {
+  bool active;
+  bool supervised; /* started by `keel run --agents` on this host (KEEL_AGENT_OF) */
+  int64_t node;
+  int64_t workers;     /* workers it starts: nproc_per_node, 0 on a spare node */
+  int64_t spares;      /* spares it starts at first */
+  uint32_t uid_stride; /* uids of its spares and respawns: world + node * stride + k */
+  int64_t workers_started;
+  int64_t extras_started;
+  int64_t lease;
+  int64_t ttl_ns;
+  int64_t lease_confirmed_ns; /* when the last keepalive the store answered was sent */
+  int64_t next_keepalive_ns;
+  bool fenced;
+  bool ranks_seen; /* some process of the job showed a rank: the job has begun */
+} keel__agent_state;
+
 typedef struct keel__launcher {
   keel__run_options options;
   char program_path[PATH_MAX];
@@ -171,7 +202,7 @@ typedef struct keel__launcher {
   keel__watcher *request_watcher;
   int events_fd;
   char job_file_path[PATH_MAX];
-  char ckpt_dir[PATH_MAX]; /* absolute, made at the start; empty without --ckpt */
+  char ckpt_dir[PATH_MAX];   /* absolute, made at the start; empty without --ckpt */
   char resume_dir[PATH_MAX]; /* absolute --resume folder; empty without it */
   int stop_signal;           /* the signal that began an orderly stop; 0: none */
   keel__child *children;
@@ -197,6 +228,8 @@ typedef struct keel__launcher {
   size_t status_length;
   bool status_discarding; /* inside a line too long to keep: drop it up to its newline */
   keel__display display;
+  keel__agent_state agent;
+  char store_listen[64]; /* where the embedded store listens: 127.0.0.1:0 unless --netns */
 } keel__launcher;
 
 /* run_children.c */
@@ -265,6 +298,38 @@ int64_t keel__joiners_deadline(const keel__launcher *launcher);
 /* Handles every request/join/ key in the store: starts the joiners it asks for and deletes
  * it, or refuses it (the world would pass --max-world) by rewriting its value. */
 void keel__join_requests_handle(keel__launcher *launcher);
+
+/* run_agent.c: a launcher that is one node's agent (docs/NODES.md). */
+/* Reads the node's part of the job from the options; inactive unless --node-rank. */
+void keel__agent_init(keel__launcher *launcher);
+/* The job's identity: from the supervising `keel run` (KEEL_JOB_ID, KEEL_JOB_TOKEN,
+ * KEEL_STORE) or, on a host of its own, --rdzv-id and a token the first agent puts in the
+ * store. Connects launcher->store. */
+keel_status keel__agent_store_open(keel__launcher *launcher);
+/* The uid of the next child in role: workers hold ranks node * P + k, the rest their own
+ * range, so that the agents of a job never give the same uid twice. */
+uint32_t keel__agent_next_uid(keel__launcher *launcher, keel__role role);
+/* The largest uid any agent of the job may give, plus one. */
+uint32_t keel__agent_uid_limit(const keel__launcher *launcher);
+/* Grants the node's lease and puts node/<i>. */
+keel_status keel__agent_register(keel__launcher *launcher);
+/* Keeps the lease alive; fences the node when the store has not confirmed it for too long. */
+void keel__agent_tick(keel__launcher *launcher, int64_t now_ns);
+int64_t keel__agent_deadline(const keel__launcher *launcher);
+/* The job is over when no process of any node holds a rank: puts job/done then. */
+void keel__agent_check_end(keel__launcher *launcher);
+/* Revokes the node's lease (its node/ key goes with it). */
+void keel__agent_close(keel__launcher *launcher);
+
+/* run_nodes.c: `keel run --agents/--netns`, several nodes on this host. */
+int keel__nodes_run(const keel__run_options *options);
+
+/* run.c, shared with run_nodes.c */
+/* Signals, store, events file and job file: what a supervisor of agents needs too. */
+keel_status keel__launcher_open_base(keel__launcher *launcher);
+void keel__launcher_close_base(keel__launcher *launcher);
+void keel__launcher_init(keel__launcher *launcher, const keel__run_options *options);
+void keel__launcher_emit_start(keel__launcher *launcher);
 
 /* run_status.c */
 /* Appends one launcher event to the events file: {"event":E,"t_ns":..,"wall_ns":..,FIELDS}

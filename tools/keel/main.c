@@ -12,6 +12,7 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  run     start a fault-tolerant job: keel run -n 4 -- ./train ARGS...\n"
+    "  agent   one node's agent: keel agent --node-rank I [keel run's flags] -- PROG ...\n"
     "  inject  make a failure in a running job: keel inject kill|stop|cont RANK [--job ID]\n"
     "  ps      list the live processes of a job: keel ps [--job ID]\n"
     "  join    grow a running job by K processes: keel join [--job ID] [-n K]\n"
@@ -26,11 +27,8 @@ typedef struct command_entry {
 } command_entry;
 
 static const command_entry commands[] = {
-    {"run", keel__command_run},
-    {"inject", keel__command_inject},
-    {"ps", keel__command_ps},
-    {"join", keel__command_join},
-    {"report", keel__command_report},
+    {"run", keel__command_run},     {"agent", keel__command_run}, {"inject", keel__command_inject},
+    {"ps", keel__command_ps},       {"join", keel__command_join}, {"report", keel__command_report},
     {"model", keel__command_model},
 };
 

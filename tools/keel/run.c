@@ -98,7 +98,8 @@ void keel__launcher_terminate(keel__launcher *launcher, int exit_code, int first
   }
   launcher->phase = KEEL__PHASE_TERMINATING;
   launcher->exit_code = exit_code;
-  launcher_put_done(launcher);
+  /* An agent that terminates ends its node, not the job (a fenced one must not even try). */
+  if (!launcher->agent.active) launcher_put_done(launcher);
   keel__children_signal(launcher, first_signal);
   launcher->phase_deadline_ns =
       first_signal == SIGKILL ? KEEL_NO_DEADLINE : keel_deadline_after_ns(GRACE_NS);
@@ -139,13 +140,14 @@ void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code) {
 
 static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t rank,
                                int64_t epoch) {
+  if (rank >= 0) launcher->agent.ranks_seen = true;
   keel__child *child = keel__child_by_uid(launcher, uid);
   /* A process of an earlier incarnation (restart) is gone; its key may linger. */
   if (child == NULL || uid < launcher->incarnation.first_uid) return;
   if (!child->ready && child->alive) {
     child->ready = true;
-    keel__event_emit(launcher, "ready", "\"uid\":%u,\"role\":\"%s\",\"rank\":%lld",
-                     (unsigned)uid, keel__role_name(child->role), (long long)rank);
+    keel__event_emit(launcher, "ready", "\"uid\":%u,\"role\":\"%s\",\"rank\":%lld", (unsigned)uid,
+                     keel__role_name(child->role), (long long)rank);
   }
   if (rank >= 0) {
     child->holds_rank = true;
@@ -175,6 +177,10 @@ void keel__launcher_refresh_ranks(keel__launcher *launcher) {
 /* The job is over when no process that holds a rank is left: the spares and joiners still
  * alive are idle by then, and job/done tells them to go. */
 void keel__launcher_check_end(keel__launcher *launcher) {
+  if (launcher->agent.active) {
+    keel__agent_check_end(launcher);
+    return;
+  }
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (keel__children_alive(launcher, true) > 0) return;
   keel__launcher_refresh_ranks(launcher);
@@ -222,6 +228,8 @@ void keel__launcher_fence_node(keel__launcher *launcher, const keel__child *fail
 /* --min-world: ranks that can remain are the live rank holders, plus the live spares when
  * they are there to replace. Below the minimum the job cannot go on usefully. */
 static void launcher_check_min_world(keel__launcher *launcher, const keel__child *failed) {
+  /* An agent sees its own node only: the job's world is not its to judge. */
+  if (launcher->agent.active) return;
   size_t remaining = keel__children_alive(launcher, true);
   if (launcher->options.on_failure == KEEL__ON_FAILURE_REPLACE)
     remaining = keel__children_alive(launcher, false);
@@ -295,6 +303,8 @@ static void launcher_handle_report(keel__launcher *launcher, const keel__report 
        * waits a grace period for that exit to be reaped first. */
       if (child != NULL && child->alive && child->lease_lost_ns == 0)
         child->lease_lost_ns = keel_now_ns();
+      /* The last rank holder of another node may just have left. */
+      if (launcher->agent.active && child == NULL) keel__launcher_check_end(launcher);
       break;
     case KEEL__REPORT_SUSPECT:
       launcher_handle_suspect(launcher, report);
@@ -373,6 +383,7 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
     keel__launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
   }
   launcher_fence_lapsed(launcher, now_ns);
+  keel__agent_tick(launcher, now_ns);
   keel__restart_round_tick(launcher, now_ns);
   keel__joiners_tick(launcher, now_ns);
   if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
@@ -393,6 +404,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
     next = launcher->timeout_deadline_ns;
   if (keel__joiners_deadline(launcher) < next) next = keel__joiners_deadline(launcher);
   if (keel__restart_round_deadline(launcher) < next) next = keel__restart_round_deadline(launcher);
+  if (keel__agent_deadline(launcher) < next) next = keel__agent_deadline(launcher);
   if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
     next = launcher->phase_deadline_ns;
   int64_t now_ns = keel_now_ns();
@@ -460,6 +472,7 @@ static keel_status store_open(keel__launcher *launcher) {
   }
   launcher->auth.local_id = KEEL__LAUNCHER_ID;
   const keel__run_options *options = &launcher->options;
+  if (launcher->agent.active) return keel__agent_store_open(launcher);
   if (options->rdzv_endpoint != NULL) {
     /* An outside store (etcd): the workers inherit its address and TLS files. */
     static const char *const tls_names[] = {"KEEL_RDZV_CA", "KEEL_RDZV_CERT", "KEEL_RDZV_KEY"};
@@ -467,7 +480,7 @@ static keel_status store_open(keel__launcher *launcher) {
       if (options->rdzv_tls[i] != NULL) setenv(tls_names[i], options->rdzv_tls[i], 1);
     snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s", options->rdzv_endpoint);
   } else {
-    status = keel_store_server_start("127.0.0.1:0", &launcher->auth, &launcher->server);
+    status = keel_store_server_start(launcher->store_listen, &launcher->auth, &launcher->server);
     if (status != KEEL_OK) {
       KEEL_LOG_E("launcher", "cannot start the store: %s", keel_strerror(status));
       return status;
@@ -524,8 +537,10 @@ static void pipe_close(int *read_fd, int *write_fd) {
 
 static keel_status events_open(keel__launcher *launcher) {
   if (launcher->options.events_path == NULL) return KEEL_OK;
+  /* The agents of a host append to the file their supervisor began. */
+  int truncate = launcher->agent.supervised ? 0 : O_TRUNC;
   launcher->events_fd = open(launcher->options.events_path,
-                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+                             O_WRONLY | O_CREAT | truncate | O_APPEND | O_CLOEXEC, 0644);
   if (launcher->events_fd >= 0) return KEEL_OK;
   fprintf(stderr, "keel run: cannot open --events %s: %s\n", launcher->options.events_path,
           strerror(errno));
@@ -533,19 +548,24 @@ static keel_status events_open(keel__launcher *launcher) {
 }
 
 static keel_status job_file_open(keel__launcher *launcher) {
+  /* The supervisor of a host's agents writes the one job file. */
+  if (launcher->agent.supervised) return KEEL_OK;
   keel__job_info info = {.launcher_pid = getpid(), .auth = launcher->auth};
   snprintf(info.store, sizeof info.store, "%s", launcher->endpoint);
   return keel__job_file_write(&info, launcher->job_file_path, sizeof launcher->job_file_path);
 }
 
 static keel_status watchers_open(keel__launcher *launcher) {
-  uint32_t limit = (uint32_t)launcher->child_capacity;
+  uint32_t limit =
+      launcher->agent.active ? keel__agent_uid_limit(launcher) : (uint32_t)launcher->child_capacity;
   keel_status status = keel__watcher_start(launcher->endpoint, &launcher->auth, "proc/", limit,
                                            launcher->report_write_fd, &launcher->proc_watcher);
   if (status != KEEL_OK) return status;
   status = keel__watcher_start(launcher->endpoint, &launcher->auth, "suspect/", limit,
                                launcher->report_write_fd, &launcher->suspect_watcher);
   if (status != KEEL_OK) goto fail_stop_proc_watcher;
+  /* A job of agents does not grow (run_options.c): nobody to hear `keel join`. */
+  if (launcher->agent.active) return KEEL_OK;
   status = keel__watcher_start(launcher->endpoint, &launcher->auth, "request/", 0,
                                launcher->report_write_fd, &launcher->request_watcher);
   if (status != KEEL_OK) goto fail_stop_suspect_watcher;
@@ -560,39 +580,19 @@ fail_stop_proc_watcher:
   return status;
 }
 
-static keel_status launcher_open(keel__launcher *launcher) {
+keel_status keel__launcher_open_base(keel__launcher *launcher) {
   keel_status status = signals_open(launcher);
   if (status != KEEL_OK) return status;
   status = store_open(launcher);
   if (status != KEEL_OK) goto fail_close_signals;
-  status = status_socket_open(&launcher->status_read_fd, &launcher->status_write_fd);
-  if (status != KEEL_OK) goto fail_close_store;
-  status = pipe_open(&launcher->report_read_fd, &launcher->report_write_fd);
-  if (status != KEEL_OK) goto fail_close_status_pipe;
   status = events_open(launcher);
-  if (status != KEEL_OK) goto fail_close_report_pipe;
-  launcher->children = calloc(launcher->child_capacity, sizeof *launcher->children);
-  status = launcher->children ? KEEL_OK : KEEL_ENOMEM;
-  if (status != KEEL_OK) {
-    KEEL_LOG_E("launcher", "no memory for %zu processes", launcher->child_capacity);
-    goto fail_close_events;
-  }
+  if (status != KEEL_OK) goto fail_close_store;
   status = job_file_open(launcher);
-  if (status != KEEL_OK) goto fail_free_children;
-  status = watchers_open(launcher);
-  if (status != KEEL_OK) goto fail_remove_job_file;
+  if (status != KEEL_OK) goto fail_close_events;
   return KEEL_OK;
 
-fail_remove_job_file:
-  unlink(launcher->job_file_path);
-fail_free_children:
-  free(launcher->children);
 fail_close_events:
   if (launcher->events_fd >= 0) close(launcher->events_fd);
-fail_close_report_pipe:
-  pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
-fail_close_status_pipe:
-  pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
 fail_close_store:
   keel_store_close(launcher->store);
   keel_store_server_stop(launcher->server);
@@ -602,25 +602,66 @@ fail_close_signals:
   return status;
 }
 
-/* Undoes launcher_open once every child is reaped. The signal mask stays as it is: the
- * process is about to exit, and a pending SIGTERM unblocked now would end it by signal
- * instead of with the verdict. */
-static void launcher_close(keel__launcher *launcher) {
-  keel__watcher_stop(launcher->request_watcher);
-  keel__watcher_stop(launcher->suspect_watcher);
-  keel__watcher_stop(launcher->proc_watcher);
+/* The signal mask stays as it is: the process is about to exit, and a pending SIGTERM
+ * unblocked now would end it by signal instead of with the verdict. */
+void keel__launcher_close_base(keel__launcher *launcher) {
   unlink(launcher->job_file_path);
-  free(launcher->children);
   if (launcher->events_fd >= 0) close(launcher->events_fd);
-  pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
-  pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
   keel_store_close(launcher->store);
   keel_store_server_stop(launcher->server);
   close(launcher->signal_fd);
 }
 
-static void launcher_init(keel__launcher *launcher, const keel__run_options *options) {
+static keel_status launcher_open(keel__launcher *launcher) {
+  keel_status status = keel__launcher_open_base(launcher);
+  if (status != KEEL_OK) return status;
+  status = status_socket_open(&launcher->status_read_fd, &launcher->status_write_fd);
+  if (status != KEEL_OK) goto fail_close_base;
+  status = pipe_open(&launcher->report_read_fd, &launcher->report_write_fd);
+  if (status != KEEL_OK) goto fail_close_status_pipe;
+  launcher->children = calloc(launcher->child_capacity, sizeof *launcher->children);
+  status = launcher->children ? KEEL_OK : KEEL_ENOMEM;
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("launcher", "no memory for %zu processes", launcher->child_capacity);
+    goto fail_close_report_pipe;
+  }
+  status = watchers_open(launcher);
+  if (status != KEEL_OK) goto fail_free_children;
+  if (launcher->agent.active) status = keel__agent_register(launcher);
+  if (status != KEEL_OK) goto fail_stop_watchers;
+  return KEEL_OK;
+
+fail_stop_watchers:
+  keel__watcher_stop(launcher->request_watcher);
+  keel__watcher_stop(launcher->suspect_watcher);
+  keel__watcher_stop(launcher->proc_watcher);
+fail_free_children:
+  free(launcher->children);
+fail_close_report_pipe:
+  pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
+fail_close_status_pipe:
+  pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
+fail_close_base:
+  keel__launcher_close_base(launcher);
+  sigprocmask(SIG_SETMASK, &launcher->old_mask, NULL);
+  return status;
+}
+
+/* Undoes launcher_open once every child is reaped. */
+static void launcher_close(keel__launcher *launcher) {
+  keel__agent_close(launcher);
+  keel__watcher_stop(launcher->request_watcher);
+  keel__watcher_stop(launcher->suspect_watcher);
+  keel__watcher_stop(launcher->proc_watcher);
+  free(launcher->children);
+  pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
+  pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
+  keel__launcher_close_base(launcher);
+}
+
+void keel__launcher_init(keel__launcher *launcher, const keel__run_options *options) {
   launcher->options = *options;
+  snprintf(launcher->store_listen, sizeof launcher->store_listen, "127.0.0.1:0");
   launcher->signal_fd = launcher->events_fd = -1;
   launcher->status_read_fd = launcher->status_write_fd = -1;
   launcher->report_read_fd = launcher->report_write_fd = -1;
@@ -644,7 +685,8 @@ static void launcher_init(keel__launcher *launcher, const keel__run_options *opt
   launcher->stopped_grace_ns = grace < minimum ? minimum : grace > SECOND_NS ? SECOND_NS : grace;
   grace = 2 * options->heartbeat_ns;
   launcher->running_grace_ns = grace < 2 * SECOND_NS ? 2 * SECOND_NS : grace;
-  launcher->display.enabled = !options->quiet && isatty(STDERR_FILENO);
+  keel__agent_init(launcher);
+  launcher->display.enabled = !launcher->options.quiet && isatty(STDERR_FILENO);
 }
 
 /* After an orderly stop, one line on where the state went and how to go on. */
@@ -661,7 +703,7 @@ static void launcher_say_where_state_is(const keel__launcher *launcher) {
           (unsigned long long)launcher->auth.job_id);
 }
 
-static void launcher_emit_start(keel__launcher *launcher) {
+void keel__launcher_emit_start(keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
   char program[PATH_MAX * 2], ckpt_dir[PATH_MAX * 2 + 2] = "null";
   keel__json_escape(launcher->program_path, program, sizeof program);
@@ -688,6 +730,13 @@ static void launcher_spawn_all(keel__launcher *launcher) {
   launcher->start_ns = keel_now_ns();
   if (launcher->options.timeout_ns > 0)
     launcher->timeout_deadline_ns = keel_deadline_after_ns(launcher->options.timeout_ns);
+  const keel__agent_state *agent = &launcher->agent;
+  if (agent->active) {
+    if (!keel__children_spawn(launcher, KEEL__ROLE_WORKER, agent->workers)) return;
+    if (!keel__children_spawn(launcher, KEEL__ROLE_SPARE, agent->spares)) return;
+    keel__launcher_check_end(launcher); /* a spare node holds no rank: it may wait */
+    return;
+  }
   if (!keel__children_spawn(launcher, KEEL__ROLE_WORKER, launcher->options.world)) return;
   if (!keel__children_spawn(launcher, KEEL__ROLE_SPARE, launcher->options.spares)) return;
   keel__joiners_schedule(launcher);
@@ -697,10 +746,11 @@ int keel__command_run(int argc, char **argv) {
   keel__run_options options;
   keel__parse_result parsed = keel__run_options_parse(argc, argv, &options);
   if (parsed != KEEL__PARSE_OK) return parsed == KEEL__PARSE_HELP ? 0 : KEEL__EXIT_USAGE;
-  keel_log_set_identity("keel run");
+  keel_log_set_identity(options.node_rank >= 0 ? "keel agent" : "keel run");
+  if (options.agents && options.node_rank < 0) return keel__nodes_run(&options);
   keel__launcher *launcher = calloc(1, sizeof *launcher);
   if (launcher == NULL) return KEEL__EXIT_FAILURE;
-  launcher_init(launcher, &options);
+  keel__launcher_init(launcher, &options);
   int exit_code = KEEL__EXIT_NOT_FOUND;
   if (!program_resolve(options.program_argv[0], launcher->program_path,
                        sizeof launcher->program_path)) {
@@ -710,7 +760,7 @@ int keel__command_run(int argc, char **argv) {
   exit_code = KEEL__EXIT_FAILURE;
   if (!ckpt_dir_make(launcher) || !resume_dir_check(launcher)) goto free_launcher;
   if (launcher_open(launcher) != KEEL_OK) goto free_launcher;
-  launcher_emit_start(launcher);
+  if (!launcher->agent.supervised) keel__launcher_emit_start(launcher);
   launcher_spawn_all(launcher);
   launcher_loop(launcher);
   /* Lines the last processes wrote just before they exited may still be in the pipe. */
@@ -719,8 +769,12 @@ int keel__command_run(int argc, char **argv) {
   keel__launcher_store_census(launcher, "end");
   keel__display_finish(launcher);
   launcher_say_where_state_is(launcher);
-  keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
-                   (double)(keel_now_ns() - launcher->start_ns) / 1e9);
+  double seconds = (double)(keel_now_ns() - launcher->start_ns) / 1e9;
+  if (launcher->agent.supervised)
+    keel__event_emit(launcher, "agent_end", "\"node\":%lld,\"code\":%d,\"seconds\":%.3f",
+                     (long long)launcher->agent.node, exit_code, seconds);
+  else
+    keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code, seconds);
   launcher_close(launcher);
 free_launcher:
   free(launcher);

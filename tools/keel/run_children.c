@@ -1,6 +1,7 @@
 /* The launcher's children: spawning with the environment of docs/RUNTIME.md, reaping,
  * fencing by pid, and the verdict that becomes the exit code. A uid is the child's index in
- * the table, so uids are dense, never reused, and looked up without a search. */
+ * the table, so uids are dense, never reused, and looked up without a search; an agent's
+ * uids come from its node's ranges (run_agent.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -86,6 +87,7 @@ static int64_t worker_rank(const keel__launcher *launcher, uint32_t uid) {
  * same size after them, so a node's failure never takes the spares that are to replace it. */
 static int64_t child_node(const keel__launcher *launcher, uint32_t uid, keel__role role) {
   const keel__run_options *options = &launcher->options;
+  if (launcher->agent.active) return launcher->agent.node;
   if (role == KEEL__ROLE_WORKER) return worker_rank(launcher, uid) / options->nproc_per_node;
   return options->nnodes + ((int64_t)uid - options->world) / options->nproc_per_node;
 }
@@ -187,7 +189,9 @@ static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, char 
   /* A process group of its own: a terminal's Ctrl-C or Ctrl-Z reaches the launcher alone,
    * which stops the job in order. No parent-death signal: a launcher killed with SIGKILL
    * hangs up the status socket, and each process notices, saves and leaves on its own. */
-  setpgid(0, 0);
+  /* An agent on a host of several keeps its node's processes in its own group: killing the
+   * group is killing the node (keel inject kill-node). */
+  if (!launcher->agent.supervised) setpgid(0, 0);
   if (getppid() != launcher_pid) _exit(KEEL__EXIT_FAILURE);
   /* The status pipe's write end stays close-on-exec in the launcher (so no other exec'd
    * program holds it) and is opened to this child alone, at the same number. */
@@ -201,7 +205,8 @@ static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, char 
 
 keel_status keel__child_spawn(keel__launcher *launcher, keel__role role) {
   if (launcher->child_count >= launcher->child_capacity) return KEEL_ERANGE;
-  uint32_t uid = (uint32_t)launcher->child_count;
+  uint32_t uid = launcher->agent.active ? keel__agent_next_uid(launcher, role)
+                                        : (uint32_t)launcher->child_count;
   child_environment environment;
   keel_status status = environment_build(launcher, uid, role, &environment);
   if (status != KEEL_OK) return status;
@@ -230,7 +235,11 @@ keel_status keel__child_spawn(keel__launcher *launcher, keel__role role) {
 }
 
 keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid) {
-  return uid < launcher->child_count ? &launcher->children[uid] : NULL;
+  if (!launcher->agent.active) return uid < launcher->child_count ? &launcher->children[uid] : NULL;
+  /* An agent's uids are its node's ranges of the job's: its table is small, a search is. */
+  for (size_t i = 0; i < launcher->child_count; i++)
+    if (launcher->children[i].uid == uid) return &launcher->children[i];
+  return NULL;
 }
 
 static keel__child *child_by_pid(keel__launcher *launcher, pid_t pid) {

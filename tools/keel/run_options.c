@@ -51,6 +51,18 @@ static const char run_help_text[] =
     "  --rdzv-endpoint E         the job's store: etcd://host:port[,host:port...] (or\n"
     "                            https://... for TLS) instead of the embedded one\n"
     "  --rdzv-ca / --rdzv-cert / --rdzv-key FILE  TLS files for an https:// store\n"
+    "  --rdzv-id NAME            the job's name in an outside store (several hosts)\n"
+    "\n"
+    "Several nodes (docs/NODES.md): each node has an agent that starts and watches its\n"
+    "workers, keeps a lease in the store and fences its node when it loses it.\n"
+    "  --node-rank I             run as the agent of node I (one `keel run` per host;\n"
+    "                            needs --rdzv-endpoint and --rdzv-id); from SLURM_NODEID\n"
+    "                            (and --nnodes from SLURM_NNODES) under srun\n"
+    "  --agents                  on this host: one agent process per node\n"
+    "  --netns                   on this host: each node a network namespace with its own\n"
+    "                            address in 198.18.0.0/15 (needs root; implies --agents)\n"
+    "  --link-rate RATE          shape each node's link with --netns (e.g. 10gbit, 1gbit)\n"
+    "  --spare-nodes S           S more nodes whose agents start spares only (default 0)\n"
     "  --quiet                   no status line on the terminal\n"
     "  -h, --help                this text\n"
     "\n"
@@ -82,6 +94,12 @@ typedef enum flag_id {
   FLAG_RDZV_CA,
   FLAG_RDZV_CERT,
   FLAG_RDZV_KEY,
+  FLAG_RDZV_ID,
+  FLAG_NODE_RANK,
+  FLAG_AGENTS,
+  FLAG_NETNS,
+  FLAG_LINK_RATE,
+  FLAG_SPARE_NODES,
   FLAG_QUIET,
   FLAG_HELP,
   FLAG_COUNT,
@@ -116,6 +134,12 @@ static const flag_spec flag_table[] = {
     {"--rdzv-ca", FLAG_RDZV_CA, true},
     {"--rdzv-cert", FLAG_RDZV_CERT, true},
     {"--rdzv-key", FLAG_RDZV_KEY, true},
+    {"--rdzv-id", FLAG_RDZV_ID, true},
+    {"--node-rank", FLAG_NODE_RANK, true},
+    {"--agents", FLAG_AGENTS, false},
+    {"--netns", FLAG_NETNS, false},
+    {"--link-rate", FLAG_LINK_RATE, true},
+    {"--spare-nodes", FLAG_SPARE_NODES, true},
     {"--quiet", FLAG_QUIET, false},
     {"-q", FLAG_QUIET, false},
     {"--help", FLAG_HELP, false},
@@ -266,6 +290,25 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       if (*value == '\0') return reject("%s needs a file name", flag->name);
       options->rdzv_tls[flag->id - FLAG_RDZV_CA] = value;
       return true;
+    case FLAG_RDZV_ID:
+      if (*value == '\0' || strlen(value) > 64)
+        return reject("--rdzv-id needs a name of 1 to 64 characters");
+      options->rdzv_id = value;
+      return true;
+    case FLAG_NODE_RANK:
+      return parse_count(flag->name, value, 0, MAX_WORLD, &options->node_rank);
+    case FLAG_AGENTS:
+      options->agents = true;
+      return true;
+    case FLAG_NETNS:
+      options->netns = options->agents = true;
+      return true;
+    case FLAG_LINK_RATE:
+      if (*value == '\0') return reject("--link-rate needs a rate such as 10gbit");
+      options->link_rate = value;
+      return true;
+    case FLAG_SPARE_NODES:
+      return parse_count(flag->name, value, 0, MAX_WORLD, &options->spare_nodes);
     case FLAG_QUIET:
       options->quiet = true;
       return true;
@@ -323,7 +366,73 @@ static bool options_resolve_recovery(keel__run_options *options, const bool *giv
   return restart_grace_read(options);
 }
 
-static bool options_resolve(keel__run_options *options, const bool *given) {
+/* The first host of a Slurm node list ("n1,n2" or "n[3-6,9]" gives n1 or n3), where an
+ * srun'd job finds its store by default. */
+static void slurm_first_host(const char *list, char *host, size_t capacity) {
+  size_t length = strcspn(list, ",[");
+  if (list[length] != '[') {
+    snprintf(host, capacity, "%.*s", (int)length, list);
+    return;
+  }
+  const char *range = list + length + 1;
+  snprintf(host, capacity, "%.*s%.*s", (int)length, list, (int)strspn(range, "0123456789"), range);
+}
+
+/* Under srun (SLURM_STEP_NODELIST is set), the node count and this node's rank come from
+ * Slurm where the flags do not give them, and the store is etcd on the first node. */
+static bool options_read_slurm(keel__run_options *options, bool *given) {
+  static char endpoint[300];
+  const char *nodes = getenv("SLURM_NNODES"), *node_id = getenv("SLURM_NODEID");
+  const char *list = getenv("SLURM_STEP_NODELIST");
+  if (list == NULL || getenv("KEEL_AGENT_OF") != NULL) return true;
+  if (!given[FLAG_NNODES] && nodes != NULL) {
+    if (!parse_count("SLURM_NNODES", nodes, 1, MAX_WORLD, &options->nnodes)) return false;
+    given[FLAG_NNODES] = true;
+  }
+  if (!given[FLAG_NODE_RANK] && node_id != NULL) {
+    if (!parse_count("SLURM_NODEID", node_id, 0, MAX_WORLD, &options->node_rank)) return false;
+    given[FLAG_NODE_RANK] = true;
+  }
+  if (options->rdzv_endpoint == NULL && *list != '\0') {
+    char host[256];
+    slurm_first_host(list, host, sizeof host);
+    snprintf(endpoint, sizeof endpoint, "etcd://%s:2379", host);
+    options->rdzv_endpoint = endpoint;
+  }
+  const char *job = getenv("SLURM_JOB_ID");
+  if (options->rdzv_id == NULL && job != NULL && *job != '\0') options->rdzv_id = job;
+  return true;
+}
+
+/* Several nodes: agents on this host (--agents, --netns) or one agent per host
+ * (--node-rank). What a job of agents cannot do yet is refused here, in words. */
+static bool options_resolve_nodes(keel__run_options *options, const bool *given) {
+  bool agent = options->node_rank >= 0;
+  bool supervised = getenv("KEEL_AGENT_OF") != NULL;
+  if (given[FLAG_LINK_RATE] && !options->netns) return reject("--link-rate needs --netns");
+  if (!agent && !options->agents) {
+    if (options->spare_nodes > 0)
+      return reject("--spare-nodes needs --agents, --netns or --node-rank");
+    return true;
+  }
+  if (agent && !supervised) {
+    if (options->agents) return reject("--node-rank runs one node's agent: no --agents or --netns");
+    if (options->rdzv_endpoint == NULL || options->rdzv_id == NULL)
+      return reject("--node-rank needs --rdzv-endpoint and --rdzv-id (the same on every node)");
+  }
+  if (agent && options->node_rank >= options->nnodes + options->spare_nodes)
+    return reject("--node-rank %lld: the job has %lld nodes and %lld spare nodes",
+                  (long long)options->node_rank, (long long)options->nnodes,
+                  (long long)options->spare_nodes);
+  if (options->on_failure == KEEL__ON_FAILURE_RESTART)
+    return reject("--on-failure restart does not go with agents yet: use shrink or replace");
+  if (options->max_world > options->world)
+    return reject("--max-world does not go with agents yet: a job of nodes does not grow");
+  return true;
+}
+
+static bool options_resolve(keel__run_options *options, bool *given) {
+  if (!options_read_slurm(options, given)) return false;
   if (!options_resolve_shape(options, given)) return false;
   if (!options_resolve_recovery(options, given)) return false;
   if (!given[FLAG_MAX_RESTARTS])
@@ -333,11 +442,11 @@ static bool options_resolve(keel__run_options *options, const bool *given) {
                           ? options->world * options->max_restarts
                           : options->max_restarts;
   if (options->world + options->spares + restarted + options->max_world > MAX_PROCESSES_OVER_JOB)
-    return reject("-n %lld, --spares %lld, --max-restarts %lld and --max-world %lld would start "
-                  "more than %d processes over the job",
-                  (long long)options->world, (long long)options->spares,
-                  (long long)options->max_restarts, (long long)options->max_world,
-                  MAX_PROCESSES_OVER_JOB);
+    return reject(
+        "-n %lld, --spares %lld, --max-restarts %lld and --max-world %lld would start "
+        "more than %d processes over the job",
+        (long long)options->world, (long long)options->spares, (long long)options->max_restarts,
+        (long long)options->max_world, MAX_PROCESSES_OVER_JOB);
   if (options->min_world > options->world)
     return reject("--min-world %lld is above the %lld workers", (long long)options->min_world,
                   (long long)options->world);
@@ -346,7 +455,7 @@ static bool options_resolve(keel__run_options *options, const bool *given) {
                   (long long)options->world);
   if (options->program_argv == NULL || options->program_argv[0] == NULL)
     return reject("no program given: keel run [flags] -- PROG ARGS...");
-  return true;
+  return options_resolve_nodes(options, given);
 }
 
 static void options_default(keel__run_options *options) {
@@ -360,6 +469,7 @@ static void options_default(keel__run_options *options) {
       .collective_timeout_ns = 30 * SECOND_NS,
       .heartbeat_ns = 2 * SECOND_NS,
       .restart_grace_ns = DEFAULT_RESTART_GRACE_NS,
+      .node_rank = -1,
   };
 }
 
@@ -400,7 +510,13 @@ keel__parse_result keel__run_options_parse(int argc, char **argv, keel__run_opti
     given[flag->id] = true;
   }
   options.program_argv = index < argc ? argv + index : NULL;
+  options.argc = argc;
+  options.argv = argv;
   if (!options_resolve(&options, given)) return KEEL__PARSE_ERROR;
+  if (strcmp(argv[0], "agent") == 0 && options.node_rank < 0) {
+    reject("keel agent needs --node-rank");
+    return KEEL__PARSE_ERROR;
+  }
   *options_p = options;
   return KEEL__PARSE_OK;
 }

@@ -57,7 +57,6 @@ bool keel__job_flag(int argc, char **argv, int *index, const char **job_p, bool 
 #define KEEL__JOIN_REQUEST_PREFIX "request/join/"
 #define KEEL__JOIN_REFUSED "refused="
 
-
 /* ---- proc/<uid> values: "pid=<pid> node=<n> role=<role> rank=<rank> epoch=<e> addr=<a>". */
 typedef struct keel__proc_value {
   pid_t pid;
@@ -70,6 +69,25 @@ typedef struct keel__proc_value {
 
 /* Parses a value; pid, role, rank and epoch are required, unknown fields are ignored. */
 keel_status keel__proc_value_parse(const char *text, keel__proc_value *value_p);
+/* ---- node/<i> values, put by each node's agent under its lease:
+ * "pid=<agent pid> pgid=<its group> role=worker|spare group=0|1 addr=<address>"; group=1 when
+ * the node's processes are all in the agent's group (agents of one host). */
+typedef struct keel__node_value {
+  pid_t pid;
+  pid_t pgid;
+  bool own_group;
+  char role[16];
+  char addr[80];
+} keel__node_value;
+
+/* pid, pgid and group are required, unknown fields are ignored. */
+keel_status keel__node_value_parse(const char *text, keel__node_value *value_p);
+/* Calls visit for each proc/ entry of node (its value parsed) and counts those for which it
+ * returns true; 0 when the store cannot be listed. */
+size_t keel__node_processes_visit(keel_store *store, int64_t node,
+                                  bool (*visit)(keel_store *store, const keel_store_entry *entry,
+                                                const keel__proc_value *value, void *context),
+                                  void *context);
 /* The uid in key "<prefix><uid>" (decimal, nothing after it); KEEL_EINVAL otherwise. */
 keel_status keel__uid_from_key(const char *key, const char *prefix, uint32_t *uid_p);
 

@@ -1,0 +1,228 @@
+/* A launcher that is one node's agent (docs/NODES.md): it starts its node's workers and
+ * spares in uids no other agent gives, keeps node/<i> alive under a lease, fences its own
+ * node when the store stops confirming that lease, and ends the job with the other agents
+ * once no process of any node holds a rank. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "launcher.h"
+
+#define SECOND_NS INT64_C(1000000000)
+#define CONNECT_DEADLINE_NS (5 * SECOND_NS)
+#define TOKEN_KEY "auth/token"
+
+/* The fencing timing (docs/NODES.md): keepalives every ttl/8, each request bounded by ttl/8,
+ * and the node fences itself once no keepalive sent in the last 5/8 ttl was answered. A
+ * fence thus starts by 3/4 ttl after the last confirmed keepalive was sent, and the store
+ * cannot expire the lease before ttl after it: the workers are dead before anyone else may
+ * take their place. */
+static int64_t request_timeout_ns(const keel__agent_state *agent) { return agent->ttl_ns / 8; }
+static int64_t fence_after_ns(const keel__agent_state *agent) { return agent->ttl_ns * 5 / 8; }
+
+void keel__agent_init(keel__launcher *launcher) {
+  const keel__run_options *options = &launcher->options;
+  keel__agent_state *agent = &launcher->agent;
+  if (options->node_rank < 0) return;
+  agent->active = true;
+  agent->supervised = getenv("KEEL_AGENT_OF") != NULL;
+  agent->node = options->node_rank;
+  bool spare_node = options->node_rank >= options->nnodes;
+  agent->workers = spare_node ? 0 : options->nproc_per_node;
+  agent->spares = spare_node ? options->nproc_per_node + options->spares : options->spares;
+  /* Every agent computes the same stride from the same flags. */
+  agent->uid_stride = (uint32_t)(options->nproc_per_node + options->spares + options->max_restarts);
+  launcher->child_capacity = (size_t)agent->uid_stride;
+  agent->ttl_ns = options->heartbeat_ns;
+  agent->lease_confirmed_ns = keel_now_ns();
+  /* Agents on one host share its terminal with their supervisor, which draws the line. */
+  if (agent->supervised) launcher->options.quiet = true;
+}
+
+uint32_t keel__agent_next_uid(keel__launcher *launcher, keel__role role) {
+  keel__agent_state *agent = &launcher->agent;
+  const keel__run_options *options = &launcher->options;
+  if (role == KEEL__ROLE_WORKER && agent->workers_started < agent->workers)
+    return (uint32_t)(agent->node * options->nproc_per_node + agent->workers_started++);
+  return (uint32_t)(options->world + agent->node * agent->uid_stride + agent->extras_started++);
+}
+
+uint32_t keel__agent_uid_limit(const keel__launcher *launcher) {
+  const keel__run_options *options = &launcher->options;
+  int64_t nodes = options->nnodes + options->spare_nodes;
+  return (uint32_t)(options->world + nodes * launcher->agent.uid_stride);
+}
+
+/* FNV-1a of the --rdzv-id: the same name gives every node the same job id (never 0, which
+ * means "any job"). */
+static uint64_t job_id_from_name(const char *name) {
+  uint64_t hash = UINT64_C(14695981039346656037);
+  for (const unsigned char *c = (const unsigned char *)name; *c != '\0'; c++)
+    hash = (hash ^ *c) * UINT64_C(1099511628211);
+  return hash == 0 ? 1 : hash;
+}
+
+/* The first agent to come puts a fresh token; the others read it. The workers' links
+ * authenticate with it, and the store (etcd, with TLS where it matters) is what every node
+ * already trusts. */
+static keel_status token_agree(keel__launcher *launcher) {
+  keel_auth fresh;
+  keel_status status = keel_auth_generate(&fresh);
+  if (status != KEEL_OK) return status;
+  char hex[2 * KEEL_TOKEN_BYTES + 1];
+  keel_hex_encode(fresh.token, KEEL_TOKEN_BYTES, hex);
+  status = keel_store_cas(launcher->store, TOKEN_KEY, 0, hex, strlen(hex), 0, NULL);
+  if (status != KEEL_OK && status != KEEL_ECONFLICT) return status;
+  keel_store_entry *entry = NULL;
+  status = keel_store_get(launcher->store, TOKEN_KEY, &entry);
+  if (status != KEEL_OK) return status;
+  status = keel_hex_decode((const char *)entry->value, launcher->auth.token, KEEL_TOKEN_BYTES);
+  keel_store_entry_free(entry);
+  return status;
+}
+
+keel_status keel__agent_store_open(keel__launcher *launcher) {
+  const keel__run_options *options = &launcher->options;
+  keel_status status;
+  if (launcher->agent.supervised) {
+    status = keel_auth_from_env(&launcher->auth);
+    const char *store = getenv("KEEL_STORE");
+    if (status == KEEL_OK && store == NULL) status = KEEL_EINVAL;
+    if (status != KEEL_OK) {
+      KEEL_LOG_E("agent", "started without the job's identity (KEEL_JOB_ID, KEEL_STORE)");
+      return status;
+    }
+    snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s", store);
+  } else {
+    memset(&launcher->auth, 0, sizeof launcher->auth);
+    launcher->auth.job_id = job_id_from_name(options->rdzv_id);
+    snprintf(launcher->endpoint, sizeof launcher->endpoint, "%s", options->rdzv_endpoint);
+  }
+  launcher->auth.local_id = KEEL__LAUNCHER_ID;
+  status = keel_store_connect(launcher->endpoint, &launcher->auth,
+                              keel_deadline_after_ns(CONNECT_DEADLINE_NS), &launcher->store);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("agent", "cannot connect to the store %s: %s", launcher->endpoint,
+               keel_strerror(status));
+    return status;
+  }
+  if (!launcher->agent.supervised) status = token_agree(launcher);
+  if (status == KEEL_OK)
+    status = keel_store_set_timeout(launcher->store, request_timeout_ns(&launcher->agent));
+  if (status == KEEL_OK) return KEEL_OK;
+  KEEL_LOG_E("agent", "cannot agree on the job's token: %s", keel_strerror(status));
+  keel_store_close(launcher->store);
+  launcher->store = NULL;
+  return status;
+}
+
+keel_status keel__agent_register(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  int64_t sent_ns = keel_now_ns();
+  keel_status status = keel_store_lease_grant(launcher->store, agent->ttl_ns, &agent->lease);
+  char key[32], value[160];
+  snprintf(key, sizeof key, "node/%lld", (long long)agent->node);
+  const char *host = getenv("KEEL_HOST");
+  int length = snprintf(value, sizeof value, "pid=%ld pgid=%ld role=%s group=%d addr=%s",
+                        (long)getpid(), (long)getpgid(0), agent->workers > 0 ? "worker" : "spare",
+                        agent->supervised, host != NULL ? host : "127.0.0.1");
+  if (status == KEEL_OK)
+    status = keel_store_put(launcher->store, key, value, (size_t)length, agent->lease, NULL);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E("agent", "cannot register node %lld: %s", (long long)agent->node,
+               keel_strerror(status));
+    return status;
+  }
+  agent->lease_confirmed_ns = sent_ns;
+  agent->next_keepalive_ns = sent_ns + request_timeout_ns(agent);
+  keel__event_emit(launcher, "agent_start", "\"node\":%lld,\"pid\":%ld,\"role\":\"%s\"",
+                   (long long)agent->node, (long)getpid(), agent->workers > 0 ? "worker" : "spare");
+  return KEEL_OK;
+}
+
+/* The node lost its lease, or may have: its workers die now, before the store could let the
+ * rest of the job replace them. */
+static void agent_fence(keel__launcher *launcher, int64_t now_ns) {
+  keel__agent_state *agent = &launcher->agent;
+  agent->fenced = true;
+  double silent_ms = (double)(now_ns - agent->lease_confirmed_ns) / 1e6;
+  KEEL_LOG_E("agent", "node %lld: the store has not confirmed its lease for %.0f ms: fencing",
+             (long long)agent->node, silent_ms);
+  keel__event_emit(launcher, "node_fence", "\"node\":%lld,\"silent_ms\":%.1f,\"ttl_ms\":%.1f",
+                   (long long)agent->node, silent_ms, (double)agent->ttl_ns / 1e6);
+  keel__launcher_terminate(launcher, KEEL__EXIT_FENCED, SIGKILL);
+}
+
+void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
+  keel__agent_state *agent = &launcher->agent;
+  if (!agent->active || agent->lease == 0 || agent->fenced) return;
+  if (now_ns - agent->lease_confirmed_ns >= fence_after_ns(agent)) {
+    agent_fence(launcher, now_ns);
+    return;
+  }
+  if (now_ns < agent->next_keepalive_ns) return;
+  keel_status status = keel_store_lease_keepalive(launcher->store, agent->lease);
+  agent->next_keepalive_ns = keel_now_ns() + request_timeout_ns(agent);
+  if (status == KEEL_OK) {
+    agent->lease_confirmed_ns = now_ns;
+    return;
+  }
+  KEEL_LOG_W("agent", "node %lld: keepalive failed: %s", (long long)agent->node,
+             keel_strerror(status));
+  /* A lease the store no longer has cannot come back: the rest of the job may be replacing
+   * this node already. */
+  if (status == KEEL_ENOTFOUND) agent_fence(launcher, keel_now_ns());
+}
+
+int64_t keel__agent_deadline(const keel__launcher *launcher) {
+  const keel__agent_state *agent = &launcher->agent;
+  if (!agent->active || agent->lease == 0 || agent->fenced) return KEEL_NO_DEADLINE;
+  int64_t fence_at = agent->lease_confirmed_ns + fence_after_ns(agent);
+  return agent->next_keepalive_ns < fence_at ? agent->next_keepalive_ns : fence_at;
+}
+
+/* Whether a process of any node still holds a rank: its proc/ value shows one. */
+static bool ranks_held_anywhere(keel__launcher *launcher, bool *known_p) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  *known_p = keel_store_list(launcher->store, "proc/", &entries, &count, NULL) == KEEL_OK;
+  bool held = false;
+  for (size_t i = 0; *known_p && i < count && !held; i++) {
+    keel__proc_value value;
+    held = keel__proc_value_parse((const char *)entries[i].value, &value) == KEEL_OK &&
+           value.rank >= 0;
+  }
+  keel_store_entries_free(entries, count);
+  return held;
+}
+
+static bool job_done_put(keel__launcher *launcher) {
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(launcher->store, "job/done", &entry) != KEEL_OK) return false;
+  keel_store_entry_free(entry);
+  return true;
+}
+
+/* A node whose processes hold no rank ends with the job: when no process of any node holds
+ * one any more (once some did: a spare node's agent may look before the workers are up), or
+ * when another agent has said so. */
+void keel__agent_check_end(keel__launcher *launcher) {
+  if (launcher->phase != KEEL__PHASE_RUNNING) return;
+  if (keel__children_alive(launcher, true) > 0) return;
+  keel__launcher_refresh_ranks(launcher);
+  if (keel__children_alive(launcher, true) > 0) return;
+  bool known;
+  bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
+  if (over || job_done_put(launcher))
+    keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
+}
+
+void keel__agent_close(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  if (!agent->active || agent->lease == 0 || agent->fenced) return;
+  keel_store_lease_revoke(launcher->store, agent->lease);
+  agent->lease = 0;
+}

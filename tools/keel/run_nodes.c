@@ -1,0 +1,301 @@
+/* `keel run --agents` (and --netns): a job of several nodes on this host. This process, the
+ * supervisor, serves the store and starts one agent per node (`keel agent --node-rank i`,
+ * each in its own process group with its workers), then only watches them: it is the
+ * subreaper of their orphans, and when a node is gone (kill-node, a fenced agent) and no
+ * process of its group is left, it marks the node's processes dead in the store at once, as
+ * a launcher does for a child it reaped. Everything else is the agents' (run_agent.c). */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "launcher.h"
+
+extern char **environ;
+
+#define SECOND_NS INT64_C(1000000000)
+/* How often a gone node's process group is looked at until it is empty. */
+#define GROUP_POLL_NS (5 * INT64_C(1000000))
+
+typedef struct node_agent {
+  pid_t pid;
+  int64_t node;
+  bool alive;
+  bool accounted; /* its group is empty and what it left in the store is marked dead */
+  int wait_status;
+  uint64_t exit_order;
+} node_agent;
+
+typedef struct nodes_supervisor {
+  keel__launcher base; /* signals, store, events file, job file */
+  node_agent *agents;
+  size_t agent_count;
+  char program[PATH_MAX];
+  uint64_t exits;
+  bool stopping;
+} nodes_supervisor;
+
+/* ---- starting the agents */
+typedef struct agent_environment {
+  char **envp;
+  char own[5][600];
+} agent_environment;
+
+static bool is_agent_variable(const char *entry) {
+  static const char *const names[] = {
+      "KEEL_AGENT_OF=", "KEEL_STORE=", "KEEL_JOB_ID=", "KEEL_JOB_TOKEN=", "KEEL_HOST="};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strncmp(entry, names[i], strlen(names[i])) == 0) return true;
+  return false;
+}
+
+/* Built before fork: the supervisor has threads (the store's), so the child may only make
+ * async-signal-safe calls. */
+static keel_status agent_environment_build(const nodes_supervisor *supervisor,
+                                           agent_environment *environment) {
+  const keel__launcher *base = &supervisor->base;
+  size_t inherited = 0;
+  while (environ[inherited] != NULL) inherited++;
+  environment->envp = calloc(inherited + 6, sizeof *environment->envp);
+  if (environment->envp == NULL) return KEEL_ENOMEM;
+  size_t used = 0;
+  for (size_t i = 0; i < inherited; i++)
+    if (!is_agent_variable(environ[i])) environment->envp[used++] = environ[i];
+  char token[2 * KEEL_TOKEN_BYTES + 1];
+  keel_hex_encode(base->auth.token, KEEL_TOKEN_BYTES, token);
+  snprintf(environment->own[0], sizeof environment->own[0], "KEEL_AGENT_OF=%ld", (long)getpid());
+  snprintf(environment->own[1], sizeof environment->own[1], "KEEL_STORE=%s", base->endpoint);
+  snprintf(environment->own[2], sizeof environment->own[2], "KEEL_JOB_ID=%llu",
+           (unsigned long long)base->auth.job_id);
+  snprintf(environment->own[3], sizeof environment->own[3], "KEEL_JOB_TOKEN=%s", token);
+  for (size_t i = 0; i < 4; i++) environment->envp[used++] = environment->own[i];
+  return KEEL_OK;
+}
+
+/* keel agent --node-rank I <the flags of this command> -- PROG ARGS... */
+static char **agent_argv_build(const keel__run_options *options, char *node_text) {
+  char **argv = calloc((size_t)options->argc + 4, sizeof *argv);
+  if (argv == NULL) return NULL;
+  argv[0] = "keel";
+  argv[1] = "agent";
+  argv[2] = "--node-rank";
+  argv[3] = node_text;
+  for (int i = 1; i < options->argc; i++) argv[3 + i] = options->argv[i];
+  return argv;
+}
+
+static keel_status agent_spawn(nodes_supervisor *supervisor, int64_t node) {
+  keel__launcher *base = &supervisor->base;
+  char node_text[24];
+  snprintf(node_text, sizeof node_text, "%lld", (long long)node);
+  agent_environment environment;
+  keel_status status = agent_environment_build(supervisor, &environment);
+  if (status != KEEL_OK) return status;
+  char **argv = agent_argv_build(&base->options, node_text);
+  if (argv == NULL) {
+    free(environment.envp);
+    return KEEL_ENOMEM;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    sigprocmask(SIG_SETMASK, &base->old_mask, NULL);
+    struct sigaction default_action = {.sa_handler = SIG_DFL};
+    sigaction(SIGPIPE, &default_action, NULL);
+    /* The node's group: the agent and, after it, every process it starts. */
+    setpgid(0, 0);
+    execve(base->program_path, argv, environment.envp);
+    _exit(KEEL__EXIT_NOT_FOUND);
+  }
+  free(argv);
+  free(environment.envp);
+  if (pid < 0) {
+    KEEL_LOG_E("keel run", "cannot start the agent of node %lld: %s", (long long)node,
+               strerror(errno));
+    return keel_status_from_errno(errno);
+  }
+  setpgid(pid, pid); /* also here, so that no signal to the group can come before it exists */
+  supervisor->agents[supervisor->agent_count++] =
+      (node_agent){.pid = pid, .node = node, .alive = true};
+  keel__event_emit(base, "agent_spawn", "\"node\":%lld,\"pid\":%ld", (long long)node, (long)pid);
+  return KEEL_OK;
+}
+
+/* ---- a node that is gone */
+/* Every process the store still shows on a gone node is dead now, as the launcher writes
+ * dead/<uid> for a child it reaped, and its lease is revoked so that nobody waits for it to
+ * lapse. */
+static bool process_mark_dead(keel_store *store, const keel_store_entry *entry,
+                              const keel__proc_value *value, void *context) {
+  (void)value, (void)context;
+  char key[64];
+  snprintf(key, sizeof key, "dead/%s", entry->key + strlen("proc/"));
+  static const char text[] = "status=node-lost";
+  if (keel_store_put(store, key, text, sizeof text - 1, 0, NULL) != KEEL_OK) return false;
+  if (entry->lease != 0) keel_store_lease_revoke(store, entry->lease);
+  return true;
+}
+
+/* Once the group of a node whose agent ended is empty (kill-node killed all of it; orphans
+ * of a lone dead agent saved and left, reaped here as their subreaper), what the store
+ * still shows of the node is dead. */
+static bool agent_account(nodes_supervisor *supervisor, node_agent *agent) {
+  if (kill(-agent->pid, 0) == 0 || errno != ESRCH) return false;
+  char outcome[32];
+  keel__wait_status_text(agent->wait_status, outcome, sizeof outcome);
+  size_t marked =
+      keel__node_processes_visit(supervisor->base.store, agent->node, process_mark_dead, NULL);
+  agent->accounted = true;
+  bool clean = WIFEXITED(agent->wait_status) && WEXITSTATUS(agent->wait_status) == 0;
+  if (clean && marked == 0) return true;
+  keel__event_emit(&supervisor->base, "node_lost",
+                   "\"node\":%lld,\"agent_pid\":%ld,\"agent_status\":\"%s\",\"processes\":%zu",
+                   (long long)agent->node, (long)agent->pid, outcome, marked);
+  KEEL_LOG_W("keel run", "node %lld is gone (agent %s): %zu of its processes marked dead",
+             (long long)agent->node, outcome, marked);
+  return true;
+}
+
+static node_agent *agent_by_pid(nodes_supervisor *supervisor, pid_t pid) {
+  for (size_t i = 0; i < supervisor->agent_count; i++)
+    if (supervisor->agents[i].pid == pid && supervisor->agents[i].alive)
+      return &supervisor->agents[i];
+  return NULL;
+}
+
+/* Reaps agents and, as the subreaper, the orphans of dead agents. */
+static void supervisor_reap(nodes_supervisor *supervisor) {
+  for (;;) {
+    int wait_status;
+    pid_t pid = waitpid(-1, &wait_status, WNOHANG);
+    if (pid <= 0) return;
+    node_agent *agent = agent_by_pid(supervisor, pid);
+    if (agent == NULL) continue;
+    agent->alive = false;
+    agent->wait_status = wait_status;
+    agent->exit_order = ++supervisor->exits;
+  }
+}
+
+/* ---- the loop */
+static void agents_signal(nodes_supervisor *supervisor, int signal_number, bool whole_group) {
+  for (size_t i = 0; i < supervisor->agent_count; i++) {
+    const node_agent *agent = &supervisor->agents[i];
+    if (agent->alive) kill(whole_group ? -agent->pid : agent->pid, signal_number);
+  }
+}
+
+/* The first SIGINT/SIGTERM goes to every agent, which stops its node in order; a second one
+ * kills every node. */
+static void supervisor_handle_signals(nodes_supervisor *supervisor) {
+  struct signalfd_siginfo info;
+  while (read(supervisor->base.signal_fd, &info, sizeof info) == (ssize_t)sizeof info) {
+    if (info.ssi_signo == SIGCHLD) continue;
+    int signal_number = (int)info.ssi_signo;
+    if (!supervisor->stopping) {
+      supervisor->stopping = true;
+      supervisor->base.stop_signal = signal_number;
+      KEEL_LOG_W("keel run", "%s: stopping every node in order (again to kill at once)",
+                 strsignal(signal_number));
+      agents_signal(supervisor, signal_number, false);
+      continue;
+    }
+    agents_signal(supervisor, SIGKILL, true);
+  }
+}
+
+static bool supervisor_finished(const nodes_supervisor *supervisor) {
+  for (size_t i = 0; i < supervisor->agent_count; i++)
+    if (supervisor->agents[i].alive || !supervisor->agents[i].accounted) return false;
+  return true;
+}
+
+/* The job's code: the first agent that ended on its own with a non-zero code; else 0 when
+ * any node finished; else the first agent's end (every node was lost). */
+static int supervisor_verdict(const nodes_supervisor *supervisor) {
+  const node_agent *first_nonzero = NULL, *first_lost = NULL;
+  bool any_finished = false;
+  for (size_t i = 0; i < supervisor->agent_count; i++) {
+    const node_agent *agent = &supervisor->agents[i];
+    int code = keel__wait_status_code(agent->wait_status);
+    bool lost = !WIFEXITED(agent->wait_status) || code == KEEL__EXIT_FENCED;
+    if (lost) {
+      if (first_lost == NULL || agent->exit_order < first_lost->exit_order) first_lost = agent;
+      continue;
+    }
+    any_finished = true;
+    if (code != 0 && (first_nonzero == NULL || agent->exit_order < first_nonzero->exit_order))
+      first_nonzero = agent;
+  }
+  if (first_nonzero != NULL) return keel__wait_status_code(first_nonzero->wait_status);
+  if (any_finished || first_lost == NULL) return 0;
+  return keel__wait_status_code(first_lost->wait_status);
+}
+
+static void supervisor_loop(nodes_supervisor *supervisor, int64_t timeout_deadline_ns,
+                            int exit_override) {
+  while (!supervisor_finished(supervisor)) {
+    bool pending = false;
+    for (size_t i = 0; i < supervisor->agent_count; i++) {
+      node_agent *agent = &supervisor->agents[i];
+      if (!agent->alive && !agent->accounted) pending |= !agent_account(supervisor, agent);
+    }
+    if (supervisor_finished(supervisor)) break;
+    int64_t next = pending ? keel_deadline_after_ns(GROUP_POLL_NS) : timeout_deadline_ns;
+    if (timeout_deadline_ns < next) next = timeout_deadline_ns;
+    struct pollfd fd = {.fd = supervisor->base.signal_fd, .events = POLLIN};
+    int ready = poll(&fd, 1, keel_poll_timeout_ms(next));
+    if (ready > 0) supervisor_handle_signals(supervisor);
+    supervisor_reap(supervisor);
+    if (exit_override < 0 && keel_now_ns() >= timeout_deadline_ns) {
+      KEEL_LOG_E("keel run", "--timeout passed: killing every node");
+      keel__event_emit(&supervisor->base, "timeout", NULL);
+      agents_signal(supervisor, SIGKILL, true);
+      exit_override = KEEL__EXIT_TIMEOUT;
+      timeout_deadline_ns = KEEL_NO_DEADLINE;
+    }
+  }
+  supervisor->base.exit_code = exit_override >= 0 ? exit_override : supervisor_verdict(supervisor);
+  if (exit_override < 0 && supervisor->stopping)
+    supervisor->base.exit_code = 128 + supervisor->base.stop_signal;
+}
+
+int keel__nodes_run(const keel__run_options *options) {
+  nodes_supervisor *supervisor = calloc(1, sizeof *supervisor);
+  if (supervisor == NULL) return KEEL__EXIT_FAILURE;
+  keel__launcher *base = &supervisor->base;
+  keel__launcher_init(base, options);
+  int exit_code = KEEL__EXIT_FAILURE;
+  ssize_t length = readlink("/proc/self/exe", base->program_path, sizeof base->program_path - 1);
+  size_t nodes = (size_t)(options->nnodes + options->spare_nodes);
+  supervisor->agents = calloc(nodes, sizeof *supervisor->agents);
+  if (length <= 0 || supervisor->agents == NULL) goto free_supervisor;
+  base->program_path[length] = '\0';
+  /* Orphans of a dead agent come to this process, which tells when a node is empty. */
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  if (keel__launcher_open_base(base) != KEEL_OK) goto free_supervisor;
+  keel__launcher_emit_start(base);
+  base->start_ns = keel_now_ns();
+  int64_t timeout_deadline_ns =
+      options->timeout_ns > 0 ? keel_deadline_after_ns(options->timeout_ns) : KEEL_NO_DEADLINE;
+  int exit_override = -1;
+  for (size_t node = 0; node < nodes && exit_override < 0; node++) {
+    if (agent_spawn(supervisor, (int64_t)node) == KEEL_OK) continue;
+    agents_signal(supervisor, SIGKILL, true);
+    exit_override = KEEL__EXIT_FAILURE;
+  }
+  supervisor_loop(supervisor, timeout_deadline_ns, exit_override);
+  exit_code = base->exit_code;
+  keel__event_emit(base, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
+                   (double)(keel_now_ns() - base->start_ns) / 1e9);
+  keel__launcher_close_base(base);
+free_supervisor:
+  free(supervisor->agents);
+  free(supervisor);
+  return exit_code;
+}
