@@ -1,0 +1,227 @@
+/* Jobs of several nodes on this host (keel run --agents): an agent per node, each with its
+ * workers in its process group. A whole node killed at once (keel inject kill-node) is
+ * dropped by shrink or replaced by a spare node, bit for bit; a lone dead agent takes its
+ * node with it; the flags and Slurm's environment that shape such a job are read right. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "test_events.h"
+#include "test_job.h"
+#include "test_support.h"
+
+#define MAX_EVENTS 20000
+#define STEPS "300"
+#define STEP_COUNT 300
+
+static const char *const toy_args[] = {"--steps", STEPS, "--params", "100000", NULL};
+
+typedef struct progress_want {
+  long long step;
+} progress_want;
+
+static bool progress_reached(const keel_test_events *log, void *context) {
+  const progress_want *want = context;
+  for (size_t i = 0; i < log->count; i++)
+    if (keel_test_event_is(log->lines[i], "progress") &&
+        keel_test_event_long(log->lines[i], "step") >= want->step)
+      return true;
+  return false;
+}
+
+/* Starts the job and waits until it trains (step 20), then gives its job id. */
+static pid_t job_start_training(keel_test_job *job, const char *const *flags, char *job_id,
+                                size_t capacity) {
+  assert_true(keel_test_job_prepare(job, "keel-nodes"));
+  pid_t launcher =
+      keel_test_job_start(job, "60s", flags, keel_test_program("toy_train"), toy_args, NULL);
+  assert_true(launcher > 0);
+  progress_want want = {20};
+  if (!keel_test_events_wait(job->events, MAX_EVENTS, progress_reached, &want, 10,
+                             30000 * keel_test_slowdown())) {
+    keel_test_print_file("output", job->output);
+    fail_msg("the job did not reach step 20");
+  }
+  keel_test_events log;
+  keel_test_events_read(job->events, MAX_EVENTS, &log);
+  assert_true(keel_test_events_job_id(&log, job_id, capacity));
+  keel_test_events_free(&log);
+  return launcher;
+}
+
+static int job_finish(const keel_test_job *job, pid_t launcher) {
+  int status = -1;
+  if (!keel_test_wait(launcher, 90000 * keel_test_slowdown(), &status)) {
+    keel_test_print_file("output", job->output);
+    fail_msg("the job did not end");
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void kill_node(const keel_test_job *job, const char *job_id, const char *node) {
+  const char *args[] = {"inject", "kill-node", node, "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(args, job->output, 10000), 0);
+}
+
+/* The node_lost event of node, which says how many of its processes the store still showed
+ * (and were then marked dead). */
+static long long node_lost_processes(const keel_test_events *log, long long node) {
+  for (size_t i = 0; i < log->count; i++)
+    if (keel_test_event_is(log->lines[i], "node_lost") &&
+        keel_test_event_long(log->lines[i], "node") == node)
+      return keel_test_event_long(log->lines[i], "processes");
+  return -1;
+}
+
+static void kill_node_shrinks_by_the_whole_node(void **state) {
+  (void)state;
+  static const char *const flags[] = {"--agents", "--nnodes", "3", "--nproc-per-node", "2", NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  kill_node(&job, job_id, "2");
+  int code = job_finish(&job, launcher);
+  if (code != 0) keel_test_print_file("output", job.output);
+  assert_int_equal(code, 0);
+  keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  /* The killed node's two workers were still in the store: the supervisor marked them. */
+  assert_int_equal(node_lost_processes(&log, 2), 2);
+  const char *recovery = keel_test_events_find(&log, "recovery", 0);
+  assert_non_null(recovery);
+  assert_non_null(strstr(recovery, "\"failed\":[4,5]"));
+  assert_int_equal(keel_test_events_count(&log, "agent_end"), 2);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
+  (void)state;
+  keel_test_job baseline;
+  assert_true(keel_test_job_prepare(&baseline, "keel-nodes"));
+  static const char *const plain[] = {"-n", "4", NULL};
+  assert_int_equal(keel_test_job_run(&baseline, "60s", 90000, plain, keel_test_program("toy_train"),
+                                     toy_args, NULL),
+                   0);
+  unsigned clean_crc = keel_test_toy_assert_consistent(baseline.output, 4, STEP_COUNT);
+
+  static const char *const flags[] = {
+      "--agents",     "--nnodes", "2", "--nproc-per-node", "2", "--spare-nodes", "1",
+      "--on-failure", "replace",  NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  kill_node(&job, job_id, "1");
+  assert_int_equal(job_finish(&job, launcher), 0);
+  assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT), clean_crc);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  assert_int_equal(node_lost_processes(&log, 1), 2);
+  const char *recovery = keel_test_events_find(&log, "recovery", 0);
+  assert_non_null(recovery);
+  assert_non_null(strstr(recovery, "\"replaced\":2"));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* Only the agent dies: its workers see their launcher gone and leave (exit 76), and the
+ * node is dropped once its group is empty. */
+static void a_lone_dead_agent_takes_its_node(void **state) {
+  (void)state;
+  static const char *const flags[] = {"--agents", "--nnodes", "2", "--nproc-per-node", "2", NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  pid_t agent = -1;
+  for (size_t i = 0; i < log.count; i++)
+    if (keel_test_event_is(log.lines[i], "agent_spawn") &&
+        keel_test_event_long(log.lines[i], "node") == 1)
+      agent = (pid_t)keel_test_event_long(log.lines[i], "pid");
+  keel_test_events_free(&log);
+  assert_true(agent > 1 && keel_test_pid_exists(agent));
+  assert_int_equal(kill(agent, SIGKILL), 0);
+  assert_int_equal(job_finish(&job, launcher), 0);
+  keel_test_toy_assert_consistent(job.output, 2, STEP_COUNT);
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  assert_non_null(keel_test_events_find(&log, "node_lost", -1));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* Runs keel with args (NULL-terminated) and extra environment; returns its exit code, its
+ * output in output (capacity bytes). */
+static int keel_output(const char *const *args, char *const *env, char *output, size_t capacity) {
+  const char *folder = keel_test_tempdir("keel-nodes-flags");
+  assert_non_null(folder);
+  char path[300];
+  snprintf(path, sizeof path, "%s/output.txt", folder);
+  char *argv[24] = {(char *)keel_test_bin("keel")};
+  for (size_t i = 0; args[i] != NULL && i < 22; i++) argv[i + 1] = (char *)args[i];
+  int code = keel_test_run(argv, env, path, 20000);
+  char *text = keel_test_read_file(path, NULL);
+  snprintf(output, capacity, "%s", text != NULL ? text : "");
+  free(text);
+  return code;
+}
+
+static void node_flags_are_checked(void **state) {
+  (void)state;
+  char output[2048];
+  static const char *const no_store[] = {"run", "--node-rank", "0",    "--nnodes",
+                                         "2",   "--",          "true", NULL};
+  assert_int_equal(keel_output(no_store, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "--node-rank needs --rdzv-endpoint and --rdzv-id"));
+  static const char *const rate[] = {"run", "--link-rate", "1gbit", "--", "true", NULL};
+  assert_int_equal(keel_output(rate, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "--link-rate needs --netns"));
+  static const char *const agent[] = {"agent", "--nnodes", "2", "--", "true", NULL};
+  assert_int_equal(keel_output(agent, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "keel agent needs --node-rank"));
+  static const char *const restart[] = {"run",          "--agents", "--nnodes", "2",
+                                        "--on-failure", "restart",  "--ckpt",   "jit",
+                                        "--",           "true",     NULL};
+  assert_int_equal(keel_output(restart, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "does not go with agents"));
+}
+
+/* Under srun, the node count, this node's rank, the store (etcd on the first node of the
+ * step) and the job's name come from Slurm. The host does not exist here: the agent says it
+ * cannot reach that store, which shows that it read them all. */
+static void slurm_environment_shapes_the_job(void **state) {
+  (void)state;
+  char output[4096];
+  char *env[] = {"SLURM_STEP_NODELIST=keel-test-node[7-8]", "SLURM_NNODES=2", "SLURM_NODEID=1",
+                 "SLURM_JOB_ID=4242", NULL};
+  static const char *const beyond[] = {
+      "run", "--nproc-per-node", "1", "--node-rank", "2", "--", "true", NULL};
+  assert_int_equal(keel_output(beyond, env, output, sizeof output), 2);
+  assert_non_null(strstr(output, "--node-rank 2: the job has 2 nodes"));
+  static const char *const plain[] = {"run", "--nproc-per-node", "1", "--", "true", NULL};
+  int code = keel_output(plain, env, output, sizeof output);
+  assert_int_not_equal(code, 0);
+  assert_non_null(strstr(output, "etcd://keel-test-node7:2379"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(node_flags_are_checked),
+      cmocka_unit_test(slurm_environment_shapes_the_job),
+      cmocka_unit_test(kill_node_shrinks_by_the_whole_node),
+      cmocka_unit_test(kill_node_replaced_by_a_spare_node_is_exact),
+      cmocka_unit_test(a_lone_dead_agent_takes_its_node),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  keel_test_kill_all();
+  return failed;
+}
