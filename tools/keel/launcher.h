@@ -77,6 +77,8 @@ typedef enum keel__report_kind {
   KEEL__REPORT_PROC_GONE, /* proc/<uid> went away: its lease ended or it was deleted */
   KEEL__REPORT_SUSPECT,   /* suspect/<uid> appeared or changed */
   KEEL__REPORT_REQUEST,   /* a key under request/ was written (no uid: the loop lists them) */
+  KEEL__REPORT_NODE,      /* node/<i> was created or changed (uid: the node) */
+  KEEL__REPORT_NODE_GONE, /* node/<i> went away: its agent's lease ended */
 } keel__report_kind;
 
 typedef struct keel__report {
@@ -84,6 +86,7 @@ typedef struct keel__report {
   uint32_t uid;
   int64_t rank;   /* KEEL__REPORT_PROC */
   int64_t epoch;  /* KEEL__REPORT_PROC */
+  int64_t node;   /* KEEL__REPORT_PROC: the node its value names (-1: none) */
   char text[160]; /* the suspect/ value ("by=<uid> reason=<text>"), NUL-terminated */
 } keel__report;
 
@@ -182,7 +185,19 @@ typedef struct keel__agent_state {
   int64_t next_keepalive_ns;
   bool fenced;
   bool ranks_seen; /* some process of the job showed a rank: the job has begun */
+  /* The root's view (run_root.c): every agent keeps it, so that any can take over. */
+  bool is_root;
+  uint32_t uid_limit;
+  int32_t *uid_node;   /* per uid: the node its proc/ value named; -1: never seen */
+  uint8_t *uid_state;  /* per uid: KEEL__UID_* flags */
+  int64_t node_count;  /* nnodes + spare_nodes */
+  uint8_t *node_state; /* per node: KEEL__NODE_* flags */
 } keel__agent_state;
+
+#define KEEL__UID_ALIVE 1  /* its proc/ key is there */
+#define KEEL__UID_MARKED 2 /* the root wrote dead/<uid> */
+#define KEEL__NODE_SEEN 1  /* its node/ key appeared */
+#define KEEL__NODE_LOST 2  /* the root decided it is lost (decision/node/<i>) */
 
 typedef struct keel__launcher {
   keel__run_options options;
@@ -200,6 +215,7 @@ typedef struct keel__launcher {
   keel__watcher *proc_watcher;
   keel__watcher *suspect_watcher;
   keel__watcher *request_watcher;
+  keel__watcher *node_watcher; /* agents: node/ */
   int events_fd;
   char job_file_path[PATH_MAX];
   char ckpt_dir[PATH_MAX];   /* absolute, made at the start; empty without --ckpt */
@@ -320,6 +336,19 @@ int64_t keel__agent_deadline(const keel__launcher *launcher);
 void keel__agent_check_end(keel__launcher *launcher);
 /* Revokes the node's lease (its node/ key goes with it). */
 void keel__agent_close(keel__launcher *launcher);
+
+/* run_root.c: the root agent (docs/NODES.md), elected through the store. */
+/* Allocates the root's view of the job; KEEL_ENOMEM. */
+keel_status keel__root_init(keel__launcher *launcher);
+void keel__root_free(keel__launcher *launcher);
+/* Tries to become the root: creates "root" under the node's lease unless another has it. */
+void keel__root_try(keel__launcher *launcher);
+/* What the watchers saw: a process's proc/ key (node >= 0) or its going, a node's key or its
+ * going. The root turns a lost node's processes whose own leases are gone into dead/<uid>. */
+void keel__root_note_report(keel__launcher *launcher, const keel__report *report);
+/* An agent that ends in order says so (decision/node/<i> = left) before its lease goes, so
+ * that the root does not take its node for lost. */
+void keel__root_leave(keel__launcher *launcher);
 
 /* run_nodes.c: `keel run --agents/--netns`, several nodes on this host. */
 int keel__nodes_run(const keel__run_options *options);

@@ -293,7 +293,9 @@ static void launcher_handle_suspect(keel__launcher *launcher, const keel__report
 }
 
 static void launcher_handle_report(keel__launcher *launcher, const keel__report *report) {
-  keel__child *child = keel__child_by_uid(launcher, report->uid);
+  keel__root_note_report(launcher, report);
+  bool about_process = report->kind != KEEL__REPORT_NODE && report->kind != KEEL__REPORT_NODE_GONE;
+  keel__child *child = about_process ? keel__child_by_uid(launcher, report->uid) : NULL;
   switch ((keel__report_kind)report->kind) {
     case KEEL__REPORT_PROC:
       launcher_note_proc(launcher, report->uid, report->rank, report->epoch);
@@ -311,6 +313,9 @@ static void launcher_handle_report(keel__launcher *launcher, const keel__report 
       break;
     case KEEL__REPORT_REQUEST:
       keel__join_requests_handle(launcher);
+      break;
+    case KEEL__REPORT_NODE:
+    case KEEL__REPORT_NODE_GONE:
       break;
   }
 }
@@ -564,8 +569,15 @@ static keel_status watchers_open(keel__launcher *launcher) {
   status = keel__watcher_start(launcher->endpoint, &launcher->auth, "suspect/", limit,
                                launcher->report_write_fd, &launcher->suspect_watcher);
   if (status != KEEL_OK) goto fail_stop_proc_watcher;
-  /* A job of agents does not grow (run_options.c): nobody to hear `keel join`. */
-  if (launcher->agent.active) return KEEL_OK;
+  /* A job of agents does not grow (run_options.c): nobody to hear `keel join`; its agents
+   * watch each other's node/ keys instead. */
+  if (launcher->agent.active) {
+    status = keel__watcher_start(launcher->endpoint, &launcher->auth, "node/",
+                                 (uint32_t)launcher->agent.node_count, launcher->report_write_fd,
+                                 &launcher->node_watcher);
+    if (status != KEEL_OK) goto fail_stop_suspect_watcher;
+    return KEEL_OK;
+  }
   status = keel__watcher_start(launcher->endpoint, &launcher->auth, "request/", 0,
                                launcher->report_write_fd, &launcher->request_watcher);
   if (status != KEEL_OK) goto fail_stop_suspect_watcher;
@@ -625,16 +637,22 @@ static keel_status launcher_open(keel__launcher *launcher) {
     KEEL_LOG_E("launcher", "no memory for %zu processes", launcher->child_capacity);
     goto fail_close_report_pipe;
   }
-  status = watchers_open(launcher);
+  if (launcher->agent.active) status = keel__root_init(launcher);
   if (status != KEEL_OK) goto fail_free_children;
+  status = watchers_open(launcher);
+  if (status != KEEL_OK) goto fail_free_root;
   if (launcher->agent.active) status = keel__agent_register(launcher);
   if (status != KEEL_OK) goto fail_stop_watchers;
+  keel__root_try(launcher);
   return KEEL_OK;
 
 fail_stop_watchers:
+  keel__watcher_stop(launcher->node_watcher);
   keel__watcher_stop(launcher->request_watcher);
   keel__watcher_stop(launcher->suspect_watcher);
   keel__watcher_stop(launcher->proc_watcher);
+fail_free_root:
+  keel__root_free(launcher);
 fail_free_children:
   free(launcher->children);
 fail_close_report_pipe:
@@ -650,9 +668,11 @@ fail_close_base:
 /* Undoes launcher_open once every child is reaped. */
 static void launcher_close(keel__launcher *launcher) {
   keel__agent_close(launcher);
+  keel__watcher_stop(launcher->node_watcher);
   keel__watcher_stop(launcher->request_watcher);
   keel__watcher_stop(launcher->suspect_watcher);
   keel__watcher_stop(launcher->proc_watcher);
+  keel__root_free(launcher);
   free(launcher->children);
   pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
   pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);

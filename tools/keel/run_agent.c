@@ -223,6 +223,7 @@ void keel__agent_check_end(keel__launcher *launcher) {
 void keel__agent_close(keel__launcher *launcher) {
   keel__agent_state *agent = &launcher->agent;
   if (!agent->active || agent->lease == 0 || agent->fenced) return;
+  keel__root_leave(launcher);
   keel_store_lease_revoke(launcher->store, agent->lease);
   agent->lease = 0;
 }

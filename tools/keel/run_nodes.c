@@ -141,6 +141,16 @@ static bool process_mark_dead(keel_store *store, const keel_store_entry *entry,
   return true;
 }
 
+/* The node's lease ends now rather than a TTL later, so that the root decides at once. */
+static void node_lease_end(keel_store *store, int64_t node) {
+  char key[32];
+  snprintf(key, sizeof key, "node/%lld", (long long)node);
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(store, key, &entry) != KEEL_OK) return;
+  if (entry->lease != 0) keel_store_lease_revoke(store, entry->lease);
+  keel_store_entry_free(entry);
+}
+
 /* Once the group of a node whose agent ended is empty (kill-node killed all of it; orphans
  * of a lone dead agent saved and left, reaped here as their subreaper), what the store
  * still shows of the node is dead. */
@@ -150,6 +160,7 @@ static bool agent_account(nodes_supervisor *supervisor, node_agent *agent) {
   keel__wait_status_text(agent->wait_status, outcome, sizeof outcome);
   size_t marked =
       keel__node_processes_visit(supervisor->base.store, agent->node, process_mark_dead, NULL);
+  node_lease_end(supervisor->base.store, agent->node);
   agent->accounted = true;
   bool clean = WIFEXITED(agent->wait_status) && WEXITSTATUS(agent->wait_status) == 0;
   if (clean && marked == 0) return true;

@@ -1,4 +1,4 @@
-/* Store watchers of the launcher: a thread per prefix (proc/, suspect/, request/), each with
+/* Store watchers of the launcher: a thread per prefix (proc/, suspect/, request/, node/), each with
  * its own store client, that lists the prefix, reports what changed since its last listing
  * to the loop through a pipe, and blocks in keel_store_wait until the next change. The loop
  * stays the only owner of the process table; these threads own only their listing memory. */
@@ -43,6 +43,12 @@ static void report_send(keel__watcher *watcher, const keel__report *report) {
 
 static void report_entry(keel__watcher *watcher, uint32_t uid, const keel_store_entry *entry) {
   keel__report report = {.uid = uid};
+  if (watcher->kind == KEEL__REPORT_NODE) {
+    report.kind = KEEL__REPORT_NODE;
+    snprintf(report.text, sizeof report.text, "%s", (const char *)entry->value);
+    report_send(watcher, &report);
+    return;
+  }
   if (watcher->kind == KEEL__REPORT_SUSPECT) {
     report.kind = KEEL__REPORT_SUSPECT;
     snprintf(report.text, sizeof report.text, "%s", (const char *)entry->value);
@@ -57,6 +63,7 @@ static void report_entry(keel__watcher *watcher, uint32_t uid, const keel_store_
   report.kind = KEEL__REPORT_PROC;
   report.rank = value.rank;
   report.epoch = value.epoch;
+  report.node = value.node;
   snprintf(report.text, sizeof report.text, "%s", value.role);
   report_send(watcher, &report);
 }
@@ -83,9 +90,12 @@ static void watcher_compare(keel__watcher *watcher, const keel_store_entry *entr
     watcher->now_revision[uid] = entries[i].revision;
     if (entries[i].revision != watcher->seen_revision[uid]) report_entry(watcher, uid, &entries[i]);
   }
-  for (uint32_t uid = 0; watcher->kind == KEEL__REPORT_PROC && uid < watcher->uid_limit; uid++) {
+  bool reports_going = watcher->kind == KEEL__REPORT_PROC || watcher->kind == KEEL__REPORT_NODE;
+  keel__report_kind gone =
+      watcher->kind == KEEL__REPORT_PROC ? KEEL__REPORT_PROC_GONE : KEEL__REPORT_NODE_GONE;
+  for (uint32_t uid = 0; reports_going && uid < watcher->uid_limit; uid++) {
     if (watcher->seen_revision[uid] == 0 || watcher->now_revision[uid] != 0) continue;
-    keel__report report = {.kind = KEEL__REPORT_PROC_GONE, .uid = uid};
+    keel__report report = {.kind = gone, .uid = uid};
     report_send(watcher, &report);
   }
   uint64_t *swap = watcher->seen_revision;
@@ -145,6 +155,7 @@ keel_status keel__watcher_start(const char *endpoint, const keel_auth *auth, con
   snprintf(watcher->prefix, sizeof watcher->prefix, "%s", prefix);
   watcher->kind = strcmp(prefix, "proc/") == 0      ? KEEL__REPORT_PROC
                   : strcmp(prefix, "request/") == 0 ? KEEL__REPORT_REQUEST
+                  : strcmp(prefix, "node/") == 0    ? KEEL__REPORT_NODE
                                                     : KEEL__REPORT_SUSPECT;
   /* Request keys are not per uid: no revision table. */
   watcher->uid_limit = watcher->kind == KEEL__REPORT_REQUEST ? 0 : uid_limit;
