@@ -557,7 +557,12 @@ static keel_status job_file_open(keel__launcher *launcher) {
   if (launcher->agent.supervised) return KEEL_OK;
   keel__job_info info = {.launcher_pid = getpid(), .auth = launcher->auth};
   snprintf(info.store, sizeof info.store, "%s", launcher->endpoint);
-  return keel__job_file_write(&info, launcher->job_file_path, sizeof launcher->job_file_path);
+  keel_status status =
+      keel__job_file_write(&info, launcher->job_file_path, sizeof launcher->job_file_path);
+  if (status == KEEL_OK || !launcher->agent.active) return status;
+  /* Agents of one job started by hand on one host: the first one's file serves the tools. */
+  launcher->job_file_path[0] = '\0';
+  return KEEL_OK;
 }
 
 static keel_status watchers_open(keel__launcher *launcher) {
