@@ -89,6 +89,10 @@ const char *keel_endpoint_address(const keel_endpoint *endpoint);
 /* Any thread: makes an operation that waits on this endpoint look at membership->interrupted
  * at once. */
 void keel_endpoint_wake(keel_endpoint *endpoint);
+/* Any thread: the job declared uid dead (its dead/ key): a linked peer of that uid fails at
+ * the endpoint's next poll, as if its link broke, so that an operation waiting on a peer
+ * that went silent (a partitioned node) fails at once instead of at its deadline. */
+void keel_endpoint_declare_dead(keel_endpoint *endpoint, uint32_t uid);
 /* Leaves in order: tells every linked peer this is a goodbye, not a failure, reads what they
  * still send until each said goodbye or linger_ns passed, then frees every communicator,
  * request and link. NULL is allowed. */

@@ -118,6 +118,10 @@ struct keel_endpoint {
   pthread_mutex_t accepted_mutex;
   keel_link *accepted[64];
   int accepted_count;
+  /* Under accepted_mutex: uids the job declared dead (keel_endpoint_declare_dead), for the
+   * poll loop to fail; a partitioned peer's link gives no sign of its own. */
+  uint32_t declared_dead[64];
+  int declared_dead_count;
 
   keel__peer **peers; /* by uid, grown on demand */
   size_t peer_capacity;

@@ -140,6 +140,26 @@ void keel_endpoint_wake(keel_endpoint *endpoint) {
   (void)ignored;
 }
 
+void keel_endpoint_declare_dead(keel_endpoint *endpoint, uint32_t uid) {
+  if (endpoint == NULL) return;
+  pthread_mutex_lock(&endpoint->accepted_mutex);
+  int capacity = (int)(sizeof endpoint->declared_dead / sizeof endpoint->declared_dead[0]);
+  /* A full queue drops the news: the watcher repeats it at its next look. */
+  if (endpoint->declared_dead_count < capacity)
+    endpoint->declared_dead[endpoint->declared_dead_count++] = uid;
+  pthread_mutex_unlock(&endpoint->accepted_mutex);
+  keel_endpoint_wake(endpoint);
+}
+
+/* Called with accepted_mutex held. */
+static void fail_declared_dead(keel_endpoint *endpoint) {
+  for (int i = 0; i < endpoint->declared_dead_count; i++) {
+    keel__peer *peer = keel__peer_find(endpoint, endpoint->declared_dead[i]);
+    if (peer != NULL && !peer->left) keel__peer_fail(endpoint, peer, "declared dead by the job");
+  }
+  endpoint->declared_dead_count = 0;
+}
+
 void keel__take_accepted_links(keel_endpoint *endpoint) {
   uint64_t count;
   if (endpoint->wake_fd >= 0) {
@@ -147,6 +167,7 @@ void keel__take_accepted_links(keel_endpoint *endpoint) {
     (void)ignored;
   }
   pthread_mutex_lock(&endpoint->accepted_mutex);
+  fail_declared_dead(endpoint);
   for (int i = 0; i < endpoint->accepted_count; i++) {
     keel_link *link = endpoint->accepted[i];
     keel__peer *peer = keel__peer_get(endpoint, keel_link_peer_id(link));

@@ -194,8 +194,23 @@ keel_status keel__session_check(keel__session *session, keel_status failure) {
   return keel__session_interrupted(session);
 }
 
+/* dead/<uid> whose status is not a clean exit: the endpoint fails such a peer at once. A
+ * partitioned node's processes break no link, so without this an operation that waits on
+ * them would wait out its deadline; the verdict itself (who is dead) stays the detector's. */
+static void dead_keys_note(keel__session *session, const keel_store_entry *entries, size_t count) {
+  pthread_mutex_lock(&session->endpoint_lock);
+  for (size_t i = 0; i < count && session->endpoint != NULL; i++) {
+    if (strcmp((const char *)entries[i].value, "status=0") == 0) continue;
+    int64_t uid;
+    if (keel_parse_int(entries[i].key + strlen("dead/"), 0, UINT32_MAX, &uid) != KEEL_OK) continue;
+    if ((uint32_t)uid == session->config->uid) continue;
+    keel_endpoint_declare_dead(session->endpoint, (uint32_t)uid);
+  }
+  pthread_mutex_unlock(&session->endpoint_lock);
+}
+
 /* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
- * joiners wait. Read only when the store changed since the last look. */
+ * joiners wait, and the dead. Read only when the store changed since the last look. */
 static void watch(keel__session *session) {
   uint64_t revision = 0;
   keel_status status =
@@ -208,6 +223,9 @@ static void watch(keel__session *session) {
   keel_store_entries_free(entries, count);
   if (keel_store_list(session->background, "join/", &entries, &count, NULL) != KEEL_OK) return;
   atomic_store(&session->joiners, (int)count);
+  keel_store_entries_free(entries, count);
+  if (keel_store_list(session->background, "dead/", &entries, &count, NULL) != KEEL_OK) return;
+  dead_keys_note(session, entries, count);
   keel_store_entries_free(entries, count);
   session->watched_revision = revision;
 }

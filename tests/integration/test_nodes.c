@@ -159,6 +159,62 @@ static void a_lone_dead_agent_takes_its_node(void **state) {
   keel_test_events_free(&log);
 }
 
+/* The t_ns of the first event named name about node (its "node" field), or -1. */
+static long long node_event_time(const keel_test_events *log, const char *name, long long node) {
+  for (size_t i = 0; i < log->count; i++)
+    if (keel_test_event_is(log->lines[i], name) &&
+        keel_test_event_long(log->lines[i], "node") == node)
+      return keel_test_event_long(log->lines[i], "t_ns");
+  return -1;
+}
+
+/* Each node a network namespace: node 2 is cut off (silently, as a real partition). Its
+ * agent stops hearing the store and fences it, killing its workers before the lease ends;
+ * only then does the root decide the node is lost, and the rest shrinks and finishes. */
+static void partitioned_node_fences_itself_before_it_is_replaced(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("skipped: --netns needs root\n");
+    skip();
+  }
+  static const char *const flags[] = {"--netns", "--link-rate",      "1gbit", "--nnodes",
+                                      "3",       "--nproc-per-node", "2",     NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  const char *partition[] = {"inject", "partition", "2", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(partition, job.output, 10000), 0);
+  int code = job_finish(&job, launcher);
+  if (code != 0) keel_test_print_file("output", job.output);
+  assert_int_equal(code, 0);
+  keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  long long fenced_at = node_event_time(&log, "node_fence", 2);
+  long long decided_at = node_event_time(&log, "root_decision", 2);
+  assert_true(fenced_at > 0 && decided_at > fenced_at);
+  /* The fence's event comes once its processes are dead: both workers of node 2 (uids 4
+   * and 5) were killed by it, and were gone before the root declared them dead, so no
+   * worker of the fenced node ran beside the rest's recovery. */
+  const char *fence = keel_test_events_find(&log, "node_fence", -1);
+  assert_int_equal(keel_test_event_long(fence, "killed"), 2);
+  assert_int_equal(keel_test_event_long(fence, "dead"), 2);
+  assert_true(keel_test_event_long(fence, "fenced_ms") < 2000);
+  for (long uid = 4; uid <= 5; uid++) {
+    const char *exit = keel_test_events_find(&log, "exit", uid);
+    assert_non_null(exit);
+    assert_non_null(strstr(exit, "\"signal\":\"SIGKILL\""));
+  }
+  const char *recovery = keel_test_events_find(&log, "recovery", 0);
+  assert_non_null(recovery);
+  assert_non_null(strstr(recovery, "\"failed\":[4,5]"));
+  /* Detected within the lease's time to live (2 s) of the fence, not at a collective's
+   * 30 s deadline. */
+  assert_true(keel_test_event_long(recovery, "t_ns") - fenced_at < 2000000000LL);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
 /* Runs keel with args (NULL-terminated) and extra environment; returns its exit code, its
  * output in output (capacity bytes). */
 static int keel_output(const char *const *args, char *const *env, char *output, size_t capacity) {
@@ -220,6 +276,7 @@ int main(void) {
       cmocka_unit_test(kill_node_shrinks_by_the_whole_node),
       cmocka_unit_test(kill_node_replaced_by_a_spare_node_is_exact),
       cmocka_unit_test(a_lone_dead_agent_takes_its_node),
+      cmocka_unit_test(partitioned_node_fences_itself_before_it_is_replaced),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "netns.h"
 #include "tool.h"
 
 typedef struct inject_action {
@@ -70,8 +71,8 @@ static bool pid_is_of_job(pid_t pid, pid_t launcher) {
 
 static int inject_usage(const char *message) {
   fprintf(stderr,
-          "keel inject: %s (usage: keel inject kill|stop|cont RANK | kill-node NODE"
-          " [--job JOB_ID])\n",
+          "keel inject: %s (usage: keel inject kill|stop|cont RANK |"
+          " kill-node|partition|heal NODE [--job JOB_ID])\n",
           message);
   return KEEL__EXIT_USAGE;
 }
@@ -146,6 +147,23 @@ static int inject_kill_node(keel_store *store, const keel__job_info *job, int64_
   return 0;
 }
 
+/* partition and heal: the node's link to the job's bridge (keel run --netns) drops every
+ * frame, silently, or lets them through again. */
+static int inject_link(const keel__job_info *job, int64_t node, bool cut) {
+  char link[32];
+  if (!keel__netns_link_name(job->launcher_pid, (size_t)node, link, sizeof link))
+    return KEEL__EXIT_FAILURE;
+  keel_status status = cut ? keel__netns_link_partition(link) : keel__netns_link_heal(link);
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel inject: cannot %s node %lld of job %llu (is it a --netns job?): %s\n",
+            cut ? "partition" : "heal", (long long)node, (unsigned long long)job->auth.job_id,
+            keel_strerror(status));
+    return KEEL__EXIT_FAILURE;
+  }
+  printf("%s node %lld\n", cut ? "partitioned" : "healed", (long long)node);
+  return 0;
+}
+
 int keel__command_inject(int argc, char **argv) {
   const char *job_id = NULL, *action_name = NULL, *rank_text = NULL;
   bool bad = false;
@@ -162,21 +180,24 @@ int keel__command_inject(int argc, char **argv) {
   if (bad) return inject_usage("--job needs a job id");
   if (action_name == NULL || rank_text == NULL)
     return inject_usage("an action and a rank are needed");
-  bool node_action = strcmp(action_name, "kill-node") == 0;
+  bool kill_node = strcmp(action_name, "kill-node") == 0;
+  bool partition = strcmp(action_name, "partition") == 0, heal = strcmp(action_name, "heal") == 0;
+  bool node_action = kill_node || partition || heal;
   const inject_action *action = NULL;
   for (size_t i = 0; i < sizeof inject_actions / sizeof inject_actions[0]; i++) {
     if (strcmp(action_name, inject_actions[i].name) == 0) action = &inject_actions[i];
   }
   if (action == NULL && !node_action)
-    return inject_usage("the action must be kill, stop, cont or kill-node");
+    return inject_usage("the action must be kill, stop, cont, kill-node, partition or heal");
   int64_t rank;
   if (keel_parse_int(rank_text, 0, INT32_MAX, &rank) != KEEL_OK)
     return inject_usage("RANK must be a non-negative integer");
   keel__job_info job;
   keel_store *store = NULL;
   if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
-  int exit_code =
-      node_action ? inject_kill_node(store, &job, rank) : inject_signal(store, &job, action, rank);
+  int exit_code = kill_node     ? inject_kill_node(store, &job, rank)
+                  : node_action ? inject_link(&job, rank, partition)
+                                : inject_signal(store, &job, action, rank);
   keel_store_close(store);
   return exit_code;
 }

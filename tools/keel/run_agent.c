@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "launcher.h"
@@ -14,6 +16,9 @@
 #define SECOND_NS INT64_C(1000000000)
 #define CONNECT_DEADLINE_NS (5 * SECOND_NS)
 #define TOKEN_KEY "auth/token"
+/* How long a fence waits to see its SIGKILLs take effect (a process in uninterruptible sleep
+ * may take longer; the event then says how many were dead). */
+#define FENCE_WAIT_NS (SECOND_NS / 2)
 
 /* The fencing timing (docs/NODES.md): keepalives every ttl/8, each request bounded by ttl/8,
  * and the node fences itself once no keepalive sent in the last 5/8 ttl was answered. A
@@ -145,15 +150,44 @@ keel_status keel__agent_register(keel__launcher *launcher) {
 
 /* The node lost its lease, or may have: its workers die now, before the store could let the
  * rest of the job replace them. */
+/* Waits (without reaping: the loop does that, with its bookkeeping) until every child the
+ * fence killed is dead, FENCE_WAIT_NS at most; how many are. */
+static size_t fenced_children_wait(const keel__launcher *launcher) {
+  int64_t deadline = keel_deadline_after_ns(FENCE_WAIT_NS);
+  size_t dead = 0;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    const keel__child *child = &launcher->children[i];
+    if (!child->alive) continue;
+    for (;;) {
+      siginfo_t info = {0};
+      int result = waitid(P_PID, (id_t)child->pid, &info, WEXITED | WNOWAIT | WNOHANG);
+      if (result != 0 || info.si_pid == child->pid) {
+        dead++;
+        break;
+      }
+      if (keel_now_ns() >= deadline) break;
+      struct timespec pause = {0, 200000};
+      nanosleep(&pause, NULL);
+    }
+  }
+  return dead;
+}
+
 static void agent_fence(keel__launcher *launcher, int64_t now_ns) {
   keel__agent_state *agent = &launcher->agent;
   agent->fenced = true;
   double silent_ms = (double)(now_ns - agent->lease_confirmed_ns) / 1e6;
   KEEL_LOG_E("agent", "node %lld: the store has not confirmed its lease for %.0f ms: fencing",
              (long long)agent->node, silent_ms);
-  keel__event_emit(launcher, "node_fence", "\"node\":%lld,\"silent_ms\":%.1f,\"ttl_ms\":%.1f",
-                   (long long)agent->node, silent_ms, (double)agent->ttl_ns / 1e6);
+  size_t alive = keel__children_alive(launcher, false);
   keel__launcher_terminate(launcher, KEEL__EXIT_FENCED, SIGKILL);
+  size_t dead = fenced_children_wait(launcher);
+  /* Written once the node's processes are dead: its time is when the fence held. */
+  keel__event_emit(launcher, "node_fence",
+                   "\"node\":%lld,\"silent_ms\":%.1f,\"ttl_ms\":%.1f,\"killed\":%zu,"
+                   "\"dead\":%zu,\"fenced_ms\":%.1f",
+                   (long long)agent->node, silent_ms, (double)agent->ttl_ns / 1e6, alive, dead,
+                   (double)(keel_now_ns() - agent->lease_confirmed_ns) / 1e6);
 }
 
 void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {

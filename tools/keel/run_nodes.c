@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "launcher.h"
+#include "netns.h"
 
 extern char **environ;
 
@@ -36,7 +37,7 @@ typedef struct nodes_supervisor {
   keel__launcher base; /* signals, store, events file, job file */
   node_agent *agents;
   size_t agent_count;
-  char program[PATH_MAX];
+  keel__netns *net; /* --netns: each node's namespace; NULL: the nodes share this host's */
   uint64_t exits;
   bool stopping;
 } nodes_supervisor;
@@ -44,7 +45,7 @@ typedef struct nodes_supervisor {
 /* ---- starting the agents */
 typedef struct agent_environment {
   char **envp;
-  char own[5][600];
+  char own[5][600]; /* KEEL_AGENT_OF, KEEL_STORE, KEEL_JOB_ID, KEEL_JOB_TOKEN, KEEL_HOST */
 } agent_environment;
 
 static bool is_agent_variable(const char *entry) {
@@ -57,7 +58,7 @@ static bool is_agent_variable(const char *entry) {
 
 /* Built before fork: the supervisor has threads (the store's), so the child may only make
  * async-signal-safe calls. */
-static keel_status agent_environment_build(const nodes_supervisor *supervisor,
+static keel_status agent_environment_build(const nodes_supervisor *supervisor, int64_t node,
                                            agent_environment *environment) {
   const keel__launcher *base = &supervisor->base;
   size_t inherited = 0;
@@ -74,7 +75,12 @@ static keel_status agent_environment_build(const nodes_supervisor *supervisor,
   snprintf(environment->own[2], sizeof environment->own[2], "KEEL_JOB_ID=%llu",
            (unsigned long long)base->auth.job_id);
   snprintf(environment->own[3], sizeof environment->own[3], "KEEL_JOB_TOKEN=%s", token);
-  for (size_t i = 0; i < 4; i++) environment->envp[used++] = environment->own[i];
+  size_t own = 4;
+  /* In its namespace a node's processes listen on the node's address. */
+  if (supervisor->net != NULL)
+    snprintf(environment->own[own++], sizeof environment->own[0], "KEEL_HOST=%s",
+             keel__netns_node_address(supervisor->net, (size_t)node));
+  for (size_t i = 0; i < own; i++) environment->envp[used++] = environment->own[i];
   return KEEL_OK;
 }
 
@@ -95,7 +101,7 @@ static keel_status agent_spawn(nodes_supervisor *supervisor, int64_t node) {
   char node_text[24];
   snprintf(node_text, sizeof node_text, "%lld", (long long)node);
   agent_environment environment;
-  keel_status status = agent_environment_build(supervisor, &environment);
+  keel_status status = agent_environment_build(supervisor, node, &environment);
   if (status != KEEL_OK) return status;
   char **argv = agent_argv_build(&base->options, node_text);
   if (argv == NULL) {
@@ -109,6 +115,8 @@ static keel_status agent_spawn(nodes_supervisor *supervisor, int64_t node) {
     sigaction(SIGPIPE, &default_action, NULL);
     /* The node's group: the agent and, after it, every process it starts. */
     setpgid(0, 0);
+    if (supervisor->net != NULL && keel__netns_enter(supervisor->net, (size_t)node) != KEEL_OK)
+      _exit(KEEL__EXIT_FAILURE);
     execve(base->program_path, argv, environment.envp);
     _exit(KEEL__EXIT_NOT_FOUND);
   }
@@ -276,6 +284,30 @@ static void supervisor_loop(nodes_supervisor *supervisor, int64_t timeout_deadli
     supervisor->base.exit_code = 128 + supervisor->base.stop_signal;
 }
 
+/* --netns: the nodes' namespaces, made before the store so that it listens on the bridge.
+ * Without root the job still runs, its nodes sharing this host's network, and says why. */
+static keel_status network_make(nodes_supervisor *supervisor) {
+  const keel__run_options *options = &supervisor->base.options;
+  if (!options->netns) return KEEL_OK;
+  uint64_t rate = 0;
+  if (options->link_rate != NULL && keel__netns_rate_parse(options->link_rate, &rate) != KEEL_OK)
+    return KEEL_EINVAL; /* run_options.c checked it already */
+  char reason[KEEL__NETNS_REASON_BYTES];
+  size_t nodes = (size_t)(options->nnodes + options->spare_nodes);
+  keel_status status = keel__netns_create(nodes, rate, &supervisor->net, reason, sizeof reason);
+  if (status == KEEL_ENOTSUP) {
+    fprintf(stderr, "keel run: %s; the nodes share this host's network instead\n", reason);
+    return KEEL_OK;
+  }
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel run: %s\n", reason);
+    return status;
+  }
+  snprintf(supervisor->base.store_listen, sizeof supervisor->base.store_listen, "%s:0",
+           keel__netns_bridge_address(supervisor->net));
+  return KEEL_OK;
+}
+
 int keel__nodes_run(const keel__run_options *options) {
   nodes_supervisor *supervisor = calloc(1, sizeof *supervisor);
   if (supervisor == NULL) return KEEL__EXIT_FAILURE;
@@ -289,7 +321,8 @@ int keel__nodes_run(const keel__run_options *options) {
   base->program_path[length] = '\0';
   /* Orphans of a dead agent come to this process, which tells when a node is empty. */
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  if (keel__launcher_open_base(base) != KEEL_OK) goto free_supervisor;
+  if (network_make(supervisor) != KEEL_OK) goto free_supervisor;
+  if (keel__launcher_open_base(base) != KEEL_OK) goto destroy_network;
   keel__launcher_emit_start(base);
   base->start_ns = keel_now_ns();
   int64_t timeout_deadline_ns =
@@ -305,6 +338,8 @@ int keel__nodes_run(const keel__run_options *options) {
   keel__event_emit(base, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
                    (double)(keel_now_ns() - base->start_ns) / 1e9);
   keel__launcher_close_base(base);
+destroy_network:
+  keel__netns_destroy(supervisor->net);
 free_supervisor:
   free(supervisor->agents);
   free(supervisor);

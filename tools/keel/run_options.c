@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "launcher.h"
+#include "netns.h"
 
 #define MAX_RESTARTS 10000
 /* The library's limits (keel/limits.h): a world, the idle spares, and every process over
@@ -231,6 +232,7 @@ static bool parse_choice(const char *flag, const char *text, const char *const *
 
 static bool flag_apply(keel__run_options *options, const flag_spec *flag, const char *value) {
   int choice = 0;
+  uint64_t rate = 0;
   switch (flag->id) {
     case FLAG_WORLD:
       return parse_count(flag->name, value, 1, MAX_WORLD, &options->world);
@@ -304,7 +306,9 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       options->netns = options->agents = true;
       return true;
     case FLAG_LINK_RATE:
-      if (*value == '\0') return reject("--link-rate needs a rate such as 10gbit");
+      if (keel__netns_rate_parse(value, &rate) != KEEL_OK)
+        return reject("--link-rate needs a rate from 1mbit to 1tbit such as 10gbit, not '%s'",
+                      value);
       options->link_rate = value;
       return true;
     case FLAG_SPARE_NODES:

@@ -56,7 +56,7 @@ static void root_settle(keel__launcher *launcher) {
   if (!agent->is_root) return;
   for (int64_t node = 0; node < agent->node_count; node++) {
     if (!(agent->node_state[node] & KEEL__NODE_LOST)) continue;
-    size_t open = 0, marked = 0;
+    size_t open = 0, marked = 0, settled = 0;
     for (uint32_t uid = 0; uid < agent->uid_limit; uid++) {
       if (agent->uid_node[uid] != node || (agent->uid_state[uid] & KEEL__UID_MARKED)) continue;
       if (agent->uid_state[uid] & KEEL__UID_ALIVE) {
@@ -73,13 +73,14 @@ static void root_settle(keel__launcher *launcher) {
         continue;
       }
       agent->uid_state[uid] |= KEEL__UID_MARKED;
-      marked++;
+      marked += status == KEEL_OK;
+      settled++;
     }
     if (marked > 0)
       keel__event_emit(launcher, "node_lost",
                        "\"node\":%lld,\"by_root\":%lld,\"processes\":%zu,\"still_alive\":%zu",
                        (long long)node, (long long)agent->node, marked, open);
-    if (open == 0 && marked > 0) decision_put(launcher, node, DECISION_DONE);
+    if (open == 0 && settled > 0) decision_put(launcher, node, DECISION_DONE);
   }
 }
 
