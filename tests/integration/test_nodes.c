@@ -120,6 +120,19 @@ static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
   keel_test_job job;
   char job_id[32];
   pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  /* keel status shows the three nodes, the spare one, and exactly one root among them. */
+  char status_path[300];
+  snprintf(status_path, sizeof status_path, "%s/status.txt", job.folder);
+  const char *status_args[] = {"status", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(status_args, status_path, 10000), 0);
+  char *status = keel_test_read_file(status_path, NULL);
+  assert_non_null(status);
+  size_t roots = 0;
+  for (const char *at = strstr(status, ",root"); at != NULL; at = strstr(at + 1, ",root")) roots++;
+  assert_int_equal(roots, 1);
+  assert_non_null(strstr(status, "spare"));
+  assert_non_null(strstr(status, "\n2 "));
+  free(status);
   kill_node(&job, job_id, "1");
   assert_int_equal(job_finish(&job, launcher), 0);
   assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT), clean_crc);

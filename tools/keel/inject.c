@@ -1,6 +1,6 @@
-/* `keel inject` and `keel ps`: tools that join a running job's store (found through its job
- * file) to list its live processes or to make a failure happen to one rank, the same
- * failure a test or a user would cause by hand. */
+/* `keel inject`, `keel ps` and `keel status`: tools that join a running job's store (found
+ * through its job file) to list its live processes and nodes or to make a failure happen to
+ * one rank or node, the same failure a test or a user would cause by hand. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -237,6 +237,92 @@ int keel__command_ps(int argc, char **argv) {
   keel_status status = keel_store_list(store, "proc/", &entries, &count, NULL);
   if (status == KEEL_OK) ps_print(store, entries, count);
   if (status != KEEL_OK) fprintf(stderr, "keel ps: cannot list proc/: %s\n", keel_strerror(status));
+  keel_store_entries_free(entries, count);
+  keel_store_close(store);
+  return status == KEEL_OK ? 0 : KEEL__EXIT_FAILURE;
+}
+
+/* The processes of one node, "uid:rank" each (rank -1: a spare), for keel status. */
+typedef struct node_processes {
+  char text[256];
+  size_t used;
+} node_processes;
+
+static bool process_describe(keel_store *store, const keel_store_entry *entry,
+                             const keel__proc_value *value, void *context) {
+  node_processes *list = context;
+  uint32_t uid;
+  if (keel__uid_from_key(entry->key, "proc/", &uid) != KEEL_OK || uid_is_dead(store, uid))
+    return false;
+  if (list->used < sizeof list->text)
+    list->used +=
+        (size_t)snprintf(list->text + list->used, sizeof list->text - list->used, "%s%u:%lld",
+                         list->used ? " " : "", (unsigned)uid, (long long)value->rank);
+  return true;
+}
+
+/* What the root decided about node (decision/node/<i>), "-" when nothing. */
+static void node_decision(keel_store *store, long long node, char *text, size_t capacity) {
+  char key[48];
+  snprintf(key, sizeof key, "decision/node/%lld", node);
+  keel_store_entry *entry = NULL;
+  snprintf(text, capacity, "-");
+  if (keel_store_get(store, key, &entry) != KEEL_OK) return;
+  snprintf(text, capacity, "%s", (const char *)entry->value);
+  keel_store_entry_free(entry);
+}
+
+static void status_print(keel_store *store, const keel_store_entry *nodes, size_t count) {
+  long long root = -1;
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(store, "root", &entry) == KEEL_OK) {
+    const char *at = strstr((const char *)entry->value, "node=");
+    if (at != NULL) root = strtoll(at + 5, NULL, 10);
+    keel_store_entry_free(entry);
+  }
+  printf("%-5s %-8s %-12s %-22s %-9s %s\n", "NODE", "AGENT", "ROLE", "ADDR", "DECISION",
+         "PROCESSES (uid:rank)");
+  for (size_t i = 0; i < count; i++) {
+    uint32_t node;
+    keel__node_value value;
+    if (keel__uid_from_key(nodes[i].key, "node/", &node) != KEEL_OK) continue;
+    if (keel__node_value_parse((const char *)nodes[i].value, &value) != KEEL_OK) continue;
+    node_processes list = {.used = 0};
+    keel__node_processes_visit(store, node, process_describe, &list);
+    char role[24], decision[16];
+    snprintf(role, sizeof role, "%s%s", value.role, (long long)node == root ? ",root" : "");
+    node_decision(store, node, decision, sizeof decision);
+    printf("%-5u %-8ld %-12s %-22s %-9s %s\n", (unsigned)node, (long)value.pid, role, value.addr,
+           decision, list.used ? list.text : "-");
+  }
+}
+
+int keel__command_status(int argc, char **argv) {
+  const char *job_id = NULL;
+  bool bad = false;
+  for (int index = 1; index < argc; index++) {
+    if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
+    fprintf(stderr, "keel status: unexpected '%s' (usage: keel status [--job JOB_ID])\n",
+            argv[index]);
+    return KEEL__EXIT_USAGE;
+  }
+  if (bad) {
+    fprintf(stderr, "keel status: --job needs a job id\n");
+    return KEEL__EXIT_USAGE;
+  }
+  keel__job_info job;
+  keel_store *store = NULL;
+  if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel_status status = keel_store_list(store, "node/", &entries, &count, NULL);
+  if (status == KEEL_OK && count == 0)
+    printf("job %llu has no node agents (keel ps lists its processes)\n",
+           (unsigned long long)job.auth.job_id);
+  else if (status == KEEL_OK)
+    status_print(store, entries, count);
+  if (status != KEEL_OK)
+    fprintf(stderr, "keel status: cannot list node/: %s\n", keel_strerror(status));
   keel_store_entries_free(entries, count);
   keel_store_close(store);
   return status == KEEL_OK ? 0 : KEEL__EXIT_FAILURE;

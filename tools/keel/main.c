@@ -15,6 +15,7 @@ static const char usage_text[] =
     "  agent   one node's agent: keel agent --node-rank I [keel run's flags] -- PROG ...\n"
     "  inject  make a failure in a running job: keel inject kill|stop|cont RANK [--job ID]\n"
     "  ps      list the live processes of a job: keel ps [--job ID]\n"
+    "  status  a job's nodes: agent, role (root, spare), decision, processes\n"
     "  join    grow a running job by K processes: keel join [--job ID] [-n K]\n"
     "  report  summarise a job's events file: keel report [--json] EVENTS_FILE\n"
     "  model   checkpointing costs (JIT paper, section 5): keel model --gpus 1024 ...\n"
@@ -27,9 +28,10 @@ typedef struct command_entry {
 } command_entry;
 
 static const command_entry commands[] = {
-    {"run", keel__command_run},     {"agent", keel__command_run}, {"inject", keel__command_inject},
-    {"ps", keel__command_ps},       {"join", keel__command_join}, {"report", keel__command_report},
-    {"model", keel__command_model},
+    {"run", keel__command_run},       {"agent", keel__command_run},
+    {"inject", keel__command_inject}, {"ps", keel__command_ps},
+    {"status", keel__command_status}, {"join", keel__command_join},
+    {"report", keel__command_report}, {"model", keel__command_model},
 };
 
 int main(int argc, char **argv) {

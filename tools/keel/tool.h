@@ -27,6 +27,7 @@
 int keel__command_run(int argc, char **argv);
 int keel__command_inject(int argc, char **argv);
 int keel__command_ps(int argc, char **argv);
+int keel__command_status(int argc, char **argv);
 int keel__command_join(int argc, char **argv);
 int keel__command_report(int argc, char **argv);
 
