@@ -2,6 +2,8 @@
  * workers in its process group. A whole node killed at once (keel inject kill-node) is
  * dropped by shrink or replaced by a spare node, bit for bit; a lone dead agent takes its
  * node with it; the flags and Slurm's environment that shape such a job are read right. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -9,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,6 +107,45 @@ static void kill_node_shrinks_by_the_whole_node(void **state) {
   keel_test_events_free(&log);
 }
 
+/* A port nobody listens on now (the kernel's pick for a socket closed at once). */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t length = sizeof address;
+  assert_int_equal(bind(fd, (struct sockaddr *)&address, sizeof address), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&address, &length), 0);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+/* GET /metrics from 127.0.0.1:port into text; false when nobody answers. */
+static bool metrics_scrape(int port, char *text, size_t capacity) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in address = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  bool ok = connect(fd, (struct sockaddr *)&address, sizeof address) == 0;
+  static const char request[] = "GET /metrics HTTP/1.0\r\n\r\n";
+  ok = ok && send(fd, request, sizeof request - 1, 0) == (ssize_t)(sizeof request - 1);
+  size_t used = 0;
+  ssize_t got = 0;
+  while (ok && used + 1 < capacity && (got = recv(fd, text + used, capacity - 1 - used, 0)) > 0)
+    used += (size_t)got;
+  text[used] = '\0';
+  close(fd);
+  return ok && used > 0;
+}
+
+/* Scrapes until the root (the new one, when the old died with its node) reports a lost node. */
+static bool metrics_show_lost_node(int port, char *text, size_t capacity) {
+  for (int attempt = 0; attempt < 200 * keel_test_slowdown(); attempt++) {
+    if (metrics_scrape(port, text, capacity) && strstr(text, "\nkeel_nodes_lost_total 1\n"))
+      return true;
+    usleep(50 * 1000);
+  }
+  return false;
+}
+
 static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
   (void)state;
   keel_test_job baseline;
@@ -114,9 +156,12 @@ static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
                    0);
   unsigned clean_crc = keel_test_toy_assert_consistent(baseline.output, 4, STEP_COUNT);
 
-  static const char *const flags[] = {
-      "--agents",     "--nnodes", "2", "--nproc-per-node", "2", "--spare-nodes", "1",
-      "--on-failure", "replace",  NULL};
+  char port[16];
+  int port_number = free_port();
+  snprintf(port, sizeof port, "%d", port_number);
+  const char *const flags[] = {"--agents", "--nnodes",       "2",  "--nproc-per-node",
+                               "2",        "--spare-nodes",  "1",  "--on-failure",
+                               "replace",  "--metrics-port", port, NULL};
   keel_test_job job;
   char job_id[32];
   pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
@@ -134,6 +179,12 @@ static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
   assert_non_null(strstr(status, "\n2 "));
   free(status);
   kill_node(&job, job_id, "1");
+  /* The root serves Prometheus' text: the lost node, and the world whole again. */
+  char metrics[16384];
+  if (!metrics_show_lost_node(port_number, metrics, sizeof metrics)) print_message("%s\n", metrics);
+  assert_non_null(strstr(metrics, "\nkeel_nodes_lost_total 1\n"));
+  assert_non_null(strstr(metrics, "\nkeel_world_size 4\n"));
+  assert_non_null(strstr(metrics, "keel_recovery_seconds_bucket{le=\"+Inf\"}"));
   assert_int_equal(job_finish(&job, launcher), 0);
   assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT), clean_crc);
   keel_test_events log;

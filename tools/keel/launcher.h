@@ -8,6 +8,7 @@
 
 #include <signal.h>
 
+#include "metrics.h"
 #include "tool.h"
 
 /* ---- options */
@@ -50,6 +51,7 @@ typedef struct keel__run_options {
   bool agents;               /* --agents: one agent process per node on this host */
   bool netns;                /* --netns: each node an own network namespace (implies agents) */
   const char *link_rate;     /* --link-rate with --netns ("10gbit"); NULL: not shaped */
+  int64_t metrics_port;      /* --metrics-port: Prometheus text served there; 0: none */
   int argc;                  /* the command's own argv, handed on to the agents */
   char **argv;
   bool quiet;
@@ -245,7 +247,8 @@ typedef struct keel__launcher {
   bool status_discarding; /* inside a line too long to keep: drop it up to its newline */
   keel__display display;
   keel__agent_state agent;
-  char store_listen[64]; /* where the embedded store listens: 127.0.0.1:0 unless --netns */
+  char store_listen[64];  /* where the embedded store listens: 127.0.0.1:0 unless --netns */
+  keel__metrics *metrics; /* --metrics-port: the launcher's, or the root agent's; else NULL */
 } keel__launcher;
 
 /* run_children.c */
@@ -349,6 +352,10 @@ void keel__root_note_report(keel__launcher *launcher, const keel__report *report
 /* An agent that ends in order says so (decision/node/<i> = left) before its lease goes, so
  * that the root does not take its node for lost. */
 void keel__root_leave(keel__launcher *launcher);
+
+/* Starts the metrics server of --metrics-port (the launcher; an agent once it is root);
+ * a failure is logged and the job goes on without it. */
+void keel__launcher_metrics_start(keel__launcher *launcher);
 
 /* run_nodes.c: `keel run --agents/--netns`, several nodes on this host. */
 int keel__nodes_run(const keel__run_options *options);

@@ -670,8 +670,24 @@ fail_close_base:
   return status;
 }
 
+void keel__launcher_metrics_start(keel__launcher *launcher) {
+  if (launcher->options.metrics_port == 0 || launcher->metrics != NULL) return;
+  const char *host = getenv("KEEL_HOST");
+  if (host == NULL) host = "127.0.0.1";
+  keel_status status =
+      keel__metrics_start(host, (int)launcher->options.metrics_port, &launcher->metrics);
+  if (status == KEEL_OK) {
+    keel__event_emit(launcher, "metrics", "\"address\":\"%s\"",
+                     keel__metrics_address(launcher->metrics));
+    return;
+  }
+  KEEL_LOG_E("launcher", "cannot serve metrics on %s:%lld: %s (the job goes on without)", host,
+             (long long)launcher->options.metrics_port, keel_strerror(status));
+}
+
 /* Undoes launcher_open once every child is reaped. */
 static void launcher_close(keel__launcher *launcher) {
+  keel__metrics_stop(launcher->metrics);
   keel__agent_close(launcher);
   keel__watcher_stop(launcher->node_watcher);
   keel__watcher_stop(launcher->request_watcher);
@@ -785,6 +801,7 @@ int keel__command_run(int argc, char **argv) {
   exit_code = KEEL__EXIT_FAILURE;
   if (!ckpt_dir_make(launcher) || !resume_dir_check(launcher)) goto free_launcher;
   if (launcher_open(launcher) != KEEL_OK) goto free_launcher;
+  if (!launcher->agent.active) keel__launcher_metrics_start(launcher);
   if (!launcher->agent.supervised) keel__launcher_emit_start(launcher);
   launcher_spawn_all(launcher);
   launcher_loop(launcher);

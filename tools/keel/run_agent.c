@@ -199,7 +199,9 @@ void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
   }
   if (now_ns < agent->next_keepalive_ns) return;
   keel_status status = keel_store_lease_keepalive(launcher->store, agent->lease);
-  agent->next_keepalive_ns = keel_now_ns() + request_timeout_ns(agent);
+  int64_t answered_ns = keel_now_ns();
+  agent->next_keepalive_ns = answered_ns + request_timeout_ns(agent);
+  if (status == KEEL_OK) keel__metrics_store_request(launcher->metrics, answered_ns - now_ns);
   if (status == KEEL_OK) {
     agent->lease_confirmed_ns = now_ns;
     return;

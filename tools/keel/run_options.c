@@ -64,6 +64,8 @@ static const char run_help_text[] =
     "                            address in 198.18.0.0/15 (needs root; implies --agents)\n"
     "  --link-rate RATE          shape each node's link with --netns (e.g. 10gbit, 1gbit)\n"
     "  --spare-nodes S           S more nodes whose agents start spares only (default 0)\n"
+    "  --metrics-port PORT       serve the job's figures in Prometheus' text format\n"
+    "                            (the launcher, or the root agent of a job of nodes)\n"
     "  --quiet                   no status line on the terminal\n"
     "  -h, --help                this text\n"
     "\n"
@@ -101,6 +103,7 @@ typedef enum flag_id {
   FLAG_NETNS,
   FLAG_LINK_RATE,
   FLAG_SPARE_NODES,
+  FLAG_METRICS_PORT,
   FLAG_QUIET,
   FLAG_HELP,
   FLAG_COUNT,
@@ -141,6 +144,7 @@ static const flag_spec flag_table[] = {
     {"--netns", FLAG_NETNS, false},
     {"--link-rate", FLAG_LINK_RATE, true},
     {"--spare-nodes", FLAG_SPARE_NODES, true},
+    {"--metrics-port", FLAG_METRICS_PORT, true},
     {"--quiet", FLAG_QUIET, false},
     {"-q", FLAG_QUIET, false},
     {"--help", FLAG_HELP, false},
@@ -313,6 +317,8 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       return true;
     case FLAG_SPARE_NODES:
       return parse_count(flag->name, value, 0, MAX_WORLD, &options->spare_nodes);
+    case FLAG_METRICS_PORT:
+      return parse_count(flag->name, value, 1, 65535, &options->metrics_port);
     case FLAG_QUIET:
       options->quiet = true;
       return true;

@@ -104,6 +104,7 @@ static void root_decide_lost(keel__launcher *launcher, int64_t node) {
     return;
   decision_put(launcher, node, DECISION_LOST);
   agent->node_state[node] |= KEEL__NODE_LOST;
+  keel__metrics_node_lost(launcher->metrics);
   keel__event_emit(launcher, "root_decision", "\"node\":%lld,\"decision\":\"lost\",\"root\":%lld",
                    (long long)node, (long long)agent->node);
 }
@@ -147,6 +148,7 @@ void keel__root_try(keel__launcher *launcher) {
   agent->is_root = true;
   keel__event_emit(launcher, "root", "\"node\":%lld,\"pid\":%ld", (long long)agent->node,
                    (long)getpid());
+  keel__launcher_metrics_start(launcher);
   root_take_over(launcher);
   root_settle(launcher);
 }

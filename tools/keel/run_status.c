@@ -74,7 +74,8 @@ static void status_line_copy(keel__launcher *launcher, const char *line, size_t 
 
 static void status_progress(keel__launcher *launcher, const json_t *object) {
   int64_t rank;
-  if (!keel__json_int(object, "rank", &rank) || rank != 0) return;
+  /* An agent hears its own node's ranks only: any of them says the job's step. */
+  if (!keel__json_int(object, "rank", &rank) || (rank != 0 && !launcher->agent.active)) return;
   keel__display *display = &launcher->display;
   display->has_progress = true;
   keel__json_int(object, "step", &display->step);
@@ -83,6 +84,8 @@ static void status_progress(keel__launcher *launcher, const json_t *object) {
   keel__json_double(object, "loss", &display->loss);
   keel__json_double(object, "samples_per_s", &display->samples_per_s);
   display->dirty = true;
+  keel__metrics_progress(launcher->metrics, display->step, display->world, display->epoch,
+                         display->samples_per_s);
 }
 
 /* Rank 0 writes the recovery line; "failed" lists uids, which the table maps to the rank
@@ -95,6 +98,7 @@ static void status_recovery(keel__launcher *launcher, const json_t *object) {
   keel__json_int(object, "new_world", &new_world);
   keel__json_double(object, "total_ms", &total_ms);
   keel__json_string(object, "policy", policy, sizeof policy);
+  keel__metrics_recovery(launcher->metrics, total_ms);
   if (failed < 0) {
     keel__display_note(launcher, "grew: world %lld in %.0f ms", (long long)new_world, total_ms);
     return;
