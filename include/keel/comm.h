@@ -132,8 +132,8 @@ const char *keel_comm_transport(const keel_comm *comm);
 keel_status keel_comm_health(keel_comm *comm);
 
 /* send may equal recv (in place). Out of place, send is never written, which is what lets a
- * failed allreduce be redone. The result is bit-for-bit identical at every rank and from run
- * to run: the order of reduction depends only on rank and size. */
+ * failed allreduce be redone. The result is bit-for-bit identical at every rank, from run to
+ * run and over every transport: the order of reduction depends only on rank, size and count. */
 keel_status keel_comm_allreduce(keel_comm *comm, const void *send, void *recv, size_t count,
                                 keel_dtype dtype, keel_reduce_op op);
 keel_status keel_comm_broadcast(keel_comm *comm, void *buffer, size_t bytes, int root);

@@ -234,6 +234,34 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
                             const void *left, const void *right, size_t count);
 void keel__divide(keel_dtype dtype, void *buffer, size_t count, int divisor);
 
+/* ---- reduce.c: the canonical order of reduction, the same over every transport (the why is
+ * in reduce.c). Up to this many bytes an allreduce folds in rank order (tcp exchanges whole
+ * buffers directly); above, in the ring's order. */
+#define KEEL__DIRECT_ALLREDUCE_BYTES ((size_t)32 << 10)
+/* The first element of part `part` (0..parts; `parts` gives count) when count elements are
+ * cut in parts parts, the first count % parts of them one element longer: the ring's chunks. */
+size_t keel__part_start(size_t count, int parts, int part);
+/* The rank whose contribution starts the fold of element index of a count-element allreduce
+ * (element_size bytes each) over size ranks; *run_end_p: the end of the run of elements from
+ * index on whose fold starts at the same rank. */
+int keel__allreduce_fold_start(size_t count, size_t element_size, int size, size_t index,
+                               size_t *run_end_p);
+/* The rank whose contribution starts the fold of a reduce-scatter's block. */
+int keel__reduce_scatter_fold_start(int size, int block);
+/* destination = the fold of count elements of size contributions, rank r's at
+ * contributions + r * stride: first_rank's, then first_rank + 1's ... (mod size), each step
+ * keel__reduce(partial, next); KEEL_AVG divides the sum once at the end. destination overlaps
+ * no contribution. */
+void keel__reduce_fold(keel_dtype dtype, keel_reduce_op op, void *destination,
+                       const uint8_t *contributions, size_t stride, int size, int first_rank,
+                       size_t count);
+/* Elements [first, first + count) of an allreduce of total elements, folded in the canonical
+ * order into destination (element first lands at destination); contributions and stride as
+ * for keel__reduce_fold, contributions pointing at element first of rank 0. */
+void keel__allreduce_fold(keel_dtype dtype, keel_reduce_op op, void *destination,
+                          const uint8_t *contributions, size_t stride, int size, size_t total,
+                          size_t first, size_t count);
+
 /* ---- decide.c: the agreement's decision as a pure function (table tests in
  * tests/unit/test_comm_units.c cover every order of votes and deaths up to 4 members). */
 typedef enum keel__ballot_state {

@@ -1,26 +1,24 @@
 /* Reduction kernels: destination = left (op) right, element by element, written so that the
  * compiler vectorises them (restrict, simple loops), each with a plain reference twin that
- * the tests compare it with. Order of evaluation is fixed: left is the partial result that
- * arrived, right is this rank's contribution, so every run reduces in the same order. */
+ * the tests compare it with; and the one canonical order in which every transport folds the
+ * ranks' contributions, so that a result's bits never depend on the transport. Left is always
+ * the partial result, right the next rank's contribution. */
 #include <string.h>
 
 #include "comm/comm_internal.h"
 
 /* Integer sums wrap (through the unsigned type) instead of overflowing, which C leaves
  * undefined; float sums are plain IEEE additions. */
-#define DEFINE_KERNELS(suffix, type, unsigned_type)                                      \
-  static void sum_##suffix(type *destination, const type *left, const type *right,       \
-                           size_t count) {                                               \
-    for (size_t i = 0; i < count; i++)                                                   \
-      destination[i] = (type)((unsigned_type)left[i] + (unsigned_type)right[i]);       \
-  }                                                                                      \
-  static void max_##suffix(type *destination, const type *left, const type *right,       \
-                           size_t count) {                                               \
-    for (size_t i = 0; i < count; i++)                                                   \
-      destination[i] = left[i] > right[i] ? left[i] : right[i];                          \
-  }                                                                                      \
-  static void divide_##suffix(type *buffer, size_t count, type divisor) {                \
-    for (size_t i = 0; i < count; i++) buffer[i] = buffer[i] / divisor;                  \
+#define DEFINE_KERNELS(suffix, type, unsigned_type)                                                \
+  static void sum_##suffix(type *destination, const type *left, const type *right, size_t count) { \
+    for (size_t i = 0; i < count; i++)                                                             \
+      destination[i] = (type)((unsigned_type)left[i] + (unsigned_type)right[i]);                   \
+  }                                                                                                \
+  static void max_##suffix(type *destination, const type *left, const type *right, size_t count) { \
+    for (size_t i = 0; i < count; i++) destination[i] = left[i] > right[i] ? left[i] : right[i];   \
+  }                                                                                                \
+  static void divide_##suffix(type *buffer, size_t count, type divisor) {                          \
+    for (size_t i = 0; i < count; i++) buffer[i] = buffer[i] / divisor;                            \
   }
 
 DEFINE_KERNELS(f32, float, float)
@@ -59,7 +57,8 @@ static void max_bf16(uint16_t *destination, const uint16_t *left, const uint16_t
 }
 
 static void divide_bf16(uint16_t *buffer, size_t count, int divisor) {
-  for (size_t i = 0; i < count; i++) buffer[i] = f32_to_bf16(bf16_to_f32(buffer[i]) / (float)divisor);
+  for (size_t i = 0; i < count; i++)
+    buffer[i] = f32_to_bf16(bf16_to_f32(buffer[i]) / (float)divisor);
 }
 
 /* destination may alias left or right exactly (in place): each element is read before it
@@ -133,7 +132,8 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
       case KEEL_BF16: {
         uint16_t a = ((const uint16_t *)left)[i], b = ((const uint16_t *)right)[i];
         float fa = bf16_to_f32(a), fb = bf16_to_f32(b);
-        ((uint16_t *)destination)[i] = op == KEEL_MAX ? (fa > fb ? a : b) : reference_narrow(fa + fb);
+        ((uint16_t *)destination)[i] =
+            op == KEEL_MAX ? (fa > fb ? a : b) : reference_narrow(fa + fb);
         break;
       }
       case KEEL_F32: {
@@ -159,5 +159,82 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
         break;
       }
     }
+  }
+}
+
+/* ---- the canonical order of every reduction
+ *
+ * Float sums are not associative, so the order of a fold decides the bits, and DESIGN.md
+ * promises bits that depend only on the contributions, the ranks and the world size. The
+ * order is the one the tcp transport's algorithms produce, because a ring cannot change its
+ * order without extra steps, while shared memory holds every contribution and folds them in
+ * any order at the same cost:
+ *   - an allreduce of up to KEEL__DIRECT_ALLREDUCE_BYTES is tcp's direct exchange: every
+ *     element folds ranks 0, 1, ..., n-1;
+ *   - a larger allreduce is tcp's ring: the buffer is cut in n chunks
+ *     (keel__part_start), and chunk c starts at rank c, whose contribution the ring
+ *     carries first, then adds ranks c+1, ..., c+n-1 (mod n) as it passes them;
+ *   - a reduce-scatter is tcp's ring shifted by one, so that rank b ends with block b: block b
+ *     folds ranks b+1, ..., b+n (mod n).
+ * An algorithm that evaluates another order (a tree, a hierarchical reduce) gives this
+ * guarantee up, so it may only be used where the caller asked for that explicitly. */
+
+size_t keel__part_start(size_t count, int parts, int part) {
+  size_t base = count / (size_t)parts, remainder = count % (size_t)parts;
+  return (size_t)part * base + ((size_t)part < remainder ? (size_t)part : remainder);
+}
+
+/* The ring chunk that element index of a count-element buffer falls in: the first count % size
+ * chunks hold one element more than the others. */
+static int ring_chunk_of(size_t count, int size, size_t index) {
+  size_t base = count / (size_t)size, remainder = count % (size_t)size;
+  size_t long_part = remainder * (base + 1);
+  if (index < long_part) return (int)(index / (base + 1));
+  return (int)(remainder + (index - long_part) / base);
+}
+
+int keel__allreduce_fold_start(size_t count, size_t element_size, int size, size_t index,
+                               size_t *run_end_p) {
+  if (count * element_size <= KEEL__DIRECT_ALLREDUCE_BYTES) {
+    *run_end_p = count;
+    return 0;
+  }
+  int chunk = ring_chunk_of(count, size, index);
+  *run_end_p = keel__part_start(count, size, chunk + 1);
+  return chunk;
+}
+
+int keel__reduce_scatter_fold_start(int size, int block) { return (block + 1) % size; }
+
+void keel__reduce_fold(keel_dtype dtype, keel_reduce_op op, void *destination,
+                       const uint8_t *contributions, size_t stride, int size, int first_rank,
+                       size_t count) {
+  if (count == 0) return;
+  size_t bytes = count * keel_dtype_size(dtype);
+  const uint8_t *first = contributions + (size_t)first_rank * stride;
+  if (size == 1) {
+    memmove(destination, first, bytes);
+  } else {
+    const uint8_t *second = contributions + (size_t)((first_rank + 1) % size) * stride;
+    keel__reduce(dtype, op, destination, first, second, count);
+  }
+  for (int step = 2; step < size; step++) {
+    const uint8_t *next = contributions + (size_t)((first_rank + step) % size) * stride;
+    keel__reduce(dtype, op, destination, destination, next, count);
+  }
+  if (op == KEEL_AVG) keel__divide(dtype, destination, count, size);
+}
+
+void keel__allreduce_fold(keel_dtype dtype, keel_reduce_op op, void *destination,
+                          const uint8_t *contributions, size_t stride, int size, size_t total,
+                          size_t first, size_t count) {
+  size_t element_size = keel_dtype_size(dtype);
+  for (size_t done = 0; done < count;) {
+    size_t index = first + done, run_end;
+    int first_rank = keel__allreduce_fold_start(total, element_size, size, index, &run_end);
+    size_t run = run_end - index < count - done ? run_end - index : count - done;
+    keel__reduce_fold(dtype, op, (uint8_t *)destination + done * element_size,
+                      contributions + done * element_size, stride, size, first_rank, run);
+    done += run;
   }
 }

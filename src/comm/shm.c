@@ -1,8 +1,9 @@
 /* The shm transport: collectives through shared memory, for a communicator whose ranks all
- * run on one host.
+ * run on one host (one kernel boot and one network namespace).
  * Each epoch gets its own segment: every rank copies a chunk of its input into its slot,
- * then reduces its slice of the chunk straight from all the slots (in rank order, so the
- * result has the same bits everywhere) into a shared result, and copies the result out.
+ * then reduces its slice of the chunk straight from all the slots into a shared result, and
+ * copies the result out. It folds the slots in the canonical order (reduce.c), the one tcp's
+ * ring and direct exchange evaluate, so a result has the same bits over either transport.
  * Slots and results are double-buffered by sequence parity, so one barrier per phase is all
  * the synchronisation there is. Waiting spins briefly, then sleeps on a futex in short
  * slices; between slices the TCP links are polled, so a dead peer or a revocation is seen
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,14 +86,21 @@ static uint8_t *slot_of(const shm_group *group, int rank, uint64_t sequence) {
   return group->slots + ((size_t)rank * 2 + (size_t)(sequence & 1)) * group->chunk_bytes;
 }
 
+/* Rank r's slot of a round lies r strides after rank 0's. */
+static size_t slot_stride(const shm_group *group) { return 2 * group->chunk_bytes; }
+
 static uint8_t *result_of(const shm_group *group, uint64_t sequence) {
   return group->results + (size_t)(sequence & 1) * group->chunk_bytes;
 }
 
 /* ---- eligibility and setup */
 
+/* Where a rank runs, as far as sharing memory goes. Ranks in different network namespaces
+ * stand for different nodes (tests simulate nodes that way) although they share the kernel,
+ * and must talk over the network as real nodes would: the namespace is part of the host. */
 typedef struct host_identity {
-  char boot_id[40];
+  uint64_t net_namespace_device, net_namespace_inode; /* 0: unknown */
+  char boot_id[40];                                   /* empty: unknown */
   int32_t shm_allowed;
 } host_identity;
 
@@ -102,14 +111,28 @@ static void read_host_identity(host_identity *identity) {
     if (fgets(identity->boot_id, sizeof identity->boot_id, file) == NULL) identity->boot_id[0] = 0;
     fclose(file);
   }
+  /* A namespace is named by the device and inode of its file (namespaces(7)). */
+  struct stat net_namespace;
+  if (stat("/proc/self/ns/net", &net_namespace) == 0) {
+    identity->net_namespace_device = (uint64_t)net_namespace.st_dev;
+    identity->net_namespace_inode = (uint64_t)net_namespace.st_ino;
+  }
   const char *transport = getenv("KEEL_TRANSPORT");
   identity->shm_allowed = transport == NULL || strcmp(transport, "tcp") != 0;
 }
 
+/* An unknown boot or namespace proves nothing: such a rank is on a host of its own. */
+static bool same_host(const host_identity *mine, const host_identity *other) {
+  return mine->boot_id[0] != '\0' && mine->net_namespace_inode != 0 &&
+         strcmp(other->boot_id, mine->boot_id) == 0 &&
+         other->net_namespace_device == mine->net_namespace_device &&
+         other->net_namespace_inode == mine->net_namespace_inode;
+}
+
 static bool all_on_this_host(const host_identity *mine, const host_identity *all, int size) {
-  if (!mine->shm_allowed || mine->boot_id[0] == '\0') return false;
+  if (!mine->shm_allowed) return false;
   for (int rank = 0; rank < size; rank++) {
-    if (!all[rank].shm_allowed || strcmp(all[rank].boot_id, mine->boot_id) != 0) return false;
+    if (!all[rank].shm_allowed || !same_host(mine, &all[rank])) return false;
   }
   return true;
 }
@@ -166,8 +189,8 @@ static keel_status transport_open(keel_comm *comm, void **state_p) {
   if (comm->rank == 0) {
     keel_random random;
     keel_random_seed(&random, (uint64_t)keel_wall_ns() ^ (uint64_t)getpid());
-    snprintf(name, sizeof name, "/keel-%" PRIx64 "-%" PRIu64 "-%" PRIx64, comm->endpoint->config.auth.job_id,
-             comm->epoch, keel_random_next(&random));
+    snprintf(name, sizeof name, "/keel-%" PRIx64 "-%" PRIu64 "-%" PRIx64,
+             comm->endpoint->config.auth.job_id, comm->epoch, keel_random_next(&random));
     mapped = map_segment(name, true, bytes, &base);
     if (mapped != KEEL_OK) name[0] = '\0';
   }
@@ -198,16 +221,19 @@ static keel_status transport_open(keel_comm *comm, void **state_p) {
   int64_t small = (int64_t)SMALL_BYTES;
   if (keel_env_int("KEEL_SHM_SMALL", 0, (int64_t)1 << 30, &small) != KEEL_OK)
     small = (int64_t)SMALL_BYTES;
-  *group = (shm_group){.base = base, .bytes = bytes, .chunk_bytes = chunk_bytes,
-                             .size = comm->size, .spin_limit = spin_limit_for(comm->size),
-                             .small_bytes = (size_t)small};
+  *group = (shm_group){.base = base,
+                       .bytes = bytes,
+                       .chunk_bytes = chunk_bytes,
+                       .size = comm->size,
+                       .spin_limit = spin_limit_for(comm->size),
+                       .small_bytes = (size_t)small};
   group_layout(group);
   /* No pre-touching of the slots: fresh memory is slow to touch here (MACHINE-NOTES), and a
    * new epoch's first operation is usually the small redo of a recovery, which would pay
    * for megabytes it does not use. Pages are touched by the operations that need them. */
   *state_p = group;
-  KEEL_LOG_D(MODULE, "epoch %" PRIu64 ": shared memory for %d ranks, %zu-byte chunks",
-             comm->epoch, comm->size, chunk_bytes);
+  KEEL_LOG_D(MODULE, "epoch %" PRIu64 ": shared memory for %d ranks, %zu-byte chunks", comm->epoch,
+             comm->size, chunk_bytes);
   return KEEL_OK;
 }
 
@@ -274,20 +300,27 @@ static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *coun
 
 /* ---- the allreduce */
 
-/* Reduces elements [first, first+count) of the chunk over every rank's slot, in rank order. */
-static void reduce_slice(shm_group *group, uint64_t sequence, keel_dtype dtype,
-                         keel_reduce_op op, size_t element_size, size_t first, size_t count,
-                         uint8_t *destination) {
-  size_t offset = first * element_size;
-  if (group->size == 1) {
-    memcpy(destination, slot_of(group, 0, sequence) + offset, count * element_size);
-  } else {
-    keel__reduce(dtype, op, destination, slot_of(group, 0, sequence) + offset,
-                 slot_of(group, 1, sequence) + offset, count);
-  }
-  for (int rank = 2; rank < group->size; rank++)
-    keel__reduce(dtype, op, destination, destination, slot_of(group, rank, sequence) + offset, count);
-  if (op == KEEL_AVG) keel__divide(dtype, destination, count, group->size);
+/* One allreduce, as each of its chunks sees it. */
+typedef struct allreduce_job {
+  const uint8_t *send;
+  uint8_t *recv;
+  size_t total; /* elements of the whole operation: with the world size, they set the order */
+  size_t element_size;
+  keel_dtype dtype;
+  keel_reduce_op op;
+  int64_t deadline_ns;
+  bool small; /* every rank reduces the whole buffer itself */
+} allreduce_job;
+
+/* Folds elements [first, first + count) of the operation into destination in the canonical
+ * order; the round's slots hold the chunk that begins at element chunk_first. */
+static void allreduce_fold_range(const shm_group *group, uint64_t sequence,
+                                 const allreduce_job *job, size_t chunk_first, size_t first,
+                                 size_t count, uint8_t *destination) {
+  const uint8_t *contributions =
+      slot_of(group, 0, sequence) + (first - chunk_first) * job->element_size;
+  keel__allreduce_fold(job->dtype, job->op, destination, contributions, slot_stride(group),
+                       group->size, job->total, first, count);
 }
 
 /* Every rank publishes that its slot of the round is written and waits for all the others':
@@ -302,26 +335,26 @@ static keel_status round_meet(keel_comm *comm, shm_group *group, bool allreduce,
   return wait_all(comm, group, group->arrived, sequence + 1, deadline_ns);
 }
 
-static keel_status shm_chunk(keel_comm *comm, shm_group *group, const uint8_t *send,
-                             uint8_t *recv, size_t count, keel_dtype dtype, keel_reduce_op op,
-                             int64_t deadline_ns, bool small) {
-  size_t element_size = keel_dtype_size(dtype);
+/* Elements [chunk_first, chunk_first + count) of the allreduce: one round through the slots. */
+static keel_status shm_chunk(keel_comm *comm, shm_group *group, const allreduce_job *job,
+                             size_t chunk_first, size_t count) {
+  size_t element_size = job->element_size;
+  uint8_t *recv = job->recv + chunk_first * element_size;
   uint64_t sequence = group->sequence;
-  if (count > 0) memcpy(slot_of(group, comm->rank, sequence), send, count * element_size);
-  keel_status status = round_meet(comm, group, true, deadline_ns);
+  if (count > 0)
+    memcpy(slot_of(group, comm->rank, sequence), job->send + chunk_first * element_size,
+           count * element_size);
+  keel_status status = round_meet(comm, group, true, job->deadline_ns);
   if (status != KEEL_OK) return status;
-  if (small) {
-    if (count > 0) reduce_slice(group, sequence, dtype, op, element_size, 0, count, recv);
+  if (job->small) {
+    allreduce_fold_range(group, sequence, job, chunk_first, chunk_first, count, recv);
   } else {
-    size_t base = count / (size_t)group->size, extra = count % (size_t)group->size;
-    size_t rank = (size_t)comm->rank;
-    size_t first = rank * base + (rank < extra ? rank : extra);
-    size_t mine = base + (rank < extra ? 1 : 0);
-    if (mine > 0)
-      reduce_slice(group, sequence, dtype, op, element_size, first, mine,
-                   result_of(group, sequence) + first * element_size);
+    size_t first = keel__part_start(count, group->size, comm->rank);
+    size_t mine = keel__part_start(count, group->size, comm->rank + 1) - first;
+    allreduce_fold_range(group, sequence, job, chunk_first, chunk_first + first, mine,
+                         result_of(group, sequence) + first * element_size);
     publish(group, &group->reduced[comm->rank], sequence + 1);
-    status = wait_all(comm, group, group->reduced, sequence + 1, deadline_ns);
+    status = wait_all(comm, group, group->reduced, sequence + 1, job->deadline_ns);
     if (status != KEEL_OK) return status;
     if (count > 0) memcpy(recv, result_of(group, sequence), count * element_size);
   }
@@ -335,18 +368,21 @@ static keel_status shm_allreduce(keel_comm *comm, void *state, const void *send,
                                  size_t count, keel_dtype dtype, keel_reduce_op op) {
   shm_group *group = state;
   comm->op_seq++;
-  keel_status status;
   size_t element_size = keel_dtype_size(dtype);
   size_t per_chunk = group->chunk_bytes / element_size;
   size_t bytes = count * element_size;
-  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
-  bool small = bytes <= group->small_bytes && bytes <= group->chunk_bytes;
+  allreduce_job job = {.send = send,
+                       .recv = recv,
+                       .total = count,
+                       .element_size = element_size,
+                       .dtype = dtype,
+                       .op = op,
+                       .deadline_ns = keel_deadline_after_ns(comm->timeout_ns),
+                       .small = bytes <= group->small_bytes && bytes <= group->chunk_bytes};
   size_t done = 0;
   do {
     size_t count_now = count - done < per_chunk ? count - done : per_chunk;
-    status = shm_chunk(comm, group, (const uint8_t *)send + done * element_size,
-                       (uint8_t *)recv + done * element_size, count_now, dtype, op, deadline,
-                       small);
+    keel_status status = shm_chunk(comm, group, &job, done, count_now);
     if (status != KEEL_OK) return status;
     done += count_now;
   } while (done < count);
@@ -445,7 +481,8 @@ static keel_status shm_broadcast(keel_comm *comm, void *state, void *buffer, siz
 
 /* Reduce-scatter: a round carries the same stretch of every rank's block (the slot is cut in
  * size pieces), so every rank has its share of the reduction in every round; after the
- * meeting each rank reduces its block's piece over all slots, in rank order, into recv. */
+ * meeting each rank reduces its block's piece over all slots, in the canonical order of a
+ * reduce-scatter, into recv. */
 typedef struct reduce_scatter_job {
   const uint8_t *send;
   uint8_t *recv;
@@ -464,19 +501,23 @@ static void reduce_scatter_put(const shm_rounds *round) {
 
 static void reduce_scatter_take(const shm_rounds *round) {
   const reduce_scatter_job *job = round->context;
-  size_t piece_elements = round->per_round / job->element_size;
-  reduce_slice(round->group, round->sequence, job->dtype, job->op, job->element_size,
-               (size_t)round->rank * piece_elements, round->length / job->element_size,
-               job->recv + round->done);
+  const shm_group *group = round->group;
+  const uint8_t *pieces =
+      slot_of(group, 0, round->sequence) + (size_t)round->rank * round->per_round;
+  keel__reduce_fold(job->dtype, job->op, job->recv + round->done, pieces, slot_stride(group),
+                    group->size, keel__reduce_scatter_fold_start(group->size, round->rank),
+                    round->length / job->element_size);
 }
 
-static keel_status shm_reduce_scatter(keel_comm *comm, void *state, const void *send,
-                                      void *recv, size_t count_per_rank, keel_dtype dtype,
-                                      keel_reduce_op op) {
+static keel_status shm_reduce_scatter(keel_comm *comm, void *state, const void *send, void *recv,
+                                      size_t count_per_rank, keel_dtype dtype, keel_reduce_op op) {
   size_t element_size = keel_dtype_size(dtype);
-  reduce_scatter_job job = {.send = send, .recv = recv,
+  reduce_scatter_job job = {.send = send,
+                            .recv = recv,
                             .block_bytes = count_per_rank * element_size,
-                            .element_size = element_size, .dtype = dtype, .op = op};
+                            .element_size = element_size,
+                            .dtype = dtype,
+                            .op = op};
   return rounds_run(comm, state, job.block_bytes, (size_t)comm->size, element_size,
                     reduce_scatter_put, reduce_scatter_take, &job);
 }

@@ -1,16 +1,14 @@
 /* The tcp transport: collectives as messages over the endpoint's links. Large buffers go
  * around a ring (reduce-scatter then allgather), cut into segments so that reducing one
  * segment overlaps the transfer of the next; small ones use a direct exchange and a local
- * reduction in rank order. Either way the order of reduction depends only on rank and size,
- * so results are bit-for-bit the same at every rank and on every run. */
+ * reduction. Either way the order of reduction is the canonical one (reduce.c), which the
+ * shm transport evaluates too, so results are bit-for-bit the same at every rank, on every
+ * run and over either transport. */
 #include <string.h>
 
 #include "comm/comm_internal.h"
 
 #define MODULE "tcp"
-
-/* Below this many bytes per rank an allreduce exchanges whole buffers directly. */
-#define DIRECT_ALLREDUCE_BYTES ((size_t)32 << 10)
 
 typedef struct ring_plan {
   keel_comm *comm;
@@ -27,9 +25,7 @@ typedef struct ring_plan {
 } ring_plan;
 
 static size_t chunk_start(const ring_plan *plan, int chunk) {
-  size_t base = plan->count / (size_t)plan->comm->size;
-  size_t remainder = plan->count % (size_t)plan->comm->size;
-  return (size_t)chunk * base + ((size_t)chunk < remainder ? (size_t)chunk : remainder);
+  return keel__part_start(plan->count, plan->comm->size, chunk);
 }
 
 static size_t chunk_count(const ring_plan *plan, int chunk) {
@@ -78,10 +74,9 @@ static keel_status ring_send(ring_run *run, int step, int segment, const uint8_t
   size_t first, count;
   segment_range(plan, chunk, segment, &first, &count);
   uint32_t right = comm->uids[(comm->rank + 1) % comm->size];
-  keel_status status = keel__op_send(run->op, right, KEEL_FRAME_DATA, comm->epoch,
-                                     KEEL__TAG(run->op_seq, step, segment),
-                                     source + first * plan->element_size,
-                                     count * plan->element_size);
+  keel_status status = keel__op_send(
+      run->op, right, KEEL_FRAME_DATA, comm->epoch, KEEL__TAG(run->op_seq, step, segment),
+      source + first * plan->element_size, count * plan->element_size);
   run->sends_started++;
   keel__fault(comm->endpoint, "allreduce", run->sends_started);
   return status;
@@ -95,6 +90,8 @@ static void ring_process(ring_run *run, int step, int segment) {
   segment_range(plan, chunk, segment, &first, &count);
   size_t bytes_offset = first * plan->element_size;
   if (step < plan->reduce_steps) {
+    /* The partial that arrived, then this rank's contribution: chunk c's fold starts at the
+     * rank that sent it first, c (c + 1 with offset -1), the canonical order of reduce.c. */
     keel__reduce(plan->dtype, plan->op, plan->work + bytes_offset, plan->scratch + bytes_offset,
                  plan->input + bytes_offset, count);
     if (step == plan->reduce_steps - 1 && plan->op == KEEL_AVG)
@@ -147,8 +144,10 @@ static keel_status ring_execute(ring_plan *plan) {
   for (int segment = 0; segment < segment_total(plan, chunk) && run.error == KEEL_OK; segment++)
     run.error = ring_send(&run, plan->first_step, segment, plan->initial_source);
   keel_status status = run.error;
-  if (status == KEEL_OK) status = keel__drive(comm, op, deadline, ring_ready, &run, false);
-  else keel__op_abandon(op);
+  if (status == KEEL_OK)
+    status = keel__drive(comm, op, deadline, ring_ready, &run, false);
+  else
+    keel__op_abandon(op);
   if (status == KEEL_OK && run.error != KEEL_OK) {
     status = run.error == KEEL_EPROTO ? KEEL_EPROTO : KEEL_EPROCFAILED;
     keel__op_abandon(op);
@@ -199,11 +198,7 @@ static keel_status allreduce_direct(keel_comm *comm, const void *send, void *rec
   if (bytes > 0) memcpy(gathered + (size_t)comm->rank * bytes, send, bytes);
   status = direct_exchange(comm, gathered, bytes);
   if (status != KEEL_OK) return status;
-  /* Rank order, the same at every rank: ((x0 op x1) op x2) op ... */
-  keel__reduce(dtype, op, recv, gathered, gathered + bytes, count);
-  for (int rank = 2; rank < comm->size; rank++)
-    keel__reduce(dtype, op, recv, recv, gathered + (size_t)rank * bytes, count);
-  if (op == KEEL_AVG) keel__divide(dtype, recv, count, comm->size);
+  keel__allreduce_fold(dtype, op, recv, gathered, bytes, comm->size, count, 0, count);
   return KEEL_OK;
 }
 
@@ -218,34 +213,50 @@ static keel_status tcp_allreduce(keel_comm *comm, void *state, const void *send,
                                  size_t count, keel_dtype dtype, keel_reduce_op op) {
   size_t element_size = keel_dtype_size(dtype);
   size_t bytes = count * element_size;
-  if (bytes <= DIRECT_ALLREDUCE_BYTES) return allreduce_direct(comm, send, recv, count, dtype, op);
+  if (bytes <= KEEL__DIRECT_ALLREDUCE_BYTES)
+    return allreduce_direct(comm, send, recv, count, dtype, op);
   keel_status status = keel__scratch_reserve(comm->endpoint, bytes);
   if (status != KEEL_OK) return status;
-  ring_plan plan = {.comm = comm, .dtype = dtype, .op = op, .element_size = element_size,
-                    .count = count, .input = send, .initial_source = send, .work = recv,
-                    .scratch = comm->endpoint->scratch, .first_step = 0,
-                    .end_step = 2 * comm->size - 2, .reduce_steps = comm->size - 1,
-                    .offset = 0, .segment_elements = segment_elements_for(element_size)};
+  ring_plan plan = {.comm = comm,
+                    .dtype = dtype,
+                    .op = op,
+                    .element_size = element_size,
+                    .count = count,
+                    .input = send,
+                    .initial_source = send,
+                    .work = recv,
+                    .scratch = comm->endpoint->scratch,
+                    .first_step = 0,
+                    .end_step = 2 * comm->size - 2,
+                    .reduce_steps = comm->size - 1,
+                    .offset = 0,
+                    .segment_elements = segment_elements_for(element_size)};
   return ring_execute(&plan);
 }
 
 static keel_status tcp_reduce_scatter(keel_comm *comm, void *state, const void *send, void *recv,
-                                      size_t count_per_rank, keel_dtype dtype,
-                                      keel_reduce_op op) {
+                                      size_t count_per_rank, keel_dtype dtype, keel_reduce_op op) {
   size_t element_size = keel_dtype_size(dtype);
   size_t block = count_per_rank * element_size;
   size_t total = block * (size_t)comm->size;
   keel_status status = keel__scratch_reserve(comm->endpoint, 2 * total);
   if (status != KEEL_OK) return status;
-  ring_plan plan = {.comm = comm, .dtype = dtype, .op = op, .element_size = element_size,
-                    .count = count_per_rank * (size_t)comm->size, .input = send,
-                    .initial_source = send, .work = comm->endpoint->scratch + total,
-                    .scratch = comm->endpoint->scratch, .first_step = 0,
-                    .end_step = comm->size - 1, .reduce_steps = comm->size - 1, .offset = -1,
+  ring_plan plan = {.comm = comm,
+                    .dtype = dtype,
+                    .op = op,
+                    .element_size = element_size,
+                    .count = count_per_rank * (size_t)comm->size,
+                    .input = send,
+                    .initial_source = send,
+                    .work = comm->endpoint->scratch + total,
+                    .scratch = comm->endpoint->scratch,
+                    .first_step = 0,
+                    .end_step = comm->size - 1,
+                    .reduce_steps = comm->size - 1,
+                    .offset = -1,
                     .segment_elements = segment_elements_for(element_size)};
   status = ring_execute(&plan);
-  if (status == KEEL_OK && block > 0)
-    memcpy(recv, plan.work + (size_t)comm->rank * block, block);
+  if (status == KEEL_OK && block > 0) memcpy(recv, plan.work + (size_t)comm->rank * block, block);
   return status;
 }
 
@@ -253,10 +264,19 @@ static keel_status tcp_allgather(keel_comm *comm, void *state, const void *send,
                                  size_t bytes_per_rank) {
   uint8_t *own = (uint8_t *)recv + (size_t)comm->rank * bytes_per_rank;
   if (own != send && bytes_per_rank > 0) memmove(own, send, bytes_per_rank);
-  ring_plan plan = {.comm = comm, .dtype = KEEL_I32, .op = KEEL_SUM, .element_size = 1,
-                    .count = bytes_per_rank * (size_t)comm->size, .input = recv,
-                    .initial_source = recv, .work = recv, .scratch = recv, .first_step = 0,
-                    .end_step = comm->size - 1, .reduce_steps = 0, .offset = 0,
+  ring_plan plan = {.comm = comm,
+                    .dtype = KEEL_I32,
+                    .op = KEEL_SUM,
+                    .element_size = 1,
+                    .count = bytes_per_rank * (size_t)comm->size,
+                    .input = recv,
+                    .initial_source = recv,
+                    .work = recv,
+                    .scratch = recv,
+                    .first_step = 0,
+                    .end_step = comm->size - 1,
+                    .reduce_steps = 0,
+                    .offset = 0,
                     .segment_elements = KEEL__MAX_SEGMENT_BYTES};
   return ring_execute(&plan);
 }
@@ -290,7 +310,7 @@ static keel_status tcp_broadcast(keel_comm *comm, void *state, void *buffer, siz
     }
   }
   keel_status status =
-      keel__drive(comm, op, deadline, NULL, NULL, bytes <= DIRECT_ALLREDUCE_BYTES);
+      keel__drive(comm, op, deadline, NULL, NULL, bytes <= KEEL__DIRECT_ALLREDUCE_BYTES);
   if (status == KEEL_OK) keel__op_end(op);
   return status;
 }

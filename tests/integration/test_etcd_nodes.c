@@ -33,8 +33,10 @@ typedef struct node_run {
 } node_run;
 
 static void agent_start(node_run *node, int rank, const char *folder, const char *job_name) {
-  char rank_text[8];
+  char rank_text[8], timeout[16];
   snprintf(rank_text, sizeof rank_text, "%d", rank);
+  /* Sanitizer builds run every process several times slower. */
+  snprintf(timeout, sizeof timeout, "%ds", 120 * keel_test_slowdown());
   snprintf(node->events, sizeof node->events, "%s/events-%d.jsonl", folder, rank);
   snprintf(node->output, sizeof node->output, "%s/output-%d.txt", folder, rank);
   char *argv[] = {(char *)keel_test_bin("keel"),
@@ -48,7 +50,7 @@ static void agent_start(node_run *node, int rank, const char *folder, const char
                   "--heartbeat",
                   "1s",
                   "--timeout",
-                  "120s",
+                  timeout,
                   "--quiet",
                   "--rdzv-endpoint",
                   (char *)keel_test_etcd_endpoint(cluster),
