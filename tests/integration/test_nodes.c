@@ -279,6 +279,34 @@ static void partitioned_node_fences_itself_before_it_is_replaced(void **state) {
   keel_test_events_free(&log);
 }
 
+/* The bits of a job depend only on its contributions, ranks and world size: the same job
+ * over shared memory, over tcp on one host, and across nodes that are network namespaces
+ * (tcp between hosts of their own) ends with the same parameters. */
+static void same_bits_over_shm_tcp_and_namespaces(void **state) {
+  (void)state;
+  if (geteuid() != 0) {
+    print_message("skipped: --netns needs root\n");
+    skip();
+  }
+  static const char *const short_args[] = {"--steps", "60", "--params", "100000", NULL};
+  static const char *const plain[] = {"-n", "4", NULL};
+  static const char *const nodes[] = {"--netns", "--nnodes", "2", "--nproc-per-node", "2", NULL};
+  keel_test_job shm, tcp, netns;
+  assert_true(keel_test_job_prepare(&shm, "keel-nodes"));
+  assert_true(keel_test_job_prepare(&tcp, "keel-nodes"));
+  assert_true(keel_test_job_prepare(&netns, "keel-nodes"));
+  const char *program = keel_test_program("toy_train");
+  assert_int_equal(keel_test_job_run(&shm, "60s", 90000, plain, program, short_args, NULL), 0);
+  setenv("KEEL_TRANSPORT", "tcp", 1);
+  int tcp_code = keel_test_job_run(&tcp, "60s", 90000, plain, program, short_args, NULL);
+  unsetenv("KEEL_TRANSPORT");
+  assert_int_equal(tcp_code, 0);
+  assert_int_equal(keel_test_job_run(&netns, "60s", 90000, nodes, program, short_args, NULL), 0);
+  unsigned shm_crc = keel_test_toy_assert_consistent(shm.output, 4, 60);
+  assert_int_equal(keel_test_toy_assert_consistent(tcp.output, 4, 60), shm_crc);
+  assert_int_equal(keel_test_toy_assert_consistent(netns.output, 4, 60), shm_crc);
+}
+
 /* Runs keel with args (NULL-terminated) and extra environment; returns its exit code, its
  * output in output (capacity bytes). */
 static int keel_output(const char *const *args, char *const *env, char *output, size_t capacity) {
@@ -341,6 +369,7 @@ int main(void) {
       cmocka_unit_test(kill_node_replaced_by_a_spare_node_is_exact),
       cmocka_unit_test(a_lone_dead_agent_takes_its_node),
       cmocka_unit_test(partitioned_node_fences_itself_before_it_is_replaced),
+      cmocka_unit_test(same_bits_over_shm_tcp_and_namespaces),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
