@@ -70,3 +70,8 @@ size_t keel__json_int_array(const json_t *object, const char *key, int64_t *valu
   }
   return stored;
 }
+
+int64_t keel__json_int_or(const json_t *object, const char *key, int64_t fallback) {
+  int64_t value;
+  return keel__json_int(object, key, &value) ? value : fallback;
+}

@@ -17,7 +17,7 @@ static const char usage_text[] =
     "  ps      list the live processes of a job: keel ps [--job ID]\n"
     "  status  a job's nodes: agent, role (root, spare), decision, processes\n"
     "  join    grow a running job by K processes: keel join [--job ID] [-n K]\n"
-    "  report  summarise a job's events file: keel report [--json] EVENTS_FILE\n"
+    "  report  summarise a job's events file: keel report [--json] [--svg F] EVENTS\n"
     "  model   checkpointing costs (JIT paper, section 5): keel model --gpus 1024 ...\n"
     "\n"
     "keel run --help lists the launcher's flags.\n";

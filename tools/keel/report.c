@@ -1,8 +1,9 @@
 /* `keel report EVENTS_FILE`: tells what a job did from its --events file: start and end,
  * the faults injected, each failure, each in-process recovery with its time broken down and
  * the time from the failed process's death to the end of its recovery, and each restart of
- * the whole job (user-level JIT) as libkeel's model puts it together. A line that is not one
- * whole JSON object (garbage, a file cut mid-line) is skipped and counted, never trusted. */
+ * the whole job (user-level JIT) as libkeel's model puts it together; `--svg FILE` also
+ * draws it (report_svg.c). A line that is not one whole JSON object (garbage, a file cut
+ * mid-line) is skipped and counted, never trusted. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 
 #include "keel/model.h"
+#include "report_svg.h"
 #include "tool.h"
 
 /* Events lines are under 9 KiB (run_status.c); a longer line is garbage. */
@@ -107,34 +109,31 @@ typedef struct report_data {
   size_t joins_accepted, joins_refused; /* join_request events (`keel join`) */
   size_t lines, skipped, not_kept;
   bool have_origin;
-  int64_t origin_t_ns; /* times are shown from here: job_start, else the first event */
+  int64_t origin_t_ns;      /* times are shown from here: job_start, else the first event */
+  keel__timeline *timeline; /* --svg: every event goes to it too; NULL otherwise */
   char line[LINE_MAX_BYTES];
 } report_data;
 
 /* ---- reading events */
-static int64_t member_int(const json_t *event, const char *key, int64_t fallback) {
-  int64_t value;
-  return keel__json_int(event, key, &value) ? value : fallback;
-}
 
 static void job_start_read(report_data *data, const json_t *event, int64_t t_ns) {
   report_job *job = &data->job;
   job->started = true;
   job->start_t_ns = t_ns;
-  job->start_wall_ns = member_int(event, "wall_ns", 0);
+  job->start_wall_ns = keel__json_int_or(event, "wall_ns", 0);
   keel__json_string(event, "job_id", job->job_id, sizeof job->job_id);
   keel__json_string(event, "program", job->program, sizeof job->program);
   keel__json_string(event, "on_failure", job->policy, sizeof job->policy);
-  job->world = member_int(event, "world", 0);
-  job->spares = member_int(event, "spares", 0);
-  job->max_world = member_int(event, "max_world", job->world);
+  job->world = keel__json_int_or(event, "world", 0);
+  job->spares = keel__json_int_or(event, "spares", 0);
+  job->max_world = keel__json_int_or(event, "max_world", job->world);
   data->origin_t_ns = t_ns;
   data->have_origin = true;
 }
 
 static void job_end_read(report_data *data, const json_t *event) {
   data->job.ended = true;
-  data->job.code = member_int(event, "code", -1);
+  data->job.code = keel__json_int_or(event, "code", -1);
   keel__json_double(event, "seconds", &data->job.seconds);
 }
 
@@ -145,8 +144,8 @@ static report_failure *failure_add(report_data *data, const json_t *event, int64
   }
   report_failure *failure = &data->failures[data->failure_count++];
   *failure = (report_failure){.t_ns = t_ns, .rank = -1};
-  failure->uid = member_int(event, "uid", -1);
-  failure->pid = member_int(event, "pid", -1);
+  failure->uid = keel__json_int_or(event, "uid", -1);
+  failure->pid = keel__json_int_or(event, "pid", -1);
   keel__json_string(event, "role", failure->role, sizeof failure->role);
   return failure;
 }
@@ -167,14 +166,14 @@ static report_failure *fence_of(report_data *data, int64_t uid) {
 }
 
 static void exit_read(report_data *data, const json_t *event, int64_t t_ns) {
-  int64_t uid = member_int(event, "uid", -1), rank = member_int(event, "rank", -1);
+  int64_t uid = keel__json_int_or(event, "uid", -1), rank = keel__json_int_or(event, "rank", -1);
   if (data->exit_count < MAX_EXITS)
     data->exits[data->exit_count++] = (report_exit){.t_ns = t_ns, .uid = uid};
   else
     data->not_kept++;
   char outcome[32] = "";
   if (!keel__json_string(event, "signal", outcome, sizeof outcome))
-    snprintf(outcome, sizeof outcome, "%lld", (long long)member_int(event, "code", 0));
+    snprintf(outcome, sizeof outcome, "%lld", (long long)keel__json_int_or(event, "code", 0));
   bool fenced = json_is_true(json_object_get(event, "fenced"));
   if (strcmp(outcome, "0") == 0 && !fenced) return;
   /* A spare or joiner that never held a rank and ends badly was idle: most are the ones
@@ -199,18 +198,18 @@ static void recovery_read(report_data *data, const json_t *event, int64_t t_ns) 
   }
   report_recovery *recovery = &data->recoveries[data->recovery_count++];
   *recovery = (report_recovery){.t_ns = t_ns};
-  recovery->old_epoch = member_int(event, "old_epoch", -1);
-  recovery->new_epoch = member_int(event, "new_epoch", -1);
-  recovery->old_world = member_int(event, "old_world", -1);
-  recovery->new_world = member_int(event, "new_world", -1);
-  recovery->replaced = member_int(event, "replaced", 0);
+  recovery->old_epoch = keel__json_int_or(event, "old_epoch", -1);
+  recovery->new_epoch = keel__json_int_or(event, "new_epoch", -1);
+  recovery->old_world = keel__json_int_or(event, "old_world", -1);
+  recovery->new_world = keel__json_int_or(event, "new_world", -1);
+  recovery->replaced = keel__json_int_or(event, "replaced", 0);
   keel__json_string(event, "policy", recovery->policy, sizeof recovery->policy);
   recovery->failed_count = keel__json_int_array(event, "failed", recovery->failed, MAX_FAILED_UIDS);
   for (size_t i = 0; i < PHASE_COUNT; i++) {
     recovery->phase_ms[i] = -1;
     keel__json_double(event, phase_keys[i], &recovery->phase_ms[i]);
   }
-  recovery->redo_minibatches = member_int(event, "redo_minibatches", -1);
+  recovery->redo_minibatches = keel__json_int_or(event, "redo_minibatches", -1);
 }
 
 static void resumed_read(report_data *data, const json_t *event, int64_t t_ns) {
@@ -222,7 +221,7 @@ static void resumed_read(report_data *data, const json_t *event, int64_t t_ns) {
   keel__json_string(event, "kind", kind, sizeof kind);
   data->resumed[data->resumed_count++] =
       (report_resumed){.t_ns = t_ns,
-                       .epoch = member_int(event, "epoch", -1),
+                       .epoch = keel__json_int_or(event, "epoch", -1),
                        .in_process = strcmp(kind, "in-process") == 0};
 }
 
@@ -233,8 +232,8 @@ static void fault_read(report_data *data, const json_t *event, int64_t t_ns) {
   }
   report_fault *fault = &data->faults[data->fault_count++];
   *fault = (report_fault){.t_ns = t_ns};
-  fault->uid = member_int(event, "uid", -1);
-  fault->step = member_int(event, "step", -1);
+  fault->uid = keel__json_int_or(event, "uid", -1);
+  fault->step = keel__json_int_or(event, "step", -1);
   keel__json_string(event, "action", fault->action, sizeof fault->action);
   keel__json_string(event, "point", fault->point, sizeof fault->point);
 }
@@ -274,6 +273,7 @@ static bool event_read(report_data *data, const json_t *event) {
   if (strcmp(name, "spawn") == 0) spawn_read(data, event);
   if (strcmp(name, "join_request") == 0) join_request_read(data, event);
   if (strcmp(name, "resumed") == 0) resumed_read(data, event, t_ns);
+  if (data->timeline != NULL) keel__timeline_event(data->timeline, name, event, t_ns);
   return true;
 }
 
@@ -613,16 +613,23 @@ static void restart_json_print(FILE *out, const keel_model_restart *restart) {
 }
 
 static int report_usage(const char *message) {
-  fprintf(stderr, "keel report: %s (usage: keel report [--json] EVENTS_FILE)\n", message);
+  fprintf(stderr, "keel report: %s (usage: keel report [--json] [--svg FILE] EVENTS_FILE)\n",
+          message);
   return KEEL__EXIT_USAGE;
 }
 
 int keel__command_report(int argc, char **argv) {
-  const char *path = NULL;
+  const char *path = NULL, *svg_path = NULL;
   bool json = false;
   for (int index = 1; index < argc; index++) {
     if (strcmp(argv[index], "--json") == 0)
       json = true;
+    else if (strcmp(argv[index], "--svg") == 0 && index + 1 < argc)
+      svg_path = argv[++index];
+    else if (strncmp(argv[index], "--svg=", 6) == 0 && argv[index][6] != '\0')
+      svg_path = argv[index] + 6;
+    else if (strcmp(argv[index], "--svg") == 0 || strcmp(argv[index], "--svg=") == 0)
+      return report_usage("--svg needs the file to draw into");
     else if (argv[index][0] == '-' && argv[index][1] != '\0')
       return report_usage("unknown flag");
     else if (path == NULL)
@@ -631,8 +638,14 @@ int keel__command_report(int argc, char **argv) {
       return report_usage("one events file only");
   }
   if (path == NULL) return report_usage("no events file given");
+  if (svg_path != NULL && strcmp(svg_path, path) == 0)
+    return report_usage("--svg would draw over the events file");
   report_data *data = calloc(1, sizeof *data);
-  if (data == NULL) return KEEL__EXIT_FAILURE;
+  if (data != NULL && svg_path != NULL) data->timeline = keel__timeline_create();
+  if (data == NULL || (svg_path != NULL && data->timeline == NULL)) {
+    free(data);
+    return KEEL__EXIT_FAILURE;
+  }
   int exit_code = KEEL__EXIT_USAGE;
   FILE *file = fopen(path, "re");
   if (file == NULL) {
@@ -652,18 +665,21 @@ int keel__command_report(int argc, char **argv) {
     goto close_file;
   }
   if (data->restart_count > MAX_RECORDS) data->not_kept += data->restart_count - MAX_RECORDS;
-  exit_code = 0;
+  exit_code =
+      svg_path != NULL ? keel__timeline_svg_write(data->timeline, svg_path, data->skipped) : 0;
+  if (exit_code != 0) goto close_file;
   if (!json) summary_print(stdout, path, data);
   for (size_t i = 0; json && i < data->recovery_count; i++)
     recovery_json_print(stdout, data, &data->recoveries[i]);
   for (size_t i = 0; json && i < data->restart_count && i < MAX_RECORDS; i++)
     restart_json_print(stdout, &data->restarts[i]);
-  if (json && data->skipped > 0)
+  if ((json || svg_path != NULL) && data->skipped > 0)
     fprintf(stderr, "keel report: skipped %zu lines that are not a whole JSON event\n",
             data->skipped);
 close_file:
   fclose(file);
 free_data:
+  keel__timeline_free(data->timeline);
   free(data);
   return exit_code;
 }

@@ -103,6 +103,8 @@ struct json_t *keel__json_object_parse(const char *line, size_t length);
  * and *value_p untouched otherwise. An integer must be written as one (12.0 is not); a
  * double is any finite number. */
 bool keel__json_int(const struct json_t *object, const char *key, int64_t *value_p);
+/* The integer member key of object, or fallback when it is missing or not an integer. */
+int64_t keel__json_int_or(const struct json_t *object, const char *key, int64_t fallback);
 bool keel__json_double(const struct json_t *object, const char *key, double *value_p);
 /* A string member into text (capacity >= 1), truncated to fit. */
 bool keel__json_string(const struct json_t *object, const char *key, char *text, size_t capacity);
