@@ -150,10 +150,13 @@ static bool metrics_scrape(int port, char *text, size_t capacity) {
   return ok && used > 0;
 }
 
-/* Scrapes until the root (the new one, when the old died with its node) reports a lost node. */
+/* Scrapes until the root (the new one, when the old died with its node) reports a lost node
+ * and, once its own node's workers have reported a step of the new epoch, the world whole
+ * again (a root on the spare node hears its first progress lines only after the recovery). */
 static bool metrics_show_lost_node(int port, char *text, size_t capacity) {
   for (int attempt = 0; attempt < 200 * keel_test_slowdown(); attempt++) {
-    if (metrics_scrape(port, text, capacity) && strstr(text, "\nkeel_nodes_lost_total 1\n"))
+    if (metrics_scrape(port, text, capacity) && strstr(text, "\nkeel_nodes_lost_total 1\n") &&
+        strstr(text, "\nkeel_world_size 4\n"))
       return true;
     usleep(50 * 1000);
   }
