@@ -28,10 +28,7 @@ static const inject_action inject_actions[] = {
 static bool uid_is_dead(keel_store *store, uint32_t uid) {
   char key[32];
   snprintf(key, sizeof key, "dead/%u", (unsigned)uid);
-  keel_store_entry *entry = NULL;
-  if (keel_store_get(store, key, &entry) != KEEL_OK) return false;
-  keel_store_entry_free(entry);
-  return true;
+  return keel__store_has(store, key);
 }
 
 /* The live holder of rank: among proc/ values with that rank, the highest epoch (a process
@@ -202,6 +199,25 @@ int keel__command_inject(int argc, char **argv) {
   return exit_code;
 }
 
+/* A command whose only flag is --job (ps, status): finds the job and connects to its store;
+ * 0, or the exit code of a usage error or a job that cannot be reached. */
+static int job_command_connect(const char *name, int argc, char **argv, keel__job_info *job,
+                               keel_store **store_p) {
+  const char *job_id = NULL;
+  bool bad = false;
+  for (int index = 1; index < argc; index++) {
+    if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
+    fprintf(stderr, "keel %s: unexpected '%s' (usage: keel %s [--job JOB_ID])\n", name, argv[index],
+            name);
+    return KEEL__EXIT_USAGE;
+  }
+  if (bad) {
+    fprintf(stderr, "keel %s: --job needs a job id\n", name);
+    return KEEL__EXIT_USAGE;
+  }
+  return keel__job_connect(job_id, job, store_p) == KEEL_OK ? 0 : KEEL__EXIT_FAILURE;
+}
+
 static void ps_print(keel_store *store, const keel_store_entry *entries, size_t count) {
   printf("%-6s %-8s %-7s %-5s %-6s %-5s %s\n", "UID", "PID", "ROLE", "RANK", "EPOCH", "NODE",
          "ADDR");
@@ -218,20 +234,10 @@ static void ps_print(keel_store *store, const keel_store_entry *entries, size_t 
 }
 
 int keel__command_ps(int argc, char **argv) {
-  const char *job_id = NULL;
-  bool bad = false;
-  for (int index = 1; index < argc; index++) {
-    if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
-    fprintf(stderr, "keel ps: unexpected '%s' (usage: keel ps [--job JOB_ID])\n", argv[index]);
-    return KEEL__EXIT_USAGE;
-  }
-  if (bad) {
-    fprintf(stderr, "keel ps: --job needs a job id\n");
-    return KEEL__EXIT_USAGE;
-  }
   keel__job_info job;
   keel_store *store = NULL;
-  if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  int exit_code = job_command_connect("ps", argc, argv, &job, &store);
+  if (exit_code != 0) return exit_code;
   keel_store_entry *entries = NULL;
   size_t count = 0;
   keel_status status = keel_store_list(store, "proc/", &entries, &count, NULL);
@@ -298,21 +304,10 @@ static void status_print(keel_store *store, const keel_store_entry *nodes, size_
 }
 
 int keel__command_status(int argc, char **argv) {
-  const char *job_id = NULL;
-  bool bad = false;
-  for (int index = 1; index < argc; index++) {
-    if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
-    fprintf(stderr, "keel status: unexpected '%s' (usage: keel status [--job JOB_ID])\n",
-            argv[index]);
-    return KEEL__EXIT_USAGE;
-  }
-  if (bad) {
-    fprintf(stderr, "keel status: --job needs a job id\n");
-    return KEEL__EXIT_USAGE;
-  }
   keel__job_info job;
   keel_store *store = NULL;
-  if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
+  int exit_code = job_command_connect("status", argc, argv, &job, &store);
+  if (exit_code != 0) return exit_code;
   keel_store_entry *entries = NULL;
   size_t count = 0;
   keel_status status = keel_store_list(store, "node/", &entries, &count, NULL);

@@ -319,3 +319,10 @@ size_t keel__node_processes_visit(keel_store *store, int64_t node,
   keel_store_entries_free(entries, count);
   return counted;
 }
+
+bool keel__store_has(keel_store *store, const char *key) {
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(store, key, &entry) != KEEL_OK) return false;
+  keel_store_entry_free(entry);
+  return true;
+}

@@ -344,10 +344,7 @@ static int64_t lapse_fence_after(const keel__launcher *launcher, const keel__chi
 static bool child_left_in_order(keel__launcher *launcher, const keel__child *child) {
   char key[64];
   snprintf(key, sizeof key, "left/%u", (unsigned)child->uid);
-  keel_store_entry *entry = NULL;
-  if (keel_store_get(launcher->store, key, &entry) != KEEL_OK) return false;
-  keel_store_entry_free(entry);
-  return true;
+  return keel__store_has(launcher->store, key);
 }
 
 static void launcher_fence_lapsed(keel__launcher *launcher, int64_t now_ns) {

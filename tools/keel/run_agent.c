@@ -235,13 +235,6 @@ static bool ranks_held_anywhere(keel__launcher *launcher, bool *known_p) {
   return held;
 }
 
-static bool job_done_put(keel__launcher *launcher) {
-  keel_store_entry *entry = NULL;
-  if (keel_store_get(launcher->store, "job/done", &entry) != KEEL_OK) return false;
-  keel_store_entry_free(entry);
-  return true;
-}
-
 /* A node whose processes hold no rank ends with the job: when no process of any node holds
  * one any more (once some did: a spare node's agent may look before the workers are up), or
  * when another agent has said so. */
@@ -252,7 +245,7 @@ void keel__agent_check_end(keel__launcher *launcher) {
   if (keel__children_alive(launcher, true) > 0) return;
   bool known;
   bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
-  if (over || job_done_put(launcher))
+  if (over || keel__store_has(launcher->store, "job/done"))
     keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
 }
 

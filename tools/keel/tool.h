@@ -89,6 +89,8 @@ size_t keel__node_processes_visit(keel_store *store, int64_t node,
                                   bool (*visit)(keel_store *store, const keel_store_entry *entry,
                                                 const keel__proc_value *value, void *context),
                                   void *context);
+/* Whether key is in the store now (false too when the store cannot say). */
+bool keel__store_has(keel_store *store, const char *key);
 /* The uid in key "<prefix><uid>" (decimal, nothing after it); KEEL_EINVAL otherwise. */
 keel_status keel__uid_from_key(const char *key, const char *prefix, uint32_t *uid_p);
 
