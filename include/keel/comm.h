@@ -93,6 +93,11 @@ void keel_endpoint_wake(keel_endpoint *endpoint);
  * the endpoint's next poll, as if its link broke, so that an operation waiting on a peer
  * that went silent (a partitioned node) fails at once instead of at its deadline. */
 void keel_endpoint_declare_dead(keel_endpoint *endpoint, uint32_t uid);
+/* Any thread: every frame this endpoint sends from now on waits delay_ns before it is written
+ * (0: none), as if its link were that slow; frames keep their order. `keel inject delay`
+ * emulates a slow node with it, since this kernel has no netem. Shared-memory collectives
+ * move no frames and are not delayed. */
+void keel_endpoint_delay_sends(keel_endpoint *endpoint, int64_t delay_ns);
 /* Leaves in order: tells every linked peer this is a goodbye, not a failure, reads what they
  * still send until each said goodbye or linger_ns passed, then frees every communicator,
  * request and link. NULL is allowed. */

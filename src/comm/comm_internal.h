@@ -36,8 +36,9 @@ typedef struct keel__send_item {
   keel_frame frame;
   const void *payload;
   size_t length;
-  void *owned;  /* freed when sent or dropped */
-  keel__op *op; /* whose send it is (told when it is written); NULL once let go */
+  void *owned;           /* freed when sent or dropped */
+  keel__op *op;          /* whose send it is (told when it is written); NULL once let go */
+  int64_t held_until_ns; /* keel_endpoint_delay_sends: not written before then (0: at once) */
 } keel__send_item;
 
 /* A receive posted by an operation, matched on (type, source, epoch, tag). */
@@ -113,7 +114,10 @@ struct keel_endpoint {
   pthread_t acceptor_thread;
   bool acceptor_started;
   int wake_fd; /* eventfd: a link is waiting in accepted, or someone called keel_endpoint_wake */
-  int stop_fd; /* eventfd: close wakes the acceptor to stop */
+  int64_t spin_ns; /* keel__drive polls without sleeping this long after each event */
+  long cores;      /* online cores, read once: fewer than ranks makes a spinning rank yield */
+  _Atomic int64_t send_delay_ns; /* keel_endpoint_delay_sends, set from any thread */
+  int stop_fd;                   /* eventfd: close wakes the acceptor to stop */
   atomic_bool stopping;
   pthread_mutex_t accepted_mutex;
   keel_link *accepted[64];
@@ -184,11 +188,10 @@ keel_status keel__send_control(keel_endpoint *endpoint, uint32_t uid, uint16_t t
  * left to deadline_ns (0: do not wait), reads and writes what it can. */
 keel_status keel__progress(keel_endpoint *endpoint, int64_t deadline_ns);
 /* Drives the engine until op is complete (and ready, when given, holds), the communicator
- * breaks, the membership interrupts, or the deadline. On any failure op is abandoned.
- * latency_bound: spin briefly before blocking when there is a core per rank. */
+ * breaks, the membership interrupts, or the deadline. On any failure op is abandoned. */
 typedef bool (*keel__ready_fn)(void *state);
 keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
-                        void *state, bool latency_bound);
+                        void *state);
 /* Status of comm as the engine sees it: KEEL_EREVOKED, KEEL_EPROCFAILED or KEEL_OK. */
 keel_status keel__comm_health(keel_comm *comm);
 /* The membership's interruption, if any (KEEL_OK otherwise). */
@@ -235,9 +238,13 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
 void keel__divide(keel_dtype dtype, void *buffer, size_t count, int divisor);
 
 /* ---- reduce.c: the canonical order of reduction, the same over every transport (the why is
- * in reduce.c). Up to this many bytes an allreduce folds in rank order (tcp exchanges whole
- * buffers directly); above, in the ring's order. */
+ * in reduce.c). A small allreduce folds in rank order (tcp exchanges whole buffers directly);
+ * a larger one in the ring's order. Small is up to DIRECT_ALLREDUCE_BYTES, or while the direct
+ * exchange sends each rank no more than DIRECT_ALLREDUCE_SENT_BYTES in all: one round of
+ * messages then beats the ring's 2(n-1) rounds, each a wake-up (BENCHMARKS.md, issue 10). */
 #define KEEL__DIRECT_ALLREDUCE_BYTES ((size_t)32 << 10)
+#define KEEL__DIRECT_ALLREDUCE_SENT_BYTES ((size_t)256 << 10)
+bool keel__allreduce_is_direct(size_t bytes, int size);
 /* The first element of part `part` (0..parts; `parts` gives count) when count elements are
  * cut in parts parts, the first count % parts of them one element longer: the ring's chunks. */
 size_t keel__part_start(size_t count, int parts, int part);

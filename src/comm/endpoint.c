@@ -16,6 +16,9 @@
 #define MODULE "comm"
 #define DEFAULT_TIMEOUT_NS (30 * (int64_t)1000000000)
 #define DEFAULT_SPARE_WAIT_NS (10 * (int64_t)1000000000)
+/* One event (a frame in, a socket free) is usually followed by the next within tens of
+ * microseconds in a collective, sooner than a blocking poll's wake-up (BENCHMARKS.md). */
+#define DEFAULT_SPIN_US 50
 /* A connector that has not finished its handshake by then is dropped. */
 #define HANDSHAKE_TIMEOUT_NS (2 * (int64_t)1000000000)
 /* How often a link setup looks again for an address not published yet. */
@@ -149,6 +152,11 @@ void keel_endpoint_declare_dead(keel_endpoint *endpoint, uint32_t uid) {
     endpoint->declared_dead[endpoint->declared_dead_count++] = uid;
   pthread_mutex_unlock(&endpoint->accepted_mutex);
   keel_endpoint_wake(endpoint);
+}
+
+void keel_endpoint_delay_sends(keel_endpoint *endpoint, int64_t delay_ns) {
+  if (endpoint == NULL) return;
+  atomic_store(&endpoint->send_delay_ns, delay_ns > 0 ? delay_ns : 0);
 }
 
 /* Called with accepted_mutex held. */
@@ -346,6 +354,14 @@ static keel_status endpoint_listen(keel_endpoint *endpoint) {
   return KEEL_OK;
 }
 
+/* KEEL_SPIN_US: how long a waiting collective polls without sleeping after each event. */
+static int64_t spin_ns_from_environment(void) {
+  int64_t microseconds = DEFAULT_SPIN_US;
+  if (keel_env_int("KEEL_SPIN_US", 0, 100 * 1000, &microseconds) != KEEL_OK)
+    microseconds = DEFAULT_SPIN_US;
+  return microseconds * 1000;
+}
+
 keel_status keel_endpoint_create(const keel_endpoint_config *config, keel_endpoint **endpoint_p) {
   if (config == NULL || endpoint_p == NULL || config->uid >= KEEL_MAX_UIDS) return KEEL_EINVAL;
   if (config->store != NULL && (config->membership == NULL || config->membership->address == NULL))
@@ -360,7 +376,10 @@ keel_status keel_endpoint_create(const keel_endpoint_config *config, keel_endpoi
   endpoint->config.host = NULL; /* the caller's string is not kept */
   endpoint->standalone = config->store == NULL;
   endpoint->wake_fd = endpoint->stop_fd = -1;
+  endpoint->spin_ns = spin_ns_from_environment();
+  endpoint->cores = sysconf(_SC_NPROCESSORS_ONLN);
   atomic_init(&endpoint->stopping, false);
+  atomic_init(&endpoint->send_delay_ns, 0);
   pthread_mutex_init(&endpoint->accepted_mutex, NULL);
   if (!endpoint->standalone) {
     endpoint->config.host = config->host; /* read once, by endpoint_listen */

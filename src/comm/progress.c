@@ -4,6 +4,7 @@
  * Operations are independent: each has its own slots and sends, so a background transfer
  * moves while a collective waits, and abandoning one leaves the others whole. */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +13,6 @@
 #include "comm/comm_internal.h"
 
 #define MODULE "progress"
-/* With a core per rank, polling without sleeping for a short while first saves the wake-up
- * of a blocking poll on every small message (4 KiB over TCP: 29 us instead of 60-70 us); with
- * more ranks than cores it would steal the core of the rank we wait for, and for large
- * operations it measured no better. */
-#define BUSY_POLL_NS (50 * 1000)
-
 void keel__peer_fail(keel_endpoint *endpoint, keel__peer *peer, const char *reason) {
   if (peer->failed) return;
   peer->failed = true;
@@ -50,11 +45,20 @@ static void peer_fail_sends(keel__peer *peer) {
   }
 }
 
+/* When the head of the peer's queue may be written: 0 for now, else the end of its delay
+ * (keel_endpoint_delay_sends). */
+static int64_t peer_held_until(const keel__peer *peer) {
+  const keel__send_item *item = peer->queue_head;
+  if (item == NULL || peer->in_flight || item->held_until_ns == 0) return 0;
+  return keel_now_ns() < item->held_until_ns ? item->held_until_ns : 0;
+}
+
 /* Writes as much of the peer's queue as the socket takes. */
 static void peer_push(keel_endpoint *endpoint, keel__peer *peer) {
   while (peer->queue_head != NULL && peer->link != NULL && !peer->failed) {
     keel__send_item *item = peer->queue_head;
     keel_status status;
+    if (peer_held_until(peer) != 0) return;
     if (!peer->in_flight) {
       status = keel_link_send_begin(peer->link, &item->frame, item->payload, item->length);
       if (status != KEEL_OK) {
@@ -87,16 +91,20 @@ static keel_status enqueue(keel_endpoint *endpoint, uint32_t uid, keel__op *op, 
   item->payload = payload;
   item->length = length;
   item->op = op;
+  int64_t delay = atomic_load(&endpoint->send_delay_ns);
+  if (delay > 0) item->held_until_ns = keel_now_ns() + delay;
   if (op != NULL) op->sends_pending++;
-  if (peer->queue_tail) peer->queue_tail->next = item;
-  else peer->queue_head = item;
+  if (peer->queue_tail)
+    peer->queue_tail->next = item;
+  else
+    peer->queue_head = item;
   peer->queue_tail = item;
   peer_push(endpoint, peer);
   return peer->failed ? KEEL_EPROCFAILED : KEEL_OK;
 }
 
-keel_status keel__op_send(keel__op *op, uint32_t uid, uint16_t type, uint64_t epoch,
-                          uint64_t tag, const void *payload, size_t length) {
+keel_status keel__op_send(keel__op *op, uint32_t uid, uint16_t type, uint64_t epoch, uint64_t tag,
+                          const void *payload, size_t length) {
   keel_status status = enqueue(op->endpoint, uid, op, type, epoch, tag, payload, length);
   if (status != KEEL_OK && op->send_error == KEEL_OK) op->send_error = status;
   return status;
@@ -123,8 +131,10 @@ void keel__op_begin(keel_endpoint *endpoint, keel__op *op) {
 
 static void op_unlink(keel__op *op) {
   keel_endpoint *endpoint = op->endpoint;
-  if (op->previous != NULL) op->previous->next = op->next;
-  else endpoint->operations = op->next;
+  if (op->previous != NULL)
+    op->previous->next = op->next;
+  else
+    endpoint->operations = op->next;
   if (op->next != NULL) op->next->previous = op->previous;
   op->next = op->previous = NULL;
   op->active = false;
@@ -163,12 +173,15 @@ keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uin
   }
   size_t index = op->slot_count++;
   keel__recv_slot *slot = &op->slots[index];
-  *slot = (keel__recv_slot){.type = type, .source = source, .epoch = epoch, .tag = tag,
-                            .destination = destination, .length = length};
+  *slot = (keel__recv_slot){.type = type,
+                            .source = source,
+                            .epoch = epoch,
+                            .tag = tag,
+                            .destination = destination,
+                            .length = length};
   /* It may have arrived already. */
   keel_endpoint *endpoint = op->endpoint;
-  for (keel__unexpected **link = &endpoint->unexpected_head; *link != NULL;
-       link = &(*link)->next) {
+  for (keel__unexpected **link = &endpoint->unexpected_head; *link != NULL; link = &(*link)->next) {
     keel__unexpected *waiting = *link;
     if (!slot_matches(slot, &waiting->frame)) continue;
     slot_fill(slot, &waiting->frame, waiting->payload);
@@ -414,6 +427,14 @@ void keel__peer_unlinked(keel_endpoint *endpoint, keel__peer *peer) {
 
 /* ---- the loop */
 
+/* Starts the frames whose delay ended: they asked for no POLLOUT while held. */
+static void release_held_frames(keel_endpoint *endpoint) {
+  for (size_t i = 0; i < endpoint->linked_count; i++) {
+    keel__peer *peer = endpoint->linked[i];
+    if (!peer->failed && peer->queue_head != NULL && !peer->in_flight) peer_push(endpoint, peer);
+  }
+}
+
 keel_status keel__progress(keel_endpoint *endpoint, int64_t deadline_ns) {
   if (poll_list_reserve(endpoint, endpoint->linked_count + 1) != KEEL_OK) return KEEL_ENOMEM;
   struct pollfd *pollers = endpoint->pollers;
@@ -423,15 +444,23 @@ keel_status keel__progress(keel_endpoint *endpoint, int64_t deadline_ns) {
     pollers[count] = (struct pollfd){.fd = endpoint->wake_fd, .events = POLLIN};
     owners[count++] = NULL;
   }
+  int64_t first_release = 0; /* the earliest end of a held frame's delay */
   for (size_t i = 0; i < endpoint->linked_count; i++) {
     keel__peer *peer = endpoint->linked[i];
     if (peer->failed) continue;
     short events = POLLIN;
-    if (peer->queue_head != NULL) events |= POLLOUT;
+    int64_t held_until = peer_held_until(peer);
+    if (held_until != 0 && (first_release == 0 || held_until < first_release))
+      first_release = held_until;
+    else if (peer->queue_head != NULL && held_until == 0)
+      events |= POLLOUT;
     pollers[count] = (struct pollfd){.fd = keel_link_fd(peer->link), .events = events};
     owners[count++] = peer;
   }
-  int ready = poll(pollers, count, deadline_ns == 0 ? 0 : keel_poll_timeout_ms(deadline_ns));
+  int64_t wake = deadline_ns;
+  if (first_release != 0 && deadline_ns != 0 && first_release < deadline_ns) wake = first_release;
+  int ready = poll(pollers, count, wake == 0 ? 0 : keel_poll_timeout_ms(wake));
+  if (first_release != 0) release_held_frames(endpoint);
   if (ready <= 0) return ready == 0 ? KEEL_EAGAIN : KEEL_OK;
   for (nfds_t i = 0; i < count; i++) {
     if (pollers[i].revents == 0) continue;
@@ -466,11 +495,15 @@ keel_status keel__comm_health(keel_comm *comm) {
   return KEEL_OK;
 }
 
+/* Waits by polling without sleeping for endpoint->spin_ns after each event, then by a
+ * blocking poll: a blocking poll costs a wake-up (tens of microseconds) on every message, which
+ * at 4 KiB-1 MiB is most of an operation's time. With more ranks than cores, a spinning rank
+ * yields its core between polls, since the rank it waits for may need that core. */
 keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
-                        void *state, bool latency_bound) {
+                        void *state) {
   keel_endpoint *endpoint = comm->endpoint;
-  bool busy = latency_bound && sysconf(_SC_NPROCESSORS_ONLN) >= comm->size;
-  int64_t busy_until = busy ? keel_now_ns() + BUSY_POLL_NS : 0;
+  bool oversubscribed = endpoint->cores < comm->size;
+  int64_t spin_until = endpoint->spin_ns > 0 ? keel_now_ns() + endpoint->spin_ns : 0;
   for (;;) {
     /* Done counts before health: a peer may finish this operation, leave and close its
      * link, and that is no failure of an operation that got everything it needed. */
@@ -490,7 +523,12 @@ keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel
       keel__op_abandon(op);
       return status;
     }
-    keel__progress(endpoint, busy_until != 0 && keel_now_ns() < busy_until ? 0 : deadline_ns);
+    bool spinning = spin_until != 0 && keel_now_ns() < spin_until;
+    keel_status progressed = keel__progress(endpoint, spinning ? 0 : deadline_ns);
+    if (progressed == KEEL_OK && endpoint->spin_ns > 0)
+      spin_until = keel_now_ns() + endpoint->spin_ns;
+    else if (spinning && oversubscribed)
+      sched_yield();
   }
 }
 

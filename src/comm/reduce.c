@@ -169,8 +169,8 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
  * order is the one the tcp transport's algorithms produce, because a ring cannot change its
  * order without extra steps, while shared memory holds every contribution and folds them in
  * any order at the same cost:
- *   - an allreduce of up to KEEL__DIRECT_ALLREDUCE_BYTES is tcp's direct exchange: every
- *     element folds ranks 0, 1, ..., n-1;
+ *   - a small allreduce (keel__allreduce_is_direct) is tcp's direct exchange: every element
+ *     folds ranks 0, 1, ..., n-1;
  *   - a larger allreduce is tcp's ring: the buffer is cut in n chunks
  *     (keel__part_start), and chunk c starts at rank c, whose contribution the ring
  *     carries first, then adds ranks c+1, ..., c+n-1 (mod n) as it passes them;
@@ -178,6 +178,11 @@ void keel__reduce_reference(keel_dtype dtype, keel_reduce_op op, void *destinati
  *     folds ranks b+1, ..., b+n (mod n).
  * An algorithm that evaluates another order (a tree, a hierarchical reduce) gives this
  * guarantee up, so it may only be used where the caller asked for that explicitly. */
+
+bool keel__allreduce_is_direct(size_t bytes, int size) {
+  if (bytes <= KEEL__DIRECT_ALLREDUCE_BYTES) return true;
+  return size > 1 && bytes <= KEEL__DIRECT_ALLREDUCE_SENT_BYTES / (size_t)(size - 1);
+}
 
 size_t keel__part_start(size_t count, int parts, int part) {
   size_t base = count / (size_t)parts, remainder = count % (size_t)parts;
@@ -195,7 +200,7 @@ static int ring_chunk_of(size_t count, int size, size_t index) {
 
 int keel__allreduce_fold_start(size_t count, size_t element_size, int size, size_t index,
                                size_t *run_end_p) {
-  if (count * element_size <= KEEL__DIRECT_ALLREDUCE_BYTES) {
+  if (keel__allreduce_is_direct(count * element_size, size)) {
     *run_end_p = count;
     return 0;
   }

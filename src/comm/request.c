@@ -72,8 +72,8 @@ keel_status keel_comm_irecv(keel_comm *comm, int rank, uint64_t tag, void *buffe
   keel_request *request = NULL;
   keel_status status = request_start(comm, rank, &request);
   if (status != KEEL_OK) return status;
-  status = keel__op_post_recv(&request->op, KEEL_FRAME_MESSAGE, comm->uids[rank], comm->epoch,
-                              tag, buffer, bytes, NULL);
+  status = keel__op_post_recv(&request->op, KEEL_FRAME_MESSAGE, comm->uids[rank], comm->epoch, tag,
+                              buffer, bytes, NULL);
   if (status != KEEL_OK) {
     keel_request_free(request);
     return status;
@@ -93,7 +93,7 @@ keel_status keel_request_test(keel_request *request, bool *done_p) {
 keel_status keel_request_wait(keel_request *request, int64_t deadline_ns) {
   if (request == NULL) return KEEL_EINVAL;
   if (request->finished) return request->failure;
-  keel_status status = keel__drive(request->comm, &request->op, deadline_ns, NULL, NULL, false);
+  keel_status status = keel__drive(request->comm, &request->op, deadline_ns, NULL, NULL);
   if (status == KEEL_OK) keel__op_end(&request->op);
   request->failure = status;
   request->finished = true;

@@ -145,7 +145,7 @@ static keel_status ring_execute(ring_plan *plan) {
     run.error = ring_send(&run, plan->first_step, segment, plan->initial_source);
   keel_status status = run.error;
   if (status == KEEL_OK)
-    status = keel__drive(comm, op, deadline, ring_ready, &run, false);
+    status = keel__drive(comm, op, deadline, ring_ready, &run);
   else
     keel__op_abandon(op);
   if (status == KEEL_OK && run.error != KEEL_OK) {
@@ -184,7 +184,7 @@ static keel_status direct_exchange(keel_comm *comm, uint8_t *gathered, size_t by
                   gathered + (size_t)comm->rank * bytes, bytes);
   }
   keel__fault(comm->endpoint, "allreduce", 1);
-  keel_status status = keel__drive(comm, op, deadline, NULL, NULL, true);
+  keel_status status = keel__drive(comm, op, deadline, NULL, NULL);
   if (status == KEEL_OK) keel__op_end(op);
   return status;
 }
@@ -213,7 +213,7 @@ static keel_status tcp_allreduce(keel_comm *comm, void *state, const void *send,
                                  size_t count, keel_dtype dtype, keel_reduce_op op) {
   size_t element_size = keel_dtype_size(dtype);
   size_t bytes = count * element_size;
-  if (bytes <= KEEL__DIRECT_ALLREDUCE_BYTES)
+  if (keel__allreduce_is_direct(bytes, comm->size))
     return allreduce_direct(comm, send, recv, count, dtype, op);
   keel_status status = keel__scratch_reserve(comm->endpoint, bytes);
   if (status != KEEL_OK) return status;
@@ -309,8 +309,7 @@ static keel_status tcp_broadcast(keel_comm *comm, void *state, void *buffer, siz
                     (uint8_t *)buffer + first, length);
     }
   }
-  keel_status status =
-      keel__drive(comm, op, deadline, NULL, NULL, bytes <= KEEL__DIRECT_ALLREDUCE_BYTES);
+  keel_status status = keel__drive(comm, op, deadline, NULL, NULL);
   if (status == KEEL_OK) keel__op_end(op);
   return status;
 }

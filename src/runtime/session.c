@@ -45,6 +45,7 @@ struct keel__session {
   atomic_int joiners;
   /* The thread's own bookkeeping. */
   uint64_t watched_revision;
+  int64_t send_delay_ns; /* inject/delay/<node>, as last applied */
   bool unreachable;
   int64_t unreachable_since_ns;
 };
@@ -209,8 +210,34 @@ static void dead_keys_note(keel__session *session, const keel_store_entry *entri
   pthread_mutex_unlock(&session->endpoint_lock);
 }
 
+/* inject/delay/<node> (`keel inject delay NODE 20ms`): this node's frames go out that much
+ * later, emulating a slow link (no netem on this kernel); a missing key is no delay. */
+static void delay_key_note(keel__session *session) {
+  char key[48];
+  snprintf(key, sizeof key, "inject/delay/%d", session->config->node);
+  keel_store_entry *entry = NULL;
+  int64_t delay_ns = 0;
+  keel_status status = keel_store_get(session->background, key, &entry);
+  if (status != KEEL_OK && status != KEEL_ENOTFOUND) return;
+  if (status == KEEL_OK) {
+    if (keel_parse_int((const char *)entry->value, 0, INT64_MAX, &delay_ns) != KEEL_OK)
+      delay_ns = 0;
+    keel_store_entry_free(entry);
+  }
+  if (delay_ns == session->send_delay_ns) return;
+  session->send_delay_ns = delay_ns;
+  pthread_mutex_lock(&session->endpoint_lock);
+  keel_endpoint_delay_sends(session->endpoint, delay_ns);
+  pthread_mutex_unlock(&session->endpoint_lock);
+  char fields[96];
+  snprintf(fields, sizeof fields, "\"node\":%d,\"delay_ms\":%.3f", session->config->node,
+           (double)delay_ns / 1e6);
+  report(session, "send_delay", fields);
+}
+
 /* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
- * joiners wait, and the dead. Read only when the store changed since the last look. */
+ * joiners wait, the dead, and an injected delay. Read only when the store changed since the last
+ * look. */
 static void watch(keel__session *session) {
   uint64_t revision = 0;
   keel_status status =
@@ -227,6 +254,7 @@ static void watch(keel__session *session) {
   if (keel_store_list(session->background, "dead/", &entries, &count, NULL) != KEEL_OK) return;
   dead_keys_note(session, entries, count);
   keel_store_entries_free(entries, count);
+  delay_key_note(session);
   session->watched_revision = revision;
 }
 

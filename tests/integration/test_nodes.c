@@ -311,6 +311,92 @@ static void partitioned_node_fences_itself_before_it_is_replaced(void **state) {
   keel_test_events_free(&log);
 }
 
+typedef struct delay_want {
+  long long delay_ms;
+  long long progress_after; /* with delay_ms set: and a progress line of step >= this */
+} delay_want;
+
+/* The send_delay line of node 1's worker (uid 1) that reports want->delay_ms. */
+static const char *delay_line(const keel_test_events *log, long long delay_ms) {
+  for (size_t i = 0; i < log->count; i++)
+    if (keel_test_event_is(log->lines[i], "send_delay") &&
+        keel_test_event_long(log->lines[i], "uid") == 1 &&
+        keel_test_event_long(log->lines[i], "delay_ms") == delay_ms)
+      return log->lines[i];
+  return NULL;
+}
+
+static bool delay_applied(const keel_test_events *log, void *context) {
+  const delay_want *want = context;
+  if (delay_line(log, want->delay_ms) == NULL) return false;
+  progress_want progress = {want->progress_after};
+  return want->progress_after == 0 || progress_reached(log, &progress);
+}
+
+/* The progress lines of rank 0 between from_ns and to_ns: the mean time of a step between the
+ * first and the last of them, in ms (-1 with fewer than two). */
+static double step_ms_between(const keel_test_events *log, long long from_ns, long long to_ns) {
+  long long first_t = -1, first_step = 0, last_t = -1, last_step = 0;
+  for (size_t i = 0; i < log->count; i++) {
+    const char *line = log->lines[i];
+    if (!keel_test_event_is(line, "progress") || keel_test_event_long(line, "rank") != 0) continue;
+    long long t = keel_test_event_long(line, "t_ns"), step = keel_test_event_long(line, "step");
+    if (t <= from_ns || t >= to_ns) continue;
+    if (first_t < 0) first_t = t, first_step = step;
+    last_t = t, last_step = step;
+  }
+  if (first_t < 0 || last_step <= first_step) return -1;
+  return (double)(last_t - first_t) / 1e6 / (double)(last_step - first_step);
+}
+
+/* `keel inject delay 1 40ms` holds every frame node 1's worker sends for 40 ms, so every
+ * allreduce (which needs its contribution) takes at least that long; `delay 1 0` ends it. The
+ * delay is keel's own (this kernel has no netem), on its tcp links. */
+static void delayed_node_slows_every_step_until_it_ends(void **state) {
+  (void)state;
+  const char *const flags[] = {"--agents",    "--nnodes",          "2", "--nproc-per-node", "1",
+                               "--heartbeat", heartbeat_lenient(), NULL};
+  setenv("KEEL_TRANSPORT", "tcp", 1);
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  unsetenv("KEEL_TRANSPORT");
+  const char *delay[] = {"inject", "delay", "1", "40ms", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(delay, job.output, 10000), 0);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  long long step_now = 0;
+  for (size_t i = 0; i < log.count; i++)
+    if (keel_test_event_is(log.lines[i], "progress"))
+      step_now = keel_test_event_long(log.lines[i], "step");
+  keel_test_events_free(&log);
+  /* Ten delayed steps take 400 ms at least: progress lines (every 100 ms) fall among them. */
+  delay_want delayed = {40, step_now + 10};
+  if (!keel_test_events_wait(job.events, MAX_EVENTS, delay_applied, &delayed, 10,
+                             30000 * keel_test_slowdown()))
+    fail_msg("node 1's worker did not apply the delay, or the job stopped making progress");
+  const char *end_delay[] = {"inject", "delay", "1", "0", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(end_delay, job.output, 10000), 0);
+  delay_want ended = {0, 0};
+  if (!keel_test_events_wait(job.events, MAX_EVENTS, delay_applied, &ended, 10,
+                             30000 * keel_test_slowdown()))
+    fail_msg("node 1's worker did not end the delay");
+  int code = job_finish(&job, launcher);
+  if (code != 0) keel_test_print_file("output", job.output);
+  assert_int_equal(code, 0);
+  keel_test_toy_assert_consistent(job.output, 2, STEP_COUNT);
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  long long delayed_at = keel_test_event_long(delay_line(&log, 40), "t_ns");
+  long long ended_at = keel_test_event_long(delay_line(&log, 0), "t_ns");
+  double step_ms = step_ms_between(&log, delayed_at, ended_at);
+  print_message("steps under the 40 ms delay: %.1f ms each\n", step_ms);
+  assert_true(step_ms >= 40.0);
+  /* A delay is no failure: nobody was declared dead, nothing recovered. */
+  assert_null(keel_test_events_find(&log, "recovery", -1));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
 /* The bits of a job depend only on its contributions, ranks and world size: the same job
  * over shared memory, over tcp on one host, and across nodes that are network namespaces
  * (tcp between hosts of their own) ends with the same parameters. */
@@ -403,6 +489,7 @@ int main(void) {
       cmocka_unit_test(a_lone_dead_agent_takes_its_node),
       cmocka_unit_test(partitioned_node_fences_itself_before_it_is_replaced),
       cmocka_unit_test(same_bits_over_shm_tcp_and_namespaces),
+      cmocka_unit_test(delayed_node_slows_every_step_until_it_ends),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();

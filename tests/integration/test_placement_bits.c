@@ -171,10 +171,13 @@ static void test_toy_train_same_params(void **state) {
 /* ---- the order itself, without processes */
 
 /* Checks every element's fold start of a count-element allreduce over size ranks: rank 0 for
- * the whole buffer at or under the direct limit; above it the rank whose ring chunk holds the
- * element, with the run ending where that chunk does. */
+ * the whole buffer at or under the direct limits (the buffer's bytes, or the bytes each rank
+ * sends to the others); above them the rank whose ring chunk holds the element, with the run
+ * ending where that chunk does. */
 static void assert_fold_starts(size_t count, size_t element_size, int size) {
-  bool direct = count * element_size <= KEEL__DIRECT_ALLREDUCE_BYTES;
+  size_t bytes = count * element_size;
+  bool direct = bytes <= KEEL__DIRECT_ALLREDUCE_BYTES ||
+                (size > 1 && bytes * (size_t)(size - 1) <= KEEL__DIRECT_ALLREDUCE_SENT_BYTES);
   for (size_t index = 0; index < count; index++) {
     size_t run_end = 0;
     int first_rank = keel__allreduce_fold_start(count, element_size, size, index, &run_end);
@@ -190,7 +193,7 @@ static void assert_fold_starts(size_t count, size_t element_size, int size) {
 }
 
 /* Counts below, at and above the world size (empty chunks included), elements just under and
- * over the direct limit. */
+ * over the direct limits. */
 static void test_fold_starts_follow_the_ring(void **state) {
   (void)state;
   for (int size = 1; size <= 8; size++) {
@@ -200,6 +203,11 @@ static void test_fold_starts_follow_the_ring(void **state) {
     }
     assert_fold_starts(KEEL__DIRECT_ALLREDUCE_BYTES / 4, 4, size);
     assert_fold_starts(KEEL__DIRECT_ALLREDUCE_BYTES / 4 + 1, 4, size);
+    if (size > 1) {
+      size_t sent_limit = KEEL__DIRECT_ALLREDUCE_SENT_BYTES / (size_t)(size - 1) / 4;
+      assert_fold_starts(sent_limit, 4, size);
+      assert_fold_starts(sent_limit + 1, 4, size);
+    }
     assert_fold_starts(100003, 8, size);
   }
   assert_int_equal(keel__reduce_scatter_fold_start(4, 3), 0);

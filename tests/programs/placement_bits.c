@@ -173,9 +173,11 @@ int main(void) {
   keel_ctx *ctx = NULL;
   if (keel_init(&ctx) != KEEL_OK) return 2;
   keel_comm *comm = keel_world(ctx);
-  /* Allreduce counts straddle tcp's direct limit (32 KiB: 8192 f32), shm's whole-buffer
-   * limit (256 KiB), its chunk (1 MiB) and tcp's frame segment (4 MiB). */
-  static const size_t allreduce_counts[] = {1, 7, 1000, 8191, 8192, 8193, 65537, 262147, 786433};
+  /* Allreduce counts straddle tcp's direct limits (32 KiB: 8192 f32; 256 KiB sent: 65536 f32
+   * with 2 ranks, 21845 with 4), shm's whole-buffer limit (256 KiB), its chunk (1 MiB) and
+   * tcp's frame segment (4 MiB). */
+  static const size_t allreduce_counts[] = {1,     7,     1000,  8191,   8192,  8193,
+                                            21845, 21846, 65537, 262147, 786433};
   static const size_t reduce_scatter_counts[] = {1, 7, 1000, 65537, 262147};
   static const keel_dtype dtypes[] = {KEEL_F32, KEEL_F64, KEEL_BF16, KEEL_I32, KEEL_I64};
   static const keel_reduce_op ops[] = {KEEL_SUM, KEEL_AVG, KEEL_MAX};

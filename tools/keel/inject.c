@@ -69,7 +69,7 @@ static bool pid_is_of_job(pid_t pid, pid_t launcher) {
 static int inject_usage(const char *message) {
   fprintf(stderr,
           "keel inject: %s (usage: keel inject kill|stop|cont RANK |"
-          " kill-node|partition|heal NODE [--job JOB_ID])\n",
+          " kill-node|partition|heal NODE | delay NODE DURATION [--job JOB_ID])\n",
           message);
   return KEEL__EXIT_USAGE;
 }
@@ -161,8 +161,27 @@ static int inject_link(const keel__job_info *job, int64_t node, bool cut) {
   return 0;
 }
 
+/* delay: every frame the node's processes send goes out that much later (0: no more delay).
+ * The processes apply it at their next look at the store (every 100 ms at most) and each
+ * says so in a send_delay event. */
+static int inject_delay(keel_store *store, const keel__job_info *job, int64_t node,
+                        int64_t delay_ns) {
+  char key[48], value[32];
+  snprintf(key, sizeof key, "inject/delay/%lld", (long long)node);
+  snprintf(value, sizeof value, "%lld", (long long)delay_ns);
+  keel_status status = delay_ns == 0 ? keel_store_delete(store, key)
+                                     : keel_store_put(store, key, value, strlen(value), 0, NULL);
+  if (status != KEEL_OK && !(delay_ns == 0 && status == KEEL_ENOTFOUND)) {
+    fprintf(stderr, "keel inject: cannot set the delay of node %lld in job %llu: %s\n",
+            (long long)node, (unsigned long long)job->auth.job_id, keel_strerror(status));
+    return KEEL__EXIT_FAILURE;
+  }
+  printf("delayed node %lld by %.3f ms\n", (long long)node, (double)delay_ns / 1e6);
+  return 0;
+}
+
 int keel__command_inject(int argc, char **argv) {
-  const char *job_id = NULL, *action_name = NULL, *rank_text = NULL;
+  const char *job_id = NULL, *action_name = NULL, *rank_text = NULL, *duration_text = NULL;
   bool bad = false;
   for (int index = 1; index < argc; index++) {
     if (keel__job_flag(argc, argv, &index, &job_id, &bad)) continue;
@@ -171,21 +190,30 @@ int keel__command_inject(int argc, char **argv) {
       action_name = argv[index];
     else if (rank_text == NULL)
       rank_text = argv[index];
+    else if (duration_text == NULL)
+      duration_text = argv[index];
     else
       return inject_usage("too many arguments");
   }
   if (bad) return inject_usage("--job needs a job id");
   if (action_name == NULL || rank_text == NULL)
     return inject_usage("an action and a rank are needed");
+  bool delay = strcmp(action_name, "delay") == 0;
+  if (delay != (duration_text != NULL))
+    return inject_usage(delay ? "delay needs a DURATION (20ms; 0 ends the delay)"
+                              : "too many arguments");
+  int64_t delay_ns = 0;
+  if (delay && keel_parse_duration_ns(duration_text, &delay_ns) != KEEL_OK)
+    return inject_usage("DURATION must be a duration such as 20ms or 0");
   bool kill_node = strcmp(action_name, "kill-node") == 0;
   bool partition = strcmp(action_name, "partition") == 0, heal = strcmp(action_name, "heal") == 0;
-  bool node_action = kill_node || partition || heal;
+  bool node_action = kill_node || partition || heal || delay;
   const inject_action *action = NULL;
   for (size_t i = 0; i < sizeof inject_actions / sizeof inject_actions[0]; i++) {
     if (strcmp(action_name, inject_actions[i].name) == 0) action = &inject_actions[i];
   }
   if (action == NULL && !node_action)
-    return inject_usage("the action must be kill, stop, cont, kill-node, partition or heal");
+    return inject_usage("the action must be kill, stop, cont, kill-node, partition, heal or delay");
   int64_t rank;
   if (keel_parse_int(rank_text, 0, INT32_MAX, &rank) != KEEL_OK)
     return inject_usage("RANK must be a non-negative integer");
@@ -193,6 +221,7 @@ int keel__command_inject(int argc, char **argv) {
   keel_store *store = NULL;
   if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
   int exit_code = kill_node     ? inject_kill_node(store, &job, rank)
+                  : delay       ? inject_delay(store, &job, rank, delay_ns)
                   : node_action ? inject_link(&job, rank, partition)
                                 : inject_signal(store, &job, action, rank);
   keel_store_close(store);
