@@ -3,7 +3,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= 2
 
-.PHONY: all deps build test test-sanitize demo bench clean
+.PHONY: all deps build test test-sanitize demo bench bench-netns clean
 
 all: build
 
@@ -28,6 +28,9 @@ demo: build
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+bench-netns: build
+	@scripts/bench_netns.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -5,6 +5,7 @@
 // checked after the timing) and the same JSON lines, printed by rank 0.
 //
 // Usage: gloo_allreduce --ranks N [--sizes 4KiB,1MiB] [--target-ms T] [--timeout-s S]
+//          [--netns NS0,NS1,.. --hosts ADDR0,ADDR1,..]   (rank i in namespace NSi, at ADDRi)
 // It is its own launcher: it makes a rendezvous directory (gloo::rendezvous::FileStore)
 // under $TMPDIR, forks N ranks, and waits for all of them. If one fails, or the whole run
 // takes longer than --timeout-s (default 300), the others are killed by pid; every child
@@ -19,6 +20,8 @@
 //   built for every call, as PyTorch's ProcessGroupGloo does.
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -58,7 +61,22 @@ struct Options {
   double target_ns = 1e9;
   int timeout_s = 300;
   std::vector<uint64_t> sizes{4 << 10, 1 << 20, 64 << 20};
+  // --netns: rank i runs in network namespace netns[i] (a name under /run/netns) and
+  // listens on hosts[i] (--hosts), instead of 127.0.0.1 on this host.
+  std::vector<std::string> netns, hosts;
 };
+
+std::vector<std::string> split_commas(const std::string &list) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    items.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return items;
+}
 
 double now_ns() {
   struct timespec t;
@@ -109,11 +127,30 @@ bool parse_options(int argc, char **argv, Options *opts) {
         opts->sizes.push_back(bytes);
         start = comma + 1;
       }
+    } else if (flag == "--netns") {
+      opts->netns = split_commas(value);
+    } else if (flag == "--hosts") {
+      opts->hosts = split_commas(value);
     } else {
       return false;
     }
   }
+  if (opts->netns.size() != opts->hosts.size()) return false;
+  if (!opts->netns.empty() && (int)opts->netns.size() != opts->ranks) return false;
   return opts->ranks > 0;
+}
+
+// Moves the calling process (a rank, before its device exists) into namespace name.
+bool enter_netns(const std::string &name) {
+  std::string path = "/run/netns/" + name;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    fprintf(stderr, "gloo_allreduce: cannot enter %s: %s\n", path.c_str(), strerror(errno));
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  close(fd);
+  return true;
 }
 
 // The statistic shared with keel's own benchmark and the MPI harness.
@@ -262,6 +299,10 @@ int run_rank(int rank, const Options &opts, const std::string &dir) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
+    if (!opts.netns.empty()) {
+      if (!enter_netns(opts.netns[rank])) return 1;
+      attr.hostname = opts.hosts[rank];
+    }
     attr.ai_family = AF_INET;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(dir);
