@@ -97,6 +97,13 @@ void keel_listener_close(keel_listener *listener);
  * listening yet). */
 keel_status keel_link_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
                               keel_link **link_p);
+/* keel_link_connect that asks keep_trying(context) before each retry of a refused
+ * connection: false ends the wait at once with KEEL_ECONNREFUSED, for a caller that learns
+ * meanwhile that nobody will listen there again (the peer was declared dead). */
+typedef bool keel_link_retry_fn(void *context);
+keel_status keel_link_connect_while(const char *address, const keel_auth *auth, int64_t deadline_ns,
+                                    keel_link_retry_fn *keep_trying, void *context,
+                                    keel_link **link_p);
 /* The peer's uid announced in the handshake. */
 uint32_t keel_link_peer_id(const keel_link *link);
 int keel_link_fd(const keel_link *link);

@@ -195,6 +195,25 @@ void keel__take_accepted_links(keel_endpoint *endpoint) {
 
 /* ---- links to members */
 
+/* Whether a refused connection to peer is worth retrying: not once the job declared it dead
+ * (its port will not open again) or the membership interrupts the wait. */
+typedef struct link_attempt {
+  keel_endpoint *endpoint;
+  keel__peer *peer;
+} link_attempt;
+
+static bool peer_may_listen(void *context) {
+  const link_attempt *attempt = context;
+  keel_endpoint *endpoint = attempt->endpoint;
+  const keel__peer *peer = attempt->peer;
+  pthread_mutex_lock(&endpoint->accepted_mutex);
+  bool declared_dead = false;
+  for (int i = 0; i < endpoint->declared_dead_count && !declared_dead; i++)
+    declared_dead = endpoint->declared_dead[i] == peer->uid;
+  pthread_mutex_unlock(&endpoint->accepted_mutex);
+  return !declared_dead && !peer->failed && keel__interrupted(endpoint) == KEEL_OK;
+}
+
 static keel_status connect_to(keel_endpoint *endpoint, keel__peer *peer, int64_t deadline_ns) {
   const keel_endpoint_config *config = &endpoint->config;
   char address[128];
@@ -209,7 +228,13 @@ static keel_status connect_to(keel_endpoint *endpoint, keel__peer *peer, int64_t
   }
   if (status != KEEL_OK) return status;
   keel_link *link = NULL;
-  status = keel_link_connect(address, &config->auth, deadline_ns, &link);
+  link_attempt attempt = {endpoint, peer};
+  status = keel_link_connect_while(address, &config->auth, deadline_ns, peer_may_listen, &attempt,
+                                   &link);
+  if (status == KEEL_ECONNREFUSED && !peer_may_listen(&attempt)) {
+    status = keel__interrupted(endpoint);
+    if (status == KEEL_OK) status = KEEL_EPROCFAILED;
+  }
   if (status != KEEL_OK) {
     KEEL_LOG_W(MODULE, "cannot link to uid %u at %s: %s", peer->uid, address,
                keel_strerror(status));

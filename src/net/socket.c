@@ -1,8 +1,8 @@
 /* TCP set-up for links: "host:port" addresses, listeners, connecting with retries while
  * the peer is not listening yet, and accepting; each new socket is non-blocking,
  * close-on-exec and tuned for bulk transfers before its handshake runs. */
-#include <errno.h>
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -45,7 +45,8 @@ static keel_status address_split(const char *address, char *host, char *port) {
     host_length -= 2;
   }
   size_t port_length = strlen(colon + 1);
-  if (host_length >= HOST_BYTES || port_length == 0 || port_length >= PORT_BYTES) return KEEL_EINVAL;
+  if (host_length >= HOST_BYTES || port_length == 0 || port_length >= PORT_BYTES)
+    return KEEL_EINVAL;
   for (size_t i = 0; i < port_length; i++)
     if (colon[1 + i] < '0' || colon[1 + i] > '9') return KEEL_EINVAL;
   memcpy(host, host_start, host_length);
@@ -62,7 +63,8 @@ static keel_status address_resolve(const char *address, bool passive, struct add
     KEEL_LOG_E(LOG_MODULE, "'%s' is not an address of the form host:port", address);
     return KEEL_EINVAL;
   }
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
   int result = getaddrinfo(host[0] ? host : NULL, port, &hints, list_p);
   if (result != 0) {
@@ -172,8 +174,8 @@ static keel_status listener_take(keel_listener *listener, int *fd_p, char *peer,
   for (;;) {
     struct sockaddr_storage from;
     socklen_t from_length = sizeof from;
-    int fd = accept4(listener->fd, (struct sockaddr *)&from, &from_length,
-                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd =
+        accept4(listener->fd, (struct sockaddr *)&from, &from_length, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
       socket_tune(fd);
       address_format((struct sockaddr *)&from, from_length, peer, capacity);
@@ -271,6 +273,12 @@ static void sleep_ns(int64_t duration_ns) {
 
 keel_status keel_link_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
                               keel_link **link_p) {
+  return keel_link_connect_while(address, auth, deadline_ns, NULL, NULL, link_p);
+}
+
+keel_status keel_link_connect_while(const char *address, const keel_auth *auth, int64_t deadline_ns,
+                                    keel_link_retry_fn *keep_trying, void *context,
+                                    keel_link **link_p) {
   struct addrinfo *list = NULL;
   keel_status status = address_resolve(address, false, &list);
   if (status != KEEL_OK) return status;
@@ -283,6 +291,7 @@ keel_status keel_link_connect(const char *address, const keel_auth *auth, int64_
     }
     /* Refused: the peer may not be listening yet, so try again until the deadline. */
     if (status != KEEL_ECONNREFUSED) break;
+    if (keep_trying != NULL && !keep_trying(context)) break;
     int64_t left_ns = deadline_ns - keel_now_ns();
     if (left_ns <= 0) {
       status = KEEL_ETIMEDOUT;

@@ -4,12 +4,14 @@
  * (up to 4 members, members dying during the agreement, stale votes), spares, joiners and
  * node failure domains, the decision's and vote's text and their rejection of damage, fault
  * plans, and the standalone world of one process. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -20,16 +22,25 @@ static void fill_random(keel_random *random, keel_dtype dtype, void *buffer, siz
   for (size_t i = 0; i < count; i++) {
     double value = keel_random_unit(random) * 2000 - 1000;
     switch (dtype) {
-      case KEEL_F32: ((float *)buffer)[i] = (float)value; break;
-      case KEEL_F64: ((double *)buffer)[i] = value; break;
-      case KEEL_I32: ((int32_t *)buffer)[i] = (int32_t)keel_random_next(random); break;
-      case KEEL_I64: ((int64_t *)buffer)[i] = (int64_t)keel_random_next(random); break;
+      case KEEL_F32:
+        ((float *)buffer)[i] = (float)value;
+        break;
+      case KEEL_F64:
+        ((double *)buffer)[i] = value;
+        break;
+      case KEEL_I32:
+        ((int32_t *)buffer)[i] = (int32_t)keel_random_next(random);
+        break;
+      case KEEL_I64:
+        ((int64_t *)buffer)[i] = (int64_t)keel_random_next(random);
+        break;
       case KEEL_BF16: {
         float narrow = (float)value;
         uint32_t bits;
         memcpy(&bits, &narrow, sizeof bits);
         /* Random low bits as well, so that sums land between bf16 values and round. */
-        ((uint16_t *)buffer)[i] = (uint16_t)(bits >> 16) ^ (uint16_t)(keel_random_next(random) & 0x7f);
+        ((uint16_t *)buffer)[i] =
+            (uint16_t)(bits >> 16) ^ (uint16_t)(keel_random_next(random) & 0x7f);
         break;
       }
     }
@@ -151,7 +162,7 @@ static void damaged_decisions_are_refused(void **state) {
   static keel_decision parsed;
   static const char *const damaged[] = {
       "",
-      "epoch=1 round=0 rebuild=1 flags=1 replaced=0 joined=0 members=0,1",        /* no lists */
+      "epoch=1 round=0 rebuild=1 flags=1 replaced=0 joined=0 members=0,1", /* no lists */
       "epoch=1 round=0 rebuild=1 flags=1 replaced=0 joined=0 members=0,x failed= notes=|",
       "epoch=1 round=0 rebuild=1 flags=1 replaced=0 joined=0 members=0,9999999 failed= notes=|",
       "epoch=1 round=0 rebuild=1 flags=1 replaced=0 joined=0 members=0,,1 failed= notes=||",
@@ -193,7 +204,13 @@ static void votes_round_trip_and_refuse_damage(void **state) {
 
 enum { MAX_MEMBERS = 4 };
 /* What happens to a member during the agreement. */
-typedef enum fate { FATE_VOTE, FATE_DIE, FATE_VOTE_THEN_DIE, FATE_STALE_THEN_VOTE, FATE_COUNT } fate;
+typedef enum fate {
+  FATE_VOTE,
+  FATE_DIE,
+  FATE_VOTE_THEN_DIE,
+  FATE_STALE_THEN_VOTE,
+  FATE_COUNT
+} fate;
 typedef enum event_kind { EVENT_VOTE, EVENT_DIE, EVENT_STALE_VOTE } event_kind;
 typedef struct event {
   int member;
@@ -256,8 +273,8 @@ static void apply_event(table_run *run, const event *happening) {
       if (ballot->state == KEEL__BALLOT_DEAD) return;
       ballot->state = KEEL__BALLOT_CAST;
       ballot->vote_epoch = happening->kind == EVENT_VOTE ? EPOCH : EPOCH - 1;
-      ballot->vote = (keel_rebuild_vote){.flags = flags_of(happening->member), .rebuild = true,
-                                         .shrink_only = true};
+      ballot->vote = (keel_rebuild_vote){
+          .flags = flags_of(happening->member), .rebuild = true, .shrink_only = true};
       snprintf(ballot->vote.note, sizeof ballot->vote.note, "m%d", happening->member);
       return;
     case EVENT_DIE:
@@ -268,12 +285,15 @@ static void apply_event(table_run *run, const event *happening) {
 
 static void play(table_run *run, const event *events, int count) {
   for (int m = 0; m < run->members; m++)
-    run->ballots[m] = (keel__ballot){.uid = (uint32_t)(10 + m), .state = KEEL__BALLOT_PENDING,
-                                     .node = -1};
+    run->ballots[m] =
+        (keel__ballot){.uid = (uint32_t)(10 + m), .state = KEEL__BALLOT_PENDING, .node = -1};
   run->decided = false;
   static keel_decision decision;
-  keel__decide_input input = {.epoch = EPOCH, .round = 0, .ballots = run->ballots,
-                              .count = run->members, .max_world = KEEL_MAX_WORLD};
+  keel__decide_input input = {.epoch = EPOCH,
+                              .round = 0,
+                              .ballots = run->ballots,
+                              .count = run->members,
+                              .max_world = KEEL_MAX_WORLD};
   for (int i = 0; i <= count; i++) {
     if (i > 0) apply_event(run, &events[i - 1]);
     bool decided = keel__decide(&input, &decision);
@@ -319,9 +339,9 @@ static void decide_every_order_of_votes_and_deaths(void **state) {
       int lengths[MAX_MEMBERS], taken[MAX_MEMBERS] = {0}, total = 0;
       for (int m = 0, rest = combination; m < members; m++, rest /= FATE_COUNT) {
         fate what = (fate)(rest % FATE_COUNT);
-        event first = {m, what == FATE_DIE ? EVENT_DIE
+        event first = {m, what == FATE_DIE               ? EVENT_DIE
                           : what == FATE_STALE_THEN_VOTE ? EVENT_STALE_VOTE
-                                                          : EVENT_VOTE};
+                                                         : EVENT_VOTE};
         sequences[m][0] = first;
         lengths[m] = 1;
         if (what == FATE_VOTE_THEN_DIE) sequences[m][lengths[m]++] = (event){m, EVENT_DIE};
@@ -343,7 +363,9 @@ static void decide_replaces_waits_for_spares_and_grows(void **state) {
   (void)state;
   keel__ballot ballots[4];
   for (int m = 0; m < 4; m++) {
-    ballots[m] = (keel__ballot){.uid = (uint32_t)m, .state = KEEL__BALLOT_CAST, .node = m / 2,
+    ballots[m] = (keel__ballot){.uid = (uint32_t)m,
+                                .state = KEEL__BALLOT_CAST,
+                                .node = m / 2,
                                 .vote_epoch = 3,
                                 .vote = {.flags = 1, .rebuild = true, .admit_spares = true}};
     snprintf(ballots[m].vote.note, KEEL_NOTE_MAX, "n%d", m);
@@ -351,8 +373,12 @@ static void decide_replaces_waits_for_spares_and_grows(void **state) {
   ballots[1].state = KEEL__BALLOT_DEAD;
   ballots[2].state = KEEL__BALLOT_DEAD;
   uint32_t spares[] = {20, 21}, joiners[] = {30, 31, 32};
-  keel__decide_input input = {.epoch = 3, .ballots = ballots, .count = 4, .spares = spares,
-                              .spare_count = 1, .max_world = 5};
+  keel__decide_input input = {.epoch = 3,
+                              .ballots = ballots,
+                              .count = 4,
+                              .spares = spares,
+                              .spare_count = 1,
+                              .max_world = 5};
   static keel_decision decision;
   /* Two failed, one spare: a replacement waits for the second... */
   assert_false(keel__decide(&input, &decision));
@@ -393,12 +419,14 @@ static void decide_fails_a_dead_members_whole_node(void **state) {
   (void)state;
   keel__ballot ballots[4];
   for (int m = 0; m < 4; m++)
-    ballots[m] = (keel__ballot){.uid = (uint32_t)m, .state = KEEL__BALLOT_CAST, .node = m / 2,
+    ballots[m] = (keel__ballot){.uid = (uint32_t)m,
+                                .state = KEEL__BALLOT_CAST,
+                                .node = m / 2,
                                 .vote_epoch = 0,
                                 .vote = {.flags = 1, .rebuild = true, .shrink_only = true}};
   ballots[2].state = KEEL__BALLOT_DEAD; /* node 1 goes: member 3 with it */
-  keel__decide_input input = {.epoch = 0, .ballots = ballots, .count = 4, .node_domain = true,
-                              .max_world = 8};
+  keel__decide_input input = {
+      .epoch = 0, .ballots = ballots, .count = 4, .node_domain = true, .max_world = 8};
   static keel_decision decision;
   assert_true(keel__decide(&input, &decision));
   uint32_t members[] = {0, 1}, failed[] = {2, 3};
@@ -435,9 +463,9 @@ static void fault_rules_parse(void **state) {
   assert_int_equal(keel_fault_plan_create(NULL, 0, &plan), KEEL_OK);
   assert_false(keel_fault_plan_fire(plan, "step", 0));
   keel_fault_plan_destroy(plan);
-  static const char *const bad[] = {"explode@rank=1", "kill@rank=x", "kill@when=3",
-                                    "kill@rank=-1", "kill@point=",
-                                    "kill;kill;kill;kill;kill;kill;kill;kill;kill"};
+  static const char *const bad[] = {
+      "explode@rank=1", "kill@rank=x", "kill@when=3",
+      "kill@rank=-1",   "kill@point=", "kill;kill;kill;kill;kill;kill;kill;kill;kill"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     plan = NULL;
     assert_int_equal(keel_fault_plan_create(bad[i], 0, &plan), KEEL_EINVAL);
@@ -512,6 +540,77 @@ static void exit_codes_follow_statuses(void **state) {
   assert_int_equal(keel_exit_code(KEEL_EPROCFAILED), 1);
 }
 
+/* ---- linking to a peer the job declared dead */
+
+/* uid 0 "listens" on a port nobody opens: a connection to it is refused, again and again. */
+static char closed_address[64];
+
+static keel_status closed_port_address(void *context, uint32_t uid, char *address,
+                                       size_t capacity) {
+  (void)context, (void)uid;
+  snprintf(address, capacity, "%s", closed_address);
+  return KEEL_OK;
+}
+
+static void suspect_nobody(void *context, uint32_t uid, const char *reason) {
+  (void)context, (void)uid, (void)reason;
+}
+
+static keel_status never_interrupted(void *context) {
+  (void)context;
+  return KEEL_OK;
+}
+
+static const keel_membership_ops closed_port_membership = {
+    .address = closed_port_address,
+    .suspect = suspect_nobody,
+    .interrupted = never_interrupted,
+};
+
+static void *declare_uid_0_dead_later(void *argument) {
+  struct timespec pause = {0, 200 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  keel_endpoint_declare_dead(argument, 0);
+  return NULL;
+}
+
+/* A link to a peer whose port refuses is retried until the deadline (it may not listen yet),
+ * but not once the job declares the peer dead: then it fails at once, as a dead peer. */
+static void link_to_a_peer_declared_dead_gives_up(void **state) {
+  (void)state;
+  keel_listener *listener = NULL;
+  assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
+  snprintf(closed_address, sizeof closed_address, "%s", keel_listener_address(listener));
+  keel_listener_close(listener);
+  keel_auth auth;
+  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
+  keel_store_server *server = NULL;
+  assert_int_equal(keel_store_server_start("127.0.0.1:0", &auth, &server), KEEL_OK);
+  keel_store *store = NULL;
+  assert_int_equal(keel_store_connect(keel_store_server_address(server), &auth,
+                                      keel_deadline_after_ns(5000000000), &store),
+                   KEEL_OK);
+  keel_endpoint_config config = {.uid = 1,
+                                 .auth = auth,
+                                 .store = store,
+                                 .failure_detection = true,
+                                 .membership = &closed_port_membership};
+  keel_endpoint *endpoint = NULL;
+  assert_int_equal(keel_endpoint_create(&config, &endpoint), KEEL_OK);
+  pthread_t declarer;
+  assert_int_equal(pthread_create(&declarer, NULL, declare_uid_0_dead_later, endpoint), 0);
+  int64_t start = keel_now_ns();
+  keel_status status = keel_endpoint_link(endpoint, 0, keel_deadline_after_ns(10000000000));
+  int64_t waited_ms = (keel_now_ns() - start) / 1000000;
+  pthread_join(declarer, NULL);
+  keel_endpoint_close(endpoint, 0);
+  keel_store_close(store);
+  keel_store_server_stop(server);
+  assert_int_equal(status, KEEL_EPROCFAILED);
+  /* It was refused and retried until the declaration, then stopped: not at the deadline. */
+  assert_true(waited_ms >= 150 && waited_ms < 5000);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_match_reference),
@@ -528,6 +627,7 @@ int main(void) {
       cmocka_unit_test(delay_rule_fires_once_at_its_point),
       cmocka_unit_test(standalone_world_of_one),
       cmocka_unit_test(exit_codes_follow_statuses),
+      cmocka_unit_test(link_to_a_peer_declared_dead_gives_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * non-blocking transfers including full duplex with payloads larger than the socket
  * buffers, detach and abandon mid-frame, and links fed garbage by a peer. Helper threads
  * only record results; every assertion runs on the main thread. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -13,8 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,15 +23,15 @@
 #include "keel/net.h"
 
 #define MIB ((size_t)1 << 20)
-#define SECONDS(n) ((int64_t)(n) * 1000000000)
+#define SECONDS(n) ((int64_t)(n)*1000000000)
 
 static keel_auth test_auth(uint32_t local_id) {
   keel_auth auth;
   assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
   /* One fixed job for the whole file, so both sides of every pair agree. */
-  static const uint8_t token[KEEL_TOKEN_BYTES] = {
-      1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
-      17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
+  static const uint8_t token[KEEL_TOKEN_BYTES] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11,
+                                                  12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+                                                  23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
   auth.job_id = 0x0123456789abcdefull;
   memcpy(auth.token, token, sizeof token);
   auth.local_id = local_id;
@@ -223,10 +223,20 @@ static keel_status pump_receive(keel_link *link, recording_sink *recording, int 
 static void test_frame_round_trip(void **state) {
   (void)state;
   keel_frame frames[] = {
-      {.type = KEEL_FRAME_DATA, .job_id = 42, .epoch = 3, .tag = 99, .length = 4096,
-       .source = 7, .payload_crc32c = 0x12345678},
-      {.type = KEEL_FRAME_HELLO, .job_id = UINT64_MAX, .epoch = UINT64_MAX, .tag = UINT64_MAX,
-       .length = 0, .source = UINT32_MAX, .payload_crc32c = UINT32_MAX},
+      {.type = KEEL_FRAME_DATA,
+       .job_id = 42,
+       .epoch = 3,
+       .tag = 99,
+       .length = 4096,
+       .source = 7,
+       .payload_crc32c = 0x12345678},
+      {.type = KEEL_FRAME_HELLO,
+       .job_id = UINT64_MAX,
+       .epoch = UINT64_MAX,
+       .tag = UINT64_MAX,
+       .length = 0,
+       .source = UINT32_MAX,
+       .payload_crc32c = UINT32_MAX},
       {.type = KEEL_FRAME_GOODBYE, .job_id = 1},
       {.type = KEEL_FRAME_STORE_RESPONSE, .job_id = 5, .length = KEEL_FRAME_DEFAULT_MAX_PAYLOAD},
   };
@@ -235,7 +245,8 @@ static void test_frame_round_trip(void **state) {
     keel_frame_encode(&frames[i], wire);
     keel_frame decoded;
     assert_int_equal(keel_frame_decode(wire, sizeof wire, frames[i].job_id,
-                                       KEEL_FRAME_DEFAULT_MAX_PAYLOAD, &decoded), KEEL_OK);
+                                       KEEL_FRAME_DEFAULT_MAX_PAYLOAD, &decoded),
+                     KEEL_OK);
     assert_int_equal(decoded.type, frames[i].type);
     assert_true(decoded.job_id == frames[i].job_id);
     assert_true(decoded.epoch == frames[i].epoch);
@@ -386,8 +397,9 @@ static void test_listener_basics(void **state) {
   keel_link *link = NULL;
   /* A poll finds nothing; a short deadline passes. */
   assert_int_equal(keel_listener_accept(listener, &auth, 0, &link), KEEL_EAGAIN);
-  assert_int_equal(keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(1) / 20),
-                                        &link), KEEL_ETIMEDOUT);
+  assert_int_equal(
+      keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(1) / 20), &link),
+      KEEL_ETIMEDOUT);
   assert_null(link);
   keel_listener_close(listener);
   keel_listener_close(NULL);
@@ -427,6 +439,37 @@ static void test_ipv6_loopback(void **state) {
   keel_listener_close(listener);
 }
 
+typedef struct retry_count {
+  int asked;
+  int allowed; /* retries keep_trying allows before it says no */
+} retry_count;
+
+static bool keep_trying_a_while(void *context) {
+  retry_count *count = context;
+  return ++count->asked <= count->allowed;
+}
+
+/* A caller that learns the peer will not listen again (keep_trying says no) stops retrying
+ * a refused connection at once, long before its deadline. */
+static void test_connect_while_stops_when_told(void **state) {
+  (void)state;
+  keel_listener *listener = NULL;
+  assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
+  char address[64];
+  snprintf(address, sizeof address, "%s", keel_listener_address(listener));
+  keel_listener_close(listener);
+  keel_auth auth = test_auth(1);
+  keel_link *link = NULL;
+  retry_count count = {.asked = 0, .allowed = 3};
+  int64_t start = keel_now_ns();
+  assert_int_equal(keel_link_connect_while(address, &auth, keel_deadline_after_ns(SECONDS(10)),
+                                           keep_trying_a_while, &count, &link),
+                   KEEL_ECONNREFUSED);
+  assert_true(keel_now_ns() - start < SECONDS(2));
+  assert_int_equal(count.asked, 4);
+  assert_null(link);
+}
+
 /* A connector that starts before the listener exists retries until it is there; one whose
  * peer never listens gives up at its deadline. */
 static void test_connect_retries_until_deadline(void **state) {
@@ -452,8 +495,9 @@ static void test_connect_retries_until_deadline(void **state) {
   nanosleep(&pause, NULL);
   assert_int_equal(keel_listener_open(address, &listener), KEEL_OK);
   keel_auth acceptor_auth = test_auth(2);
-  assert_int_equal(keel_listener_accept(listener, &acceptor_auth,
-                                        keel_deadline_after_ns(SECONDS(10)), &link), KEEL_OK);
+  assert_int_equal(
+      keel_listener_accept(listener, &acceptor_auth, keel_deadline_after_ns(SECONDS(10)), &link),
+      KEEL_OK);
   connector_join(&job);
   assert_int_equal(job.status, KEEL_OK);
   keel_link_close(job.link);
@@ -565,8 +609,9 @@ static void test_raw_clients(void **state) {
   /* Nothing at all: the handshake's deadline passes. */
   int fd = raw_connect(keel_listener_address(listener));
   int64_t start = keel_now_ns();
-  assert_int_equal(keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(1) / 5),
-                                        &link), KEEL_ETIMEDOUT);
+  assert_int_equal(
+      keel_listener_accept(listener, &auth, keel_deadline_after_ns(SECONDS(1) / 5), &link),
+      KEEL_ETIMEDOUT);
   assert_true(keel_now_ns() - start < SECONDS(2));
   close(fd);
 
@@ -670,11 +715,15 @@ static void test_blocking_send_timeout_keeps_frame(void **state) {
   assert_true(keel_link_send_busy(connected));
   memset(data, 0xee, length); /* the caller's buffer is its own again */
   frame.tag = 2;
-  sender job = {.link = connected, .frame = frame, .payload = (const uint8_t *)"next",
-                .length = 4, .deadline_ns = keel_deadline_after_ns(SECONDS(20))};
+  sender job = {.link = connected,
+                .frame = frame,
+                .payload = (const uint8_t *)"next",
+                .length = 4,
+                .deadline_ns = keel_deadline_after_ns(SECONDS(20))};
   assert_int_equal(pthread_create(&job.thread, NULL, sender_main, &job), 0);
   void *payload = NULL;
-  keel_status first = keel_link_recv(accepted, &frame, &payload, keel_deadline_after_ns(SECONDS(20)));
+  keel_status first =
+      keel_link_recv(accepted, &frame, &payload, keel_deadline_after_ns(SECONDS(20)));
   assert_int_equal(first, KEEL_OK);
   assert_true(frame.tag == 1 && frame.length == length);
   assert_memory_equal(payload, expected, length);
@@ -830,7 +879,7 @@ static void test_detach_mid_frame(void **state) {
   start_big_send(connected, data, length, 1);
   assert_int_equal(keel_link_send_detach(connected), KEEL_OK);
   assert_int_equal(keel_link_send_detach(connected), KEEL_OK); /* twice is harmless */
-  memset(data, 0, length); /* reused at once by its owner */
+  memset(data, 0, length);                                     /* reused at once by its owner */
   recording_sink recording;
   memset(&recording, 0, sizeof recording); /* the link allocates */
   pump_both(connected, accepted, &recording, 1);
@@ -853,7 +902,8 @@ static void test_detach_mid_frame(void **state) {
 }
 
 /* Receives on link until its frame in progress has some payload bytes in. */
-static void receive_part_of_frame(keel_link *sender_link, keel_link *link, recording_sink *recording) {
+static void receive_part_of_frame(keel_link *sender_link, keel_link *link,
+                                  recording_sink *recording) {
   keel_link_sink sink = sink_of(recording);
   int64_t deadline = keel_deadline_after_ns(SECONDS(10));
   while (recording->asked == 0 && keel_now_ns() < deadline) {
@@ -973,8 +1023,8 @@ static void expect_broken(link_pair *peer, keel_status expected) {
   keel_link_sink sink = sink_of(&recording);
   assert_int_equal(keel_link_recv_progress(peer->accepted, &sink), expected);
   keel_frame frame = {.type = KEEL_FRAME_DATA};
-  assert_int_equal(keel_link_send(peer->accepted, &frame, "x", 1, keel_deadline_after_ns(SECONDS(1))),
-                   expected);
+  assert_int_equal(
+      keel_link_send(peer->accepted, &frame, "x", 1, keel_deadline_after_ns(SECONDS(1))), expected);
   void *payload = NULL;
   assert_int_equal(keel_link_recv(peer->accepted, &frame, &payload, 0), expected);
   recording_free(&recording);
@@ -1068,6 +1118,7 @@ int main(void) {
       cmocka_unit_test(test_listener_basics),
       cmocka_unit_test(test_ipv6_loopback),
       cmocka_unit_test(test_connect_retries_until_deadline),
+      cmocka_unit_test(test_connect_while_stops_when_told),
       cmocka_unit_test(test_wrong_token),
       cmocka_unit_test(test_impostor_acceptor),
       cmocka_unit_test(test_raw_clients),
