@@ -439,6 +439,14 @@ static void test_ipv6_loopback(void **state) {
   keel_listener_close(listener);
 }
 
+/* An address on loopback where nobody listens: a listener's, closed at once. */
+static void closed_port_address(char *address, size_t capacity) {
+  keel_listener *listener = NULL;
+  assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
+  snprintf(address, capacity, "%s", keel_listener_address(listener));
+  keel_listener_close(listener);
+}
+
 typedef struct retry_count {
   int asked;
   int allowed; /* retries keep_trying allows before it says no */
@@ -453,11 +461,8 @@ static bool keep_trying_a_while(void *context) {
  * a refused connection at once, long before its deadline. */
 static void test_connect_while_stops_when_told(void **state) {
   (void)state;
-  keel_listener *listener = NULL;
-  assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
   char address[64];
-  snprintf(address, sizeof address, "%s", keel_listener_address(listener));
-  keel_listener_close(listener);
+  closed_port_address(address, sizeof address);
   keel_auth auth = test_auth(1);
   keel_link *link = NULL;
   retry_count count = {.asked = 0, .allowed = 3};
@@ -474,11 +479,8 @@ static void test_connect_while_stops_when_told(void **state) {
  * peer never listens gives up at its deadline. */
 static void test_connect_retries_until_deadline(void **state) {
   (void)state;
-  keel_listener *listener = NULL;
-  assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
   char address[64];
-  snprintf(address, sizeof address, "%s", keel_listener_address(listener));
-  keel_listener_close(listener);
+  closed_port_address(address, sizeof address);
 
   keel_auth auth = test_auth(1);
   keel_link *link = NULL;
@@ -493,6 +495,7 @@ static void test_connect_retries_until_deadline(void **state) {
   connector_start(&job, address, test_auth(1));
   struct timespec pause = {0, 100 * 1000 * 1000};
   nanosleep(&pause, NULL);
+  keel_listener *listener = NULL;
   assert_int_equal(keel_listener_open(address, &listener), KEEL_OK);
   keel_auth acceptor_auth = test_auth(2);
   assert_int_equal(
