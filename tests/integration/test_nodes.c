@@ -460,6 +460,61 @@ static void node_flags_are_checked(void **state) {
                                         "--",           "true",     NULL};
   assert_int_equal(keel_output(restart, NULL, output, sizeof output), 2);
   assert_non_null(strstr(output, "does not go with agents"));
+  static const char *const inverted[] = {"run", "--agents", "--nnodes", "3:2", "--", "true", NULL};
+  assert_int_equal(keel_output(inverted, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "MIN is above MAX"));
+  static const char *const one_host[] = {"run", "--nnodes", "2:3", "--", "true", NULL};
+  assert_int_equal(keel_output(one_host, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "--nnodes MIN:MAX needs --agents"));
+  static const char *const fixed_world[] = {"run", "--agents", "-n",   "4", "--nnodes",
+                                            "2:3", "--",       "true", NULL};
+  assert_int_equal(keel_output(fixed_world, NULL, output, sizeof output), 2);
+  assert_non_null(strstr(output, "-n does not go with --nnodes MIN:MAX"));
+}
+
+/* --nnodes 2:3: the job starts with nodes 0 and 1 (world 4); node 2's agent comes a second
+ * later, as a late host, and its two workers join at a step boundary (a grow to 6). Every
+ * step costs 10 ms at least, so the job is still training when the node comes. */
+static void late_node_joins_at_a_step_boundary(void **state) {
+  (void)state;
+  static const char *const slow_args[] = {"--steps",      STEPS, "--params", "100000",
+                                          "--compute-ms", "10",  NULL};
+  const char *const flags[] = {
+      "--agents",     "--nnodes", "2:3",         "--nproc-per-node",  "2",
+      "--join-delay", "1s",       "--heartbeat", heartbeat_lenient(), NULL};
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-nodes"));
+  int code = keel_test_job_run(&job, "90s", 120000 * keel_test_slowdown(), flags,
+                               keel_test_program("toy_train"), slow_args, NULL);
+  if (code != 0) keel_test_print_file("output", job.output);
+  assert_int_equal(code, 0);
+  keel_test_toy_assert_consistent(job.output, 6, STEP_COUNT);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  long long started = keel_test_event_long(keel_test_events_find(&log, "job_start", -1), "t_ns");
+  long long late_spawn = -1;
+  for (size_t i = 0; i < log.count; i++)
+    if (keel_test_event_is(log.lines[i], "agent_spawn") &&
+        keel_test_event_long(log.lines[i], "node") == 2)
+      late_spawn = keel_test_event_long(log.lines[i], "t_ns");
+  assert_true(late_spawn - started >= 1000000000LL);
+  const char *grow = keel_test_events_find(&log, "recovery", 0);
+  assert_non_null(grow);
+  assert_non_null(strstr(grow, "\"policy\":\"grow\""));
+  assert_int_equal(keel_test_event_long(grow, "old_world"), 4);
+  assert_int_equal(keel_test_event_long(grow, "new_world"), 6);
+  assert_int_equal(keel_test_event_long(grow, "joined"), 2);
+  assert_true(keel_test_event_long(grow, "t_ns") > late_spawn);
+  /* Node 2's agent brought joiners, not workers. */
+  const char *late_agent = NULL;
+  for (size_t i = 0; i < log.count && late_agent == NULL; i++)
+    if (keel_test_event_is(log.lines[i], "agent_start") &&
+        keel_test_event_long(log.lines[i], "node") == 2)
+      late_agent = log.lines[i];
+  assert_non_null(late_agent);
+  assert_non_null(strstr(late_agent, "\"role\":\"joiner\""));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
 }
 
 /* Under srun, the node count, this node's rank, the store (etcd on the first node of the
@@ -490,6 +545,7 @@ int main(void) {
       cmocka_unit_test(partitioned_node_fences_itself_before_it_is_replaced),
       cmocka_unit_test(same_bits_over_shm_tcp_and_namespaces),
       cmocka_unit_test(delayed_node_slows_every_step_until_it_ends),
+      cmocka_unit_test(late_node_joins_at_a_step_boundary),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();

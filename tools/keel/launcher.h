@@ -26,7 +26,8 @@ typedef enum keel__ckpt_policy {
 typedef struct keel__run_options {
   int64_t world; /* n = nproc_per_node * nnodes */
   int64_t nproc_per_node;
-  int64_t nnodes;
+  int64_t nnodes;     /* with --nnodes MIN:MAX, MAX: the node ranks there may be */
+  int64_t nnodes_min; /* the nodes the job starts with; the others join as they come */
   int64_t spares;
   keel__policy on_failure;
   bool node_failure_domain;
@@ -176,9 +177,11 @@ typedef struct keel__agent_state {
   bool active;
   bool supervised; /* started by `keel run --agents` on this host (KEEL_AGENT_OF) */
   int64_t node;
-  int64_t workers;     /* workers it starts: nproc_per_node, 0 on a spare node */
+  int64_t workers; /* workers it starts: nproc_per_node, 0 on a spare node */
+  int64_t joiners; /* on a node past --nnodes MIN: nproc_per_node, admitted by a grow */
+  int64_t joiners_started;
   int64_t spares;      /* spares it starts at first */
-  uint32_t uid_stride; /* uids of its spares and respawns: world + node * stride + k */
+  uint32_t uid_stride; /* uids of its spares and respawns: max_world + node * stride + k */
   int64_t workers_started;
   int64_t extras_started;
   int64_t lease;

@@ -771,6 +771,7 @@ static void launcher_spawn_all(keel__launcher *launcher) {
   const keel__agent_state *agent = &launcher->agent;
   if (agent->active) {
     if (!keel__children_spawn(launcher, KEEL__ROLE_WORKER, agent->workers)) return;
+    if (!keel__children_spawn(launcher, KEEL__ROLE_JOINER, agent->joiners)) return;
     if (!keel__children_spawn(launcher, KEEL__ROLE_SPARE, agent->spares)) return;
     keel__launcher_check_end(launcher); /* a spare node holds no rank: it may wait */
     return;

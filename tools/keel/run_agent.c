@@ -36,7 +36,9 @@ void keel__agent_init(keel__launcher *launcher) {
   agent->supervised = getenv("KEEL_AGENT_OF") != NULL;
   agent->node = options->node_rank;
   bool spare_node = options->node_rank >= options->nnodes;
-  agent->workers = spare_node ? 0 : options->nproc_per_node;
+  bool late_node = !spare_node && options->node_rank >= options->nnodes_min;
+  agent->workers = spare_node || late_node ? 0 : options->nproc_per_node;
+  agent->joiners = late_node ? options->nproc_per_node : 0;
   agent->spares = spare_node ? options->nproc_per_node + options->spares : options->spares;
   /* Every agent computes the same stride from the same flags. */
   agent->uid_stride = (uint32_t)(options->nproc_per_node + options->spares + options->max_restarts);
@@ -50,15 +52,18 @@ void keel__agent_init(keel__launcher *launcher) {
 uint32_t keel__agent_next_uid(keel__launcher *launcher, keel__role role) {
   keel__agent_state *agent = &launcher->agent;
   const keel__run_options *options = &launcher->options;
+  /* A node's workers, or a late node's joiners, take the uids of the ranks it brings. */
   if (role == KEEL__ROLE_WORKER && agent->workers_started < agent->workers)
     return (uint32_t)(agent->node * options->nproc_per_node + agent->workers_started++);
-  return (uint32_t)(options->world + agent->node * agent->uid_stride + agent->extras_started++);
+  if (role == KEEL__ROLE_JOINER && agent->joiners_started < agent->joiners)
+    return (uint32_t)(agent->node * options->nproc_per_node + agent->joiners_started++);
+  return (uint32_t)(options->max_world + agent->node * agent->uid_stride + agent->extras_started++);
 }
 
 uint32_t keel__agent_uid_limit(const keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
   int64_t nodes = options->nnodes + options->spare_nodes;
-  return (uint32_t)(options->world + nodes * launcher->agent.uid_stride);
+  return (uint32_t)(options->max_world + nodes * launcher->agent.uid_stride);
 }
 
 /* FNV-1a of the --rdzv-id: the same name gives every node the same job id (never 0, which
@@ -124,6 +129,12 @@ keel_status keel__agent_store_open(keel__launcher *launcher) {
   return status;
 }
 
+/* What the node brings: workers, joiners (a late node of --nnodes MIN:MAX) or spares. */
+static const char *agent_role(const keel__agent_state *agent) {
+  if (agent->workers > 0) return "worker";
+  return agent->joiners > 0 ? "joiner" : "spare";
+}
+
 keel_status keel__agent_register(keel__launcher *launcher) {
   keel__agent_state *agent = &launcher->agent;
   int64_t sent_ns = keel_now_ns();
@@ -132,8 +143,8 @@ keel_status keel__agent_register(keel__launcher *launcher) {
   snprintf(key, sizeof key, "node/%lld", (long long)agent->node);
   const char *host = getenv("KEEL_HOST");
   int length = snprintf(value, sizeof value, "pid=%ld pgid=%ld role=%s group=%d addr=%s",
-                        (long)getpid(), (long)getpgid(0), agent->workers > 0 ? "worker" : "spare",
-                        agent->supervised, host != NULL ? host : "127.0.0.1");
+                        (long)getpid(), (long)getpgid(0), agent_role(agent), agent->supervised,
+                        host != NULL ? host : "127.0.0.1");
   if (status == KEEL_OK)
     status = keel_store_put(launcher->store, key, value, (size_t)length, agent->lease, NULL);
   if (status != KEEL_OK) {
@@ -144,7 +155,7 @@ keel_status keel__agent_register(keel__launcher *launcher) {
   agent->lease_confirmed_ns = sent_ns;
   agent->next_keepalive_ns = sent_ns + request_timeout_ns(agent);
   keel__event_emit(launcher, "agent_start", "\"node\":%lld,\"pid\":%ld,\"role\":\"%s\"",
-                   (long long)agent->node, (long)getpid(), agent->workers > 0 ? "worker" : "spare");
+                   (long long)agent->node, (long)getpid(), agent_role(agent));
   return KEEL_OK;
 }
 

@@ -40,6 +40,9 @@ typedef struct nodes_supervisor {
   keel__netns *net; /* --netns: each node's namespace; NULL: the nodes share this host's */
   uint64_t exits;
   bool stopping;
+  /* --nnodes MIN:MAX with --join-delay: nodes MIN..MAX-1 come that much after the others. */
+  bool late_pending;
+  int64_t late_at_ns;
 } nodes_supervisor;
 
 /* ---- starting the agents */
@@ -228,6 +231,27 @@ static void supervisor_handle_signals(nodes_supervisor *supervisor) {
   }
 }
 
+static bool node_comes_late(const keel__run_options *options, int64_t node) {
+  return options->join_delay_ns > 0 && node >= options->nnodes_min && node < options->nnodes;
+}
+
+/* The late nodes' agents start, as hosts arriving while the job trains; not once every node
+ * has ended or the job is done, since there is nothing left to join. */
+static int late_agents_spawn(nodes_supervisor *supervisor) {
+  supervisor->late_pending = false;
+  bool any_alive = false;
+  for (size_t i = 0; i < supervisor->agent_count; i++) any_alive |= supervisor->agents[i].alive;
+  if (!any_alive || supervisor->stopping || keel__store_has(supervisor->base.store, "job/done"))
+    return -1;
+  const keel__run_options *options = &supervisor->base.options;
+  for (int64_t node = options->nnodes_min; node < options->nnodes; node++) {
+    if (agent_spawn(supervisor, node) == KEEL_OK) continue;
+    agents_signal(supervisor, SIGKILL, true);
+    return KEEL__EXIT_FAILURE;
+  }
+  return -1;
+}
+
 static bool supervisor_finished(const nodes_supervisor *supervisor) {
   for (size_t i = 0; i < supervisor->agent_count; i++)
     if (supervisor->agents[i].alive || !supervisor->agents[i].accounted) return false;
@@ -267,10 +291,13 @@ static void supervisor_loop(nodes_supervisor *supervisor, int64_t timeout_deadli
     if (supervisor_finished(supervisor)) break;
     int64_t next = pending ? keel_deadline_after_ns(GROUP_POLL_NS) : timeout_deadline_ns;
     if (timeout_deadline_ns < next) next = timeout_deadline_ns;
+    if (supervisor->late_pending && supervisor->late_at_ns < next) next = supervisor->late_at_ns;
     struct pollfd fd = {.fd = supervisor->base.signal_fd, .events = POLLIN};
     int ready = poll(&fd, 1, keel_poll_timeout_ms(next));
     if (ready > 0) supervisor_handle_signals(supervisor);
     supervisor_reap(supervisor);
+    if (supervisor->late_pending && exit_override < 0 && keel_now_ns() >= supervisor->late_at_ns)
+      exit_override = late_agents_spawn(supervisor);
     if (exit_override < 0 && keel_now_ns() >= timeout_deadline_ns) {
       KEEL_LOG_E("keel run", "--timeout passed: killing every node");
       keel__event_emit(&supervisor->base, "timeout", NULL);
@@ -328,7 +355,10 @@ int keel__nodes_run(const keel__run_options *options) {
   int64_t timeout_deadline_ns =
       options->timeout_ns > 0 ? keel_deadline_after_ns(options->timeout_ns) : KEEL_NO_DEADLINE;
   int exit_override = -1;
+  supervisor->late_at_ns = base->start_ns + options->join_delay_ns;
   for (size_t node = 0; node < nodes && exit_override < 0; node++) {
+    supervisor->late_pending |= node_comes_late(options, (int64_t)node);
+    if (node_comes_late(options, (int64_t)node)) continue;
     if (agent_spawn(supervisor, (int64_t)node) == KEEL_OK) continue;
     agents_signal(supervisor, SIGKILL, true);
     exit_override = KEEL__EXIT_FAILURE;

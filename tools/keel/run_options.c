@@ -28,6 +28,9 @@ static const char run_help_text[] =
     "  -n N                      workers in all (default 1)\n"
     "  --nproc-per-node P        workers per node (failure domain)\n"
     "  --nnodes M                nodes; N = P * M\n"
+    "  --nnodes MIN:MAX          elastic (with agents): the job starts with the first MIN\n"
+    "                            nodes; nodes MIN..MAX-1 join at a step boundary when their\n"
+    "                            agents come (with --agents: after --join-delay)\n"
     "  --spares S                idle processes that take a failed rank's place (default 0)\n"
     "  --on-failure POLICY       shrink (default), replace, or restart: every worker ends\n"
     "                            and the job starts anew from its checkpoints (needs --ckpt)\n"
@@ -234,6 +237,24 @@ static bool parse_choice(const char *flag, const char *text, const char *const *
   return reject("%s must be %s, not '%s'", flag, list, text);
 }
 
+/* --nnodes M, or MIN:MAX for a job whose nodes may come late. */
+static bool nnodes_parse(const char *value, keel__run_options *options) {
+  const char *colon = strchr(value, ':');
+  if (colon == NULL) {
+    if (!parse_count("--nnodes", value, 1, MAX_WORLD, &options->nnodes)) return false;
+    options->nnodes_min = options->nnodes;
+    return true;
+  }
+  char minimum[32];
+  if ((size_t)(colon - value) >= sizeof minimum) return reject("--nnodes %s: MIN:MAX", value);
+  snprintf(minimum, sizeof minimum, "%.*s", (int)(colon - value), value);
+  if (!parse_count("--nnodes", minimum, 1, MAX_WORLD, &options->nnodes_min) ||
+      !parse_count("--nnodes", colon + 1, 1, MAX_WORLD, &options->nnodes))
+    return false;
+  if (options->nnodes_min > options->nnodes) return reject("--nnodes %s: MIN is above MAX", value);
+  return true;
+}
+
 static bool flag_apply(keel__run_options *options, const flag_spec *flag, const char *value) {
   int choice = 0;
   uint64_t rate = 0;
@@ -243,7 +264,7 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
     case FLAG_NPROC_PER_NODE:
       return parse_count(flag->name, value, 1, MAX_WORLD, &options->nproc_per_node);
     case FLAG_NNODES:
-      return parse_count(flag->name, value, 1, MAX_WORLD, &options->nnodes);
+      return nnodes_parse(value, options);
     case FLAG_SPARES:
       return parse_count(flag->name, value, 0, KEEL_MAX_SPARES, &options->spares);
     case FLAG_ON_FAILURE:
@@ -333,6 +354,13 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
 static bool options_resolve_shape(keel__run_options *options, const bool *given) {
   bool have_world = given[FLAG_WORLD], have_per_node = given[FLAG_NPROC_PER_NODE];
   bool have_nodes = given[FLAG_NNODES];
+  if (options->nnodes_min < options->nnodes) {
+    /* The world starts with the first MIN nodes and grows by a node's workers. */
+    if (have_world) return reject("-n does not go with --nnodes MIN:MAX: give --nproc-per-node");
+    if (given[FLAG_MAX_WORLD]) return reject("--nnodes MIN:MAX sets the largest world itself");
+    options->world = options->nproc_per_node * options->nnodes_min;
+    return true;
+  }
   if (!have_world) {
     options->world = options->nproc_per_node * options->nnodes;
     if (options->world > MAX_WORLD)
@@ -397,6 +425,7 @@ static bool options_read_slurm(keel__run_options *options, bool *given) {
   if (list == NULL || getenv("KEEL_AGENT_OF") != NULL) return true;
   if (!given[FLAG_NNODES] && nodes != NULL) {
     if (!parse_count("SLURM_NNODES", nodes, 1, MAX_WORLD, &options->nnodes)) return false;
+    options->nnodes_min = options->nnodes;
     given[FLAG_NNODES] = true;
   }
   if (!given[FLAG_NODE_RANK] && node_id != NULL) {
@@ -420,9 +449,11 @@ static bool options_resolve_nodes(keel__run_options *options, const bool *given)
   bool agent = options->node_rank >= 0;
   bool supervised = getenv("KEEL_AGENT_OF") != NULL;
   if (given[FLAG_LINK_RATE] && !options->netns) return reject("--link-rate needs --netns");
+  bool elastic = options->nnodes_min < options->nnodes;
   if (!agent && !options->agents) {
     if (options->spare_nodes > 0)
       return reject("--spare-nodes needs --agents, --netns or --node-rank");
+    if (elastic) return reject("--nnodes MIN:MAX needs --agents, --netns or --node-rank");
     return true;
   }
   if (agent && !supervised) {
@@ -436,8 +467,8 @@ static bool options_resolve_nodes(keel__run_options *options, const bool *given)
                   (long long)options->spare_nodes);
   if (options->on_failure == KEEL__ON_FAILURE_RESTART)
     return reject("--on-failure restart does not go with agents yet: use shrink or replace");
-  if (options->max_world > options->world)
-    return reject("--max-world does not go with agents yet: a job of nodes does not grow");
+  if (!elastic && options->max_world > options->world)
+    return reject("--max-world does not go with agents: a job of nodes grows by --nnodes MIN:MAX");
   return true;
 }
 
@@ -448,6 +479,8 @@ static bool options_resolve(keel__run_options *options, bool *given) {
   if (!given[FLAG_MAX_RESTARTS])
     options->max_restarts = options->on_failure == KEEL__ON_FAILURE_SHRINK ? 0 : DEFAULT_RESTARTS;
   if (!given[FLAG_MAX_WORLD]) options->max_world = options->world;
+  if (options->nnodes_min < options->nnodes)
+    options->max_world = options->nproc_per_node * options->nnodes;
   int64_t restarted = options->on_failure == KEEL__ON_FAILURE_RESTART
                           ? options->world * options->max_restarts
                           : options->max_restarts;
@@ -473,6 +506,7 @@ static void options_default(keel__run_options *options) {
       .world = 1,
       .nproc_per_node = 1,
       .nnodes = 1,
+      .nnodes_min = 1,
       .on_failure = KEEL__ON_FAILURE_SHRINK,
       .min_world = 1,
       .timeout_ns = -1,
