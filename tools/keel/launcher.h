@@ -28,6 +28,7 @@ typedef struct keel__run_options {
   int64_t nproc_per_node;
   int64_t nnodes;     /* with --nnodes MIN:MAX, MAX: the node ranks there may be */
   int64_t nnodes_min; /* the nodes the job starts with; the others join as they come */
+  bool elastic_nodes; /* --nnodes MIN:MAX with MIN < MAX */
   int64_t spares;
   keel__policy on_failure;
   bool node_failure_domain;

@@ -241,9 +241,8 @@ static bool parse_choice(const char *flag, const char *text, const char *const *
 static bool nnodes_parse(const char *value, keel__run_options *options) {
   const char *colon = strchr(value, ':');
   if (colon == NULL) {
-    if (!parse_count("--nnodes", value, 1, MAX_WORLD, &options->nnodes)) return false;
-    options->nnodes_min = options->nnodes;
-    return true;
+    options->elastic_nodes = false;
+    return parse_count("--nnodes", value, 1, MAX_WORLD, &options->nnodes);
   }
   char minimum[32];
   if ((size_t)(colon - value) >= sizeof minimum) return reject("--nnodes %s: MIN:MAX", value);
@@ -252,6 +251,7 @@ static bool nnodes_parse(const char *value, keel__run_options *options) {
       !parse_count("--nnodes", colon + 1, 1, MAX_WORLD, &options->nnodes))
     return false;
   if (options->nnodes_min > options->nnodes) return reject("--nnodes %s: MIN is above MAX", value);
+  options->elastic_nodes = options->nnodes_min < options->nnodes;
   return true;
 }
 
@@ -354,7 +354,7 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
 static bool options_resolve_shape(keel__run_options *options, const bool *given) {
   bool have_world = given[FLAG_WORLD], have_per_node = given[FLAG_NPROC_PER_NODE];
   bool have_nodes = given[FLAG_NNODES];
-  if (options->nnodes_min < options->nnodes) {
+  if (options->elastic_nodes) {
     /* The world starts with the first MIN nodes and grows by a node's workers. */
     if (have_world) return reject("-n does not go with --nnodes MIN:MAX: give --nproc-per-node");
     if (given[FLAG_MAX_WORLD]) return reject("--nnodes MIN:MAX sets the largest world itself");
@@ -425,7 +425,6 @@ static bool options_read_slurm(keel__run_options *options, bool *given) {
   if (list == NULL || getenv("KEEL_AGENT_OF") != NULL) return true;
   if (!given[FLAG_NNODES] && nodes != NULL) {
     if (!parse_count("SLURM_NNODES", nodes, 1, MAX_WORLD, &options->nnodes)) return false;
-    options->nnodes_min = options->nnodes;
     given[FLAG_NNODES] = true;
   }
   if (!given[FLAG_NODE_RANK] && node_id != NULL) {
@@ -449,7 +448,7 @@ static bool options_resolve_nodes(keel__run_options *options, const bool *given)
   bool agent = options->node_rank >= 0;
   bool supervised = getenv("KEEL_AGENT_OF") != NULL;
   if (given[FLAG_LINK_RATE] && !options->netns) return reject("--link-rate needs --netns");
-  bool elastic = options->nnodes_min < options->nnodes;
+  bool elastic = options->elastic_nodes;
   if (!agent && !options->agents) {
     if (options->spare_nodes > 0)
       return reject("--spare-nodes needs --agents, --netns or --node-rank");
@@ -479,8 +478,10 @@ static bool options_resolve(keel__run_options *options, bool *given) {
   if (!given[FLAG_MAX_RESTARTS])
     options->max_restarts = options->on_failure == KEEL__ON_FAILURE_SHRINK ? 0 : DEFAULT_RESTARTS;
   if (!given[FLAG_MAX_WORLD]) options->max_world = options->world;
-  if (options->nnodes_min < options->nnodes)
+  if (options->elastic_nodes)
     options->max_world = options->nproc_per_node * options->nnodes;
+  else
+    options->nnodes_min = options->nnodes; /* every node starts with the job */
   int64_t restarted = options->on_failure == KEEL__ON_FAILURE_RESTART
                           ? options->world * options->max_restarts
                           : options->max_restarts;
