@@ -53,12 +53,13 @@ static bool progress_reached(const keel_test_events *log, void *context) {
   return false;
 }
 
-/* Starts the job and waits until it trains (step 20), then gives its job id. */
-static pid_t job_start_training(keel_test_job *job, const char *const *flags, char *job_id,
-                                size_t capacity) {
+/* Starts the job of toy_train with args and waits until it trains (step 20), then gives
+ * its job id. */
+static pid_t job_start_training_with(keel_test_job *job, const char *const *flags,
+                                     const char *const *args, char *job_id, size_t capacity) {
   assert_true(keel_test_job_prepare(job, "keel-nodes"));
   pid_t launcher =
-      keel_test_job_start(job, "60s", flags, keel_test_program("toy_train"), toy_args, NULL);
+      keel_test_job_start(job, "120s", flags, keel_test_program("toy_train"), args, NULL);
   assert_true(launcher > 0);
   progress_want want = {20};
   if (!keel_test_events_wait(job->events, MAX_EVENTS, progress_reached, &want, 10,
@@ -71,6 +72,11 @@ static pid_t job_start_training(keel_test_job *job, const char *const *flags, ch
   assert_true(keel_test_events_job_id(&log, job_id, capacity));
   keel_test_events_free(&log);
   return launcher;
+}
+
+static pid_t job_start_training(keel_test_job *job, const char *const *flags, char *job_id,
+                                size_t capacity) {
+  return job_start_training_with(job, flags, toy_args, job_id, capacity);
 }
 
 static int job_finish(const keel_test_job *job, pid_t launcher) {
@@ -253,12 +259,25 @@ static void a_lone_dead_agent_takes_its_node(void **state) {
 }
 
 /* The t_ns of the first event named name about node (its "node" field), or -1. */
-static long long node_event_time(const keel_test_events *log, const char *name, long long node) {
+/* The first event name about node, or NULL. */
+static const char *node_event(const keel_test_events *log, const char *name, long long node) {
   for (size_t i = 0; i < log->count; i++)
     if (keel_test_event_is(log->lines[i], name) &&
         keel_test_event_long(log->lines[i], "node") == node)
-      return keel_test_event_long(log->lines[i], "t_ns");
-  return -1;
+      return log->lines[i];
+  return NULL;
+}
+
+static long long node_event_time(const keel_test_events *log, const char *name, long long node) {
+  const char *line = node_event(log, name, node);
+  return line != NULL ? keel_test_event_long(line, "t_ns") : -1;
+}
+
+/* The namespace cases need root (ip netns); without it they say so and skip. */
+static void skip_without_root(void) {
+  if (geteuid() == 0) return;
+  print_message("skipped: --netns needs root\n");
+  skip();
 }
 
 /* Each node a network namespace: node 2 is cut off (silently, as a real partition). Its
@@ -266,10 +285,7 @@ static long long node_event_time(const keel_test_events *log, const char *name, 
  * only then does the root decide the node is lost, and the rest shrinks and finishes. */
 static void partitioned_node_fences_itself_before_it_is_replaced(void **state) {
   (void)state;
-  if (geteuid() != 0) {
-    print_message("skipped: --netns needs root\n");
-    skip();
-  }
+  skip_without_root();
   char heartbeat[16];
   snprintf(heartbeat, sizeof heartbeat, "%dms", heartbeat_default_ms());
   const char *const flags[] = {"--netns",          "--link-rate", "1gbit",       "--nnodes", "3",
@@ -402,10 +418,7 @@ static void delayed_node_slows_every_step_until_it_ends(void **state) {
  * (tcp between hosts of their own) ends with the same parameters. */
 static void same_bits_over_shm_tcp_and_namespaces(void **state) {
   (void)state;
-  if (geteuid() != 0) {
-    print_message("skipped: --netns needs root\n");
-    skip();
-  }
+  skip_without_root();
   static const char *const short_args[] = {"--steps", "60", "--params", "100000", NULL};
   static const char *const plain[] = {"-n", "4", NULL};
   const char *const nodes[] = {"--netns",     "--nnodes",          "2", "--nproc-per-node", "2",
@@ -440,6 +453,84 @@ static int keel_output(const char *const *args, char *const *env, char *output, 
   snprintf(output, capacity, "%s", text != NULL ? text : "");
   free(text);
   return code;
+}
+
+typedef struct event_want {
+  const char *name;
+  long long node; /* -1: any */
+  size_t count;   /* at least this many */
+} event_want;
+
+static bool events_reached(const keel_test_events *log, void *context) {
+  const event_want *want = context;
+  size_t count = 0;
+  for (size_t i = 0; i < log->count; i++)
+    count += keel_test_event_is(log->lines[i], want->name) &&
+             (want->node < 0 || keel_test_event_long(log->lines[i], "node") == want->node);
+  return count >= want->count;
+}
+
+static void events_wait(const keel_test_job *job, event_want want) {
+  if (!keel_test_events_wait(job->events, MAX_EVENTS, events_reached, &want, 10,
+                             60000 * keel_test_slowdown())) {
+    keel_test_print_file("output", job->output);
+    fail_msg("no %zu %s event(s) of node %lld", want.count, want.name, want.node);
+  }
+}
+
+/* With --rejoin-wait, a partitioned node fences itself as ever; after the heal its agent
+ * starts again (same pid) as a spare node whose spares take the node's unused uids, and the
+ * job, shrunk meanwhile, goes on with them in its pool. Stopped with SIGINT once they are
+ * ready: the job is long, so that it is still training when the node comes back. */
+static void healed_node_rejoins_as_a_spare_node(void **state) {
+  (void)state;
+  skip_without_root();
+  static const char *const long_args[] = {"--steps", "100000", "--params", "100000", NULL};
+  char heartbeat[16];
+  snprintf(heartbeat, sizeof heartbeat, "%dms", heartbeat_default_ms());
+  const char *const flags[] = {"--netns", "--nnodes",    "3",       "--nproc-per-node",
+                               "2",       "--heartbeat", heartbeat, "--rejoin-wait",
+                               "60s",     NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training_with(&job, flags, long_args, job_id, sizeof job_id);
+  const char *partition[] = {"inject", "partition", "2", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(partition, job.output, 10000), 0);
+  events_wait(&job, (event_want){"node_fence", 2, 1});
+  const char *heal[] = {"inject", "heal", "2", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(heal, job.output, 10000), 0);
+  events_wait(&job, (event_want){"agent_rejoin", 2, 1});
+  /* Node 2's two spares (uids 10 and 11: max_world 6 + node 2 x stride 2) are ready. */
+  events_wait(&job, (event_want){"ready", -1, 8});
+  char status[2048];
+  const char *const status_args[] = {"status", "--job", job_id, NULL};
+  assert_int_equal(keel_output(status_args, NULL, status, sizeof status), 0);
+  /* keel status: node 2 is back, a spare node holding its two spares. */
+  const char *node_2 = strstr(status, "\n2 ");
+  if (node_2 == NULL || strstr(node_2, "spare") == NULL || strstr(node_2, "10:-1 11:-1") == NULL)
+    fail_msg("keel status does not show node 2 as a spare node:\n%s", status);
+  kill(launcher, SIGINT);
+  int code = job_finish(&job, launcher);
+  assert_int_equal(code, 128 + SIGINT);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  const char *rejoin = keel_test_events_find(&log, "agent_rejoin", -1);
+  assert_int_equal(keel_test_event_long(rejoin, "spares"), 2);
+  for (long uid = 10; uid <= 11; uid++) {
+    const char *ready = keel_test_events_find(&log, "ready", uid);
+    assert_non_null(ready);
+    assert_non_null(strstr(ready, "\"role\":\"spare\""));
+  }
+  /* The fenced life ended (78) before the new one began, in the same process. */
+  long long fenced_end = -1, rejoined_at = keel_test_event_long(rejoin, "t_ns");
+  for (size_t i = 0; i < log.count && fenced_end < 0; i++)
+    if (keel_test_event_is(log.lines[i], "agent_end") &&
+        keel_test_event_long(log.lines[i], "node") == 2 &&
+        keel_test_event_long(log.lines[i], "code") == 78)
+      fenced_end = keel_test_event_long(log.lines[i], "t_ns");
+  assert_true(fenced_end > 0 && fenced_end < rejoined_at);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
 }
 
 static void node_flags_are_checked(void **state) {
@@ -492,11 +583,7 @@ static void late_node_joins_at_a_step_boundary(void **state) {
   keel_test_events log;
   keel_test_events_read(job.events, MAX_EVENTS, &log);
   long long started = keel_test_event_long(keel_test_events_find(&log, "job_start", -1), "t_ns");
-  long long late_spawn = -1;
-  for (size_t i = 0; i < log.count; i++)
-    if (keel_test_event_is(log.lines[i], "agent_spawn") &&
-        keel_test_event_long(log.lines[i], "node") == 2)
-      late_spawn = keel_test_event_long(log.lines[i], "t_ns");
+  long long late_spawn = node_event_time(&log, "agent_spawn", 2);
   assert_true(late_spawn - started >= 1000000000LL);
   const char *grow = keel_test_events_find(&log, "recovery", 0);
   assert_non_null(grow);
@@ -506,11 +593,7 @@ static void late_node_joins_at_a_step_boundary(void **state) {
   assert_int_equal(keel_test_event_long(grow, "joined"), 2);
   assert_true(keel_test_event_long(grow, "t_ns") > late_spawn);
   /* Node 2's agent brought joiners, not workers. */
-  const char *late_agent = NULL;
-  for (size_t i = 0; i < log.count && late_agent == NULL; i++)
-    if (keel_test_event_is(log.lines[i], "agent_start") &&
-        keel_test_event_long(log.lines[i], "node") == 2)
-      late_agent = log.lines[i];
+  const char *late_agent = node_event(&log, "agent_start", 2);
   assert_non_null(late_agent);
   assert_non_null(strstr(late_agent, "\"role\":\"joiner\""));
   keel_test_events_assert_none_left(&log);
@@ -546,6 +629,7 @@ int main(void) {
       cmocka_unit_test(same_bits_over_shm_tcp_and_namespaces),
       cmocka_unit_test(delayed_node_slows_every_step_until_it_ends),
       cmocka_unit_test(late_node_joins_at_a_step_boundary),
+      cmocka_unit_test(healed_node_rejoins_as_a_spare_node),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();

@@ -50,6 +50,7 @@ typedef struct keel__run_options {
   int64_t node_rank;         /* --node-rank (or SLURM_NODEID): this process is that node's agent;
                                 -1: it is not an agent */
   int64_t spare_nodes;       /* --spare-nodes: nodes whose agents start only spares */
+  int64_t rejoin_wait_ns;    /* --rejoin-wait: how long a fenced agent waits for a heal */
   bool agents;               /* --agents: one agent process per node on this host */
   bool netns;                /* --netns: each node an own network namespace (implies agents) */
   const char *link_rate;     /* --link-rate with --netns ("10gbit"); NULL: not shaped */
@@ -191,6 +192,7 @@ typedef struct keel__agent_state {
   int64_t next_keepalive_ns;
   bool fenced;
   bool ranks_seen; /* some process of the job showed a rank: the job has begun */
+  bool rejoined;   /* fenced, healed and started again as a spare node (KEEL_AGENT_REJOIN) */
   /* The root's view (run_root.c): every agent keeps it, so that any can take over. */
   bool is_root;
   uint32_t uid_limit;
@@ -343,6 +345,13 @@ int64_t keel__agent_deadline(const keel__launcher *launcher);
 void keel__agent_check_end(keel__launcher *launcher);
 /* Revokes the node's lease (its node/ key goes with it). */
 void keel__agent_close(keel__launcher *launcher);
+/* After a fence, with --rejoin-wait: waits for the store to answer again (a healed
+ * partition) while the job goes on; true when the node should rejoin as a spare node. The
+ * launcher's loop is over by then: every process of the node is dead. */
+bool keel__agent_rejoin_wait(keel__launcher *launcher);
+/* Starts this agent again (same pid, group and namespace) as a spare node: KEEL_AGENT_REJOIN
+ * tells the new one which of the node's uids are used. Returns only when the exec failed. */
+void keel__agent_rejoin_exec(const keel__run_options *options, int64_t extras_started);
 
 /* run_root.c: the root agent (docs/NODES.md), elected through the store. */
 /* Allocates the root's view of the job; KEEL_ENOMEM. */

@@ -806,6 +806,8 @@ int keel__command_run(int argc, char **argv) {
   /* Lines the last processes wrote just before they exited may still be in the pipe. */
   keel__status_drain(launcher);
   exit_code = launcher->exit_code;
+  bool rejoin = keel__agent_rejoin_wait(launcher);
+  int64_t extras_started = launcher->agent.extras_started;
   keel__launcher_store_census(launcher, "end");
   keel__display_finish(launcher);
   launcher_say_where_state_is(launcher);
@@ -816,6 +818,7 @@ int keel__command_run(int argc, char **argv) {
   else
     keel__event_emit(launcher, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code, seconds);
   launcher_close(launcher);
+  if (rejoin) keel__agent_rejoin_exec(&options, extras_started);
 free_launcher:
   free(launcher);
   return exit_code;

@@ -3,10 +3,13 @@
  * node when the store stops confirming that lease, and ends the job with the other agents
  * once no process of any node holds a rank. */
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +22,7 @@
 /* How long a fence waits to see its SIGKILLs take effect (a process in uninterruptible sleep
  * may take longer; the event then says how many were dead). */
 #define FENCE_WAIT_NS (SECOND_NS / 2)
+#define REJOIN_VARIABLE "KEEL_AGENT_REJOIN"
 
 /* The fencing timing (docs/NODES.md): keepalives every ttl/8, each request bounded by ttl/8,
  * and the node fences itself once no keepalive sent in the last 5/8 ttl was answered. A
@@ -27,6 +31,22 @@
  * take their place. */
 static int64_t request_timeout_ns(const keel__agent_state *agent) { return agent->ttl_ns / 8; }
 static int64_t fence_after_ns(const keel__agent_state *agent) { return agent->ttl_ns * 5 / 8; }
+
+/* An agent started again after its fence (keel__agent_rejoin_exec): a spare node now, whose
+ * spares take the node's uids that its first life left unused. */
+static void agent_rejoin_init(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  const char *text = getenv(REJOIN_VARIABLE);
+  int64_t used;
+  if (text == NULL || keel_parse_int(text, 0, agent->uid_stride, &used) != KEEL_OK) return;
+  unsetenv(REJOIN_VARIABLE); /* not for its children */
+  int64_t wanted = launcher->options.nproc_per_node + launcher->options.spares;
+  int64_t room = (int64_t)agent->uid_stride - used;
+  agent->rejoined = true;
+  agent->extras_started = used;
+  agent->workers = agent->joiners = 0;
+  agent->spares = wanted < room ? wanted : room;
+}
 
 void keel__agent_init(keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
@@ -43,6 +63,7 @@ void keel__agent_init(keel__launcher *launcher) {
   /* Every agent computes the same stride from the same flags. */
   agent->uid_stride = (uint32_t)(options->nproc_per_node + options->spares + options->max_restarts);
   launcher->child_capacity = (size_t)agent->uid_stride;
+  agent_rejoin_init(launcher);
   agent->ttl_ns = options->heartbeat_ns;
   agent->lease_confirmed_ns = keel_now_ns();
   /* Agents on one host share its terminal with their supervisor, which draws the line. */
@@ -156,6 +177,9 @@ keel_status keel__agent_register(keel__launcher *launcher) {
   agent->next_keepalive_ns = sent_ns + request_timeout_ns(agent);
   keel__event_emit(launcher, "agent_start", "\"node\":%lld,\"pid\":%ld,\"role\":\"%s\"",
                    (long long)agent->node, (long)getpid(), agent_role(agent));
+  if (agent->rejoined)
+    keel__event_emit(launcher, "agent_rejoin", "\"node\":%lld,\"spares\":%lld",
+                     (long long)agent->node, (long long)agent->spares);
   return KEEL_OK;
 }
 
@@ -258,6 +282,63 @@ void keel__agent_check_end(keel__launcher *launcher) {
   bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
   if (over || keel__store_has(launcher->store, "job/done"))
     keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
+}
+
+/* A SIGINT or SIGTERM that came while waiting: the supervisor or the user stops the node. */
+static bool stop_signal_pending(const keel__launcher *launcher) {
+  struct signalfd_siginfo info;
+  bool stop = false;
+  while (read(launcher->signal_fd, &info, sizeof info) == (ssize_t)sizeof info)
+    stop |= info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM;
+  return stop;
+}
+
+bool keel__agent_rejoin_wait(keel__launcher *launcher) {
+  const keel__agent_state *agent = &launcher->agent;
+  int64_t wait_ns = launcher->options.rejoin_wait_ns;
+  if (!agent->active || !agent->fenced || wait_ns <= 0 || launcher->store == NULL) return false;
+  if ((int64_t)agent->uid_stride - agent->extras_started <= 0) {
+    KEEL_LOG_W("agent", "node %lld: no uid left for spares: it does not rejoin",
+               (long long)agent->node);
+    return false;
+  }
+  int64_t deadline = keel_deadline_after_ns(wait_ns);
+  KEEL_LOG_I("agent", "node %lld: fenced; waiting up to %.1f s for the store to rejoin",
+             (long long)agent->node, (double)wait_ns / 1e9);
+  while (keel_now_ns() < deadline) {
+    /* The store answers again: a job that ended needs no spares, one that goes on may. */
+    keel_store_entry *done = NULL;
+    keel_status status = keel_store_get(launcher->store, "job/done", &done);
+    keel_store_entry_free(done);
+    if (status == KEEL_ENOTFOUND) return true;
+    if (status == KEEL_OK) return false;
+    struct pollfd poller = {.fd = launcher->signal_fd, .events = POLLIN};
+    int64_t next = keel_now_ns() + agent->ttl_ns / 4;
+    poll(&poller, 1, keel_poll_timeout_ms(next < deadline ? next : deadline));
+    if (stop_signal_pending(launcher)) return false;
+  }
+  KEEL_LOG_W("agent", "node %lld: the store did not answer within --rejoin-wait",
+             (long long)agent->node);
+  return false;
+}
+
+void keel__agent_rejoin_exec(const keel__run_options *options, int64_t extras_started) {
+  char path[PATH_MAX], used[24];
+  ssize_t length = readlink("/proc/self/exe", path, sizeof path - 1);
+  char **argv = calloc((size_t)options->argc + 2, sizeof *argv);
+  if (length <= 0 || argv == NULL) {
+    free(argv);
+    KEEL_LOG_E("agent", "cannot start again as a spare node: %s", strerror(errno));
+    return;
+  }
+  path[length] = '\0';
+  argv[0] = "keel";
+  for (int i = 0; i < options->argc; i++) argv[1 + i] = options->argv[i];
+  snprintf(used, sizeof used, "%lld", (long long)extras_started);
+  setenv(REJOIN_VARIABLE, used, 1);
+  execv(path, argv);
+  KEEL_LOG_E("agent", "cannot start again as a spare node: %s: %s", path, strerror(errno));
+  free(argv);
 }
 
 void keel__agent_close(keel__launcher *launcher) {

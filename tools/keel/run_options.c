@@ -67,6 +67,9 @@ static const char run_help_text[] =
     "                            address in 198.18.0.0/15 (needs root; implies --agents)\n"
     "  --link-rate RATE          shape each node's link with --netns (e.g. 10gbit, 1gbit)\n"
     "  --spare-nodes S           S more nodes whose agents start spares only (default 0)\n"
+    "  --rejoin-wait DURATION    a fenced node's agent waits this long for its store to\n"
+    "                            answer again (a healed partition), then rejoins the job\n"
+    "                            as a spare node (default 0: it exits 78)\n"
     "  --metrics-port PORT       serve the job's figures in Prometheus' text format\n"
     "                            (the launcher, or the root agent of a job of nodes)\n"
     "  --quiet                   no status line on the terminal\n"
@@ -106,6 +109,7 @@ typedef enum flag_id {
   FLAG_NETNS,
   FLAG_LINK_RATE,
   FLAG_SPARE_NODES,
+  FLAG_REJOIN_WAIT,
   FLAG_METRICS_PORT,
   FLAG_QUIET,
   FLAG_HELP,
@@ -147,6 +151,7 @@ static const flag_spec flag_table[] = {
     {"--netns", FLAG_NETNS, false},
     {"--link-rate", FLAG_LINK_RATE, true},
     {"--spare-nodes", FLAG_SPARE_NODES, true},
+    {"--rejoin-wait", FLAG_REJOIN_WAIT, true},
     {"--metrics-port", FLAG_METRICS_PORT, true},
     {"--quiet", FLAG_QUIET, false},
     {"-q", FLAG_QUIET, false},
@@ -336,6 +341,8 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
                       value);
       options->link_rate = value;
       return true;
+    case FLAG_REJOIN_WAIT:
+      return parse_duration(flag->name, value, &options->rejoin_wait_ns);
     case FLAG_SPARE_NODES:
       return parse_count(flag->name, value, 0, MAX_WORLD, &options->spare_nodes);
     case FLAG_METRICS_PORT:
@@ -453,6 +460,8 @@ static bool options_resolve_nodes(keel__run_options *options, const bool *given)
     if (options->spare_nodes > 0)
       return reject("--spare-nodes needs --agents, --netns or --node-rank");
     if (elastic) return reject("--nnodes MIN:MAX needs --agents, --netns or --node-rank");
+    if (options->rejoin_wait_ns > 0)
+      return reject("--rejoin-wait needs --agents, --netns or --node-rank");
     return true;
   }
   if (agent && !supervised) {
