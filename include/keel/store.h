@@ -109,6 +109,11 @@ keel_status keel_store_wait(keel_store *store, const char *prefix, uint64_t afte
 keel_status keel_store_lease_grant(keel_store *store, int64_t ttl_ns, int64_t *lease_p);
 keel_status keel_store_lease_keepalive(keel_store *store, int64_t lease);
 keel_status keel_store_lease_revoke(keel_store *store, int64_t lease);
+/* How long lease has left before it expires (*left_ns_p) and the time to live it was granted
+ * with (*ttl_ns_p, optional): its age since the last keepalive is the difference. etcd
+ * counts both in whole seconds. KEEL_ENOTFOUND for a lease that expired or never was. */
+keel_status keel_store_lease_ttl(keel_store *store, int64_t lease, int64_t *left_ns_p,
+                                 int64_t *ttl_ns_p);
 
 void keel_store_entry_free(keel_store_entry *entry);
 void keel_store_entries_free(keel_store_entry *entries, size_t count);

@@ -152,6 +152,15 @@ keel_status keel_store_lease_keepalive(keel_store *store, int64_t lease) {
   return store->ops->lease_keepalive(store->backend, lease);
 }
 
+keel_status keel_store_lease_ttl(keel_store *store, int64_t lease, int64_t *left_ns_p,
+                                 int64_t *ttl_ns_p) {
+  if (lease <= 0 || left_ns_p == NULL) return KEEL_EINVAL;
+  int64_t ttl_ns = 0;
+  keel_status status = store->ops->lease_ttl(store->backend, lease, left_ns_p, &ttl_ns);
+  if (status == KEEL_OK && ttl_ns_p != NULL) *ttl_ns_p = ttl_ns;
+  return status;
+}
+
 keel_status keel_store_lease_revoke(keel_store *store, int64_t lease) {
   if (lease <= 0) return KEEL_EINVAL;
   return store->ops->lease_revoke(store->backend, lease);

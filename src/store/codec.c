@@ -27,6 +27,7 @@ static const uint8_t op_fields[] = {
     [KEEL__STORE_OP_LEASE_KEEPALIVE] = FIELD_LEASE,
     [KEEL__STORE_OP_LEASE_REVOKE] = FIELD_LEASE,
     [KEEL__STORE_OP_LIST_PREFIXES] = FIELD_VALUE,
+    [KEEL__STORE_OP_LEASE_TTL] = FIELD_LEASE,
 };
 
 static bool op_known(uint8_t op) { return op < sizeof op_fields && op_fields[op] != 0; }

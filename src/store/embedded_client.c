@@ -312,6 +312,15 @@ static keel_status embedded_lease_revoke(void *backend, int64_t lease) {
   return simple_request(backend, &request, NULL, NULL);
 }
 
+static keel_status embedded_lease_ttl(void *backend, int64_t lease, int64_t *left_ns_p,
+                                      int64_t *ttl_ns_p) {
+  keel__store_request request = {.op = KEEL__STORE_OP_LEASE_TTL, .lease = lease};
+  uint64_t ttl_ns = 0;
+  keel_status status = simple_request(backend, &request, &ttl_ns, left_ns_p);
+  if (status == KEEL_OK) *ttl_ns_p = ttl_ns > INT64_MAX ? INT64_MAX : (int64_t)ttl_ns;
+  return status;
+}
+
 const keel__store_ops keel__store_embedded_ops = {
     .scheme = "embedded://",
     .connect = embedded_connect,
@@ -324,6 +333,7 @@ const keel__store_ops keel__store_embedded_ops = {
     .wait = embedded_wait,
     .lease_grant = embedded_lease_grant,
     .lease_keepalive = embedded_lease_keepalive,
+    .lease_ttl = embedded_lease_ttl,
     .lease_revoke = embedded_lease_revoke,
     .set_timeout = embedded_set_timeout,
     .reconnects = embedded_reconnects,

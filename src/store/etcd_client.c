@@ -535,13 +535,18 @@ static keel_status etcd_wait(void *backend, const char *prefix, uint64_t after_r
 typedef struct lease_out {
   int64_t lease;
   int64_t ttl_seconds;
+  int64_t left_seconds; /* timetolive */
   bool keepalive;
+  bool time_to_live;
 } lease_out;
 
 static keel_status read_lease(etcd_client *client, void *out, char *message, size_t capacity) {
   lease_out *result = out;
   const char *body = (const char *)client->reply.data;
   size_t length = client->reply.length;
+  if (result->time_to_live)
+    return keel__etcd_lease_ttl_reply(body, length, &result->left_seconds, &result->ttl_seconds,
+                                      message, capacity);
   if (result->keepalive) {
     /* A stream of one message: the first line. */
     const char *end = memchr(body, '\n', length);
@@ -567,6 +572,18 @@ static keel_status etcd_lease_keepalive(void *backend, int64_t lease) {
   /* A keepalive only extends a lease: sending it twice is harmless, so it is a read here. */
   return etcd_call(backend, "/v3/lease/keepalive", keel__etcd_lease_id_request(lease), REQUEST_READ,
                    read_lease, &result, "a lease keepalive");
+}
+
+static keel_status etcd_lease_ttl(void *backend, int64_t lease, int64_t *left_ns_p,
+                                  int64_t *ttl_ns_p) {
+  lease_out result = {.time_to_live = true};
+  keel_status status =
+      etcd_call(backend, "/v3/lease/timetolive", keel__etcd_lease_id_request(lease), REQUEST_READ,
+                read_lease, &result, "a lease time-to-live");
+  if (status != KEEL_OK) return status;
+  *left_ns_p = result.left_seconds * 1000000000;
+  *ttl_ns_p = result.ttl_seconds * 1000000000;
+  return KEEL_OK;
 }
 
 static keel_status read_revoke(etcd_client *client, void *out, char *message, size_t capacity) {
@@ -690,13 +707,13 @@ static keel_status etcd_connect_tls(const char *address, const keel_auth *auth, 
   return etcd_open(address, auth, true, deadline_ns, backend_p);
 }
 
-#define ETCD_OPS(scheme_text, connect_function)                                               \
-  {                                                                                           \
-    .scheme = scheme_text, .connect = connect_function, .close = etcd_close, .put = etcd_put, \
-    .get = etcd_get, .remove = etcd_remove, .list = etcd_list,                                \
-    .list_prefixes = etcd_list_prefixes, .wait = etcd_wait, .lease_grant = etcd_lease_grant,  \
-    .lease_keepalive = etcd_lease_keepalive, .lease_revoke = etcd_lease_revoke,               \
-    .set_timeout = etcd_set_timeout, .reconnects = etcd_reconnects,                           \
+#define ETCD_OPS(scheme_text, connect_function)                                                  \
+  {                                                                                              \
+    .scheme = scheme_text, .connect = connect_function, .close = etcd_close, .put = etcd_put,    \
+    .get = etcd_get, .remove = etcd_remove, .list = etcd_list,                                   \
+    .list_prefixes = etcd_list_prefixes, .wait = etcd_wait, .lease_grant = etcd_lease_grant,     \
+    .lease_keepalive = etcd_lease_keepalive, .lease_revoke = etcd_lease_revoke,                  \
+    .lease_ttl = etcd_lease_ttl, .set_timeout = etcd_set_timeout, .reconnects = etcd_reconnects, \
   }
 
 /* etcd:// speaks plain HTTP to the members; https:// TLS, with KEEL_RDZV_CA/CERT/KEY. */

@@ -545,6 +545,23 @@ keel_status keel__etcd_keepalive_reply(const char *body, size_t length, int64_t 
   return KEEL_OK;
 }
 
+keel_status keel__etcd_lease_ttl_reply(const char *body, size_t length, int64_t *left_seconds_p,
+                                       int64_t *granted_seconds_p, char *message, size_t capacity) {
+  json_t *reply = NULL;
+  keel_status status = reply_open(body, length, &reply, message, capacity);
+  if (status != KEEL_OK) return status;
+  int64_t lease = 0, left = 0, granted = 0;
+  status = lease_fields(reply, &lease, &left);
+  if (status == KEEL_OK && !int64_field(reply, "grantedTTL", &granted)) status = KEEL_ECORRUPT;
+  if (status == KEEL_OK && left == -1) status = KEEL_ENOTFOUND;
+  if (status == KEEL_OK && (left < 0 || granted < 0 || left > granted)) status = KEEL_ECORRUPT;
+  json_decref(reply);
+  if (status != KEEL_OK) return status;
+  *left_seconds_p = left;
+  *granted_seconds_p = granted;
+  return KEEL_OK;
+}
+
 /* One message of a watch stream: {"result": {"header", "created", "events", "canceled",
  * "compact_revision"}}. A compacted start is a cancel with compact_revision set. */
 keel_status keel__etcd_watch_reply(const char *body, size_t length,

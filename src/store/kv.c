@@ -291,7 +291,8 @@ static keel_status apply_put(keel__store_kv *kv, const keel__store_request *requ
 }
 
 static keel_status apply_lease(keel__store_kv *kv, const keel__store_request *request,
-                               int64_t now_ns, int64_t *lease_p, bool *changed_p) {
+                               int64_t now_ns, int64_t *lease_p, uint64_t *revision_p,
+                               bool *changed_p) {
   if (request->op == KEEL__STORE_OP_LEASE_GRANT) {
     if (request->duration_ns <= 0) return KEEL_EINVAL;
     if (kv->lease_count >= KEEL_STORE_MAX_KEYS) return KEEL_ENOSPC;
@@ -313,6 +314,13 @@ static keel_status apply_lease(keel__store_kv *kv, const keel__store_request *re
   if (lease == NULL) return KEEL_ENOTFOUND;
   if (request->op == KEEL__STORE_OP_LEASE_KEEPALIVE) {
     lease->expiry_ns = saturating_add(now_ns, lease->ttl_ns);
+    return KEEL_OK;
+  }
+  if (request->op == KEEL__STORE_OP_LEASE_TTL) {
+    /* Expired but not swept yet is gone all the same. */
+    if (lease->doomed || lease->expiry_ns <= now_ns) return KEEL_ENOTFOUND;
+    *lease_p = lease->expiry_ns - now_ns;
+    *revision_p = (uint64_t)lease->ttl_ns;
     return KEEL_OK;
   }
   lease->doomed = true;
@@ -372,6 +380,7 @@ keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *
   bool changed = keel__store_kv_expire(kv, now_ns);
   keel_status result = KEEL_OK;
   int64_t lease = 0;
+  uint64_t lease_ttl = 0;
   size_t first = 0;
   record_ranges ranges = {.count = 0};
   bool with_records = false;
@@ -414,11 +423,11 @@ keel_status keel__store_kv_apply(keel__store_kv *kv, const keel__store_request *
         result = KEEL_ETIMEDOUT;
       break;
     default:
-      result = apply_lease(kv, request, now_ns, &lease, &changed);
+      result = apply_lease(kv, request, now_ns, &lease, &lease_ttl, &changed);
       break;
   }
   *changed_p = changed;
   if (with_records) return respond_records(kv, request, &ranges, response);
-  return keel__store_response_begin(response, request->op, request->id, result, kv->revision, lease,
-                                    0);
+  uint64_t revision = request->op == KEEL__STORE_OP_LEASE_TTL ? lease_ttl : kv->revision;
+  return keel__store_response_begin(response, request->op, request->id, result, revision, lease, 0);
 }

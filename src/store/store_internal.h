@@ -42,6 +42,8 @@ typedef enum keel__store_op {
   KEEL__STORE_OP_LEASE_KEEPALIVE = 8,
   KEEL__STORE_OP_LEASE_REVOKE = 9,
   KEEL__STORE_OP_LIST_PREFIXES = 10, /* value: the prefixes, each ended by a NUL byte */
+  /* The response's lease field is the ns the lease has left, its revision the lease's ttl. */
+  KEEL__STORE_OP_LEASE_TTL = 11,
 } keel__store_op;
 
 /* A decoded request. key and value point into the payload it was decoded from (no copy);
@@ -177,6 +179,7 @@ typedef struct keel__store_ops {
   keel_status (*lease_grant)(void *backend, int64_t ttl_ns, int64_t *lease_p);
   keel_status (*lease_keepalive)(void *backend, int64_t lease);
   keel_status (*lease_revoke)(void *backend, int64_t lease);
+  keel_status (*lease_ttl)(void *backend, int64_t lease, int64_t *left_ns_p, int64_t *ttl_ns_p);
   /* Every backend fills these two: the handle's request timeout (> 0, checked by
    * client.c) and how many times it re-established its connection. */
   keel_status (*set_timeout)(void *backend, int64_t timeout_ns);
@@ -239,6 +242,10 @@ keel_status keel__etcd_lease_grant_reply(const char *body, size_t length, int64_
  * (KEEL_ENOTFOUND). */
 keel_status keel__etcd_keepalive_reply(const char *body, size_t length, int64_t *ttl_seconds_p,
                                        char *message, size_t capacity);
+/* /v3/lease/timetolive: {"header", "ID", "TTL", "grantedTTL"}; a TTL of -1 is a lease that
+ * is gone (KEEL_ENOTFOUND), one left out is 0 s left. */
+keel_status keel__etcd_lease_ttl_reply(const char *body, size_t length, int64_t *left_seconds_p,
+                                       int64_t *granted_seconds_p, char *message, size_t capacity);
 /* One message of a watch stream, as far as a wait needs it. */
 typedef struct keel__etcd_watch_message {
   uint64_t revision; /* the header's: the store's revision when the message was sent */

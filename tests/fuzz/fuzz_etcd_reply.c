@@ -54,6 +54,7 @@ static void others_once(const char *body, size_t size) {
       keel__etcd_write_reply(body, size, &number, &revision, NULL, 0),
       keel__etcd_lease_grant_reply(body, size, &number, &ttl, NULL, 0),
       keel__etcd_keepalive_reply(body, size, &ttl, NULL, 0),
+      keel__etcd_lease_ttl_reply(body, size, &number, &ttl, NULL, 0),
       keel__etcd_watch_reply(body, size, &watch, NULL, 0),
   };
   for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)

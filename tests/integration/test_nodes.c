@@ -211,6 +211,14 @@ static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
   assert_int_equal(roots, 1);
   assert_non_null(strstr(status, "spare"));
   assert_non_null(strstr(status, "\n2 "));
+  /* Each node's lease: age since the last keepalive / ttl (lenient heartbeat: 6 s, slowed). */
+  char ttl_text[24];
+  snprintf(ttl_text, sizeof ttl_text, "/%d.0s ", 6 * keel_test_slowdown());
+  size_t leases = 0;
+  for (const char *at = strstr(status, ttl_text); at != NULL; at = strstr(at + 1, ttl_text))
+    leases++;
+  if (leases != 3)
+    fail_msg("keel status shows %zu node leases of %s:\n%s", leases, ttl_text, status);
   free(status);
   kill_node(&job, job_id, "1");
   /* The root serves Prometheus' text: the lost node, and the world whole again. */

@@ -349,6 +349,28 @@ static void test_lease_expiry_and_keepalive(void **state) {
   assert_int_equal(keel_store_get(store, "proc/0", &entry), KEEL_ENOTFOUND);
 }
 
+/* A lease's time to live: what it was granted with (etcd: whole seconds, rounded up) and
+ * what is left, never more; a keepalive gives it all back; a revoked or unknown lease has
+ * none. */
+static void test_lease_ttl(void **state) {
+  suite_fixture *fixture = *state;
+  keel_store *store = fixture->store;
+  int64_t ttl_ns = fixture->backend->lease_ttl_ns, lease, left = -1, granted = -1;
+  assert_int_equal(keel_store_lease_grant(store, ttl_ns, &lease), KEEL_OK);
+  assert_int_equal(keel_store_lease_ttl(store, lease, &left, &granted), KEEL_OK);
+  assert_true(granted >= ttl_ns);
+  assert_true(left >= 0 && left <= granted);
+  sleep_ns(ttl_ns / 4);
+  assert_int_equal(keel_store_lease_keepalive(store, lease), KEEL_OK);
+  int64_t refreshed = -1;
+  assert_int_equal(keel_store_lease_ttl(store, lease, &refreshed, NULL), KEEL_OK);
+  assert_true(refreshed >= 0 && refreshed <= granted);
+  assert_int_equal(keel_store_lease_revoke(store, lease), KEEL_OK);
+  assert_int_equal(keel_store_lease_ttl(store, lease, &left, NULL), KEEL_ENOTFOUND);
+  assert_int_equal(keel_store_lease_ttl(store, lease + 1000000, &left, NULL), KEEL_ENOTFOUND);
+  assert_int_equal(keel_store_lease_ttl(store, 0, &left, NULL), KEEL_EINVAL);
+}
+
 static void test_lease_revoke(void **state) {
   suite_fixture *fixture = *state;
   keel_store *store = fixture->store;
@@ -404,6 +426,7 @@ int keel_test_store_suite_run(const char *group_name, keel_test_store_backend *b
       SUITE_TEST(test_wait_woken_by_put_and_delete),
       SUITE_TEST(test_wait_timeout_and_past_change),
       SUITE_TEST(test_lease_expiry_and_keepalive),
+      SUITE_TEST(test_lease_ttl),
       SUITE_TEST(test_lease_revoke),
       SUITE_TEST(test_bounds),
   };

@@ -254,6 +254,23 @@ static void test_lease_replies(void **unused) {
   const char *gone = "{\"result\":{" HEADER("4") ",\"ID\":\"7587862072907474694\"}}";
   assert_int_equal(keel__etcd_keepalive_reply(gone, strlen(gone), &ttl, NULL, 0), KEEL_ENOTFOUND);
   assert_int_equal(ttl, 99);
+  /* timetolive: left and granted; -1 left is a lease that is gone; 0 left is left out. */
+  int64_t left = 0, granted = 0;
+  const char *live = "{" HEADER("5") ",\"ID\":\"75\",\"TTL\":\"1\",\"grantedTTL\":\"2\"}";
+  assert_int_equal(keel__etcd_lease_ttl_reply(live, strlen(live), &left, &granted, NULL, 0),
+                   KEEL_OK);
+  assert_int_equal(left, 1);
+  assert_int_equal(granted, 2);
+  const char *ending = "{" HEADER("5") ",\"ID\":\"75\",\"grantedTTL\":\"2\"}";
+  assert_int_equal(keel__etcd_lease_ttl_reply(ending, strlen(ending), &left, &granted, NULL, 0),
+                   KEEL_OK);
+  assert_int_equal(left, 0);
+  const char *expired = "{" HEADER("6") ",\"ID\":\"75\",\"TTL\":\"-1\"}";
+  assert_int_equal(keel__etcd_lease_ttl_reply(expired, strlen(expired), &left, &granted, NULL, 0),
+                   KEEL_ENOTFOUND);
+  const char *inverted = "{" HEADER("6") ",\"ID\":\"75\",\"TTL\":\"9\",\"grantedTTL\":\"2\"}";
+  assert_int_equal(keel__etcd_lease_ttl_reply(inverted, strlen(inverted), &left, &granted, NULL, 0),
+                   KEEL_ECORRUPT);
 }
 
 static void test_error_replies_map_to_statuses(void **unused) {

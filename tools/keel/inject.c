@@ -307,6 +307,16 @@ static void node_decision(keel_store *store, long long node, char *text, size_t 
   keel_store_entry_free(entry);
 }
 
+/* The node's lease as "AGE/TTL": how long since the agent's last keepalive the store
+ * counted, of the time to live (a node whose age nears its ttl is about to be declared
+ * lost); "-" when the store cannot say. */
+static void lease_describe(keel_store *store, int64_t lease, char *text, size_t capacity) {
+  int64_t left = 0, ttl = 0;
+  snprintf(text, capacity, "-");
+  if (lease <= 0 || keel_store_lease_ttl(store, lease, &left, &ttl) != KEEL_OK) return;
+  snprintf(text, capacity, "%.1f/%.1fs", (double)(ttl - left) / 1e9, (double)ttl / 1e9);
+}
+
 static void status_print(keel_store *store, const keel_store_entry *nodes, size_t count) {
   long long root = -1;
   keel_store_entry *entry = NULL;
@@ -315,8 +325,8 @@ static void status_print(keel_store *store, const keel_store_entry *nodes, size_
     if (at != NULL) root = strtoll(at + 5, NULL, 10);
     keel_store_entry_free(entry);
   }
-  printf("%-5s %-8s %-12s %-22s %-9s %s\n", "NODE", "AGENT", "ROLE", "ADDR", "DECISION",
-         "PROCESSES (uid:rank)");
+  printf("%-5s %-8s %-12s %-22s %-11s %-9s %s\n", "NODE", "AGENT", "ROLE", "ADDR", "LEASE",
+         "DECISION", "PROCESSES (uid:rank)");
   for (size_t i = 0; i < count; i++) {
     uint32_t node;
     keel__node_value value;
@@ -324,11 +334,12 @@ static void status_print(keel_store *store, const keel_store_entry *nodes, size_
     if (keel__node_value_parse((const char *)nodes[i].value, &value) != KEEL_OK) continue;
     node_processes list = {.used = 0};
     keel__node_processes_visit(store, node, process_describe, &list);
-    char role[24], decision[16];
+    char role[24], decision[16], lease[24];
     snprintf(role, sizeof role, "%s%s", value.role, (long long)node == root ? ",root" : "");
     node_decision(store, node, decision, sizeof decision);
-    printf("%-5u %-8ld %-12s %-22s %-9s %s\n", (unsigned)node, (long)value.pid, role, value.addr,
-           decision, list.used ? list.text : "-");
+    lease_describe(store, nodes[i].lease, lease, sizeof lease);
+    printf("%-5u %-8ld %-12s %-22s %-11s %-9s %s\n", (unsigned)node, (long)value.pid, role,
+           value.addr, lease, decision, list.used ? list.text : "-");
   }
 }
 
