@@ -244,8 +244,11 @@ typedef struct keel__launcher {
   int64_t start_ns;
   int64_t timeout_deadline_ns;
   int64_t phase_deadline_ns; /* ENDING: kill the spares; TERMINATING: SIGKILL all */
-  int64_t stopped_grace_ns;  /* a lapsed lease of a stopped process: fence after this */
-  int64_t running_grace_ns;  /* a lapsed lease of a process that runs: fence after this */
+  /* When to ask again whether the job is over, after the store could not say (etcd
+   * electing a leader); KEEL_NO_DEADLINE: no question pending. */
+  int64_t end_recheck_ns;
+  int64_t stopped_grace_ns; /* a lapsed lease of a stopped process: fence after this */
+  int64_t running_grace_ns; /* a lapsed lease of a process that runs: fence after this */
   int64_t max_epoch;
   uint64_t exits_seen;
   char status_buffer[2 * KEEL__STATUS_LINE_MAX];
@@ -293,8 +296,9 @@ void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code);
 /* SIGINT/SIGTERM: job/stop tells every process to save (where a checkpoint policy is on) and
  * leave; they get KEEL_STOP_GRACE (30 s) before they are killed. */
 void keel__launcher_begin_stopping(keel__launcher *launcher, int signal_number);
-/* Reads proc/ itself: rank and epoch changes the watcher may not have reported yet. */
-void keel__launcher_refresh_ranks(keel__launcher *launcher);
+/* Reads proc/ itself: rank and epoch changes the watcher may not have reported yet. False
+ * when the store could not be read: then what the launcher knows may be stale. */
+bool keel__launcher_refresh_ranks(keel__launcher *launcher);
 /* Ends the job once no process that holds a rank is left. */
 void keel__launcher_check_end(keel__launcher *launcher);
 /* Counts the store's keys and bytes into a `store` event (after each recovery and at the

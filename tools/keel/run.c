@@ -22,6 +22,8 @@
  * SIGTERM. */
 #define GRACE_NS (2 * SECOND_NS)
 #define CONNECT_DEADLINE_NS (5 * SECOND_NS)
+/* How soon to ask the store again whether any process holds a rank, when it did not answer. */
+#define END_RECHECK_NS (SECOND_NS / 10)
 
 /* ---- program lookup, done before anything starts so that a typo is one clear message */
 static bool program_resolve(const char *name, char *path, size_t capacity) {
@@ -160,10 +162,14 @@ static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t r
 
 /* A spare may have taken a rank so recently that its proc/ change is still on its way from
  * the watcher; before declaring the job over, the loop reads proc/ itself. */
-void keel__launcher_refresh_ranks(keel__launcher *launcher) {
+bool keel__launcher_refresh_ranks(keel__launcher *launcher) {
   keel_store_entry *entries = NULL;
   size_t count = 0;
-  if (keel_store_list(launcher->store, "proc/", &entries, &count, NULL) != KEEL_OK) return;
+  if (keel_store_list(launcher->store, "proc/", &entries, &count, NULL) != KEEL_OK) {
+    /* The rank holders may be out of date: the end is decided once the store answers. */
+    launcher->end_recheck_ns = keel_deadline_after_ns(END_RECHECK_NS);
+    return false;
+  }
   for (size_t i = 0; i < count; i++) {
     uint32_t uid;
     keel__proc_value value;
@@ -172,6 +178,7 @@ void keel__launcher_refresh_ranks(keel__launcher *launcher) {
     launcher_note_proc(launcher, uid, value.rank, value.epoch);
   }
   keel_store_entries_free(entries, count);
+  return true;
 }
 
 /* The job is over when no process that holds a rank is left: the spares and joiners still
@@ -183,7 +190,7 @@ void keel__launcher_check_end(keel__launcher *launcher) {
   }
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (keel__children_alive(launcher, true) > 0) return;
-  keel__launcher_refresh_ranks(launcher);
+  if (!keel__launcher_refresh_ranks(launcher)) return;
   if (keel__children_alive(launcher, true) > 0) return;
   keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
 }
@@ -388,6 +395,10 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
   keel__agent_tick(launcher, now_ns);
   keel__restart_round_tick(launcher, now_ns);
   keel__joiners_tick(launcher, now_ns);
+  if (now_ns >= launcher->end_recheck_ns) {
+    launcher->end_recheck_ns = KEEL_NO_DEADLINE;
+    keel__launcher_check_end(launcher);
+  }
   if (launcher->phase != KEEL__PHASE_RUNNING && now_ns >= launcher->phase_deadline_ns) {
     if (launcher->phase == KEEL__PHASE_ENDING && keel__children_alive(launcher, false) > 0)
       KEEL_LOG_I("launcher", "stopping the spares and joiners left after job/done");
@@ -407,6 +418,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   if (keel__joiners_deadline(launcher) < next) next = keel__joiners_deadline(launcher);
   if (keel__restart_round_deadline(launcher) < next) next = keel__restart_round_deadline(launcher);
   if (keel__agent_deadline(launcher) < next) next = keel__agent_deadline(launcher);
+  if (launcher->end_recheck_ns < next) next = launcher->end_recheck_ns;
   if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
     next = launcher->phase_deadline_ns;
   int64_t now_ns = keel_now_ns();
@@ -716,6 +728,7 @@ void keel__launcher_init(keel__launcher *launcher, const keel__run_options *opti
   launcher->phase = KEEL__PHASE_RUNNING;
   launcher->timeout_deadline_ns = KEEL_NO_DEADLINE;
   launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
+  launcher->end_recheck_ns = KEEL_NO_DEADLINE;
   /* Graces of a lapsed lease (lapse_fence_after): one keepalive period, bounded to
    * [100 ms, 1 s], for a stopped process; two lease lifetimes, 2 s at least, for one that
    * runs. */

@@ -276,7 +276,7 @@ static bool ranks_held_anywhere(keel__launcher *launcher, bool *known_p) {
 void keel__agent_check_end(keel__launcher *launcher) {
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (keel__children_alive(launcher, true) > 0) return;
-  keel__launcher_refresh_ranks(launcher);
+  if (!keel__launcher_refresh_ranks(launcher)) return;
   if (keel__children_alive(launcher, true) > 0) return;
   bool known;
   bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
