@@ -187,6 +187,22 @@ static void test_report_of_a_restart(void **state) {
   files_remove(&files);
 }
 
+/* A time that is no monotonic time (negative, down to INT64_MIN) is a bad line: skipped and
+ * counted, never subtracted from the job's start (an overflow under UBSan). */
+static void test_report_skips_negative_times(void **state) {
+  (void)state;
+  report_files files;
+  files_make(&files,
+             "{\"event\":\"job_start\",\"t_ns\":1000000000,\"job_id\":\"77\"}\n"
+             "{\"event\":\"fence\",\"uid\":1,\"t_ns\":-9223372036854775808}\n"
+             "{\"event\":\"exit\",\"uid\":1,\"t_ns\":-1}\n"
+             "{\"event\":\"job_end\",\"code\":0,\"t_ns\":3000000000}\n");
+  char *output = keel_output(&files, LIST("report", files.events));
+  assert_has(output, LIST("skipped lines (not a whole JSON event): 2"));
+  free(output);
+  files_remove(&files);
+}
+
 static void test_report_of_inprocess_redo(void **state) {
   (void)state;
   report_files files;
@@ -497,6 +513,7 @@ static void test_report_svg_unwritable(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_report_of_a_restart),
+      cmocka_unit_test(test_report_skips_negative_times),
       cmocka_unit_test(test_report_of_inprocess_redo),
       cmocka_unit_test(test_model_measured_restart),
       cmocka_unit_test(test_report_svg_of_two_nodes),

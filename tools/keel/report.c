@@ -253,12 +253,14 @@ static void join_request_read(report_data *data, const json_t *event) {
     data->joins_refused++;
 }
 
-/* One event of the file; false when it lacks an "event" name or a "t_ns" time. */
+/* One event of the file; false when it lacks an "event" name or a "t_ns" time. A negative
+ * t_ns is no monotonic time either: refused, which also keeps every difference of two
+ * times within int64_t. */
 static bool event_read(report_data *data, const json_t *event) {
   char name[32];
   int64_t t_ns;
   if (!keel__json_string(event, "event", name, sizeof name) ||
-      !keel__json_int(event, "t_ns", &t_ns))
+      !keel__json_int(event, "t_ns", &t_ns) || t_ns < 0)
     return false;
   if (!data->have_origin) {
     data->origin_t_ns = t_ns;
