@@ -115,7 +115,7 @@ struct keel_endpoint {
   bool acceptor_started;
   int wake_fd; /* eventfd: a link is waiting in accepted, or someone called keel_endpoint_wake */
   int64_t spin_ns; /* keel__drive polls without sleeping this long after each event */
-  long cores;      /* online cores, read once: fewer than ranks makes a spinning rank yield */
+  long cores;      /* online cores, read once: with fewer than ranks nobody spins */
   _Atomic int64_t send_delay_ns; /* keel_endpoint_delay_sends, set from any thread */
   int stop_fd;                   /* eventfd: close wakes the acceptor to stop */
   atomic_bool stopping;

@@ -4,7 +4,6 @@
  * Operations are independent: each has its own slots and sends, so a background transfer
  * moves while a collective waits, and abandoning one leaves the others whole. */
 #include <inttypes.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,13 +496,14 @@ keel_status keel__comm_health(keel_comm *comm) {
 
 /* Waits by polling without sleeping for endpoint->spin_ns after each event, then by a
  * blocking poll: a blocking poll costs a wake-up (tens of microseconds) on every message, which
- * at 4 KiB-1 MiB is most of an operation's time. With more ranks than cores, a spinning rank
- * yields its core between polls, since the rank it waits for may need that core. */
+ * at 4 KiB-1 MiB is most of an operation's time. Only with a core per rank: with more ranks
+ * than cores, spinning (even yielding between polls) halved the 4 KiB time of 4 ranks on 2
+ * cores but starved everything else on the machine (BENCHMARKS.md, issue 10). */
 keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
                         void *state) {
   keel_endpoint *endpoint = comm->endpoint;
-  bool oversubscribed = endpoint->cores < comm->size;
-  int64_t spin_until = endpoint->spin_ns > 0 ? keel_now_ns() + endpoint->spin_ns : 0;
+  int64_t spin_ns = endpoint->cores >= comm->size ? endpoint->spin_ns : 0;
+  int64_t spin_until = spin_ns > 0 ? keel_now_ns() + spin_ns : 0;
   for (;;) {
     /* Done counts before health: a peer may finish this operation, leave and close its
      * link, and that is no failure of an operation that got everything it needed. */
@@ -525,10 +525,7 @@ keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel
     }
     bool spinning = spin_until != 0 && keel_now_ns() < spin_until;
     keel_status progressed = keel__progress(endpoint, spinning ? 0 : deadline_ns);
-    if (progressed == KEEL_OK && endpoint->spin_ns > 0)
-      spin_until = keel_now_ns() + endpoint->spin_ns;
-    else if (spinning && oversubscribed)
-      sched_yield();
+    if (progressed == KEEL_OK && spin_ns > 0) spin_until = keel_now_ns() + spin_ns;
   }
 }
 
