@@ -99,6 +99,10 @@ struct keel_comm {
   uint32_t agree_round;
   int64_t timeout_ns;
   bool revoked_locally;
+  /* Learnt with the transport, by the first collective: every rank on this node (network
+   * namespace included), and the ranks that share this machine's cores (size until then). */
+  bool all_on_this_node;
+  int ranks_on_this_machine;
   const keel__transport_ops *transport; /* NULL until the first collective chooses one */
   void *transport_state;
   keel__op collective; /* the slots of this communicator's collective in progress */
@@ -115,7 +119,7 @@ struct keel_endpoint {
   bool acceptor_started;
   int wake_fd; /* eventfd: a link is waiting in accepted, or someone called keel_endpoint_wake */
   int64_t spin_ns; /* keel__drive polls without sleeping this long after each event */
-  long cores;      /* online cores, read once: with fewer than ranks nobody spins */
+  long cores;      /* online cores, read once: with fewer than ranks on this machine nobody spins */
   _Atomic int64_t send_delay_ns; /* keel_endpoint_delay_sends, set from any thread */
   int stop_fd;                   /* eventfd: close wakes the acceptor to stop */
   atomic_bool stopping;

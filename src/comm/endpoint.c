@@ -321,6 +321,7 @@ static keel_comm *comm_alloc(keel_endpoint *endpoint, uint64_t epoch, const uint
   comm->endpoint = endpoint;
   comm->epoch = epoch;
   comm->size = count;
+  comm->ranks_on_this_machine = count;
   comm->rank = -1;
   for (int rank = 0; rank < count; rank++) {
     if (uids[rank] == endpoint->config.uid) comm->rank = rank;

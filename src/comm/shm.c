@@ -95,48 +95,6 @@ static uint8_t *result_of(const shm_group *group, uint64_t sequence) {
 
 /* ---- eligibility and setup */
 
-/* Where a rank runs, as far as sharing memory goes. Ranks in different network namespaces
- * stand for different nodes (tests simulate nodes that way) although they share the kernel,
- * and must talk over the network as real nodes would: the namespace is part of the host. */
-typedef struct host_identity {
-  uint64_t net_namespace_device, net_namespace_inode; /* 0: unknown */
-  char boot_id[40];                                   /* empty: unknown */
-  int32_t shm_allowed;
-} host_identity;
-
-static void read_host_identity(host_identity *identity) {
-  memset(identity, 0, sizeof *identity);
-  FILE *file = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (file != NULL) {
-    if (fgets(identity->boot_id, sizeof identity->boot_id, file) == NULL) identity->boot_id[0] = 0;
-    fclose(file);
-  }
-  /* A namespace is named by the device and inode of its file (namespaces(7)). */
-  struct stat net_namespace;
-  if (stat("/proc/self/ns/net", &net_namespace) == 0) {
-    identity->net_namespace_device = (uint64_t)net_namespace.st_dev;
-    identity->net_namespace_inode = (uint64_t)net_namespace.st_ino;
-  }
-  const char *transport = getenv("KEEL_TRANSPORT");
-  identity->shm_allowed = transport == NULL || strcmp(transport, "tcp") != 0;
-}
-
-/* An unknown boot or namespace proves nothing: such a rank is on a host of its own. */
-static bool same_host(const host_identity *mine, const host_identity *other) {
-  return mine->boot_id[0] != '\0' && mine->net_namespace_inode != 0 &&
-         strcmp(other->boot_id, mine->boot_id) == 0 &&
-         other->net_namespace_device == mine->net_namespace_device &&
-         other->net_namespace_inode == mine->net_namespace_inode;
-}
-
-static bool all_on_this_host(const host_identity *mine, const host_identity *all, int size) {
-  if (!mine->shm_allowed) return false;
-  for (int rank = 0; rank < size; rank++) {
-    if (!all[rank].shm_allowed || !same_host(mine, &all[rank])) return false;
-  }
-  return true;
-}
-
 static keel_status map_segment(const char *name, bool create, size_t bytes, uint8_t **base_p) {
   int fd = shm_open(name, O_RDWR | (create ? O_CREAT | O_EXCL : 0), 0600);
   if (fd < 0) return keel_status_from_errno(errno);
@@ -153,26 +111,18 @@ static keel_status map_segment(const char *name, bool create, size_t bytes, uint
   return KEEL_OK;
 }
 
-static int spin_limit_for(int size) {
+static int spin_limit_for(const keel_comm *comm) {
   /* With more ranks than cores a spinning rank steals the core of the rank it waits for:
    * sleep almost at once then. */
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return cores >= size ? 2000 : 50;
+  return comm->endpoint->cores >= comm->ranks_on_this_machine ? 2000 : 50;
 }
 
-/* The transport's open, collective over the tcp transport: decide together whether to use
- * shared memory, create and map the segment. Any rank's local failure makes every rank fall
- * back (KEEL_ENOTSUP); a peer failure is returned. */
+/* The transport's open, collective over the tcp transport: with every rank on this node
+ * (transport.c found out), create and map the segment. Any rank's local failure makes every rank
+ * fall back (KEEL_ENOTSUP); a peer failure is returned. */
 static keel_status transport_open(keel_comm *comm, void **state_p) {
   *state_p = NULL;
-  host_identity mine, *all = calloc((size_t)comm->size, sizeof *all);
-  if (all == NULL) return KEEL_ENOMEM;
-  read_host_identity(&mine);
-  keel_status status = keel__transport_tcp.allgather(comm, NULL, &mine, all, sizeof mine);
-  bool eligible = status == KEEL_OK && all_on_this_host(&mine, all, comm->size);
-  free(all);
-  if (status != KEEL_OK) return status;
-  if (!eligible) return KEEL_ENOTSUP;
+  if (!comm->all_on_this_node) return KEEL_ENOTSUP;
 
   int64_t chunk = (int64_t)DEFAULT_CHUNK_BYTES;
   if (keel_env_int("KEEL_SHM_CHUNK", 4096, (int64_t)1 << 30, &chunk) != KEEL_OK)
@@ -194,7 +144,7 @@ static keel_status transport_open(keel_comm *comm, void **state_p) {
     mapped = map_segment(name, true, bytes, &base);
     if (mapped != KEEL_OK) name[0] = '\0';
   }
-  status = keel__transport_tcp.broadcast(comm, NULL, name, sizeof name, 0);
+  keel_status status = keel__transport_tcp.broadcast(comm, NULL, name, sizeof name, 0);
   if (status != KEEL_OK) {
     if (comm->rank == 0 && mapped == KEEL_OK) {
       shm_unlink(name);
@@ -225,7 +175,7 @@ static keel_status transport_open(keel_comm *comm, void **state_p) {
                        .bytes = bytes,
                        .chunk_bytes = chunk_bytes,
                        .size = comm->size,
-                       .spin_limit = spin_limit_for(comm->size),
+                       .spin_limit = spin_limit_for(comm),
                        .small_bytes = (size_t)small};
   group_layout(group);
   /* No pre-touching of the slots: fresh memory is slow to touch here (MACHINE-NOTES), and a
