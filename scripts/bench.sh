@@ -21,7 +21,8 @@
 #      memcpy              one thread, the largest size, by rank 0 of each keel run
 # 3. Runs bench/recovery --policy both (kill -9 of a worker, shrink and replace), then
 #    bench/jit (Fashion-MNIST on 4 ranks: JIT's steady-state cost, recovery breakdown of
-#    user-level and in-process JIT, wasted minibatches, bit-exact parameters; about 1.5 min).
+#    user-level and in-process JIT, wasted minibatches, bit-exact parameters; about 1.5 min),
+#    then bench/ec_codec (encode, update, decode of the erasure codes against memcpy; 10 s).
 # 4. Prints the tables: time per operation with each peer's time / keel's on the same kind
 #    of transport (>1: keel is faster): openmpi-shm and mpich (shared memory) against
 #    keel-shm, openmpi-tcp and gloo-* against keel-tcp; bus bandwidth with keel's fraction
@@ -38,6 +39,7 @@ keel="$build/bin/keel"
 allreduce="$build/bench/allreduce"
 recovery="$build/bench/recovery"
 jit="$build/bench/jit"
+ec_codec="$build/bench/ec_codec"
 peers="$build/bench/peers"
 json=${BENCH_JSON:-0}
 sizes=${BENCH_SIZES:-4KiB,256KiB,1MiB,16MiB,64MiB}
@@ -50,7 +52,7 @@ note() {
   if [ "$json" = 1 ]; then echo "$*" >&2; else echo "$*"; fi
 }
 
-for program in "$keel" "$allreduce" "$recovery" "$jit"; do
+for program in "$keel" "$allreduce" "$recovery" "$jit" "$ec_codec"; do
   if [ ! -x "$program" ]; then
     echo "bench: $program is missing (build first: make build, or cmake --build $build)" >&2
     exit 1
@@ -148,6 +150,12 @@ if [ "$json" = 1 ]; then
   "$jit" --json || failed[jit]="exit $?"
 else
   "$jit" >"$work/jit.txt" || failed[jit]="exit $?"
+fi
+echo "bench: ec codec" >&2
+if [ "$json" = 1 ]; then
+  "$ec_codec" --json || failed[ec_codec]="exit $?"
+else
+  "$ec_codec" >"$work/ec_codec.txt" || failed[ec_codec]="exit $?"
 fi
 elapsed=$(($(date +%s) - started))
 echo "bench: done in ${elapsed} s" >&2
@@ -295,6 +303,10 @@ note ""
 note "## Just-in-time checkpoints: $jit"
 note ""
 cat "$work/jit.txt"
+note ""
+note "## Erasure codes (ECRec's codec): $ec_codec"
+note ""
+cat "$work/ec_codec.txt"
 note ""
 note "# notes: mpich with more ranks than cores gets half the time per size (it spins);"
 note "# Open MPI runs with --bind-to none, as keel does not pin its ranks."

@@ -2,7 +2,8 @@
  * the ones below it (docs/LAYERS.md): core (status, log, clock, limits, fault plans), net
  * (framed, authenticated links), store (the job's key-value store), comm (endpoint,
  * communicators, collectives, ULFM), runtime (the process in the job: state registry, step
- * transactions, recovery), ckpt (checkpoints), model (the analytic models). */
+ * transactions, recovery), ckpt (checkpoints), ec (erasure codes and parity placement for
+ * parameter servers), model (the analytic models). */
 #ifndef KEEL_KEEL_H
 #define KEEL_KEEL_H
 
@@ -12,6 +13,7 @@
 #include "keel/comm.h"
 #include "keel/runtime.h"
 #include "keel/ckpt.h"
+#include "keel/ec.h"
 #include "keel/model.h"
 
 #endif
