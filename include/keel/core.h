@@ -202,6 +202,10 @@ void keel_fault_plan_set_step(keel_fault_plan *plan, uint64_t step);
  * exit ends the process with code= (the failure the user asked for). Returns true when a
  * `corrupt` rule fired: the caller damages what it has just written. NULL plan: false. */
 bool keel_fault_plan_fire(keel_fault_plan *plan, const char *point, int64_t counter);
+/* The same at the point's last count in one operation (an allreduce's last send): a rule
+ * whose after= is above counter fires here too, so that it lands inside the operation
+ * whichever algorithm (with however many sends) served it. */
+bool keel_fault_plan_fire_last(keel_fault_plan *plan, const char *point, int64_t counter);
 
 /* ---- hex helpers for tokens. */
 /* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */

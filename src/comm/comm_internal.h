@@ -159,8 +159,10 @@ keel__peer *keel__peer_find(const keel_endpoint *endpoint, uint32_t uid);
 /* Registers links handed over by the acceptor thread. */
 void keel__take_accepted_links(keel_endpoint *endpoint);
 keel_status keel__scratch_reserve(keel_endpoint *endpoint, size_t bytes);
-/* Fires a fault point of the endpoint's plan. */
+/* Fires a fault point of the endpoint's plan; _last at the point's last count in an
+ * operation (keel_fault_plan_fire_last). */
 bool keel__fault(keel_endpoint *endpoint, const char *point, int64_t counter);
+bool keel__fault_last(keel_endpoint *endpoint, const char *point, int64_t counter);
 /* Makes comm's epoch + members from a decision the endpoint's current communicator. */
 keel_status keel__comm_from_decision(keel_endpoint *endpoint, const keel_decision *decision,
                                      keel_comm **comm_p);
@@ -249,6 +251,9 @@ void keel__divide(keel_dtype dtype, void *buffer, size_t count, int divisor);
 #define KEEL__DIRECT_ALLREDUCE_BYTES ((size_t)32 << 10)
 #define KEEL__DIRECT_ALLREDUCE_SENT_BYTES ((size_t)256 << 10)
 bool keel__allreduce_is_direct(size_t bytes, int size);
+/* With more ranks than cores, tcp folds an allreduce at rank 0 while rank 0 sends the result
+ * to the others in no more than this (tcp.c; the order of reduction stays the canonical one). */
+#define KEEL__AT_ROOT_ALLREDUCE_SENT_BYTES ((size_t)4 << 20)
 /* The first element of part `part` (0..parts; `parts` gives count) when count elements are
  * cut in parts parts, the first count % parts of them one element longer: the ring's chunks. */
 size_t keel__part_start(size_t count, int parts, int part);

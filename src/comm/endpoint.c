@@ -110,6 +110,10 @@ bool keel__fault(keel_endpoint *endpoint, const char *point, int64_t counter) {
   return keel_fault_plan_fire(endpoint->config.faults, point, counter);
 }
 
+bool keel__fault_last(keel_endpoint *endpoint, const char *point, int64_t counter) {
+  return keel_fault_plan_fire_last(endpoint->config.faults, point, counter);
+}
+
 /* ---- the acceptor thread */
 
 static void *acceptor_main(void *argument) {

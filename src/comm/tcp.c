@@ -1,9 +1,9 @@
 /* The tcp transport: collectives as messages over the endpoint's links. Large buffers go
  * around a ring (reduce-scatter then allgather), cut into segments so that reducing one
  * segment overlaps the transfer of the next; small ones use a direct exchange and a local
- * reduction. Either way the order of reduction is the canonical one (reduce.c), which the
- * shm transport evaluates too, so results are bit-for-bit the same at every rank, on every
- * run and over either transport. */
+ * reduction; with more ranks than cores, up to a few MiB fold at rank 0. Either way the order of
+ * reduction is the canonical one (reduce.c), which the shm transport evaluates too, so results are
+ * bit-for-bit the same at every rank, on every run and over either transport. */
 #include <string.h>
 
 #include "comm/comm_internal.h"
@@ -63,7 +63,7 @@ typedef struct ring_run {
   size_t slot_count;
   size_t processed;
   bool *done; /* per slot */
-  int sends_started;
+  int sends_started, sends_total;
   keel_status error;
 } ring_run;
 
@@ -78,7 +78,10 @@ static keel_status ring_send(ring_run *run, int step, int segment, const uint8_t
       run->op, right, KEEL_FRAME_DATA, comm->epoch, KEEL__TAG(run->op_seq, step, segment),
       source + first * plan->element_size, count * plan->element_size);
   run->sends_started++;
-  keel__fault(comm->endpoint, "allreduce", run->sends_started);
+  if (run->sends_started < run->sends_total)
+    keel__fault(comm->endpoint, "allreduce", run->sends_started);
+  else
+    keel__fault_last(comm->endpoint, "allreduce", run->sends_started);
   return status;
 }
 
@@ -136,6 +139,8 @@ static keel_status ring_execute(ring_plan *plan) {
     }
   }
   run.slot_count = op->slot_count;
+  for (int step = plan->first_step; step < plan->end_step; step++)
+    run.sends_total += segment_total(plan, chunk_at(plan, step, 0));
   bool done_flags[run.slot_count > 0 ? run.slot_count : 1];
   memset(done_flags, 0, sizeof done_flags);
   run.done = done_flags;
@@ -183,10 +188,94 @@ static keel_status direct_exchange(keel_comm *comm, uint8_t *gathered, size_t by
     keel__op_send(op, comm->uids[rank], KEEL_FRAME_DATA, comm->epoch, KEEL__TAG(op_seq, 0, 0),
                   gathered + (size_t)comm->rank * bytes, bytes);
   }
-  keel__fault(comm->endpoint, "allreduce", 1);
+  keel__fault_last(comm->endpoint, "allreduce", 1);
   keel_status status = keel__drive(comm, op, deadline, NULL, NULL);
   if (status == KEEL_OK) keel__op_end(op);
   return status;
+}
+
+/* The fold at one rank: every rank sends its block to rank 0, which folds them in the
+ * canonical order for the size (keel__allreduce_fold: the bits are those of the direct
+ * exchange or the ring) and sends the result back. Two hops, but 2(n-1) messages where the
+ * direct exchange sends n(n-1) and the ring waits 2(n-1) rounds at every rank: where ranks
+ * outnumber the machine's cores nobody spins and every wait is a wake-up, and fewer waits
+ * win (4 ranks on 2 cores: 1.3-2x faster from 4 KiB to 1 MiB, BENCHMARKS.md). */
+/* A rank but 0 of the fold at rank 0: sends its block, waits for the result. Its fault
+ * points (KEEL_FAULT point=allreduce,after=N) are 1 once its block is queued, 2 (the last)
+ * once the result arrived. */
+static keel_status at_root_contribute(keel_comm *comm, uint64_t op_seq, const void *send,
+                                      void *recv, size_t bytes) {
+  keel__op *op = &comm->collective;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  keel__op_begin(comm->endpoint, op);
+  if (keel__op_post_recv(op, KEEL_FRAME_DATA, comm->uids[0], comm->epoch, KEEL__TAG(op_seq, 1, 0),
+                         recv, bytes, NULL) != KEEL_OK) {
+    keel__op_abandon(op);
+    return KEEL_ENOMEM;
+  }
+  keel__op_send(op, comm->uids[0], KEEL_FRAME_DATA, comm->epoch, KEEL__TAG(op_seq, 0, 0), send,
+                bytes);
+  keel__fault(comm->endpoint, "allreduce", 1);
+  keel_status status = keel__drive(comm, op, deadline, NULL, NULL);
+  if (status != KEEL_OK) return status;
+  keel__op_end(op);
+  keel__fault_last(comm->endpoint, "allreduce", 2);
+  return KEEL_OK;
+}
+
+/* Rank 0 of the fold at rank 0: gathers every block, folds, sends the result to each rank.
+ * Its fault points are 1 once it waits for the blocks, then 1 + i once the result to rank i
+ * is queued, n the last (a rank 0 that dies there leaves some ranks with the result). */
+static keel_status at_root_fold(keel_comm *comm, uint64_t op_seq, const void *send, void *recv,
+                                size_t count, keel_dtype dtype, keel_reduce_op reduce) {
+  size_t bytes = count * keel_dtype_size(dtype);
+  keel__op *op = &comm->collective;
+  int64_t deadline = keel_deadline_after_ns(comm->timeout_ns);
+  keel_status status = keel__scratch_reserve(comm->endpoint, bytes * (size_t)comm->size);
+  if (status != KEEL_OK) return status;
+  uint8_t *gathered = comm->endpoint->scratch;
+  if (bytes > 0) memcpy(gathered, send, bytes);
+  keel__op_begin(comm->endpoint, op);
+  for (int rank = 1; rank < comm->size; rank++) {
+    if (keel__op_post_recv(op, KEEL_FRAME_DATA, comm->uids[rank], comm->epoch,
+                           KEEL__TAG(op_seq, 0, 0), gathered + (size_t)rank * bytes, bytes,
+                           NULL) != KEEL_OK) {
+      keel__op_abandon(op);
+      return KEEL_ENOMEM;
+    }
+  }
+  keel__fault(comm->endpoint, "allreduce", 1);
+  status = keel__drive(comm, op, deadline, NULL, NULL);
+  if (status != KEEL_OK) return status;
+  keel__op_end(op);
+  keel__allreduce_fold(dtype, reduce, recv, gathered, bytes, comm->size, count, 0, count);
+  keel__op_begin(comm->endpoint, op);
+  for (int rank = 1; rank < comm->size; rank++) {
+    keel__op_send(op, comm->uids[rank], KEEL_FRAME_DATA, comm->epoch, KEEL__TAG(op_seq, 1, 0), recv,
+                  bytes);
+    if (rank + 1 < comm->size)
+      keel__fault(comm->endpoint, "allreduce", 1 + rank);
+    else
+      keel__fault_last(comm->endpoint, "allreduce", 1 + rank);
+  }
+  status = keel__drive(comm, op, deadline, NULL, NULL);
+  if (status == KEEL_OK) keel__op_end(op);
+  return status;
+}
+
+static keel_status allreduce_at_root(keel_comm *comm, const void *send, void *recv, size_t count,
+                                     keel_dtype dtype, keel_reduce_op reduce) {
+  uint64_t op_seq = comm->op_seq++;
+  if (comm->rank == 0) return at_root_fold(comm, op_seq, send, recv, count, dtype, reduce);
+  return at_root_contribute(comm, op_seq, send, recv, count * keel_dtype_size(dtype));
+}
+
+/* Whether the fold at rank 0 serves an allreduce of bytes: with more ranks on this machine
+ * than cores (as the spin of keel__drive), more than two ranks (with two it is the direct
+ * exchange in two hops), and while rank 0 sends no more than AT_ROOT_ALLREDUCE_SENT_BYTES. */
+static bool allreduce_at_root_pays(const keel_comm *comm, size_t bytes) {
+  return comm->size > 2 && comm->ranks_on_this_machine > comm->endpoint->cores &&
+         bytes <= KEEL__AT_ROOT_ALLREDUCE_SENT_BYTES / (size_t)(comm->size - 1);
 }
 
 static keel_status allreduce_direct(keel_comm *comm, const void *send, void *recv, size_t count,
@@ -213,6 +302,8 @@ static keel_status tcp_allreduce(keel_comm *comm, void *state, const void *send,
                                  size_t count, keel_dtype dtype, keel_reduce_op op) {
   size_t element_size = keel_dtype_size(dtype);
   size_t bytes = count * element_size;
+  if (allreduce_at_root_pays(comm, bytes))
+    return allreduce_at_root(comm, send, recv, count, dtype, op);
   if (keel__allreduce_is_direct(bytes, comm->size))
     return allreduce_direct(comm, send, recv, count, dtype, op);
   keel_status status = keel__scratch_reserve(comm->endpoint, bytes);

@@ -71,12 +71,18 @@ static keel_status parse_setting(fault_rule *rule, const char *setting) {
   }
   int64_t number = 0;
   if (keel_parse_int(value, 0, INT64_MAX / 2, &number) != KEEL_OK) return KEEL_EINVAL;
-  if (name_is(setting, length, "rank") || name_is(setting, length, "uid")) rule->uid = number;
-  else if (name_is(setting, length, "step")) rule->step = number;
-  else if (name_is(setting, length, "after")) rule->after = number;
-  else if (name_is(setting, length, "ms")) rule->milliseconds = number;
-  else if (name_is(setting, length, "code")) rule->code = number;
-  else return KEEL_EINVAL;
+  if (name_is(setting, length, "rank") || name_is(setting, length, "uid"))
+    rule->uid = number;
+  else if (name_is(setting, length, "step"))
+    rule->step = number;
+  else if (name_is(setting, length, "after"))
+    rule->after = number;
+  else if (name_is(setting, length, "ms"))
+    rule->milliseconds = number;
+  else if (name_is(setting, length, "code"))
+    rule->code = number;
+  else
+    return KEEL_EINVAL;
   return KEEL_OK;
 }
 
@@ -111,8 +117,9 @@ keel_status keel_fault_plan_create(const char *text, uint32_t uid, keel_fault_pl
     snprintf(shown, sizeof shown, "%s", rule_text); /* strsep cuts the rule as it parses */
     if (plan->count == KEEL_MAX_FAULT_RULES ||
         parse_rule(&plan->rules[plan->count], rule_text) != KEEL_OK) {
-      KEEL_LOG_E(MODULE, "KEEL_FAULT: cannot read rule '%s' (expected e.g. "
-                         "kill@rank=2,step=5,point=allreduce; at most %d rules)",
+      KEEL_LOG_E(MODULE,
+                 "KEEL_FAULT: cannot read rule '%s' (expected e.g. "
+                 "kill@rank=2,step=5,point=allreduce; at most %d rules)",
                  shown, KEEL_MAX_FAULT_RULES);
       goto fail_free_plan;
     }
@@ -141,11 +148,11 @@ void keel_fault_plan_set_step(keel_fault_plan *plan, uint64_t step) {
 }
 
 static bool rule_applies(const keel_fault_plan *plan, const fault_rule *rule, const char *point,
-                         int64_t counter) {
+                         int64_t counter, bool last) {
   if (rule->fired || strcmp(rule->point, point) != 0) return false;
   if (rule->uid >= 0 && (uint64_t)rule->uid != plan->uid) return false;
   if (rule->step >= 0 && (!plan->step_known || plan->step < (uint64_t)rule->step)) return false;
-  return strcmp(point, "allreduce") != 0 || counter >= rule->after;
+  return strcmp(point, "allreduce") != 0 || counter >= rule->after || last;
 }
 
 /* Carries out a rule; true for a `corrupt` rule, which the point's caller carries out. */
@@ -177,12 +184,20 @@ static bool fire(keel_fault_plan *plan, fault_rule *rule, const char *point) {
   return false;
 }
 
-bool keel_fault_plan_fire(keel_fault_plan *plan, const char *point, int64_t counter) {
+static bool plan_fire(keel_fault_plan *plan, const char *point, int64_t counter, bool last) {
   if (plan == NULL) return false;
   bool corrupt = false;
   for (int i = 0; i < plan->count; i++) {
-    if (rule_applies(plan, &plan->rules[i], point, counter))
+    if (rule_applies(plan, &plan->rules[i], point, counter, last))
       corrupt = fire(plan, &plan->rules[i], point) || corrupt;
   }
   return corrupt;
+}
+
+bool keel_fault_plan_fire(keel_fault_plan *plan, const char *point, int64_t counter) {
+  return plan_fire(plan, point, counter, false);
+}
+
+bool keel_fault_plan_fire_last(keel_fault_plan *plan, const char *point, int64_t counter) {
+  return plan_fire(plan, point, counter, true);
 }

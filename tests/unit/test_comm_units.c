@@ -498,6 +498,36 @@ static void delay_rule_fires_once_at_its_point(void **state) {
   keel_fault_plan_destroy(plan);
 }
 
+/* after=K counts an allreduce's points; an allreduce with fewer (the direct exchange, the
+ * fold at rank 0) fires the rule at its last one, and the next operation does not again. */
+static void allreduce_rule_fires_after_k_or_at_the_last_point(void **state) {
+  (void)state;
+  keel_fault_plan *plan = NULL;
+  assert_int_equal(keel_fault_plan_create("delay@point=allreduce,after=3,ms=1;"
+                                          "delay@point=allreduce,step=2,after=6,ms=1",
+                                          0, &plan),
+                   KEEL_OK);
+  fired_log log = {0};
+  keel_fault_plan_set_reporter(plan, note_fired, &log);
+  keel_fault_plan_set_step(plan, 1);
+  keel_fault_plan_fire(plan, "allreduce", 1);
+  keel_fault_plan_fire(plan, "allreduce", 2);
+  assert_int_equal(log.count, 0);
+  keel_fault_plan_fire(plan, "allreduce", 3);
+  assert_int_equal(log.count, 1); /* the first rule, at its third point */
+  keel_fault_plan_fire_last(plan, "allreduce", 1);
+  assert_int_equal(log.count, 1); /* the second is for step 2 */
+  keel_fault_plan_set_step(plan, 2);
+  keel_fault_plan_fire(plan, "allreduce", 1);
+  assert_int_equal(log.count, 1);
+  keel_fault_plan_fire_last(plan, "allreduce", 2);
+  assert_int_equal(log.count, 2); /* two points, fewer than 6: at the last */
+  assert_string_equal(log.last, "delay@allreduce:2");
+  keel_fault_plan_fire_last(plan, "allreduce", 1);
+  assert_int_equal(log.count, 2); /* once */
+  keel_fault_plan_destroy(plan);
+}
+
 static void standalone_world_of_one(void **state) {
   (void)state;
   unsetenv("KEEL_STORE");
@@ -625,6 +655,7 @@ int main(void) {
       cmocka_unit_test(decide_fails_a_dead_members_whole_node),
       cmocka_unit_test(fault_rules_parse),
       cmocka_unit_test(delay_rule_fires_once_at_its_point),
+      cmocka_unit_test(allreduce_rule_fires_after_k_or_at_the_last_point),
       cmocka_unit_test(standalone_world_of_one),
       cmocka_unit_test(exit_codes_follow_statuses),
       cmocka_unit_test(link_to_a_peer_declared_dead_gives_up),
