@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "keel/core.h"
+
 #include "test_events.h"
 #include "test_job.h"
 #include "test_support.h"
@@ -36,6 +38,8 @@ static const char *heartbeat_lenient(void) {
   snprintf(text, sizeof text, "%ds", 6 * keel_test_slowdown());
   return text;
 }
+
+static void wait_node_last_event(const char *job_id, int node, char *event, size_t capacity);
 
 /* The default heartbeat (2 s), stretched under sanitizers: the partition case's timing. */
 static int heartbeat_default_ms(void) { return 2000 * keel_test_slowdown(); }
@@ -220,6 +224,8 @@ static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
   if (leases != 3)
     fail_msg("keel status shows %zu node leases of %s:\n%s", leases, ttl_text, status);
   free(status);
+  char last_event[64];
+  wait_node_last_event(job_id, 0, last_event, sizeof last_event);
   kill_node(&job, job_id, "1");
   /* The root serves Prometheus' text: the lost node, and the world whole again. */
   char metrics[16384];
@@ -463,6 +469,34 @@ static int keel_output(const char *const *args, char *const *env, char *output, 
   return code;
 }
 
+/* The LAST EVENT column (the 7th) of node's line in keel status's output into event, or
+ * false when the line is not there. */
+static bool status_node_event(const char *status, int node, char *event, size_t capacity) {
+  char start[16], columns[7][64];
+  snprintf(start, sizeof start, "\n%d ", node);
+  const char *line = strstr(status, start);
+  if (line == NULL) return false;
+  if (sscanf(line + 1, "%63s %63s %63s %63s %63s %63s %63s", columns[0], columns[1], columns[2],
+             columns[3], columns[4], columns[5], columns[6]) != 7)
+    return false;
+  snprintf(event, capacity, "%s", columns[6]);
+  return true;
+}
+
+/* Polls keel status until node's line names a last event (its agent puts it after its next
+ * keepalive); that event, or fails. */
+static void wait_node_last_event(const char *job_id, int node, char *event, size_t capacity) {
+  const char *const status_args[] = {"status", "--job", job_id, NULL};
+  char status[4096] = "";
+  int64_t deadline = keel_deadline_after_ns((int64_t)20000 * keel_test_slowdown() * 1000000);
+  while (keel_now_ns() < deadline) {
+    assert_int_equal(keel_output(status_args, NULL, status, sizeof status), 0);
+    if (status_node_event(status, node, event, capacity) && strcmp(event, "-") != 0) return;
+    usleep(100 * 1000);
+  }
+  fail_msg("keel status shows no last event of node %d:\n%s", node, status);
+}
+
 typedef struct event_want {
   const char *name;
   long long node; /* -1: any */
@@ -517,6 +551,11 @@ static void healed_node_rejoins_as_a_spare_node(void **state) {
   const char *node_2 = strstr(status, "\n2 ");
   if (node_2 == NULL || strstr(node_2, "spare") == NULL || strstr(node_2, "10:-1 11:-1") == NULL)
     fail_msg("keel status does not show node 2 as a spare node:\n%s", status);
+  /* Its last event is of the new life: the old one's key went with its lease, and the fence
+   * (partitioned) could not be sent. */
+  char last_event[64];
+  wait_node_last_event(job_id, 2, last_event, sizeof last_event);
+  assert_string_not_equal(last_event, "node_fence");
   kill(launcher, SIGINT);
   int code = job_finish(&job, launcher);
   assert_int_equal(code, 128 + SIGINT);
@@ -574,9 +613,8 @@ static void node_flags_are_checked(void **state) {
 /* Every recovery of log is a grow after late_spawn, and together they take the world from
  * old_world to new_world. Rank 0 admits the joiners that wait at a step boundary, so two that
  * come up far apart (a loaded machine) are admitted in two grows, each a step boundary. */
-static void assert_late_joiners_grew_the_world(const keel_test_events *log,
-                                               long long late_spawn, long long old_world,
-                                               long long new_world) {
+static void assert_late_joiners_grew_the_world(const keel_test_events *log, long long late_spawn,
+                                               long long old_world, long long new_world) {
   long long world = old_world, joined = 0;
   for (size_t i = 0; i < log->count; i++) {
     const char *line = log->lines[i];

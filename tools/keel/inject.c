@@ -317,6 +317,20 @@ static void lease_describe(keel_store *store, int64_t lease, char *text, size_t 
   snprintf(text, capacity, "%.1f/%.1fs", (double)(ttl - left) / 1e9, (double)ttl / 1e9);
 }
 
+/* The node's last event but progress (event/node/<i>, put by its agent) as "NAME AGEs",
+ * the age by this host's clock against the agent's; "-" when there is none. */
+static void last_event_describe(keel_store *store, long long node, char *text, size_t capacity) {
+  char key[48], name[40];
+  snprintf(key, sizeof key, "event/node/%lld", node);
+  snprintf(text, capacity, "-");
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(store, key, &entry) != KEEL_OK) return;
+  long long wall_ns = 0;
+  if (sscanf((const char *)entry->value, "%39s %lld", name, &wall_ns) == 2)
+    snprintf(text, capacity, "%s %.1fs", name, (double)(keel_wall_ns() - wall_ns) / 1e9);
+  keel_store_entry_free(entry);
+}
+
 static void status_print(keel_store *store, const keel_store_entry *nodes, size_t count) {
   long long root = -1;
   keel_store_entry *entry = NULL;
@@ -325,8 +339,8 @@ static void status_print(keel_store *store, const keel_store_entry *nodes, size_
     if (at != NULL) root = strtoll(at + 5, NULL, 10);
     keel_store_entry_free(entry);
   }
-  printf("%-5s %-8s %-12s %-22s %-11s %-9s %s\n", "NODE", "AGENT", "ROLE", "ADDR", "LEASE",
-         "DECISION", "PROCESSES (uid:rank)");
+  printf("%-5s %-8s %-12s %-22s %-11s %-9s %-24s %s\n", "NODE", "AGENT", "ROLE", "ADDR", "LEASE",
+         "DECISION", "LAST EVENT", "PROCESSES (uid:rank)");
   for (size_t i = 0; i < count; i++) {
     uint32_t node;
     keel__node_value value;
@@ -334,12 +348,13 @@ static void status_print(keel_store *store, const keel_store_entry *nodes, size_
     if (keel__node_value_parse((const char *)nodes[i].value, &value) != KEEL_OK) continue;
     node_processes list = {.used = 0};
     keel__node_processes_visit(store, node, process_describe, &list);
-    char role[24], decision[16], lease[24];
+    char role[24], decision[16], lease[24], last_event[64];
     snprintf(role, sizeof role, "%s%s", value.role, (long long)node == root ? ",root" : "");
     node_decision(store, node, decision, sizeof decision);
     lease_describe(store, nodes[i].lease, lease, sizeof lease);
-    printf("%-5u %-8ld %-12s %-22s %-11s %-9s %s\n", (unsigned)node, (long)value.pid, role,
-           value.addr, lease, decision, list.used ? list.text : "-");
+    last_event_describe(store, node, last_event, sizeof last_event);
+    printf("%-5u %-8ld %-12s %-22s %-11s %-9s %-24s %s\n", (unsigned)node, (long)value.pid, role,
+           value.addr, lease, decision, last_event, list.used ? list.text : "-");
   }
 }
 

@@ -193,6 +193,11 @@ typedef struct keel__agent_state {
   bool fenced;
   bool ranks_seen; /* some process of the job showed a rank: the job has begun */
   bool rejoined;   /* fenced, healed and started again as a spare node (KEEL_AGENT_REJOIN) */
+  /* The node's last event but progress, for keel status: sent to event/node/<i> (on the
+   * agent's lease) after a keepalive the store answered, never on the fence's path. */
+  char last_event[40];
+  int64_t last_event_wall_ns;
+  bool last_event_unsent;
   /* The root's view (run_root.c): every agent keeps it, so that any can take over. */
   bool is_root;
   uint32_t uid_limit;
@@ -344,6 +349,8 @@ uint32_t keel__agent_uid_limit(const keel__launcher *launcher);
 keel_status keel__agent_register(keel__launcher *launcher);
 /* Keeps the lease alive; fences the node when the store has not confirmed it for too long. */
 void keel__agent_tick(keel__launcher *launcher, int64_t now_ns);
+/* Notes an event of the node (the agent's own or a worker's line) for keel status. */
+void keel__agent_event_note(keel__launcher *launcher, const char *event);
 int64_t keel__agent_deadline(const keel__launcher *launcher);
 /* The job is over when no process of any node holds a rank: puts job/done then. */
 void keel__agent_check_end(keel__launcher *launcher);

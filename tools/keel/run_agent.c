@@ -225,6 +225,26 @@ static void agent_fence(keel__launcher *launcher, int64_t now_ns) {
                    (double)(keel_now_ns() - agent->lease_confirmed_ns) / 1e6);
 }
 
+void keel__agent_event_note(keel__launcher *launcher, const char *event) {
+  keel__agent_state *agent = &launcher->agent;
+  if (!agent->active || strcmp(event, "progress") == 0) return;
+  snprintf(agent->last_event, sizeof agent->last_event, "%s", event);
+  agent->last_event_wall_ns = keel_wall_ns();
+  agent->last_event_unsent = true;
+}
+
+/* Puts the last event where keel status reads it; tried again at the next keepalive if the
+ * store did not take it. */
+static void last_event_send(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  char key[48], value[80];
+  snprintf(key, sizeof key, "event/node/%lld", (long long)agent->node);
+  int length = snprintf(value, sizeof value, "%s %lld", agent->last_event,
+                        (long long)agent->last_event_wall_ns);
+  if (keel_store_put(launcher->store, key, value, (size_t)length, agent->lease, NULL) == KEEL_OK)
+    agent->last_event_unsent = false;
+}
+
 void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
   keel__agent_state *agent = &launcher->agent;
   if (!agent->active || agent->lease == 0 || agent->fenced) return;
@@ -239,6 +259,7 @@ void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
   if (status == KEEL_OK) keel__metrics_store_request(launcher->metrics, answered_ns - now_ns);
   if (status == KEEL_OK) {
     agent->lease_confirmed_ns = now_ns;
+    if (agent->last_event_unsent) last_event_send(launcher);
     return;
   }
   KEEL_LOG_W("agent", "node %lld: keepalive failed: %s", (long long)agent->node,

@@ -25,6 +25,7 @@ static void events_write(keel__launcher *launcher, const keel_buffer *line) {
 }
 
 void keel__event_emit(keel__launcher *launcher, const char *event, const char *fields_format, ...) {
+  keel__agent_event_note(launcher, event);
   if (launcher->events_fd < 0) return;
   keel_buffer line;
   keel_buffer_init(&line, EVENT_MAX_BYTES);
@@ -123,6 +124,7 @@ static void status_line_handle(keel__launcher *launcher, char *line, size_t leng
   }
   status_line_copy(launcher, line, length, object);
   const char *event = json_string_value(json_object_get(object, "event"));
+  keel__agent_event_note(launcher, event);
   if (strcmp(event, "progress") == 0) status_progress(launcher, object);
   if (strcmp(event, "recovery") == 0) {
     status_recovery(launcher, object);
