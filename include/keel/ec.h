@@ -1,6 +1,7 @@
-/* keel ec: the erasure-coded parameter store of ECRec (DESIGN.md). This first piece is the
- * codec (k data blocks, r parity blocks, exact codes over bits: XOR for r = 1, Reed-Solomon
- * over GF(2^8) through ISA-L) and the rotating parity placement; both on core only. */
+/* keel ec: the erasure-coded parameter store of ECRec (DESIGN.md). So far: the codec (k data
+ * blocks, r parity blocks, exact codes over bits: XOR for r = 1, Reed-Solomon over GF(2^8)
+ * through ISA-L), the rotating parity placement, and the per-row optimizers whose row blocks
+ * (a row and its optimizer state) the parity covers; all on core only. */
 #ifndef KEEL_EC_H
 #define KEEL_EC_H
 
@@ -149,6 +150,130 @@ keel_status keel_ec_layout_locate_slot(const keel_ec_layout *layout, int server,
  * every (group, member) the server holds. */
 keel_status keel_ec_layout_count(const keel_ec_layout *layout, int server, uint64_t groups,
                                  uint64_t *data_rows_p, uint64_t *parity_rows_p);
+
+/* ---- per-row optimizers (ECRec §3.2). A server applies the optimizer to its own embedding
+ * rows and sends the change of the row *and of its optimizer state* to the parity holders
+ * (difference propagation): parity over the row alone would leave the state unrecoverable.
+ * So a row and its state are one "row block" of bytes, and the change is old XOR new over
+ * the whole block, which keel_ec_update folds into the parity; a block decoded from parity
+ * is the row and its state, bit for bit, and training goes on from it exactly.
+ *
+ * The optimizers are PyTorch's (torch.optim, no weight decay), per element of a row of dim
+ * f32 values, with parameter p, gradient g and the hyper-parameters of keel_ec_optimizer:
+ *   KEEL_EC_SGD       torch.optim.SGD without momentum:
+ *                       p = p - learning_rate * g
+ *   KEEL_EC_MOMENTUM  torch.optim.SGD, dampening 0, no nesterov; velocity b, from 0:
+ *                       b = momentum * b + g
+ *                       p = p - learning_rate * b
+ *                     (from b = 0 the first step gives b = g, PyTorch's clone of g, but for
+ *                     a gradient of -0, which gives +0)
+ *   KEEL_EC_ADAGRAD   torch.optim.Adagrad, lr_decay 0; accumulator s, from
+ *                     initial_accumulator:
+ *                       s = s + g * g
+ *                       p = p - learning_rate * g / (sqrtf(s) + epsilon)
+ *   KEEL_EC_ADAM      torch.optim.Adam, amsgrad off; moments m and v, from 0; t the row's
+ *                     own step count (below), 1 at its first update:
+ *                       step = learning_rate / (1 - power(beta1, t))    once per row
+ *                       root = sqrtf(1 - power(beta2, t))               once per row
+ *                       m = beta1 * m + (1 - beta1) * g
+ *                       v = beta2 * v + (1 - beta2) * g * g
+ *                       p = p - step * m / (sqrtf(v) / root + epsilon)
+ *                     (PyTorch's _single_tensor_adam; it writes m as lerp(m, g, 1 - beta1),
+ *                     the same value up to rounding)
+ * These lines are the definition, bit for bit: every value but t is a float, each operation
+ * is rounded to float and evaluated left to right (a * b / c is (a * b) / c), nothing is
+ * contracted into FMA; 1 - beta1 is 1.0f - beta1; power(x, t) is by squaring, from the
+ * lowest bit of t: result = 1, then for each bit, result *= x if it is set, and x *= x.
+ * sqrtf is IEEE's correctly rounded root, so a block and a gradient give the same new block
+ * on every machine. PyTorch's own numbers agree up to rounding, not bit for bit (it
+ * computes its scalars, 1 - beta and the corrections, in double, and its vector kernels use
+ * FMA).
+ *
+ * Bias correction, per row: a table's rows are updated only when a batch touches them, so
+ * Adam's t is the number of updates of this row, kept in its block, not the trainer's
+ * iteration: a row first touched at iteration 1000 is corrected as at t = 1, as if each row
+ * were a parameter of its own in PyTorch. (With a shared t, once both powers are near 0, a
+ * late row's first update would be uncorrected from m = v = 0: about learning_rate *
+ * (1 - beta1) / sqrt(1 - beta2), 3.2 times learning_rate with the defaults, where the
+ * corrected one is about learning_rate.) t stops at UINT64_MAX rather than wrap to 0.
+ *
+ * Row block layout (a format: its parity is stored, sent and decoded elsewhere). Every
+ * field little-endian, f32 as IEEE binary32 bits; d = dim; offsets in bytes:
+ *   [0, 4d)         the parameters p, in every kind (keel_ec_row_read needs no optimizer)
+ *   SGD             then zero padding to a multiple of 8: 4d rounded up to 8 bytes
+ *   MOMENTUM        [4d, 8d) the velocity b: 8d bytes
+ *   ADAGRAD         [4d, 8d) the accumulator s: 8d bytes
+ *   ADAM            [4d, 8d) m, [8d, 12d) v, zero padding to a multiple of 8, then t as a
+ *                   u64 in the last 8 bytes: 12d rounded up to 8, plus 8
+ * Padding bytes are zero from keel_ec_row_init on and never change (their delta is zero).
+ * A multiple of 8 keeps t's 8 bytes aligned wherever the block is, at a cost of at most 4
+ * bytes a row. A multiple of 32 (ISA-L's vector XOR alignment) would cost up to 28 (12% of
+ * a 16-dim Adam row) for what only whole-group encoding and decoding gain; difference
+ * propagation (keel_ec_update) and the delta here run at any alignment, and a store that
+ * wants 32-byte slots can round its stride up itself. */
+typedef enum keel_ec_optimizer_kind {
+  /* 0 is no kind, so that a zeroed keel_ec_optimizer is refused rather than a no-op SGD */
+  KEEL_EC_SGD = 1,
+  KEEL_EC_MOMENTUM = 2,
+  KEEL_EC_ADAGRAD = 3,
+  KEEL_EC_ADAM = 4,
+} keel_ec_optimizer_kind;
+
+/* A hard maximum: far above any embedding, and it keeps every block length under 2^31. */
+#define KEEL_EC_ROW_MAX_DIM (1 << 24)
+
+/* An optimizer: its kind and hyper-parameters, plain values the caller owns. Fields that
+ * the kind does not use are ignored. Valid (keel_ec_optimizer_check) when every field the
+ * kind uses is finite and, as in PyTorch: learning_rate >= 0; momentum >= 0; 0 <= beta1,
+ * beta2 < 1; initial_accumulator >= 0; epsilon > 0 (PyTorch allows 0, with which a zero
+ * gradient on a fresh row is 0 / 0). */
+typedef struct keel_ec_optimizer {
+  keel_ec_optimizer_kind kind;
+  float learning_rate;
+  float momentum;            /* MOMENTUM */
+  float epsilon;             /* ADAGRAD, ADAM */
+  float initial_accumulator; /* ADAGRAD */
+  float beta1, beta2;        /* ADAM */
+} keel_ec_optimizer;
+
+/* Fills *optimizer_p with kind, learning_rate and PyTorch's defaults for the rest (Adagrad:
+ * epsilon 1e-10, initial_accumulator 0; Adam: beta1 0.9, beta2 0.999, epsilon 1e-8),
+ * momentum 0.9 (PyTorch has no default; 0.9 is the usual one); unused fields 0. The caller
+ * may change fields afterwards. KEEL_EINVAL (logged) for an unknown kind or a bad
+ * learning_rate; *optimizer_p set only on success. */
+keel_status keel_ec_optimizer_init(keel_ec_optimizer_kind kind, float learning_rate,
+                                   keel_ec_optimizer *optimizer_p);
+/* KEEL_OK when the optimizer is valid (above), KEEL_EINVAL (logged, with the rule it
+ * breaks) otherwise. Every row function below checks its optimizer so. */
+keel_status keel_ec_optimizer_check(const keel_ec_optimizer *optimizer);
+
+/* The length of a row block of dim values (1 .. KEEL_EC_ROW_MAX_DIM) for the optimizer,
+ * per the layout above, into *bytes_p (set only on success). KEEL_EINVAL (logged) for a
+ * bad optimizer, dim or NULL. */
+keel_status keel_ec_row_block_bytes(const keel_ec_optimizer *optimizer, int dim, size_t *bytes_p);
+
+/* Writes a whole row block (keel_ec_row_block_bytes long, any alignment) of the dim
+ * parameters: the optimizer state at its start (zero; Adagrad's accumulator at
+ * initial_accumulator), t = 0, padding zero. KEEL_EINVAL (logged) for bad arguments, with
+ * the block untouched. */
+keel_status keel_ec_row_init(const keel_ec_optimizer *optimizer, int dim, const float *parameters,
+                             uint8_t *block);
+
+/* One optimizer step on one row: updates the row and its state in block (made by
+ * keel_ec_row_init with the same kind and dim; the hyper-parameters, a learning rate say,
+ * may change between steps) in place from the dim gradient values.
+ * With delta not NULL, also writes old XOR new over the whole block (its length; zero where
+ * nothing changed) in the same pass: the difference to send to the parity holders
+ * (keel_ec_update). Neither block, gradient nor delta may overlap another. Allocates
+ * nothing and does not block; one thread at a time per block, any number of threads on
+ * different blocks with one optimizer. Non-finite gradients are applied as given.
+ * KEEL_EINVAL (logged) for bad arguments, with nothing written. */
+keel_status keel_ec_row_apply(const keel_ec_optimizer *optimizer, int dim, uint8_t *block,
+                              const float *gradient, uint8_t *delta);
+
+/* Copies the dim parameters out of a row block (of any kind: they lead every block), for a
+ * pull. KEEL_EINVAL (logged) for a bad dim or NULL, with nothing written. */
+keel_status keel_ec_row_read(int dim, const uint8_t *block, float *parameters);
 
 #ifdef __cplusplus
 }
