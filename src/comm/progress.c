@@ -496,9 +496,10 @@ keel_status keel__comm_health(keel_comm *comm) {
 
 /* Waits by polling without sleeping for endpoint->spin_ns after each event, then by a
  * blocking poll: a blocking poll costs a wake-up (tens of microseconds) on every message, which
- * at 4 KiB-1 MiB is most of an operation's time. Only with a core per rank of this machine:
- * with more than cores, spinning (even yielding between polls) halved the 4 KiB time of 4
- * ranks on 2 cores but starved everything else on the machine (BENCHMARKS.md, issue 10). */
+ * at 4 KiB-1 MiB is most of an operation's time. Only while the ranks on this machine have a
+ * core each: with more ranks than cores, spinning (even yielding between polls) halved the
+ * 4 KiB time of 4 ranks on 2 cores but starved everything else on the machine (BENCHMARKS.md,
+ * issue 10). */
 keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
                         void *state) {
   keel_endpoint *endpoint = comm->endpoint;
