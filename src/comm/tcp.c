@@ -194,12 +194,6 @@ static keel_status direct_exchange(keel_comm *comm, uint8_t *gathered, size_t by
   return status;
 }
 
-/* The fold at one rank: every rank sends its block to rank 0, which folds them in the
- * canonical order for the size (keel__allreduce_fold: the bits are those of the direct
- * exchange or the ring) and sends the result back. Two hops, but 2(n-1) messages where the
- * direct exchange sends n(n-1) and the ring waits 2(n-1) rounds at every rank: where ranks
- * outnumber the machine's cores nobody spins and every wait is a wake-up, and fewer waits
- * win (4 ranks on 2 cores: 1.3-2x faster from 4 KiB to 1 MiB, BENCHMARKS.md). */
 /* A rank but 0 of the fold at rank 0: sends its block, waits for the result. Its fault
  * points (KEEL_FAULT point=allreduce,after=N) are 1 once its block is queued, 2 (the last)
  * once the result arrived. */
@@ -263,6 +257,12 @@ static keel_status at_root_fold(keel_comm *comm, uint64_t op_seq, const void *se
   return status;
 }
 
+/* The fold at one rank: every rank sends its block to rank 0, which folds them in the
+ * canonical order for the size (keel__allreduce_fold: the bits are those of the direct
+ * exchange or the ring) and sends the result back. Two hops, but 2(n-1) messages where the
+ * direct exchange sends n(n-1) and the ring waits 2(n-1) rounds at every rank: where ranks
+ * outnumber the machine's cores nobody spins and every wait is a wake-up, and fewer waits
+ * win (4 ranks on 2 cores: 1.3-2x faster from 4 KiB to 1 MiB, BENCHMARKS.md). */
 static keel_status allreduce_at_root(keel_comm *comm, const void *send, void *recv, size_t count,
                                      keel_dtype dtype, keel_reduce_op reduce) {
   uint64_t op_seq = comm->op_seq++;
