@@ -117,7 +117,7 @@ static void test_job_through_etcd_faults(void **unused) {
    * etcd's failover plus a keepalive that first waits out the stopped leader took longer
    * than 2 s once in five runs, and every lease lapsed. */
   char heartbeat[16];
-  snprintf(heartbeat, sizeof heartbeat, "%ds", 2 * keel_test_slowdown());
+  keel_test_seconds_flag(2, heartbeat, sizeof heartbeat);
   const char *const flags[] = {"--heartbeat",
                                heartbeat,
                                "-n",

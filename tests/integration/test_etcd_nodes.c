@@ -38,8 +38,8 @@ static void agent_start(node_run *node, int rank, const char *folder, const char
   /* Sanitizer builds run every process several times slower. The heartbeat (2 s, the
    * default) is the agents' lease: an etcd that a loaded machine stalls for more than 5/8 of
    * it fences healthy nodes, as it should. */
-  snprintf(timeout, sizeof timeout, "%ds", 180 * keel_test_slowdown());
-  snprintf(heartbeat, sizeof heartbeat, "%ds", 2 * keel_test_slowdown());
+  keel_test_seconds_flag(180, timeout, sizeof timeout);
+  keel_test_seconds_flag(2, heartbeat, sizeof heartbeat);
   snprintf(node->events, sizeof node->events, "%s/events-%d.jsonl", folder, rank);
   snprintf(node->output, sizeof node->output, "%s/output-%d.txt", folder, rank);
   char *argv[] = {(char *)keel_test_bin("keel"),

@@ -35,8 +35,7 @@ static const char *const toy_args[] = {"--steps", STEPS, "--params", "100000", N
  * of these cases reach the store through the supervisor, not through leases. */
 static const char *heartbeat_lenient(void) {
   static char text[16];
-  snprintf(text, sizeof text, "%ds", 6 * keel_test_slowdown());
-  return text;
+  return keel_test_seconds_flag(6, text, sizeof text);
 }
 
 static void wait_node_last_event(const char *job_id, int node, char *event, size_t capacity);

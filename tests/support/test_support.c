@@ -75,6 +75,11 @@ int keel_test_slowdown(void) {
   return factor >= 1 && factor <= 100 ? factor : 1;
 }
 
+const char *keel_test_seconds_flag(int seconds, char *text, size_t capacity) {
+  snprintf(text, capacity, "%ds", seconds * keel_test_slowdown());
+  return text;
+}
+
 bool keel_test_wait(pid_t pid, int timeout_ms, int *status_p) {
   timeout_ms *= keel_test_slowdown();
   struct timespec pause = {0, 2 * 1000 * 1000};

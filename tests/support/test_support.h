@@ -21,8 +21,11 @@ pid_t keel_test_spawn(char *const argv[], char *const extra_env[], const char *o
 /* How many times slower than a plain build this run is (KEEL_TEST_SLOWDOWN, set by the
  * build for sanitizer runs; 1 by default). Every wait of these helpers stretches by it. */
 int keel_test_slowdown(void);
-/* Waits for pid up to timeout_ms (times keel_test_slowdown()). Returns true with *status_p (waitpid status) when it
- * ended; false (the process is still running) on timeout. */
+/* A duration flag of seconds stretched by keel_test_slowdown() ("2s", "8s" under the
+ * sanitizers), written into text (capacity bytes); returns text. */
+const char *keel_test_seconds_flag(int seconds, char *text, size_t capacity);
+/* Waits for pid up to timeout_ms (times keel_test_slowdown()). Returns true with *status_p (waitpid
+ * status) when it ended; false (the process is still running) on timeout. */
 bool keel_test_wait(pid_t pid, int timeout_ms, int *status_p);
 /* SIGKILLs every process group spawned by keel_test_spawn that is still running and reaps
  * them. Registered with atexit by the first spawn. */
