@@ -66,6 +66,12 @@ keel_status keel_ec_encode(const keel_ec_code *code, size_t bytes, const uint8_t
 keel_status keel_ec_update(const keel_ec_code *code, int data_index, size_t bytes,
                            const uint8_t *delta, uint8_t *const *parity);
 
+/* keel_ec_update for one parity block alone, parity block parity_index (0 .. r-1): what a
+ * server that holds that parity block does with a delta it receives. The same bytes as
+ * keel_ec_update gives that block. KEEL_EINVAL for indexes out of range or NULL arguments. */
+keel_status keel_ec_update_parity(const keel_ec_code *code, int data_index, int parity_index,
+                                  size_t bytes, const uint8_t *delta, uint8_t *parity);
+
 /* delta = old XOR new, bytes long; delta may be the same buffer as old or new. */
 void keel_ec_delta(size_t bytes, const uint8_t *old, const uint8_t *new_data, uint8_t *delta);
 
@@ -274,6 +280,13 @@ keel_status keel_ec_row_apply(const keel_ec_optimizer *optimizer, int dim, uint8
 /* Copies the dim parameters out of a row block (of any kind: they lead every block), for a
  * pull. KEEL_EINVAL (logged) for a bad dim or NULL, with nothing written. */
 keel_status keel_ec_row_read(int dim, const uint8_t *block, float *parameters);
+
+/* The initial parameters of row row_index of a table made from seed: dim values uniform in
+ * [-scale, scale), (2u - 1) * scale with u a multiple of 2^-24 drawn from keel_random seeded by
+ * keel_random_seed_for(seed, row_index, 0). A pure function, so that every server and every worker
+ * makes the same rows without sending them. KEEL_EINVAL (logged) for a bad dim, scale or NULL. */
+keel_status keel_ec_row_initial(uint64_t seed, uint64_t row_index, int dim, float scale,
+                                float *parameters);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,8 @@ typedef enum keel_frame_type {
   KEEL_FRAME_CONTROL = 19,  /* small comm-level message (payload defined by comm) */
   KEEL_FRAME_STORE_REQUEST = 32,
   KEEL_FRAME_STORE_RESPONSE = 33,
+  KEEL_FRAME_EC_REQUEST = 40, /* to a parameter server (payload defined by ec) */
+  KEEL_FRAME_EC_REPLY = 41,   /* a parameter server's answer; tag echoes the request's */
   KEEL_FRAME_GOODBYE = 48, /* orderly close: the sender is leaving on purpose */
 } keel_frame_type;
 

@@ -101,7 +101,22 @@ keel_status keel_ec_update(const keel_ec_code *code, int data_index, size_t byte
                code->data_blocks);
     return KEEL_EINVAL;
   }
-  code->ops->update(code, data_index, bytes, delta, parity);
+  code->ops->update(code, data_index, 0, code->parity_blocks, bytes, delta, parity);
+  return KEEL_OK;
+}
+
+keel_status keel_ec_update_parity(const keel_ec_code *code, int data_index, int parity_index,
+                                  size_t bytes, const uint8_t *delta, uint8_t *parity) {
+  if (code == NULL || delta == NULL || parity == NULL)
+    return keel__ec_invalid("keel_ec_update_parity: a NULL code or block");
+  if (data_index < 0 || data_index >= code->data_blocks || parity_index < 0 ||
+      parity_index >= code->parity_blocks) {
+    KEEL_LOG_E(KEEL__EC_MODULE, "keel_ec_update_parity: data block %d of %d, parity %d of %d",
+               data_index, code->data_blocks, parity_index, code->parity_blocks);
+    return KEEL_EINVAL;
+  }
+  uint8_t *const one[1] = {parity};
+  code->ops->update(code, data_index, parity_index, 1, bytes, delta, one);
   return KEEL_OK;
 }
 

@@ -57,16 +57,18 @@ static void rs_encode(const keel_ec_code *code, size_t bytes, const uint8_t *con
 
 /* GF(2^8) multiplication distributes over XOR, so folding c(p, i) * delta into parity p gives
  * the parity of the new data: that is what ec_encode_data_update does. */
-static void rs_update(const keel_ec_code *code, int data_index, size_t bytes, const uint8_t *delta,
-                      uint8_t *const *parity) {
+static void rs_update(const keel_ec_code *code, int data_index, int first, int count, size_t bytes,
+                      const uint8_t *delta, uint8_t *const *parity) {
   unsigned char *out[KEEL_EC_MAX_BLOCKS];
+  /* The tables hold k coefficients of 32 bytes per parity row: rows from `first` on. */
+  unsigned char *tables = code->tables + (size_t)first * (size_t)code->data_blocks * 32;
   size_t done = 0;
   do {
     size_t piece = bytes - done;
     if (piece > KEEL__EC_PIECE_BYTES) piece = KEEL__EC_PIECE_BYTES;
-    for (int p = 0; p < code->parity_blocks; p++) out[p] = parity[p] + done;
-    ec_encode_data_update((int)piece, code->data_blocks, code->parity_blocks, data_index,
-                          code->tables, (unsigned char *)(uintptr_t)(delta + done), out);
+    for (int p = 0; p < count; p++) out[p] = parity[p] + done;
+    ec_encode_data_update((int)piece, code->data_blocks, count, data_index, tables,
+                          (unsigned char *)(uintptr_t)(delta + done), out);
     done += piece;
   } while (done < bytes);
 }

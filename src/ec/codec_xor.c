@@ -54,8 +54,8 @@ static void xor_encode(const keel_ec_code *code, size_t bytes, const uint8_t *co
 }
 
 /* The parity's coefficient of every data block is 1: the delta folds in as it is. */
-static void xor_update(const keel_ec_code *code, int data_index, size_t bytes, const uint8_t *delta,
-                       uint8_t *const *parity) {
+static void xor_update(const keel_ec_code *code, int data_index, int first, int count, size_t bytes,
+                       const uint8_t *delta, uint8_t *const *parity) {
   keel__ec_xor_into(bytes, parity[0], delta);
 }
 

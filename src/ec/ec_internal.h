@@ -31,8 +31,10 @@ struct keel__ec_ops {
   void (*teardown)(keel_ec_code *code);
   void (*encode)(const keel_ec_code *code, size_t bytes, const uint8_t *const *data,
                  uint8_t *const *parity);
-  void (*update)(const keel_ec_code *code, int data_index, size_t bytes, const uint8_t *delta,
-                 uint8_t *const *parity);
+  /* Folds the delta of data block data_index into parity blocks first .. first + count - 1,
+   * given as parity[0 .. count). */
+  void (*update)(const keel_ec_code *code, int data_index, int first, int count, size_t bytes,
+                 const uint8_t *delta, uint8_t *const *parity);
   /* Bytes of decode tables per erasure pattern (0: the codec needs none). */
   size_t (*pattern_bytes)(const keel_ec_code *code);
   /* Fills tables (pattern_bytes long) for rebuilding blocks missing[0 .. missing_count) from

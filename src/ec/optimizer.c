@@ -312,3 +312,20 @@ keel_status keel_ec_row_read(int dim, const uint8_t *block, float *parameters) {
   }
   return KEEL_OK;
 }
+
+keel_status keel_ec_row_initial(uint64_t seed, uint64_t row_index, int dim, float scale,
+                                float *parameters) {
+  keel_status status = check_dim("keel_ec_row_initial", dim);
+  if (status != KEEL_OK) return status;
+  if (parameters == NULL || !isfinite(scale) || scale < 0.0f)
+    return keel__ec_invalid("keel_ec_row_initial: NULL parameters or a bad scale");
+  /* A stream of its own per row, so any process makes any row without the others. */
+  keel_random random;
+  keel_random_seed(&random, keel_random_seed_for(seed, row_index, 0));
+  for (size_t i = 0; i < (size_t)dim; i++) {
+    /* 24 random bits: every value is exact in float, so no rounding mode matters. */
+    float unit = (float)(keel_random_next(&random) >> 40) * 0x1p-24f;
+    parameters[i] = (2.0f * unit - 1.0f) * scale;
+  }
+  return KEEL_OK;
+}

@@ -299,7 +299,14 @@ static void check_update_equals_reencode(keel_ec_code *code, int k, int r, keel_
           memcpy(set.block[index], new_block, bytes);
           break;
       }
-      assert_int_equal(keel_ec_update(code, index, bytes, delta, set.block + k), KEEL_OK);
+      if (keel_random_below(random, 2) == 0) {
+        assert_int_equal(keel_ec_update(code, index, bytes, delta, set.block + k), KEEL_OK);
+      } else {
+        /* Each parity block on its own, as the server that holds it folds a delta. */
+        for (int p = 0; p < r; p++)
+          assert_int_equal(keel_ec_update_parity(code, index, p, bytes, delta, set.block[k + p]),
+                           KEEL_OK);
+      }
       if (u % 4 == 3 || u == updates - 1) {
         copy_blocks(&fresh, &set);
         assert_int_equal(
@@ -433,6 +440,11 @@ static void test_code_bad_arguments(void **state) {
   assert_int_equal(keel_ec_update(code, 4, 8, blocks[0], pointers + 4), KEEL_EINVAL);
   assert_int_equal(keel_ec_update(code, 0, 8, NULL, pointers + 4), KEEL_EINVAL);
   assert_int_equal(keel_ec_update(code, 3, 8, blocks[0], pointers + 4), KEEL_OK);
+  assert_int_equal(keel_ec_update_parity(code, 4, 0, 8, blocks[0], blocks[4]), KEEL_EINVAL);
+  assert_int_equal(keel_ec_update_parity(code, 0, -1, 8, blocks[0], blocks[4]), KEEL_EINVAL);
+  assert_int_equal(keel_ec_update_parity(code, 0, 9, 8, blocks[0], blocks[4]), KEEL_EINVAL);
+  assert_int_equal(keel_ec_update_parity(code, 0, 0, 8, blocks[0], NULL), KEEL_EINVAL);
+  assert_int_equal(keel_ec_update_parity(code, 0, 0, 8, NULL, blocks[4]), KEEL_EINVAL);
 
   keel_ec_decoder *decoder_sentinel = (keel_ec_decoder *)&decoder_sentinel;
   keel_ec_decoder *decoder = decoder_sentinel;

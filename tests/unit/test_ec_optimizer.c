@@ -580,6 +580,34 @@ static void test_bad_arguments(void **state) {
   assert_memory_equal(block, before, sizeof block);
 }
 
+/* Initial rows: a pure function of (seed, row), inside [-scale, scale), exact multiples of
+ * scale * 2^-23, different from row to row and seed to seed; bad arguments refused. */
+static void test_row_initial(void **state) {
+  (void)state;
+  enum { DIM = 64 };
+  float first[DIM], again[DIM], other_row[DIM], other_seed[DIM];
+  assert_int_equal(keel_ec_row_initial(7, 123456789, DIM, 0.25f, first), KEEL_OK);
+  assert_int_equal(keel_ec_row_initial(7, 123456789, DIM, 0.25f, again), KEEL_OK);
+  assert_memory_equal(first, again, sizeof first);
+  assert_int_equal(keel_ec_row_initial(7, 123456790, DIM, 0.25f, other_row), KEEL_OK);
+  assert_int_equal(keel_ec_row_initial(8, 123456789, DIM, 0.25f, other_seed), KEEL_OK);
+  assert_memory_not_equal(first, other_row, sizeof first);
+  assert_memory_not_equal(first, other_seed, sizeof first);
+  bool negative = false, positive = false;
+  for (int i = 0; i < DIM; i++) {
+    assert_true(first[i] >= -0.25f && first[i] < 0.25f);
+    float steps = first[i] / (0.25f * 0x1p-23f);
+    assert_true(steps == (float)(int32_t)steps);
+    negative |= first[i] < 0;
+    positive |= first[i] > 0;
+  }
+  assert_true(negative && positive);
+  assert_int_equal(keel_ec_row_initial(7, 0, 0, 0.25f, first), KEEL_EINVAL);
+  assert_int_equal(keel_ec_row_initial(7, 0, DIM, -1.0f, first), KEEL_EINVAL);
+  assert_int_equal(keel_ec_row_initial(7, 0, DIM, NAN, first), KEEL_EINVAL);
+  assert_int_equal(keel_ec_row_initial(7, 0, DIM, 1.0f, NULL), KEEL_EINVAL);
+}
+
 int main(void) {
   static const struct {
     const char *what;
@@ -592,7 +620,7 @@ int main(void) {
   static const struct CMUnitTest singles[] = {
       cmocka_unit_test(test_layout_sizes),      cmocka_unit_test(test_closed_forms),
       cmocka_unit_test(test_adam_per_row_step), cmocka_unit_test(test_optimizer_init),
-      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_bad_arguments),     cmocka_unit_test(test_row_initial),
   };
   static char names[COUNT(cases) * COUNT(checks)][96];
   struct CMUnitTest tests[COUNT(singles) + COUNT(cases) * COUNT(checks)];
