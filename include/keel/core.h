@@ -54,6 +54,8 @@ typedef enum keel_status {
 const char *keel_strerror(keel_status status);
 /* The status's name ("KEEL_ETIMEDOUT"); never NULL. */
 const char *keel_status_name(keel_status status);
+/* Whether value is one of the statuses above: what a decoder of a peer's status checks. */
+bool keel_status_known(int64_t value);
 /* Converts an errno value once, at the syscall that set it. */
 keel_status keel_status_from_errno(int error_number);
 

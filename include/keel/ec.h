@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "keel/core.h"
+#include "keel/net.h"
+#include "keel/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -287,6 +289,80 @@ keel_status keel_ec_row_read(int dim, const uint8_t *block, float *parameters);
  * makes the same rows without sending them. KEEL_EINVAL (logged) for a bad dim, scale or NULL. */
 keel_status keel_ec_row_initial(uint64_t seed, uint64_t row_index, int dim, float scale,
                                 float *parameters);
+
+/* ---- parameter servers (ECRec). S servers hold the embedding rows of every table (numbered
+ * globally from 0, all of one dim) by the rotating placement above, each row as a row block
+ * with its optimizer state, and the r parity blocks of every group; the dense parameters (one
+ * row block of dense_count values) live on server 0, and on server 1 too when replicated. A
+ * server that applies an update to its row sends the change (old XOR new of the block) to the
+ * group's parity holders, which fold it in (difference propagation), so the parity stays the
+ * code of the current rows, bit for bit.
+ *
+ * When a server is lost (its link breaks or it refuses connections), the first caller to see
+ * it declares it lost in the job's store (ec/lost/<i>); from then on the first parity holder
+ * of each group that is not lost acts for the group's lost rows: it decodes them on the fly
+ * for reads (degraded reads) and for updates, and folds the change of an updated lost row
+ * into the parity like any other. Up to r lost servers are tolerated; training never pauses.
+ *
+ * Synchronous mode (workers > 0): every worker sends every server one push per step (empty
+ * where it has nothing for that server); a server applies a step once all workers' pushes of
+ * the step are in, the gradients of a row summed in worker order, and answers them all after.
+ * Every run of the same job then ends with the same bits, lost servers or not. Asynchronous
+ * mode (workers = 0) applies each push as it comes. */
+typedef struct keel_ec_config {
+  int servers, data_blocks, parity_blocks; /* S, k, r */
+  int dim;                                 /* floats per embedding row */
+  keel_ec_optimizer optimizer;             /* for rows and the dense block */
+  uint64_t total_rows;                     /* rows of all tables */
+  uint64_t dense_count;                    /* dense parameters (0: none) */
+  uint64_t seed;                           /* rows start as keel_ec_row_initial(seed, ..) */
+  float init_scale;
+  int workers;           /* synchronous mode's workers; 0: asynchronous */
+  bool two_phase_commit; /* parity changes prepared everywhere before any is folded */
+  bool replicate_dense;  /* the dense block on servers 0 and 1 */
+} keel_ec_config;
+
+typedef struct keel_ec_server keel_ec_server;
+
+/* Starts server `index` of config: its rows and parity blocks as the seed makes them, a
+ * listener on listen_address ("host:port", port 0 picks one) that accepts links of the job
+ * (auth), threads that serve them, and its address published in directory (the job's store,
+ * which the server uses from its own threads; the caller keeps it open until the server is
+ * stopped and uses it meanwhile only through keel_ec_server calls). KEEL_EINVAL (logged) for
+ * a bad config or index, KEEL_ENOMEM, or the listener's or the store's status. */
+keel_status keel_ec_server_start(const keel_ec_config *config, int index,
+                                 const char *listen_address, keel_store *directory,
+                                 const keel_auth *auth, keel_ec_server **server_p);
+const char *keel_ec_server_address(const keel_ec_server *server);
+/* Stops accepting, closes every link, joins the threads, frees everything. NULL is fine. */
+void keel_ec_server_stop(keel_ec_server *server);
+
+typedef struct keel_ec_client keel_ec_client;
+
+/* A worker's client of the servers the directory names. It asks a server for the
+ * configuration (*config_p, optional) and checks that every server it reaches has the same.
+ * worker: this worker's index (< workers in synchronous mode). */
+keel_status keel_ec_client_open(keel_store *directory, const keel_auth *auth, int worker,
+                                keel_ec_config *config_p, keel_ec_client **client_p);
+void keel_ec_client_close(keel_ec_client *client);
+/* values[i * dim ..] = the parameters of rows[i]; rows strictly increasing, < total_rows. */
+keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *rows, size_t count,
+                                     float *values);
+/* One optimizer step on each of rows (strictly increasing) from its gradient, the push of
+ * `step` (synchronous mode: returns once every worker's push of the step is applied). */
+keel_status keel_ec_client_push_rows(keel_ec_client *client, uint64_t step, const uint64_t *rows,
+                                     size_t count, const float *gradients);
+/* The dense parameters (dense_count floats). */
+keel_status keel_ec_client_pull_dense(keel_ec_client *client, float *values);
+keel_status keel_ec_client_push_dense(keel_ec_client *client, uint64_t step,
+                                      const float *gradients);
+/* Sets the dense parameters where they were never set (the first worker's call wins). */
+keel_status keel_ec_client_init_dense(keel_ec_client *client, const float *values);
+/* crc32c over every row block in row order (lost ones decoded), then the dense block:
+ * parameters and optimizer state, bit for bit. */
+keel_status keel_ec_client_checksum(keel_ec_client *client, uint32_t *crc32c_p);
+/* Servers this client has seen declared lost, as a bit set (bit i: server i). */
+uint64_t keel_ec_client_lost(const keel_ec_client *client);
 
 #ifdef __cplusplus
 }

@@ -71,3 +71,13 @@ keel_status keel_status_from_errno(int error_number) {
       return KEEL_EIO;
   }
 }
+
+bool keel_status_known(int64_t value) {
+  switch (value) {
+#define KEEL_STATUS_CASE(name, number, text) case number:
+    KEEL_STATUS_TABLE(KEEL_STATUS_CASE)
+#undef KEEL_STATUS_CASE
+    return true;
+  }
+  return false;
+}

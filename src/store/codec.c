@@ -39,16 +39,6 @@ static int64_t to_signed(uint64_t value) {
 
 static bool key_valid(const char *key, size_t length) { return memchr(key, '\0', length) == NULL; }
 
-static bool status_known(int64_t value) {
-  switch (value) {
-#define KEEL_STATUS_CASE(name, number, text) case number:
-    KEEL_STATUS_TABLE(KEEL_STATUS_CASE)
-#undef KEEL_STATUS_CASE
-    return true;
-  }
-  return false;
-}
-
 bool keel__store_prefixes_overlap(const char *a, const char *b) {
   size_t a_length = strlen(a), b_length = strlen(b);
   size_t shorter = a_length < b_length ? a_length : b_length;
@@ -192,7 +182,7 @@ keel_status keel__store_response_decode(const uint8_t *payload, size_t length,
   if (length < KEEL__STORE_RESPONSE_HEADER_BYTES) return KEEL_ECORRUPT;
   if (payload[0] != KEEL__STORE_WIRE_VERSION || !op_known(payload[1])) return KEEL_EPROTO;
   int64_t status = (int32_t)keel_get_le32(payload + 4);
-  if (keel_get_le16(payload + 2) != 0 || !status_known(status)) return KEEL_ECORRUPT;
+  if (keel_get_le16(payload + 2) != 0 || !keel_status_known(status)) return KEEL_ECORRUPT;
   keel__store_response response = {
       .op = payload[1],
       .status = (keel_status)status,

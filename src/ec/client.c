@@ -1,0 +1,444 @@
+/* A worker's client of the parameter servers: routes each row to the server that serves it
+ * (its own, or the acting parity holder when its server is lost), learns of losses from the
+ * calls that fail and from the directory, and in synchronous mode sends every server its push
+ * of each step, the rows of lost servers in a second phase once the first is applied. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ec/ec_internal.h"
+#include "ec/service.h"
+
+#define MODULE KEEL__EC_MODULE
+/* A call refused because the caller's view of the lost servers was old is tried again after
+ * reading it anew, this many times in all. */
+#define ROUTE_ATTEMPTS 4
+
+struct keel_ec_client {
+  keel__ec_directory directory;
+  keel_auth auth;
+  int worker;
+  int servers;
+  keel__ec_config wire;
+  keel__ec_limits limits;
+  keel_ec_layout layout;
+  keel_ec_code *code;
+  keel_ec_decoder *decoder;
+  size_t block_bytes;
+  keel__ec_peer *peers;
+  bool *lost;
+};
+
+static int64_t call_deadline(void) { return keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS); }
+
+static void refresh_lost(keel_ec_client *client) {
+  keel_status status = keel__ec_directory_lost(&client->directory, client->servers, client->lost);
+  if (status != KEEL_OK)
+    KEEL_LOG_W(MODULE, "worker %d: cannot read the lost servers: %s", client->worker,
+               keel_strerror(status));
+}
+
+static keel_status call(keel_ec_client *client, int server, const keel__ec_request *request,
+                        void *body) {
+  keel_status status = keel__ec_peer_call(&client->peers[server], &client->directory, &client->auth,
+                                          request, &client->limits, body, call_deadline());
+  if (keel__ec_unreachable(status)) {
+    KEEL_LOG_W(MODULE, "worker %d: server %d is lost (%s)", client->worker, server,
+               keel_strerror(status));
+    keel__ec_directory_declare_lost(&client->directory, server);
+    client->lost[server] = true;
+  }
+  return status;
+}
+
+/* Whether a failed attempt is worth another after reading the lost servers anew. */
+static bool retry_after(keel_ec_client *client, keel_status status, int attempt) {
+  if (status != KEEL_EAGAIN && !keel__ec_unreachable(status)) return false;
+  if (attempt + 1 >= ROUTE_ATTEMPTS) return false;
+  refresh_lost(client);
+  return true;
+}
+
+/* ---- open */
+
+static keel_status check_servers(keel_ec_client *client) {
+  keel_status status = KEEL_EIO;
+  bool have = false;
+  for (int i = 0; i < client->servers; i++) {
+    if (client->lost[i]) continue;
+    keel__ec_config config;
+    status = keel__ec_peer_info(&client->peers[i], &client->directory, &client->auth, &config,
+                                call_deadline());
+    if (status != KEEL_OK) return status;
+    if (have && memcmp(&config, &client->wire, sizeof config) != 0) {
+      KEEL_LOG_E(MODULE, "worker %d: server %d has another configuration than server 0",
+                 client->worker, i);
+      return KEEL_EPROTO;
+    }
+    client->wire = config;
+    have = true;
+  }
+  return status;
+}
+
+/* The number of servers comes with the configuration: asked first of one server, then every
+ * server not lost must answer the same. */
+static keel_status client_configure(keel_ec_client *client) {
+  bool *lost = calloc(KEEL_MAX_UIDS, sizeof *lost);
+  if (lost == NULL) return KEEL_ENOMEM;
+  keel_status status = keel__ec_directory_lost(&client->directory, KEEL_MAX_UIDS, lost);
+  /* Server 0 may be lost: the first server not declared lost answers. */
+  int index = 0;
+  while (index < KEEL_MAX_UIDS - 1 && lost[index]) index++;
+  free(lost);
+  keel__ec_peer first;
+  keel__ec_peer_init(&first, index);
+  if (status == KEEL_OK)
+    status = keel__ec_peer_info(&first, &client->directory, &client->auth, &client->wire,
+                                call_deadline());
+  keel__ec_peer_destroy(&first);
+  if (status != KEEL_OK) return status;
+  client->servers = (int)client->wire.servers;
+  client->peers = calloc((size_t)client->servers, sizeof *client->peers);
+  client->lost = calloc((size_t)client->servers, sizeof *client->lost);
+  if (client->peers == NULL || client->lost == NULL) return KEEL_ENOMEM;
+  for (int i = 0; i < client->servers; i++) keel__ec_peer_init(&client->peers[i], i);
+  refresh_lost(client);
+  status = check_servers(client);
+  if (status == KEEL_OK)
+    status = keel__ec_config_limits(&client->wire, KEEL__EC_MAX_COUNT, &client->limits);
+  if (status == KEEL_OK)
+    status = keel_ec_layout_init(client->servers, (int)client->wire.data_blocks,
+                                 (int)client->wire.parity_blocks, &client->layout);
+  if (status == KEEL_OK)
+    status = keel_ec_code_create((int)client->wire.data_blocks, (int)client->wire.parity_blocks,
+                                 KEEL_EC_AUTO, &client->code);
+  if (status == KEEL_OK) status = keel_ec_decoder_create(client->code, 0, &client->decoder);
+  client->block_bytes = client->limits.block_bytes;
+  return status;
+}
+
+static void public_config(const keel__ec_config *wire, keel_ec_config *config) {
+  *config = (keel_ec_config){
+      .servers = (int)wire->servers,
+      .data_blocks = (int)wire->data_blocks,
+      .parity_blocks = (int)wire->parity_blocks,
+      .dim = (int)wire->dim,
+      .optimizer = keel__ec_config_optimizer(wire),
+      .total_rows = wire->total_rows,
+      .dense_count = wire->dense_count,
+      .seed = wire->seed,
+      .init_scale = wire->init_scale,
+      .workers = (int)wire->workers,
+      .two_phase_commit = (wire->options & KEEL__EC_OPTION_TWO_PHASE_COMMIT) != 0,
+      .replicate_dense = (wire->options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0,
+  };
+}
+
+keel_status keel_ec_client_open(keel_store *directory, const keel_auth *auth, int worker,
+                                keel_ec_config *config_p, keel_ec_client **client_p) {
+  if (directory == NULL || auth == NULL || client_p == NULL || worker < 0)
+    return keel__ec_invalid("keel_ec_client_open: NULL argument or negative worker");
+  keel_ec_client *client = calloc(1, sizeof *client);
+  if (client == NULL) return KEEL_ENOMEM;
+  keel__ec_directory_init(&client->directory, directory);
+  client->auth = *auth;
+  client->worker = worker;
+  keel_status status = client_configure(client);
+  if (status == KEEL_OK && client->wire.workers > 0 && (uint32_t)worker >= client->wire.workers)
+    status = keel__ec_invalid("keel_ec_client_open: worker index past the job's workers");
+  if (status != KEEL_OK) {
+    KEEL_LOG_E(MODULE, "worker %d cannot reach the parameter servers: %s", worker,
+               keel_strerror(status));
+    keel_ec_client_close(client);
+    return status;
+  }
+  if (config_p != NULL) public_config(&client->wire, config_p);
+  *client_p = client;
+  return KEEL_OK;
+}
+
+void keel_ec_client_close(keel_ec_client *client) {
+  if (client == NULL) return;
+  if (client->peers != NULL)
+    for (int i = 0; i < client->servers; i++) keel__ec_peer_destroy(&client->peers[i]);
+  free(client->peers);
+  free(client->lost);
+  keel_ec_decoder_destroy(client->decoder);
+  keel_ec_code_destroy(client->code);
+  keel__ec_directory_destroy(&client->directory);
+  free(client);
+}
+
+uint64_t keel_ec_client_lost(const keel_ec_client *client) {
+  uint64_t bits = 0;
+  for (int i = 0; i < client->servers && i < 64; i++)
+    if (client->lost[i]) bits |= (uint64_t)1 << i;
+  return bits;
+}
+
+/* ---- routing rows */
+
+/* Whether row's own server is lost (its reads and updates go to an acting parity holder). */
+static bool row_is_lost(const keel_ec_client *client, uint64_t row) {
+  keel_ec_location at;
+  keel_ec_layout_locate_row(&client->layout, row, &at);
+  return client->lost[at.server];
+}
+
+/* The indexes (into rows) that server serves, own rows or acting ones. */
+static size_t select_rows(const keel_ec_client *client, const uint64_t *rows, size_t count,
+                          int server, bool acting, size_t *picked) {
+  size_t chosen = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (row_is_lost(client, rows[i]) != acting) continue;
+    if (keel__ec_row_server(&client->layout, rows[i], client->lost) == server) picked[chosen++] = i;
+  }
+  return chosen;
+}
+
+static keel_status check_rows(const keel_ec_client *client, const uint64_t *rows, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    if (rows[i] >= client->wire.total_rows || (i > 0 && rows[i] <= rows[i - 1]))
+      return keel__ec_invalid("ec client: rows must be strictly increasing and in the tables");
+  }
+  return KEEL_OK;
+}
+
+/* One server's part of a pull, in requests of at most KEEL__EC_MAX_COUNT rows. */
+static keel_status pull_part(keel_ec_client *client, int server, bool acting, const uint64_t *rows,
+                             const size_t *picked, size_t chosen, uint64_t *scratch_rows,
+                             float *scratch_values, float *values) {
+  int dim = (int)client->wire.dim;
+  for (size_t done = 0; done < chosen;) {
+    size_t piece = chosen - done > KEEL__EC_MAX_COUNT ? KEEL__EC_MAX_COUNT : chosen - done;
+    for (size_t i = 0; i < piece; i++) scratch_rows[i] = rows[picked[done + i]];
+    keel__ec_request request = {.op = KEEL__EC_OP_PULL_ROWS,
+                                .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
+                                .count = (uint32_t)piece,
+                                .rows = scratch_rows};
+    keel_status status = call(client, server, &request, scratch_values);
+    if (status != KEEL_OK) return status;
+    for (size_t i = 0; i < piece; i++)
+      memcpy(values + picked[done + i] * (size_t)dim, scratch_values + i * (size_t)dim,
+             sizeof(float) * (size_t)dim);
+    done += piece;
+  }
+  return KEEL_OK;
+}
+
+static keel_status pull_once(keel_ec_client *client, const uint64_t *rows, size_t count,
+                             float *values, size_t *picked, uint64_t *scratch_rows,
+                             float *scratch_values) {
+  for (int acting = 0; acting < 2; acting++) {
+    for (int server = 0; server < client->servers; server++) {
+      if (client->lost[server]) continue;
+      size_t chosen = select_rows(client, rows, count, server, acting, picked);
+      keel_status status = pull_part(client, server, acting, rows, picked, chosen, scratch_rows,
+                                     scratch_values, values);
+      if (status != KEEL_OK) return status;
+    }
+  }
+  /* A row whose every holder is lost has no server: more than r lost. */
+  for (size_t i = 0; i < count; i++)
+    if (keel__ec_row_server(&client->layout, rows[i], client->lost) < 0) return KEEL_EIO;
+  return KEEL_OK;
+}
+
+keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *rows, size_t count,
+                                     float *values) {
+  if (client == NULL || (count > 0 && (rows == NULL || values == NULL)))
+    return keel__ec_invalid("keel_ec_client_pull_rows: NULL argument");
+  keel_status status = check_rows(client, rows, count);
+  if (status != KEEL_OK || count == 0) return status;
+  size_t piece = count < KEEL__EC_MAX_COUNT ? count : KEEL__EC_MAX_COUNT;
+  size_t *picked = malloc(sizeof *picked * count);
+  uint64_t *scratch_rows = malloc(sizeof *scratch_rows * piece);
+  float *scratch_values = malloc(sizeof *scratch_values * piece * client->wire.dim);
+  status = picked && scratch_rows && scratch_values ? KEEL_OK : KEEL_ENOMEM;
+  for (int attempt = 0; status == KEEL_OK; attempt++) {
+    status = pull_once(client, rows, count, values, picked, scratch_rows, scratch_values);
+    if (status == KEEL_OK || !retry_after(client, status, attempt)) break;
+    status = KEEL_OK;
+  }
+  free(scratch_values);
+  free(scratch_rows);
+  free(picked);
+  return status;
+}
+
+/* ---- pushes */
+
+/* One server's push of a phase: its rows (maybe none) in one request. Synchronous mode sends
+ * every server its push even when empty, since each waits for every worker's. */
+static keel_status push_part(keel_ec_client *client, int server, bool acting, uint64_t step,
+                             const uint64_t *rows, const float *gradients, const size_t *picked,
+                             size_t chosen, uint64_t *part_rows, float *part_gradients) {
+  int dim = (int)client->wire.dim;
+  if (chosen > KEEL__EC_MAX_COUNT) return KEEL_ERANGE;
+  for (size_t i = 0; i < chosen; i++) {
+    part_rows[i] = rows[picked[i]];
+    memcpy(part_gradients + i * (size_t)dim, gradients + picked[i] * (size_t)dim,
+           sizeof(float) * (size_t)dim);
+  }
+  uint32_t workers = client->wire.workers > 0 ? client->wire.workers : 1;
+  keel__ec_request request = {.op = KEEL__EC_OP_PUSH_ROWS,
+                              .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
+                              .count = (uint32_t)chosen,
+                              .id = step + 1,
+                              .step = step,
+                              .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
+                              .workers = workers,
+                              .rows = part_rows,
+                              .values = part_gradients};
+  return call(client, server, &request, NULL);
+}
+
+/* Phase 1 pushes own rows to every server not lost; a server lost meanwhile has its rows moved
+ * to phase 2, which pushes the rows of lost servers to their acting holders (every server not
+ * lost gets one in synchronous mode: each waits for every worker's). */
+static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint64_t *rows,
+                               size_t count, const float *gradients, size_t *picked,
+                               uint64_t *part_rows, float *part_gradients) {
+  bool synchronous = client->wire.workers > 0;
+  for (int acting = 0; acting < 2; acting++) {
+    bool any_lost = false;
+    for (int i = 0; i < client->servers; i++) any_lost |= client->lost[i];
+    if (acting && !any_lost) break;
+    for (int server = 0; server < client->servers; server++) {
+      if (client->lost[server]) continue;
+      size_t chosen = select_rows(client, rows, count, server, acting, picked);
+      if (chosen == 0 && !synchronous) continue;
+      keel_status status = push_part(client, server, acting, step, rows, gradients, picked, chosen,
+                                     part_rows, part_gradients);
+      /* A server lost in phase 1: its rows go with phase 2, its stamp guards a redo. */
+      if (!acting && keel__ec_unreachable(status)) continue;
+      if (status != KEEL_OK) return status;
+    }
+  }
+  return KEEL_OK;
+}
+
+keel_status keel_ec_client_push_rows(keel_ec_client *client, uint64_t step, const uint64_t *rows,
+                                     size_t count, const float *gradients) {
+  if (client == NULL || (count > 0 && (rows == NULL || gradients == NULL)))
+    return keel__ec_invalid("keel_ec_client_push_rows: NULL argument");
+  keel_status status = check_rows(client, rows, count);
+  if (status != KEEL_OK) return status;
+  size_t room = count > 0 ? count : 1;
+  size_t *picked = malloc(sizeof *picked * room);
+  uint64_t *part_rows = malloc(sizeof *part_rows * room);
+  float *part_gradients = malloc(sizeof *part_gradients * room * client->wire.dim);
+  status = picked && part_rows && part_gradients ? KEEL_OK : KEEL_ENOMEM;
+  if (status == KEEL_OK)
+    status = push_phases(client, step, rows, count, gradients, picked, part_rows, part_gradients);
+  free(part_gradients);
+  free(part_rows);
+  free(picked);
+  return status;
+}
+
+/* ---- dense parameters */
+
+static keel_status dense_call(keel_ec_client *client, keel__ec_request *request, void *body,
+                              bool every_replica) {
+  bool replicated = (client->wire.options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0;
+  for (int attempt = 0;; attempt++) {
+    keel_status status = KEEL_EIO;
+    int first = keel__ec_dense_server(client->servers, replicated, client->lost);
+    if (first >= 0) status = call(client, first, request, body);
+    /* Updates go to both replicas, in the same order from every worker. */
+    if (status == KEEL_OK && every_replica && replicated && first == 0 && !client->lost[1]) {
+      status = call(client, 1, request, NULL);
+      if (keel__ec_unreachable(status)) status = KEEL_OK;
+    }
+    if (status == KEEL_OK || !retry_after(client, status, attempt)) return status;
+  }
+}
+
+keel_status keel_ec_client_pull_dense(keel_ec_client *client, float *values) {
+  if (client == NULL || values == NULL) return keel__ec_invalid("ec client: NULL argument");
+  keel__ec_request request = {.op = KEEL__EC_OP_PULL_DENSE,
+                              .count = (uint32_t)client->wire.dense_count};
+  return dense_call(client, &request, values, false);
+}
+
+keel_status keel_ec_client_push_dense(keel_ec_client *client, uint64_t step,
+                                      const float *gradients) {
+  if (client == NULL || gradients == NULL) return keel__ec_invalid("ec client: NULL argument");
+  keel__ec_request request = {.op = KEEL__EC_OP_PUSH_DENSE,
+                              .count = (uint32_t)client->wire.dense_count,
+                              .id = step + 1,
+                              .step = step,
+                              .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
+                              .workers = client->wire.workers > 0 ? client->wire.workers : 1,
+                              .values = gradients};
+  return dense_call(client, &request, NULL, true);
+}
+
+keel_status keel_ec_client_init_dense(keel_ec_client *client, const float *values) {
+  if (client == NULL || values == NULL) return keel__ec_invalid("ec client: NULL argument");
+  keel__ec_request request = {
+      .op = KEEL__EC_OP_INIT_DENSE, .count = (uint32_t)client->wire.dense_count, .values = values};
+  return dense_call(client, &request, NULL, true);
+}
+
+/* ---- checksum: every block read from the servers, lost ones decoded here */
+
+/* Reads k blocks of group from servers not lost into blocks and decodes the rest. */
+static keel_status group_read(keel_ec_client *client, uint64_t group, uint8_t *space,
+                              uint8_t **blocks) {
+  int k = client->layout.data_blocks, n = k + client->layout.parity_blocks;
+  bool present[KEEL_EC_MAX_BLOCKS] = {false};
+  int chosen = 0;
+  for (int member = 0; member < n; member++) {
+    blocks[member] = space + (size_t)member * client->block_bytes;
+    keel_ec_location at;
+    keel_ec_layout_locate(&client->layout, group, member, &at);
+    if (chosen == k || client->lost[at.server]) continue;
+    keel__ec_ref ref = {.group = group, .member = (uint32_t)member};
+    keel__ec_request request = {.op = KEEL__EC_OP_READ_BLOCKS, .count = 1, .refs = &ref};
+    keel_status status = call(client, at.server, &request, blocks[member]);
+    if (status != KEEL_OK) return status;
+    present[member] = true;
+    chosen++;
+  }
+  return keel_ec_decode(client->decoder, client->block_bytes, blocks, present);
+}
+
+static keel_status checksum_rows(keel_ec_client *client, uint32_t *crc) {
+  int k = client->layout.data_blocks, n = k + client->layout.parity_blocks;
+  uint8_t *space = malloc(client->block_bytes * (size_t)n);
+  if (space == NULL) return KEEL_ENOMEM;
+  uint8_t *blocks[KEEL_EC_MAX_BLOCKS];
+  uint64_t groups = client->limits.groups;
+  keel_status status = KEEL_OK;
+  for (uint64_t group = 0; group < groups && status == KEEL_OK; group++) {
+    status = group_read(client, group, space, blocks);
+    for (int member = 0; member < k && status == KEEL_OK; member++)
+      if (group * (uint64_t)k + (uint64_t)member < client->wire.total_rows)
+        *crc = keel_crc32c(*crc, blocks[member], client->block_bytes);
+  }
+  free(space);
+  return status;
+}
+
+keel_status keel_ec_client_checksum(keel_ec_client *client, uint32_t *crc32c_p) {
+  if (client == NULL || crc32c_p == NULL) return keel__ec_invalid("ec client: NULL argument");
+  uint32_t crc = 0;
+  keel_status status = KEEL_OK;
+  for (int attempt = 0;; attempt++) {
+    crc = 0;
+    status = checksum_rows(client, &crc);
+    if (status == KEEL_OK || !retry_after(client, status, attempt)) break;
+  }
+  if (status == KEEL_OK && client->wire.dense_count > 0) {
+    uint8_t *dense = malloc(client->limits.dense_block_bytes);
+    if (dense == NULL) return KEEL_ENOMEM;
+    keel__ec_request request = {.op = KEEL__EC_OP_READ_DENSE_BLOCK};
+    status = dense_call(client, &request, dense, false);
+    if (status == KEEL_OK) crc = keel_crc32c(crc, dense, client->limits.dense_block_bytes);
+    free(dense);
+  }
+  if (status == KEEL_OK) *crc32c_p = crc;
+  return status;
+}

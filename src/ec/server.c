@@ -1,0 +1,931 @@
+/* A parameter server (ECRec): a thread per link serves requests on the server's shard; an
+ * update applied to a row sends its change to the group's parity holders before the push is
+ * answered; rows of lost servers are decoded from the survivors for the groups this server
+ * acts for; synchronous mode applies a step once every worker's push of it is in. */
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "ec/ec_internal.h"
+#include "ec/service.h"
+#include "ec/shard.h"
+
+#define MODULE KEEL__EC_MODULE
+#define HANDSHAKE_TIMEOUT_NS ((int64_t)2000 * 1000 * 1000)
+#define ACCEPT_POLL_MS 100
+
+typedef struct connection {
+  struct connection *next;
+  keel_ec_server *server;
+  keel_link *link;
+  pthread_t thread;
+  bool finished;
+} connection;
+
+/* One worker's push of a step, kept until the step is applied. */
+typedef struct step_push {
+  keel__ec_request request;
+  void *payload;
+} step_push;
+
+/* The pushes of one (op, acting, step) in synchronous mode. */
+typedef struct step_slot {
+  struct step_slot *next;
+  uint16_t op;
+  bool acting;
+  uint64_t step;
+  int arrived, left;
+  bool applied;
+  keel_status result;
+  step_push *pushes; /* workers of them */
+} step_slot;
+
+struct keel_ec_server {
+  keel__ec_config wire;
+  keel__ec_limits limits;
+  keel__ec_shard shard;
+  keel_ec_decoder *decoder; /* under decode_lock */
+  pthread_mutex_t decode_lock;
+  int index, servers;
+  keel_auth auth;
+  keel_listener *listener;
+  pthread_t acceptor;
+  atomic_bool stopping;
+  pthread_mutex_t connections_lock;
+  connection *connections;
+  keel__ec_peer *peers;
+  keel__ec_directory directory;
+  pthread_mutex_t lost_lock;
+  bool *lost; /* under lost_lock: the servers declared lost, as last read */
+  pthread_mutex_t step_lock;
+  pthread_cond_t step_done;
+  step_slot *steps;
+  atomic_uint_fast64_t next_update;
+};
+
+/* ---- the lost servers, as this server last read them */
+
+static void refresh_lost(keel_ec_server *server) {
+  bool *fresh = calloc((size_t)server->servers, sizeof *fresh);
+  if (fresh == NULL) return;
+  keel_status status = keel__ec_directory_lost(&server->directory, server->servers, fresh);
+  if (status == KEEL_OK) {
+    pthread_mutex_lock(&server->lost_lock);
+    memcpy(server->lost, fresh, sizeof *fresh * (size_t)server->servers);
+    pthread_mutex_unlock(&server->lost_lock);
+  } else {
+    KEEL_LOG_W(MODULE, "server %d: cannot read the lost servers: %s", server->index,
+               keel_strerror(status));
+  }
+  free(fresh);
+}
+
+static void lost_copy(keel_ec_server *server, bool *lost) {
+  pthread_mutex_lock(&server->lost_lock);
+  memcpy(lost, server->lost, sizeof *lost * (size_t)server->servers);
+  pthread_mutex_unlock(&server->lost_lock);
+}
+
+static void declare_lost(keel_ec_server *server, int index, keel_status why) {
+  KEEL_LOG_W(MODULE, "server %d: server %d is lost (%s)", server->index, index, keel_strerror(why));
+  keel__ec_directory_declare_lost(&server->directory, index);
+  pthread_mutex_lock(&server->lost_lock);
+  server->lost[index] = true;
+  pthread_mutex_unlock(&server->lost_lock);
+}
+
+/* A call to another server; its loss is declared here, so every caller routes around it. */
+static keel_status call_peer(keel_ec_server *server, int index, const keel__ec_request *request,
+                             void *body) {
+  keel_status status =
+      keel__ec_peer_call(&server->peers[index], &server->directory, &server->auth, request,
+                         &server->limits, body, keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS));
+  if (keel__ec_unreachable(status)) declare_lost(server, index, status);
+  return status;
+}
+
+/* ---- decoding the blocks of groups with lost members */
+
+/* What one group needs decoded: its blocks (k + r, block_bytes each) and which are present. */
+typedef struct group_blocks {
+  uint64_t group;
+  uint8_t *blocks; /* (k + r) * block_bytes */
+  bool present[KEEL_EC_MAX_BLOCKS];
+} group_blocks;
+
+/* Chooses k members of each group on servers not lost and copies those held here. The others
+ * are left to read_from: present[] marks every chosen one. KEEL_EIO when a group has more
+ * than r members lost. */
+static keel_status choose_sources(keel_ec_server *server, group_blocks *groups, size_t count,
+                                  const bool *lost) {
+  keel__ec_shard *shard = &server->shard;
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  for (size_t g = 0; g < count; g++) {
+    int chosen = 0;
+    memset(groups[g].present, 0, sizeof groups[g].present);
+    for (int member = 0; member < n && chosen < k; member++) {
+      keel_ec_location at;
+      keel_ec_layout_locate(&shard->layout, groups[g].group, member, &at);
+      if (lost[at.server]) continue;
+      if (at.server == server->index) {
+        pthread_mutex_t *lock = keel__ec_shard_lock(shard, groups[g].group);
+        pthread_mutex_lock(lock);
+        memcpy(groups[g].blocks + (size_t)member * shard->block_bytes,
+               keel__ec_shard_block(shard, groups[g].group, member), shard->block_bytes);
+        pthread_mutex_unlock(lock);
+      }
+      groups[g].present[member] = true;
+      chosen++;
+    }
+    if (chosen < k) return KEEL_EIO;
+  }
+  return KEEL_OK;
+}
+
+/* Reads the chosen blocks that server `other` holds, in requests of at most
+ * KEEL__EC_MAX_COUNT refs. */
+static keel_status read_from(keel_ec_server *server, int other, group_blocks *groups,
+                             size_t count) {
+  keel__ec_shard *shard = &server->shard;
+  int n = shard->layout.data_blocks + shard->layout.parity_blocks;
+  size_t capacity = KEEL__EC_MAX_COUNT;
+  keel__ec_ref *refs = malloc(sizeof *refs * capacity);
+  uint8_t **targets = malloc(sizeof *targets * capacity);
+  uint8_t *body = malloc(shard->block_bytes * capacity);
+  keel_status status = refs && targets && body ? KEEL_OK : KEEL_ENOMEM;
+  size_t g = 0;
+  int member = 0;
+  while (status == KEEL_OK && g < count) {
+    size_t wanted = 0;
+    for (; g < count && wanted < capacity; g++, member = 0) {
+      for (; member < n && wanted < capacity; member++) {
+        keel_ec_location at;
+        keel_ec_layout_locate(&shard->layout, groups[g].group, member, &at);
+        if (!groups[g].present[member] || at.server != other) continue;
+        refs[wanted] = (keel__ec_ref){.group = groups[g].group, .member = (uint32_t)member};
+        targets[wanted++] = groups[g].blocks + (size_t)member * shard->block_bytes;
+      }
+      if (member < n) break; /* the request is full mid-group: go on from here */
+    }
+    if (wanted == 0) break;
+    keel__ec_request request = {
+        .op = KEEL__EC_OP_READ_BLOCKS, .count = (uint32_t)wanted, .refs = refs};
+    status = call_peer(server, other, &request, body);
+    for (size_t i = 0; status == KEEL_OK && i < wanted; i++)
+      memcpy(targets[i], body + i * shard->block_bytes, shard->block_bytes);
+  }
+  free(body);
+  free(targets);
+  free(refs);
+  return status;
+}
+
+/* Every member of each group, decoded where not read: the group's blocks as they are now. */
+static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
+                                    const bool *lost) {
+  keel_status status = choose_sources(server, groups, count, lost);
+  for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
+    if (other != server->index && !lost[other]) status = read_from(server, other, groups, count);
+  }
+  keel__ec_shard *shard = &server->shard;
+  int n = shard->layout.data_blocks + shard->layout.parity_blocks;
+  pthread_mutex_lock(&server->decode_lock);
+  for (size_t g = 0; g < count && status == KEEL_OK; g++) {
+    uint8_t *blocks[KEEL_EC_MAX_BLOCKS];
+    for (int member = 0; member < n; member++)
+      blocks[member] = groups[g].blocks + (size_t)member * shard->block_bytes;
+    status = keel_ec_decode(server->decoder, shard->block_bytes, blocks, groups[g].present);
+  }
+  pthread_mutex_unlock(&server->decode_lock);
+  return status;
+}
+
+/* The distinct groups of rows (strictly increasing), each with room for its blocks. */
+static keel_status groups_of_rows(const keel__ec_shard *shard, const uint64_t *rows, size_t count,
+                                  group_blocks **groups_p, size_t *group_count_p) {
+  uint64_t k = (uint64_t)shard->layout.data_blocks;
+  size_t n = (size_t)shard->layout.data_blocks + (size_t)shard->layout.parity_blocks;
+  size_t distinct = 0;
+  for (size_t i = 0; i < count; i++)
+    if (i == 0 || rows[i] / k != rows[i - 1] / k) distinct++;
+  group_blocks *groups = calloc(distinct > 0 ? distinct : 1, sizeof *groups);
+  uint8_t *space = calloc(distinct > 0 ? distinct * n : 1, shard->block_bytes);
+  if (groups == NULL || space == NULL) {
+    free(groups), free(space);
+    return KEEL_ENOMEM;
+  }
+  groups[0].blocks = space; /* groups_free finds the space there, even with no group */
+  size_t at = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (i > 0 && rows[i] / k == rows[i - 1] / k) continue;
+    groups[at].group = rows[i] / k;
+    groups[at].blocks = space + at * n * shard->block_bytes;
+    at++;
+  }
+  *groups_p = groups;
+  *group_count_p = distinct;
+  return KEEL_OK;
+}
+
+static void groups_free(group_blocks *groups) {
+  if (groups != NULL) free(groups[0].blocks);
+  free(groups);
+}
+
+/* The decoded block of row within groups (the group of each row is there, in order). */
+static uint8_t *decoded_block(const keel__ec_shard *shard, group_blocks *groups, size_t count,
+                              size_t *cursor, uint64_t row) {
+  uint64_t k = (uint64_t)shard->layout.data_blocks;
+  while (*cursor < count && groups[*cursor].group != row / k) (*cursor)++;
+  return groups[*cursor].blocks + (size_t)(row % k) * shard->block_bytes;
+}
+
+/* ---- which rows this server serves */
+
+typedef enum row_role { ROW_OWN, ROW_ACTING, ROW_ELSEWHERE } row_role;
+
+static row_role role_of(keel_ec_server *server, uint64_t row, const bool *lost) {
+  keel_ec_location at;
+  keel_ec_layout_locate_row(&server->shard.layout, row, &at);
+  if (at.server == server->index) return ROW_OWN;
+  return keel__ec_row_server(&server->shard.layout, row, lost) == server->index ? ROW_ACTING
+                                                                                : ROW_ELSEWHERE;
+}
+
+/* Whether every row has the role wanted; refreshes the lost servers once when not, since
+ * the caller may have learnt of a loss first. */
+static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t count,
+                           row_role wanted, bool *lost) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (attempt == 1) refresh_lost(server);
+    lost_copy(server, lost);
+    size_t i = 0;
+    while (i < count && role_of(server, rows[i], lost) == wanted) i++;
+    if (i == count) return true;
+  }
+  return false;
+}
+
+/* ---- reads */
+
+static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *request, bool acting,
+                             float *values) {
+  keel__ec_shard *shard = &server->shard;
+  bool *lost = calloc((size_t)server->servers, sizeof *lost);
+  if (lost == NULL) return KEEL_ENOMEM;
+  keel_status status = KEEL_OK;
+  if (!rows_have_role(server, request->rows, request->count, acting ? ROW_ACTING : ROW_OWN, lost))
+    status = KEEL_EAGAIN;
+  group_blocks *groups = NULL;
+  size_t group_count = 0, cursor = 0;
+  if (status == KEEL_OK && acting) {
+    status = groups_of_rows(shard, request->rows, request->count, &groups, &group_count);
+    if (status == KEEL_OK) status = fetch_and_decode(server, groups, group_count, lost);
+  }
+  for (size_t i = 0; i < request->count && status == KEEL_OK; i++) {
+    uint64_t row = request->rows[i], k = (uint64_t)shard->layout.data_blocks;
+    float *out = values + i * (size_t)shard->dim;
+    if (acting) {
+      status = keel_ec_row_read(shard->dim, decoded_block(shard, groups, group_count, &cursor, row),
+                                out);
+      continue;
+    }
+    pthread_mutex_t *lock = keel__ec_shard_lock(shard, row / k);
+    pthread_mutex_lock(lock);
+    status =
+        keel_ec_row_read(shard->dim, keel__ec_shard_block(shard, row / k, (int)(row % k)), out);
+    pthread_mutex_unlock(lock);
+  }
+  groups_free(groups);
+  free(lost);
+  return status;
+}
+
+static keel_status read_blocks(keel_ec_server *server, const keel__ec_request *request,
+                               uint8_t *body) {
+  keel__ec_shard *shard = &server->shard;
+  for (size_t i = 0; i < request->count; i++) {
+    const keel__ec_ref *ref = &request->refs[i];
+    uint8_t *block = keel__ec_shard_block(shard, ref->group, (int)ref->member);
+    if (block == NULL) return KEEL_EAGAIN;
+    pthread_mutex_t *lock = keel__ec_shard_lock(shard, ref->group);
+    pthread_mutex_lock(lock);
+    memcpy(body + i * shard->block_bytes, block, shard->block_bytes);
+    pthread_mutex_unlock(lock);
+  }
+  return KEEL_OK;
+}
+
+/* ---- updates: the change of each row goes to its group's parity holders */
+
+/* The changes bound for one parity holder. */
+typedef struct parity_batch {
+  keel__ec_ref *refs;
+  uint8_t *deltas;
+  size_t count, capacity;
+} parity_batch;
+
+static keel_status batch_add(parity_batch *batch, size_t block_bytes, uint64_t group,
+                             int data_member, int parity_member, const uint8_t *delta) {
+  if (batch->count == batch->capacity) {
+    size_t capacity = batch->capacity ? batch->capacity * 2 : 64;
+    keel__ec_ref *refs = realloc(batch->refs, sizeof *refs * capacity);
+    if (refs == NULL) return KEEL_ENOMEM;
+    batch->refs = refs;
+    uint8_t *deltas = realloc(batch->deltas, block_bytes * capacity);
+    if (deltas == NULL) return KEEL_ENOMEM;
+    batch->deltas = deltas;
+    batch->capacity = capacity;
+  }
+  batch->refs[batch->count] = (keel__ec_ref){
+      .group = group, .member = (uint32_t)data_member, .other = (uint32_t)parity_member};
+  memcpy(batch->deltas + batch->count * block_bytes, delta, block_bytes);
+  batch->count++;
+  return KEEL_OK;
+}
+
+/* Folds the changes held here at once, sends the others, each holder's in requests of at most
+ * KEEL__EC_MAX_COUNT. update_id is 1 + the step in synchronous mode, so that holders stamp
+ * their parity with it. */
+static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id,
+                                bool synchronous) {
+  keel__ec_shard *shard = &server->shard;
+  keel_status status = KEEL_OK;
+  for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
+    parity_batch *batch = &batches[other];
+    if (other == server->index) {
+      for (size_t i = 0; i < batch->count && status == KEEL_OK; i++) {
+        const keel__ec_ref *ref = &batch->refs[i];
+        pthread_mutex_t *lock = keel__ec_shard_lock(shard, ref->group);
+        pthread_mutex_lock(lock);
+        status = keel__ec_shard_fold(shard, ref->group, (int)ref->member, (int)ref->other,
+                                     batch->deltas + i * shard->block_bytes,
+                                     synchronous ? update_id : 0);
+        pthread_mutex_unlock(lock);
+      }
+      continue;
+    }
+    for (size_t done = 0; done < batch->count && status == KEEL_OK;) {
+      size_t piece = batch->count - done;
+      if (piece > KEEL__EC_MAX_COUNT) piece = KEEL__EC_MAX_COUNT;
+      keel__ec_request request = {.op = KEEL__EC_OP_PARITY_PREPARE,
+                                  .flags = KEEL__EC_FLAG_APPLY_NOW,
+                                  .count = (uint32_t)piece,
+                                  .id = update_id,
+                                  .refs = batch->refs + done,
+                                  .blocks = batch->deltas + done * shard->block_bytes};
+      status = call_peer(server, other, &request, NULL);
+      /* A holder lost meanwhile: its parity is rebuilt from the rows later, not updated. */
+      if (keel__ec_unreachable(status)) status = KEEL_OK;
+      done += piece;
+    }
+  }
+  return status;
+}
+
+/* Queues delta of (group, data member) for every parity holder not lost; skip_step_mark: the
+ * holders whose stamp says the step is in already are not sent it again. */
+static keel_status queue_delta(keel_ec_server *server, parity_batch *batches, const bool *lost,
+                               uint64_t group, int data_member, const uint8_t *delta) {
+  keel__ec_shard *shard = &server->shard;
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  for (int member = k; member < n; member++) {
+    keel_ec_location at;
+    keel_ec_layout_locate(&shard->layout, group, member, &at);
+    if (lost[at.server]) continue;
+    keel_status status =
+        batch_add(&batches[at.server], shard->block_bytes, group, data_member, member, delta);
+    if (status != KEEL_OK) return status;
+  }
+  return KEEL_OK;
+}
+
+/* Applies one step of merged gradients to this server's own rows. */
+static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_t count,
+                             const float *gradients, const bool *lost, parity_batch *batches,
+                             uint8_t *delta) {
+  keel__ec_shard *shard = &server->shard;
+  uint64_t k = (uint64_t)shard->layout.data_blocks;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t group = rows[i] / k;
+    int member = (int)(rows[i] % k);
+    pthread_mutex_t *lock = keel__ec_shard_lock(shard, group);
+    pthread_mutex_lock(lock);
+    keel_status status = keel__ec_shard_apply(shard, keel__ec_shard_block(shard, group, member),
+                                              gradients + i * (size_t)shard->dim, delta);
+    pthread_mutex_unlock(lock);
+    if (status == KEEL_OK) status = queue_delta(server, batches, lost, group, member, delta);
+    if (status != KEEL_OK) return status;
+  }
+  return KEEL_OK;
+}
+
+/* Applies one step to lost rows this server acts for: each decoded from the survivors, the
+ * step applied, and its change folded into the parity. A row whose parity stamp says the step
+ * is in already (its server applied it before it was lost) is left as it is. */
+static keel_status apply_acting(keel_ec_server *server, const uint64_t *rows, size_t count,
+                                const float *gradients, const bool *lost, uint64_t step_mark,
+                                parity_batch *batches, uint8_t *delta) {
+  keel__ec_shard *shard = &server->shard;
+  uint64_t k = (uint64_t)shard->layout.data_blocks;
+  group_blocks *groups = NULL;
+  size_t group_count = 0, cursor = 0;
+  keel_status status = groups_of_rows(shard, rows, count, &groups, &group_count);
+  if (status == KEEL_OK) status = fetch_and_decode(server, groups, group_count, lost);
+  for (size_t i = 0; i < count && status == KEEL_OK; i++) {
+    uint64_t group = rows[i] / k;
+    int member = (int)(rows[i] % k);
+    uint8_t *block = decoded_block(shard, groups, group_count, &cursor, rows[i]);
+    keel_ec_location holder;
+    keel_ec_layout_locate(&shard->layout, group, (int)k, &holder);
+    /* This server is the group's first parity holder not lost: its stamp is the one. */
+    int acting_member = (int)k;
+    while (lost[holder.server] || holder.server != server->index) {
+      keel_ec_layout_locate(&shard->layout, group, ++acting_member, &holder);
+    }
+    uint64_t *stamp = keel__ec_shard_parity_step(shard, group, acting_member, member);
+    if (step_mark != 0 && stamp != NULL && *stamp >= step_mark) continue;
+    status = keel__ec_shard_apply(shard, block, gradients + i * (size_t)shard->dim, delta);
+    if (status == KEEL_OK) status = queue_delta(server, batches, lost, group, member, delta);
+  }
+  groups_free(groups);
+  return status;
+}
+
+static void batches_free(parity_batch *batches, int servers) {
+  for (int i = 0; i < servers; i++) {
+    free(batches[i].refs);
+    free(batches[i].deltas);
+  }
+  free(batches);
+}
+
+/* One step of merged row gradients: applied, its changes folded everywhere, then answered. */
+static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size_t count,
+                              const float *gradients, bool acting, uint64_t step,
+                              bool synchronous) {
+  bool *lost = calloc((size_t)server->servers, sizeof *lost);
+  parity_batch *batches = calloc((size_t)server->servers, sizeof *batches);
+  uint8_t *delta = malloc(server->shard.block_bytes);
+  keel_status status = lost && batches && delta ? KEEL_OK : KEEL_ENOMEM;
+  if (status == KEEL_OK &&
+      !rows_have_role(server, rows, count, acting ? ROW_ACTING : ROW_OWN, lost))
+    status = KEEL_EAGAIN;
+  uint64_t update_id = synchronous ? step + 1 : atomic_fetch_add(&server->next_update, 1);
+  if (status == KEEL_OK && acting)
+    status = apply_acting(server, rows, count, gradients, lost, synchronous ? step + 1 : 0, batches,
+                          delta);
+  else if (status == KEEL_OK)
+    status = apply_own(server, rows, count, gradients, lost, batches, delta);
+  if (status == KEEL_OK) status = send_batches(server, batches, update_id, synchronous);
+  if (batches != NULL) batches_free(batches, server->servers);
+  free(delta);
+  free(lost);
+  return status;
+}
+
+/* A parity holder's side: fold each change (two-phase commit comes later: APPLY_NOW only). */
+static keel_status parity_prepare(keel_ec_server *server, const keel__ec_request *request) {
+  if ((request->flags & KEEL__EC_FLAG_APPLY_NOW) == 0) return KEEL_ENOTSUP;
+  keel__ec_shard *shard = &server->shard;
+  bool synchronous = server->wire.workers > 0;
+  for (size_t i = 0; i < request->count; i++) {
+    const keel__ec_ref *ref = &request->refs[i];
+    pthread_mutex_t *lock = keel__ec_shard_lock(shard, ref->group);
+    pthread_mutex_lock(lock);
+    keel_status status = keel__ec_shard_fold(shard, ref->group, (int)ref->member, (int)ref->other,
+                                             request->blocks + i * shard->block_bytes,
+                                             synchronous ? request->id : 0);
+    pthread_mutex_unlock(lock);
+    if (status != KEEL_OK) return status;
+  }
+  return KEEL_OK;
+}
+
+/* ---- the dense block */
+
+static keel_status dense_update(keel_ec_server *server, const float *gradients) {
+  keel__ec_shard *shard = &server->shard;
+  pthread_mutex_lock(&shard->dense_lock);
+  keel_status status =
+      keel_ec_row_apply(&shard->optimizer, (int)shard->dense_count, shard->dense, gradients, NULL);
+  pthread_mutex_unlock(&shard->dense_lock);
+  return status;
+}
+
+static keel_status dense_serve(keel_ec_server *server, const keel__ec_request *request,
+                               uint8_t *body) {
+  keel__ec_shard *shard = &server->shard;
+  if (!shard->holds_dense) return KEEL_EAGAIN;
+  keel_status status = KEEL_OK;
+  pthread_mutex_lock(&shard->dense_lock);
+  switch (request->op) {
+    case KEEL__EC_OP_INIT_DENSE:
+      if (!shard->dense_set)
+        status = keel_ec_row_init(&shard->optimizer, (int)shard->dense_count, request->values,
+                                  shard->dense);
+      shard->dense_set = true;
+      break;
+    case KEEL__EC_OP_PULL_DENSE:
+      memcpy(body, shard->dense + request->offset * sizeof(float),
+             (size_t)request->count * sizeof(float));
+      break;
+    case KEEL__EC_OP_READ_DENSE_BLOCK:
+      memcpy(body, shard->dense, shard->dense_block_bytes);
+      break;
+    case KEEL__EC_OP_WRITE_DENSE_BLOCK:
+      memcpy(shard->dense, request->blocks, shard->dense_block_bytes);
+      shard->dense_set = true;
+      break;
+    default:
+      status = KEEL_EINVAL;
+  }
+  pthread_mutex_unlock(&shard->dense_lock);
+  return status;
+}
+
+/* ---- synchronous steps: every worker's push, then one application in worker order */
+
+/* The union of the workers' rows (each list strictly increasing), every row's gradient the
+ * sum of the workers' in worker order. */
+static keel_status merge_rows(const step_slot *slot, int workers, int dim, uint64_t **rows_p,
+                              float **gradients_p, size_t *count_p) {
+  size_t total = 0;
+  for (int w = 0; w < workers; w++) total += slot->pushes[w].request.count;
+  uint64_t *rows = malloc(sizeof *rows * (total > 0 ? total : 1));
+  float *gradients = malloc(sizeof *gradients * (total > 0 ? total : 1) * (size_t)dim);
+  size_t *cursor = calloc((size_t)workers, sizeof *cursor);
+  if (rows == NULL || gradients == NULL || cursor == NULL) {
+    free(rows), free(gradients), free(cursor);
+    return KEEL_ENOMEM;
+  }
+  size_t count = 0;
+  for (;;) {
+    uint64_t next = UINT64_MAX;
+    bool any = false;
+    for (int w = 0; w < workers; w++) {
+      const keel__ec_request *push = &slot->pushes[w].request;
+      if (cursor[w] < push->count && (!any || push->rows[cursor[w]] < next))
+        next = push->rows[cursor[w]], any = true;
+    }
+    if (!any) break;
+    float *sum = gradients + count * (size_t)dim;
+    bool first = true;
+    for (int w = 0; w < workers; w++) {
+      const keel__ec_request *push = &slot->pushes[w].request;
+      if (cursor[w] >= push->count || push->rows[cursor[w]] != next) continue;
+      const float *gradient = push->values + cursor[w] * (size_t)dim;
+      for (int j = 0; j < dim; j++) sum[j] = first ? gradient[j] : sum[j] + gradient[j];
+      first = false;
+      cursor[w]++;
+    }
+    rows[count++] = next;
+  }
+  free(cursor);
+  *rows_p = rows;
+  *gradients_p = gradients;
+  *count_p = count;
+  return KEEL_OK;
+}
+
+static keel_status merge_dense(const step_slot *slot, int workers, size_t count,
+                               float **gradients_p) {
+  float *sum = malloc(sizeof *sum * (count > 0 ? count : 1));
+  if (sum == NULL) return KEEL_ENOMEM;
+  for (int w = 0; w < workers; w++) {
+    const float *gradient = slot->pushes[w].request.values;
+    for (size_t j = 0; j < count; j++) sum[j] = w == 0 ? gradient[j] : sum[j] + gradient[j];
+  }
+  *gradients_p = sum;
+  return KEEL_OK;
+}
+
+static keel_status step_apply(keel_ec_server *server, const step_slot *slot) {
+  int workers = (int)server->wire.workers;
+  float *gradients = NULL;
+  keel_status status;
+  if (slot->op == KEEL__EC_OP_PUSH_DENSE) {
+    status = merge_dense(slot, workers, server->shard.dense_count, &gradients);
+    if (status == KEEL_OK) status = dense_update(server, gradients);
+  } else {
+    uint64_t *rows = NULL;
+    size_t count = 0;
+    status = merge_rows(slot, workers, server->shard.dim, &rows, &gradients, &count);
+    if (status == KEEL_OK)
+      status = apply_rows(server, rows, count, gradients, slot->acting, slot->step, true);
+    free(rows);
+  }
+  free(gradients);
+  return status;
+}
+
+static step_slot *step_find(keel_ec_server *server, uint16_t op, bool acting, uint64_t step) {
+  for (step_slot *slot = server->steps; slot != NULL; slot = slot->next)
+    if (slot->op == op && slot->acting == acting && slot->step == step) return slot;
+  step_slot *slot = calloc(1, sizeof *slot);
+  if (slot == NULL) return NULL;
+  slot->pushes = calloc(server->wire.workers, sizeof *slot->pushes);
+  if (slot->pushes == NULL) {
+    free(slot);
+    return NULL;
+  }
+  *slot = (step_slot){
+      .next = server->steps, .op = op, .acting = acting, .step = step, .pushes = slot->pushes};
+  server->steps = slot;
+  return slot;
+}
+
+static void step_free(keel_ec_server *server, step_slot *slot) {
+  for (step_slot **at = &server->steps; *at != NULL; at = &(*at)->next) {
+    if (*at == slot) {
+      *at = slot->next;
+      break;
+    }
+  }
+  for (uint32_t w = 0; w < server->wire.workers; w++) free(slot->pushes[w].payload);
+  free(slot->pushes);
+  free(slot);
+}
+
+/* Joins this push to its step; the worker whose push completes the step applies it, the
+ * others wait for that (bounded). The slot takes the payload. */
+static keel_status step_join(keel_ec_server *server, const keel__ec_request *request, void *payload,
+                             bool acting) {
+  if (request->workers != server->wire.workers) {
+    free(payload);
+    return KEEL_EINVAL;
+  }
+  pthread_mutex_lock(&server->step_lock);
+  step_slot *slot = step_find(server, request->op, acting, request->step);
+  if (slot == NULL || slot->pushes[request->worker].payload != NULL || slot->applied) {
+    pthread_mutex_unlock(&server->step_lock);
+    free(payload);
+    return slot == NULL ? KEEL_ENOMEM : KEEL_EEXIST;
+  }
+  slot->pushes[request->worker] = (step_push){.request = *request, .payload = payload};
+  slot->arrived++;
+  if (slot->arrived == (int)server->wire.workers) {
+    pthread_mutex_unlock(&server->step_lock);
+    keel_status result = step_apply(server, slot);
+    pthread_mutex_lock(&server->step_lock);
+    slot->result = result;
+    slot->applied = true;
+    pthread_cond_broadcast(&server->step_done);
+  }
+  int64_t deadline = keel_deadline_after_ns(2 * KEEL__EC_CALL_TIMEOUT_NS);
+  while (!slot->applied && !atomic_load(&server->stopping) && keel_now_ns() < deadline) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += 100 * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&server->step_done, &server->step_lock, &until);
+  }
+  keel_status result = slot->applied ? slot->result : KEEL_ETIMEDOUT;
+  slot->left++;
+  if (slot->applied && slot->left == slot->arrived) step_free(server, slot);
+  pthread_mutex_unlock(&server->step_lock);
+  return result;
+}
+
+/* ---- requests */
+
+static keel_status push(keel_ec_server *server, const keel__ec_request *request, void **payload) {
+  bool acting = (request->flags & KEEL__EC_FLAG_ACTING) != 0;
+  if (request->op == KEEL__EC_OP_PUSH_DENSE && !server->shard.holds_dense) return KEEL_EAGAIN;
+  if (server->wire.workers > 0) {
+    void *kept = *payload;
+    *payload = NULL;
+    return step_join(server, request, kept, acting);
+  }
+  if (request->op == KEEL__EC_OP_PUSH_DENSE) return dense_update(server, request->values);
+  return apply_rows(server, request->rows, request->count, request->values, acting, request->step,
+                    false);
+}
+
+static keel_status serve(keel_ec_server *server, const keel__ec_request *request, void **payload,
+                         uint8_t *body) {
+  switch (request->op) {
+    case KEEL__EC_OP_INFO:
+      return keel__ec_config_encode(&server->wire, body);
+    case KEEL__EC_OP_PULL_ROWS:
+      return pull_rows(server, request, (request->flags & KEEL__EC_FLAG_ACTING) != 0,
+                       (float *)(void *)body);
+    case KEEL__EC_OP_PUSH_ROWS:
+    case KEEL__EC_OP_PUSH_DENSE:
+      return push(server, request, payload);
+    case KEEL__EC_OP_READ_BLOCKS:
+      return read_blocks(server, request, body);
+    case KEEL__EC_OP_PARITY_PREPARE:
+      return parity_prepare(server, request);
+    case KEEL__EC_OP_PARITY_COMMIT:
+    case KEEL__EC_OP_WRITE_BLOCKS:
+      return KEEL_ENOTSUP; /* two-phase commit and rebuilds: not yet */
+    default:
+      return dense_serve(server, request, body);
+  }
+}
+
+/* Answers one request frame: decoded (a malformed one is refused with its status), served,
+ * the reply sent. Only a link failure ends the connection. */
+static keel_status answer(keel_ec_server *server, keel_link *link, const keel_frame *frame,
+                          void **payload) {
+  keel__ec_request request;
+  keel_status status =
+      frame->type == KEEL_FRAME_EC_REQUEST
+          ? keel__ec_request_decode(*payload, frame->length, &server->limits, &request)
+          : KEEL_EPROTO;
+  size_t body_bytes = status == KEEL_OK ? keel__ec_reply_body_bytes(&request, &server->limits) : 0;
+  uint8_t *reply = malloc(KEEL__EC_REPLY_HEADER_BYTES + body_bytes);
+  if (reply == NULL) return KEEL_ENOMEM;
+  uint16_t op = status == KEEL_OK ? request.op : 0;
+  if (status == KEEL_OK)
+    status = serve(server, &request, payload, reply + KEEL__EC_REPLY_HEADER_BYTES);
+  if (status != KEEL_OK) {
+    if (op != 0 || frame->type == KEEL_FRAME_EC_REQUEST)
+      KEEL_LOG_D(MODULE, "server %d: request of op %u refused: %s", server->index, op,
+                 keel_strerror(status));
+    body_bytes = 0;
+  }
+  keel__ec_reply_encode_header(op, status, body_bytes, reply);
+  keel_frame out = {.type = KEEL_FRAME_EC_REPLY, .tag = frame->tag};
+  keel_status sent = keel_link_send(link, &out, reply, KEEL__EC_REPLY_HEADER_BYTES + body_bytes,
+                                    keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS));
+  free(reply);
+  return sent;
+}
+
+static void *connection_main(void *argument) {
+  connection *self = argument;
+  keel_ec_server *server = self->server;
+  while (!atomic_load(&server->stopping)) {
+    keel_frame frame;
+    void *payload = NULL;
+    keel_status status = keel_link_recv(self->link, &frame, &payload, KEEL_NO_DEADLINE);
+    if (status != KEEL_OK) break;
+    status = answer(server, self->link, &frame, &payload);
+    free(payload);
+    if (status != KEEL_OK) break;
+  }
+  pthread_mutex_lock(&server->connections_lock);
+  self->finished = true;
+  pthread_mutex_unlock(&server->connections_lock);
+  return NULL;
+}
+
+/* Joins and frees finished connections (every one when all is set, after waking them). */
+static void reap(keel_ec_server *server, bool all) {
+  connection *done = NULL;
+  pthread_mutex_lock(&server->connections_lock);
+  for (connection **at = &server->connections; *at != NULL;) {
+    connection *item = *at;
+    if (all && !item->finished) shutdown(keel_link_fd(item->link), SHUT_RDWR);
+    if (item->finished || all) {
+      *at = item->next;
+      item->next = done;
+      done = item;
+    } else {
+      at = &item->next;
+    }
+  }
+  pthread_mutex_unlock(&server->connections_lock);
+  while (done != NULL) {
+    connection *item = done;
+    done = item->next;
+    pthread_join(item->thread, NULL);
+    keel_link_close(item->link);
+    free(item);
+  }
+}
+
+static void accept_one(keel_ec_server *server) {
+  keel_link *link = NULL;
+  keel_status status = keel_listener_accept(server->listener, &server->auth,
+                                            keel_deadline_after_ns(HANDSHAKE_TIMEOUT_NS), &link);
+  if (status != KEEL_OK) {
+    KEEL_LOG_D(MODULE, "server %d: a connection was not accepted: %s", server->index,
+               keel_strerror(status));
+    return;
+  }
+  connection *item = calloc(1, sizeof *item);
+  if (item == NULL) goto fail_close_link;
+  item->server = server;
+  item->link = link;
+  if (pthread_create(&item->thread, NULL, connection_main, item) != 0) goto fail_free_item;
+  pthread_mutex_lock(&server->connections_lock);
+  item->next = server->connections;
+  server->connections = item;
+  pthread_mutex_unlock(&server->connections_lock);
+  return;
+
+fail_free_item:
+  free(item);
+fail_close_link:
+  keel_link_close(link);
+}
+
+static void *acceptor_main(void *argument) {
+  keel_ec_server *server = argument;
+  while (!atomic_load(&server->stopping)) {
+    struct pollfd watched = {.fd = keel_listener_fd(server->listener), .events = POLLIN};
+    int ready = poll(&watched, 1, ACCEPT_POLL_MS);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready > 0) accept_one(server);
+    reap(server, false);
+  }
+  return NULL;
+}
+
+/* ---- life */
+
+static keel_status server_prepare(keel_ec_server *server, const keel_ec_config *config, int index) {
+  keel_status status = keel__ec_config_from_public(config, &server->wire);
+  if (status == KEEL_OK && (index < 0 || index >= config->servers))
+    status = keel__ec_invalid("keel_ec_server_start: a server index out of range");
+  if (status == KEEL_OK)
+    status = keel__ec_config_limits(&server->wire, KEEL__EC_MAX_COUNT, &server->limits);
+  if (status == KEEL_OK) status = keel__ec_shard_create(&server->wire, index, &server->shard);
+  if (status != KEEL_OK) return status;
+  status = keel_ec_decoder_create(server->shard.code, 0, &server->decoder);
+  server->peers = calloc((size_t)config->servers, sizeof *server->peers);
+  server->lost = calloc((size_t)config->servers, sizeof *server->lost);
+  if (status == KEEL_OK && (server->peers == NULL || server->lost == NULL)) status = KEEL_ENOMEM;
+  for (int i = 0; status == KEEL_OK && i < config->servers; i++)
+    keel__ec_peer_init(&server->peers[i], i);
+  return status;
+}
+
+keel_status keel_ec_server_start(const keel_ec_config *config, int index,
+                                 const char *listen_address, keel_store *directory,
+                                 const keel_auth *auth, keel_ec_server **server_p) {
+  if (config == NULL || listen_address == NULL || directory == NULL || auth == NULL ||
+      server_p == NULL)
+    return keel__ec_invalid("keel_ec_server_start: NULL argument");
+  keel_ec_server *server = calloc(1, sizeof *server);
+  if (server == NULL) return KEEL_ENOMEM;
+  server->index = index;
+  server->servers = config->servers;
+  server->auth = *auth;
+  atomic_init(&server->stopping, false);
+  atomic_init(&server->next_update, 1);
+  pthread_mutex_init(&server->decode_lock, NULL);
+  pthread_mutex_init(&server->connections_lock, NULL);
+  pthread_mutex_init(&server->lost_lock, NULL);
+  pthread_mutex_init(&server->step_lock, NULL);
+  pthread_condattr_t attributes;
+  pthread_condattr_init(&attributes);
+  pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
+  pthread_cond_init(&server->step_done, &attributes);
+  pthread_condattr_destroy(&attributes);
+  keel__ec_directory_init(&server->directory, directory);
+  keel_status status = server_prepare(server, config, index);
+  if (status == KEEL_OK) status = keel_listener_open(listen_address, &server->listener);
+  if (status == KEEL_OK) refresh_lost(server);
+  if (status == KEEL_OK)
+    status = keel__ec_directory_publish(&server->directory, index,
+                                        keel_listener_address(server->listener));
+  if (status == KEEL_OK && pthread_create(&server->acceptor, NULL, acceptor_main, server) != 0)
+    status = KEEL_ENOMEM;
+  if (status != KEEL_OK) {
+    KEEL_LOG_E(MODULE, "server %d cannot start: %s", index, keel_strerror(status));
+    keel_listener_close(server->listener);
+    server->listener = NULL;
+    keel_ec_server_stop(server);
+    return status;
+  }
+  KEEL_LOG_I(MODULE, "server %d of %d listens on %s: %llu rows, %llu parity blocks", index,
+             config->servers, keel_listener_address(server->listener),
+             (unsigned long long)server->shard.data_rows,
+             (unsigned long long)server->shard.parity_rows);
+  *server_p = server;
+  return KEEL_OK;
+}
+
+const char *keel_ec_server_address(const keel_ec_server *server) {
+  return keel_listener_address(server->listener);
+}
+
+void keel_ec_server_stop(keel_ec_server *server) {
+  if (server == NULL) return;
+  atomic_store(&server->stopping, true);
+  if (server->listener != NULL) pthread_join(server->acceptor, NULL);
+  reap(server, true);
+  keel_listener_close(server->listener);
+  while (server->steps != NULL) step_free(server, server->steps);
+  if (server->peers != NULL)
+    for (int i = 0; i < server->servers; i++) keel__ec_peer_destroy(&server->peers[i]);
+  free(server->peers);
+  free(server->lost);
+  keel_ec_decoder_destroy(server->decoder);
+  if (server->shard.code != NULL) keel__ec_shard_destroy(&server->shard);
+  keel__ec_directory_destroy(&server->directory);
+  pthread_cond_destroy(&server->step_done);
+  pthread_mutex_destroy(&server->step_lock);
+  pthread_mutex_destroy(&server->lost_lock);
+  pthread_mutex_destroy(&server->connections_lock);
+  pthread_mutex_destroy(&server->decode_lock);
+  free(server);
+}

@@ -1,0 +1,253 @@
+/* What servers and clients share: one call to a server (a request and its reply over an
+ * authenticated link), the directory of servers in the job's store, and routing around lost
+ * servers. */
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ec/ec_internal.h"
+#include "ec/service.h"
+
+#define DIRECTORY_POLL_NS ((int64_t)20 * 1000 * 1000)
+
+void keel__ec_peer_init(keel__ec_peer *peer, int index) {
+  memset(peer, 0, sizeof *peer);
+  pthread_mutex_init(&peer->lock, NULL);
+  peer->index = index;
+  peer->next_tag = 1;
+}
+
+void keel__ec_peer_destroy(keel__ec_peer *peer) {
+  keel_link_close(peer->link);
+  peer->link = NULL;
+  pthread_mutex_destroy(&peer->lock);
+}
+
+bool keel__ec_unreachable(keel_status status) {
+  return status == KEEL_ECLOSED || status == KEEL_ECONNREFUSED || status == KEEL_ETIMEDOUT ||
+         status == KEEL_EIO;
+}
+
+/* Opens the link on first use: the address from the directory, each time, since a
+ * replacement server may listen elsewhere. */
+static keel_status peer_connect(keel__ec_peer *peer, keel__ec_directory *directory,
+                                const keel_auth *auth, int64_t deadline_ns) {
+  if (peer->link != NULL) return KEEL_OK;
+  keel_status status = keel__ec_directory_lookup(directory, peer->index, peer->address,
+                                                 sizeof peer->address, deadline_ns);
+  if (status != KEEL_OK) return status;
+  /* The address was published by a server that listened there: a refused connection means
+   * it is gone, not that it has yet to start, so refusals are retried only briefly. */
+  int64_t connect_deadline = keel_deadline_after_ns(KEEL__EC_CONNECT_TIMEOUT_NS);
+  if (connect_deadline > deadline_ns) connect_deadline = deadline_ns;
+  return keel_link_connect(peer->address, auth, connect_deadline, &peer->link);
+}
+
+static void peer_drop(keel__ec_peer *peer) {
+  keel_link_close(peer->link);
+  peer->link = NULL;
+}
+
+/* One exchange on a connected link: the encoded request out, its reply in. */
+static keel_status peer_exchange(keel__ec_peer *peer, const uint8_t *payload, size_t length,
+                                 uint16_t op, size_t body_bytes, void *body, int64_t deadline_ns) {
+  uint64_t tag = peer->next_tag++;
+  keel_frame frame = {.type = KEEL_FRAME_EC_REQUEST, .tag = tag};
+  keel_status status = keel_link_send(peer->link, &frame, payload, length, deadline_ns);
+  if (status != KEEL_OK) return status;
+  keel_frame reply_frame;
+  void *reply_payload = NULL;
+  status = keel_link_recv(peer->link, &reply_frame, &reply_payload, deadline_ns);
+  if (status != KEEL_OK) return status;
+  keel__ec_reply reply;
+  if (reply_frame.type != KEEL_FRAME_EC_REPLY || reply_frame.tag != tag) {
+    status = KEEL_EPROTO;
+  } else {
+    status = keel__ec_reply_decode(reply_payload, reply_frame.length, op, body_bytes, &reply);
+  }
+  if (status == KEEL_OK) {
+    status = reply.status;
+    if (status == KEEL_OK && body_bytes > 0) memcpy(body, reply.body, body_bytes);
+  }
+  free(reply_payload);
+  return status;
+}
+
+static keel_status peer_call_encoded(keel__ec_peer *peer, keel__ec_directory *directory,
+                                     const keel_auth *auth, const uint8_t *payload, size_t length,
+                                     uint16_t op, size_t body_bytes, void *body,
+                                     int64_t deadline_ns) {
+  pthread_mutex_lock(&peer->lock);
+  keel_status status = peer_connect(peer, directory, auth, deadline_ns);
+  if (status == KEEL_OK)
+    status = peer_exchange(peer, payload, length, op, body_bytes, body, deadline_ns);
+  /* A link that failed mid-exchange may hold half a reply: never reuse it. */
+  if (status != KEEL_OK &&
+      (keel__ec_unreachable(status) || status == KEEL_EPROTO || status == KEEL_ECORRUPT))
+    peer_drop(peer);
+  pthread_mutex_unlock(&peer->lock);
+  return status;
+}
+
+keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
+                               const keel_auth *auth, const keel__ec_request *request,
+                               const keel__ec_limits *limits, void *body, int64_t deadline_ns) {
+  size_t length = keel__ec_request_bytes(request, limits);
+  size_t body_bytes = keel__ec_reply_body_bytes(request, limits);
+  if (length == 0 || body_bytes == SIZE_MAX) return KEEL_EINVAL;
+  uint8_t *payload = malloc(length);
+  if (payload == NULL) return KEEL_ENOMEM;
+  keel_status status = keel__ec_request_encode(request, limits, payload, length);
+  if (status == KEEL_OK)
+    status = peer_call_encoded(peer, directory, auth, payload, length, request->op, body_bytes,
+                               body, deadline_ns);
+  free(payload);
+  return status;
+}
+
+keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *directory,
+                               const keel_auth *auth, keel__ec_config *config_p,
+                               int64_t deadline_ns) {
+  /* INFO is the header alone: no limits are known yet. */
+  uint8_t payload[KEEL__EC_REQUEST_HEADER_BYTES] = {KEEL__EC_OP_INFO};
+  uint8_t body[KEEL__EC_CONFIG_BYTES];
+  keel_status status = peer_call_encoded(peer, directory, auth, payload, sizeof payload,
+                                         KEEL__EC_OP_INFO, sizeof body, body, deadline_ns);
+  if (status != KEEL_OK) return status;
+  return keel__ec_config_decode(body, sizeof body, config_p);
+}
+
+/* ---- the directory */
+
+void keel__ec_directory_init(keel__ec_directory *directory, keel_store *store) {
+  directory->store = store;
+  pthread_mutex_init(&directory->lock, NULL);
+}
+
+void keel__ec_directory_destroy(keel__ec_directory *directory) {
+  pthread_mutex_destroy(&directory->lock);
+}
+
+static void server_key(char *key, size_t capacity, const char *kind, int index) {
+  snprintf(key, capacity, "ec/%s/%d", kind, index);
+}
+
+keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
+                                       const char *address) {
+  char key[64];
+  server_key(key, sizeof key, "server", index);
+  pthread_mutex_lock(&directory->lock);
+  keel_status status = keel_store_put(directory->store, key, address, strlen(address), 0, NULL);
+  pthread_mutex_unlock(&directory->lock);
+  return status;
+}
+
+keel_status keel__ec_directory_lookup(keel__ec_directory *directory, int index, char *address,
+                                      size_t capacity, int64_t deadline_ns) {
+  char key[64];
+  server_key(key, sizeof key, "server", index);
+  for (;;) {
+    keel_store_entry *entry = NULL;
+    pthread_mutex_lock(&directory->lock);
+    keel_status status = keel_store_get(directory->store, key, &entry);
+    pthread_mutex_unlock(&directory->lock);
+    if (status == KEEL_OK) {
+      bool fits = entry->value_length < capacity;
+      if (fits) snprintf(address, capacity, "%s", (const char *)entry->value);
+      keel_store_entry_free(entry);
+      return fits ? KEEL_OK : KEEL_ERANGE;
+    }
+    if (status != KEEL_ENOTFOUND) return status;
+    if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
+    poll(NULL, 0, (int)(DIRECTORY_POLL_NS / 1000000));
+  }
+}
+
+keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index) {
+  char key[64];
+  server_key(key, sizeof key, "lost", index);
+  pthread_mutex_lock(&directory->lock);
+  keel_status status = keel_store_put(directory->store, key, "1", 1, 0, NULL);
+  pthread_mutex_unlock(&directory->lock);
+  return status;
+}
+
+keel_status keel__ec_directory_declare_back(keel__ec_directory *directory, int index) {
+  char key[64];
+  server_key(key, sizeof key, "lost", index);
+  pthread_mutex_lock(&directory->lock);
+  keel_status status = keel_store_delete(directory->store, key);
+  pthread_mutex_unlock(&directory->lock);
+  return status == KEEL_ENOTFOUND ? KEEL_OK : status;
+}
+
+keel_status keel__ec_directory_lost(keel__ec_directory *directory, int servers, bool *lost) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  pthread_mutex_lock(&directory->lock);
+  keel_status status = keel_store_list(directory->store, "ec/lost/", &entries, &count, NULL);
+  pthread_mutex_unlock(&directory->lock);
+  if (status != KEEL_OK) return status;
+  for (int i = 0; i < servers; i++) lost[i] = false;
+  for (size_t i = 0; i < count; i++) {
+    long index = strtol(entries[i].key + strlen("ec/lost/"), NULL, 10);
+    if (index >= 0 && index < servers) lost[index] = true;
+  }
+  keel_store_entries_free(entries, count);
+  return KEEL_OK;
+}
+
+/* ---- routing */
+
+int keel__ec_row_server(const keel_ec_layout *layout, uint64_t row, const bool *lost) {
+  keel_ec_location location;
+  if (keel_ec_layout_locate_row(layout, row, &location) != KEEL_OK) return -1;
+  if (!lost[location.server]) return location.server;
+  int members = layout->data_blocks + layout->parity_blocks;
+  for (int member = layout->data_blocks; member < members; member++) {
+    keel_ec_location parity;
+    keel_ec_layout_locate(layout, location.group, member, &parity);
+    if (!lost[parity.server]) return parity.server;
+  }
+  return -1;
+}
+
+int keel__ec_dense_server(int servers, bool replicated, const bool *lost) {
+  if (!lost[0]) return 0;
+  if (replicated && servers > 1 && !lost[1]) return 1;
+  return -1;
+}
+
+keel_status keel__ec_config_from_public(const keel_ec_config *config, keel__ec_config *wire_p) {
+  if (config == NULL || config->servers < 1 || config->data_blocks < 1 ||
+      config->parity_blocks < 1 || config->dim < 1 || config->workers < 0)
+    return keel__ec_invalid("ec: a configuration with a count below 1");
+  keel__ec_config wire = {
+      .servers = (uint32_t)config->servers,
+      .data_blocks = (uint32_t)config->data_blocks,
+      .parity_blocks = (uint32_t)config->parity_blocks,
+      .dim = (uint32_t)config->dim,
+      .optimizer_kind = (uint32_t)config->optimizer.kind,
+      .learning_rate = config->optimizer.learning_rate,
+      .momentum = config->optimizer.momentum,
+      .epsilon = config->optimizer.epsilon,
+      .initial_accumulator = config->optimizer.initial_accumulator,
+      .beta1 = config->optimizer.beta1,
+      .beta2 = config->optimizer.beta2,
+      .total_rows = config->total_rows,
+      .dense_count = config->dense_count,
+      .seed = config->seed,
+      .workers = (uint32_t)config->workers,
+      .options = (config->two_phase_commit ? KEEL__EC_OPTION_TWO_PHASE_COMMIT : 0u) |
+                 (config->replicate_dense ? KEEL__EC_OPTION_DENSE_REPLICATED : 0u),
+      .init_scale = config->init_scale,
+  };
+  /* The encoder checks every rule a server would. */
+  uint8_t scratch[KEEL__EC_CONFIG_BYTES];
+  keel_status status = keel__ec_config_encode(&wire, scratch);
+  if (status != KEEL_OK) return keel__ec_invalid("ec: an invalid configuration");
+  *wire_p = wire;
+  return KEEL_OK;
+}

@@ -1,0 +1,87 @@
+/* Private to src/ec: what parameter servers and their clients share: calls to a server over an
+ * authenticated link (one request, its reply), and the directory in the job's store that says
+ * where each server listens and which servers the job has declared lost. */
+#ifndef KEEL_EC_SERVICE_H
+#define KEEL_EC_SERVICE_H
+
+#include <pthread.h>
+
+#include "ec/protocol.h"
+#include "keel/ec.h"
+
+/* Bounds every wait of a call: a server that does not answer in this time is taken for lost. */
+#define KEEL__EC_CALL_TIMEOUT_NS ((int64_t)30 * 1000 * 1000 * 1000)
+/* How long a call keeps trying to connect to a server that refuses. */
+#define KEEL__EC_CONNECT_TIMEOUT_NS ((int64_t)1000 * 1000 * 1000)
+/* Most rows or refs in one request: keeps a frame far under the link's payload bound. */
+#define KEEL__EC_MAX_COUNT 65536u
+
+/* The job's store as the directory of servers, shared by a process's threads: the store
+ * handle serves one thread at a time, so every use takes the lock. */
+typedef struct keel__ec_directory {
+  keel_store *store;
+  pthread_mutex_t lock;
+} keel__ec_directory;
+
+void keel__ec_directory_init(keel__ec_directory *directory, keel_store *store);
+void keel__ec_directory_destroy(keel__ec_directory *directory);
+
+/* One server as seen by a caller: its link (opened on first use, dropped after a failure so
+ * that the next call reconnects) under a lock, so that threads take turns. */
+typedef struct keel__ec_peer {
+  pthread_mutex_t lock;
+  int index;
+  keel_link *link;
+  char address[64];
+  uint64_t next_tag;
+} keel__ec_peer;
+
+void keel__ec_peer_init(keel__ec_peer *peer, int index);
+void keel__ec_peer_destroy(keel__ec_peer *peer);
+
+/* Sends request to the peer's server and waits for its reply, by deadline_ns. The reply's
+ * body (keel__ec_reply_body_bytes of the request) is copied to body (NULL when it has none).
+ * Returns the server's own answer (KEEL_EAGAIN: it does not serve that, ask again after
+ * refreshing the lost servers), or KEEL_ECLOSED / KEEL_ECONNREFUSED / KEEL_ETIMEDOUT when the
+ * server could not be reached (the link is dropped), KEEL_EPROTO for a malformed reply. */
+keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
+                               const keel_auth *auth, const keel__ec_request *request,
+                               const keel__ec_limits *limits, void *body, int64_t deadline_ns);
+
+/* Asks server peer for its configuration (INFO), into *config_p. */
+keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *directory,
+                               const keel_auth *auth, keel__ec_config *config_p,
+                               int64_t deadline_ns);
+
+/* Maps a true status of the link (broken, refused, silent) to "the server is lost". */
+bool keel__ec_unreachable(keel_status status);
+
+/* ---- the directory: keys ec/server/<i> (its address) and ec/lost/<i> (declared lost). */
+
+/* Says where server index listens. */
+keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
+                                       const char *address);
+/* Where server index listens, waiting for it to say so until deadline_ns. */
+keel_status keel__ec_directory_lookup(keel__ec_directory *directory, int index, char *address,
+                                      size_t capacity, int64_t deadline_ns);
+/* Declares server index lost: from then on every caller routes around it. */
+keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index);
+/* Clears the mark (a replacement took the server's place). */
+keel_status keel__ec_directory_declare_back(keel__ec_directory *directory, int index);
+/* lost[i] for i < servers, from the store. */
+keel_status keel__ec_directory_lost(keel__ec_directory *directory, int servers, bool *lost);
+
+/* ---- routing, a pure function of the layout and the lost servers. */
+
+/* The server that serves reads and updates of data row `row`: its own server while that one
+ * is not lost, else the group's first parity holder that is not lost ("acting" for it, by
+ * decoding), -1 when every one of them is lost too. */
+int keel__ec_row_server(const keel_ec_layout *layout, uint64_t row, const bool *lost);
+/* The server that holds the dense block: server 0 unless lost, else 1 when the dense block is
+ * replicated and 1 is not lost; -1 when none. */
+int keel__ec_dense_server(int servers, bool replicated, const bool *lost);
+
+/* The public configuration as the protocol carries it. */
+keel_status keel__ec_config_from_public(const keel_ec_config *config, keel__ec_config *wire_p);
+
+#endif

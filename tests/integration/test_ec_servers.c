@@ -1,0 +1,343 @@
+/* Parameter servers (ECRec) in this process, on an embedded store: two synchronous workers
+ * train random rows and a dense block; a server is lost part way; every row, its optimizer
+ * state and the dense block must end bit for bit as a reference computed here applies the
+ * same steps, and degraded reads must return exactly the lost rows. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "keel/ec.h"
+
+#define WORKERS 2
+#define STEPS 24
+#define ROWS_PER_STEP 40
+#define DENSE 37
+#define SEED 99
+
+typedef struct ec_job {
+  keel_ec_config config;
+  keel_auth auth;
+  keel_store_server *store_server;
+  keel_store *stores[8];
+  keel_ec_server *servers[8];
+  pthread_barrier_t barrier;
+  int lose_at; /* the step before which server `lose` is stopped; -1: never */
+  int lose;
+  keel_status worker_status[WORKERS];
+  /* reference */
+  size_t block_bytes, dense_block_bytes;
+  uint8_t *blocks;
+  uint8_t *dense;
+} ec_job;
+
+/* Worker w's rows of step s: distinct, increasing, drawn from the seed. */
+static size_t step_rows(const ec_job *job, int worker, int step, uint64_t *rows, float *gradients) {
+  keel_random random;
+  keel_random_seed(&random, keel_random_seed_for(SEED, (uint64_t)step, (uint64_t)worker));
+  size_t count = 0;
+  uint64_t row = keel_random_below(&random, 4);
+  while (count < ROWS_PER_STEP && row < job->config.total_rows) {
+    rows[count++] = row;
+    row += 1 + keel_random_below(&random, 2 * job->config.total_rows / ROWS_PER_STEP);
+  }
+  for (size_t i = 0; i < count * (size_t)job->config.dim; i++)
+    gradients[i] = (float)(keel_random_unit(&random) - 0.5);
+  return count;
+}
+
+static void step_dense(int worker, int step, float *gradients) {
+  keel_random random;
+  keel_random_seed(&random, keel_random_seed_for(SEED + 1, (uint64_t)step, (uint64_t)worker));
+  for (int i = 0; i < DENSE; i++) gradients[i] = (float)(keel_random_unit(&random) - 0.5);
+}
+
+static void dense_initial(float *values) {
+  for (int i = 0; i < DENSE; i++) values[i] = (float)i / 64.0f - 0.25f;
+}
+
+/* ---- the reference: every step applied here, gradients summed in worker order */
+
+static void reference_make(ec_job *job) {
+  int dim = job->config.dim;
+  assert_int_equal(keel_ec_row_block_bytes(&job->config.optimizer, dim, &job->block_bytes),
+                   KEEL_OK);
+  assert_int_equal(keel_ec_row_block_bytes(&job->config.optimizer, DENSE, &job->dense_block_bytes),
+                   KEEL_OK);
+  job->blocks = calloc(job->config.total_rows, job->block_bytes);
+  job->dense = calloc(1, job->dense_block_bytes);
+  float values[64];
+  for (uint64_t row = 0; row < job->config.total_rows; row++) {
+    assert_int_equal(keel_ec_row_initial(SEED, row, dim, 0.1f, values), KEEL_OK);
+    keel_ec_row_init(&job->config.optimizer, dim, values, job->blocks + row * job->block_bytes);
+  }
+  float dense[DENSE];
+  dense_initial(dense);
+  keel_ec_row_init(&job->config.optimizer, DENSE, dense, job->dense);
+}
+
+static void reference_step(ec_job *job, int step) {
+  int dim = job->config.dim;
+  uint64_t total = job->config.total_rows;
+  float *sums = calloc(total * (size_t)dim, sizeof *sums);
+  bool *touched = calloc(total, sizeof *touched);
+  uint64_t rows[ROWS_PER_STEP];
+  float gradients[ROWS_PER_STEP * 64], dense[DENSE], dense_sum[DENSE];
+  for (int w = 0; w < WORKERS; w++) {
+    size_t count = step_rows(job, w, step, rows, gradients);
+    for (size_t i = 0; i < count; i++) {
+      float *sum = sums + rows[i] * (size_t)dim;
+      for (int j = 0; j < dim; j++)
+        sum[j] = touched[rows[i]] ? sum[j] + gradients[i * (size_t)dim + j]
+                                  : gradients[i * (size_t)dim + j];
+      touched[rows[i]] = true;
+    }
+    step_dense(w, step, dense);
+    for (int j = 0; j < DENSE; j++) dense_sum[j] = w == 0 ? dense[j] : dense_sum[j] + dense[j];
+  }
+  for (uint64_t row = 0; row < total; row++)
+    if (touched[row])
+      keel_ec_row_apply(&job->config.optimizer, dim, job->blocks + row * job->block_bytes,
+                        sums + row * (size_t)dim, NULL);
+  keel_ec_row_apply(&job->config.optimizer, DENSE, job->dense, dense_sum, NULL);
+  free(touched);
+  free(sums);
+}
+
+static uint32_t reference_checksum(const ec_job *job) {
+  uint32_t crc = keel_crc32c(0, job->blocks, job->config.total_rows * job->block_bytes);
+  return keel_crc32c(crc, job->dense, job->dense_block_bytes);
+}
+
+/* ---- the servers and the workers */
+
+typedef struct worker_context {
+  ec_job *job;
+  int worker;
+} worker_context;
+
+static keel_status worker_steps(ec_job *job, int worker, keel_ec_client *client) {
+  uint64_t rows[ROWS_PER_STEP];
+  float gradients[ROWS_PER_STEP * 64], pulled[ROWS_PER_STEP * 64], dense[DENSE];
+  keel_status status = KEEL_OK;
+  for (int step = 0; step < STEPS && status == KEEL_OK; step++) {
+    /* The main thread may lose a server between two steps. */
+    pthread_barrier_wait(&job->barrier);
+    pthread_barrier_wait(&job->barrier);
+    size_t count = step_rows(job, worker, step, rows, gradients);
+    status = keel_ec_client_pull_rows(client, rows, count, pulled);
+    if (status == KEEL_OK) status = keel_ec_client_pull_dense(client, dense);
+    if (status == KEEL_OK)
+      status = keel_ec_client_push_rows(client, (uint64_t)step, rows, count, gradients);
+    step_dense(worker, step, dense);
+    if (status == KEEL_OK) status = keel_ec_client_push_dense(client, (uint64_t)step, dense);
+  }
+  return status;
+}
+
+static void *worker_main(void *argument) {
+  worker_context *context = argument;
+  ec_job *job = context->job;
+  keel_ec_client *client = NULL;
+  keel_status status = keel_ec_client_open(job->stores[job->config.servers + context->worker],
+                                           &job->auth, context->worker, NULL, &client);
+  if (status == KEEL_OK && context->worker == 0) {
+    float dense[DENSE];
+    dense_initial(dense);
+    status = keel_ec_client_init_dense(client, dense);
+  }
+  keel_status steps = worker_steps(job, context->worker, client);
+  job->worker_status[context->worker] = status != KEEL_OK ? status : steps;
+  keel_ec_client_close(client);
+  return NULL;
+}
+
+static void job_start(ec_job *job, int servers, int k, int r, keel_ec_optimizer_kind kind) {
+  memset(job, 0, sizeof *job);
+  assert_int_equal(keel_auth_generate(&job->auth), KEEL_OK);
+  keel_ec_optimizer optimizer;
+  assert_int_equal(keel_ec_optimizer_init(kind, 0.05f, &optimizer), KEEL_OK);
+  job->config = (keel_ec_config){.servers = servers,
+                                 .data_blocks = k,
+                                 .parity_blocks = r,
+                                 .dim = 8,
+                                 .optimizer = optimizer,
+                                 .total_rows = 301,
+                                 .dense_count = DENSE,
+                                 .seed = SEED,
+                                 .init_scale = 0.1f,
+                                 .workers = WORKERS,
+                                 .replicate_dense = true};
+  assert_int_equal(keel_store_server_start("127.0.0.1:0", &job->auth, &job->store_server), KEEL_OK);
+  for (int i = 0; i < servers + WORKERS; i++)
+    assert_int_equal(keel_store_connect(keel_store_server_address(job->store_server), &job->auth,
+                                        keel_deadline_after_ns(10000000000), &job->stores[i]),
+                     KEEL_OK);
+  for (int i = 0; i < servers; i++)
+    assert_int_equal(keel_ec_server_start(&job->config, i, "127.0.0.1:0", job->stores[i],
+                                          &job->auth, &job->servers[i]),
+                     KEEL_OK);
+  reference_make(job);
+}
+
+static void job_stop(ec_job *job) {
+  for (int i = 0; i < job->config.servers; i++) keel_ec_server_stop(job->servers[i]);
+  for (int i = 0; i < job->config.servers + WORKERS; i++) keel_store_close(job->stores[i]);
+  keel_store_server_stop(job->store_server);
+  free(job->blocks);
+  free(job->dense);
+}
+
+/* Every row, read back through a client: exactly the reference's parameters. */
+static void assert_rows_match(ec_job *job, keel_ec_client *client) {
+  int dim = job->config.dim;
+  uint64_t total = job->config.total_rows;
+  uint64_t *rows = malloc(sizeof *rows * total);
+  float *values = malloc(sizeof *values * total * (size_t)dim);
+  float *expected = malloc(sizeof *expected * (size_t)dim);
+  for (uint64_t row = 0; row < total; row++) rows[row] = row;
+  assert_int_equal(keel_ec_client_pull_rows(client, rows, total, values), KEEL_OK);
+  for (uint64_t row = 0; row < total; row++) {
+    keel_ec_row_read(dim, job->blocks + row * job->block_bytes, expected);
+    assert_memory_equal(values + row * (size_t)dim, expected, sizeof(float) * (size_t)dim);
+  }
+  free(expected);
+  free(values);
+  free(rows);
+}
+
+static void run_job(ec_job *job) {
+  pthread_barrier_init(&job->barrier, NULL, WORKERS + 1);
+  pthread_t threads[WORKERS];
+  worker_context contexts[WORKERS];
+  for (int w = 0; w < WORKERS; w++) {
+    contexts[w] = (worker_context){.job = job, .worker = w};
+    assert_int_equal(pthread_create(&threads[w], NULL, worker_main, &contexts[w]), 0);
+  }
+  for (int step = 0; step < STEPS; step++) {
+    pthread_barrier_wait(&job->barrier);
+    if (step == job->lose_at) {
+      keel_ec_server_stop(job->servers[job->lose]);
+      job->servers[job->lose] = NULL;
+    }
+    pthread_barrier_wait(&job->barrier);
+    reference_step(job, step);
+  }
+  for (int w = 0; w < WORKERS; w++) pthread_join(threads[w], NULL);
+  pthread_barrier_destroy(&job->barrier);
+  for (int w = 0; w < WORKERS; w++) assert_int_equal(job->worker_status[w], KEEL_OK);
+}
+
+static void check_job(ec_job *job, uint64_t lost_expected) {
+  keel_ec_client *client = NULL;
+  assert_int_equal(
+      keel_ec_client_open(job->stores[job->config.servers], &job->auth, 0, NULL, &client), KEEL_OK);
+  assert_int_equal(keel_ec_client_lost(client), lost_expected);
+  assert_rows_match(job, client);
+  uint32_t crc = 0;
+  assert_int_equal(keel_ec_client_checksum(client, &crc), KEEL_OK);
+  assert_int_equal(crc, reference_checksum(job));
+  keel_ec_client_close(client);
+}
+
+static void test_no_failure(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 4, 3, 1, KEEL_EC_ADAGRAD);
+  job.lose_at = -1;
+  run_job(&job);
+  check_job(&job, 0);
+  job_stop(&job);
+}
+
+/* A server lost between steps: its rows are read and updated through the parity, exactly. */
+static void check_lose_each_server(int servers, int k, int r, keel_ec_optimizer_kind kind) {
+  for (int lose = 0; lose < servers; lose++) {
+    ec_job job;
+    job_start(&job, servers, k, r, kind);
+    job.lose_at = STEPS / 2;
+    job.lose = lose;
+    run_job(&job);
+    check_job(&job, (uint64_t)1 << lose);
+    job_stop(&job);
+  }
+}
+
+static void test_lose_any_server_xor(void **state) {
+  (void)state;
+  check_lose_each_server(4, 3, 1, KEEL_EC_ADAGRAD);
+}
+
+static void test_lose_any_server_reed_solomon(void **state) {
+  (void)state;
+  check_lose_each_server(5, 3, 2, KEEL_EC_ADAM);
+}
+
+/* Bad input: a connector with the wrong token is refused; a malformed request, a request of
+ * a server's rows sent to another, and a frame of another type get an error reply; the
+ * server goes on serving. */
+static void test_bad_requests_refused(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 4, 3, 1, KEEL_EC_SGD);
+  const char *address = keel_ec_server_address(job.servers[1]);
+  keel_auth impostor = job.auth;
+  impostor.token[0] ^= 1;
+  keel_link *link = NULL;
+  assert_int_equal(keel_link_connect(address, &impostor, keel_deadline_after_ns(5000000000), &link),
+                   KEEL_EAUTH);
+  assert_int_equal(keel_link_connect(address, &job.auth, keel_deadline_after_ns(5000000000), &link),
+                   KEEL_OK);
+  /* PULL_ROWS of row 0 (server 0's), then garbage, then a bare header of an unknown op. */
+  uint64_t request[3] = {2 | ((uint64_t)1 << 32), 0, 0};
+  uint8_t garbage[40];
+  memset(garbage, 0xA5, sizeof garbage);
+  uint64_t unknown[2] = {77, 0};
+  const struct {
+    const void *payload;
+    size_t length;
+    keel_status expected;
+  } cases[] = {
+      {request, sizeof request, KEEL_EAGAIN},
+      {garbage, sizeof garbage, KEEL_EPROTO},
+      {unknown, sizeof unknown, KEEL_EPROTO},
+      {request, sizeof request - 3, KEEL_EPROTO},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    keel_frame frame = {.type = KEEL_FRAME_EC_REQUEST, .tag = 100 + i};
+    assert_int_equal(keel_link_send(link, &frame, cases[i].payload, cases[i].length,
+                                    keel_deadline_after_ns(5000000000)),
+                     KEEL_OK);
+    keel_frame reply;
+    void *payload = NULL;
+    assert_int_equal(keel_link_recv(link, &reply, &payload, keel_deadline_after_ns(5000000000)),
+                     KEEL_OK);
+    assert_int_equal(reply.type, KEEL_FRAME_EC_REPLY);
+    assert_int_equal(reply.tag, 100 + i);
+    assert_true(reply.length >= 16);
+    int32_t status;
+    memcpy(&status, (const uint8_t *)payload + 4, sizeof status);
+    assert_int_equal(status, cases[i].expected);
+    free(payload);
+  }
+  keel_link_close(link);
+  /* Still serving: a worker runs a whole job through it. */
+  job.lose_at = -1;
+  run_job(&job);
+  check_job(&job, 0);
+  job_stop(&job);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_no_failure),
+      cmocka_unit_test(test_lose_any_server_xor),
+      cmocka_unit_test(test_lose_any_server_reed_solomon),
+      cmocka_unit_test(test_bad_requests_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
