@@ -4,14 +4,18 @@
  * same steps, and degraded reads must return exactly the lost rows. */
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
 #include "keel/ec.h"
+#include "test_support.h"
 
 #define WORKERS 2
 #define STEPS 24
@@ -25,6 +29,7 @@ typedef struct ec_job {
   keel_store_server *store_server;
   keel_store *stores[8];
   keel_ec_server *servers[8];
+  pid_t processes[8]; /* servers as `keel server` processes, when the test wants them */
   pthread_barrier_t barrier;
   int lose_at; /* the step before which server `lose` is stopped; -1: never */
   int lose;
@@ -177,15 +182,98 @@ static void job_start(ec_job *job, int servers, int k, int r, keel_ec_optimizer_
     assert_int_equal(keel_store_connect(keel_store_server_address(job->store_server), &job->auth,
                                         keel_deadline_after_ns(10000000000), &job->stores[i]),
                      KEEL_OK);
-  for (int i = 0; i < servers; i++)
+  reference_make(job);
+}
+
+static void servers_start(ec_job *job) {
+  for (int i = 0; i < job->config.servers; i++)
     assert_int_equal(keel_ec_server_start(&job->config, i, "127.0.0.1:0", job->stores[i],
                                           &job->auth, &job->servers[i]),
                      KEEL_OK);
-  reference_make(job);
+}
+
+/* The servers as `keel server` processes, with the job's token in their environment. */
+static void processes_start(ec_job *job, const char *folder) {
+  char id[32], token[2 * KEEL_TOKEN_BYTES + 1], id_env[48], token_env[96];
+  snprintf(id, sizeof id, "%llu", (unsigned long long)job->auth.job_id);
+  for (int i = 0; i < KEEL_TOKEN_BYTES; i++) snprintf(token + 2 * i, 3, "%02x", job->auth.token[i]);
+  snprintf(id_env, sizeof id_env, "KEEL_JOB_ID=%s", id);
+  snprintf(token_env, sizeof token_env, "KEEL_JOB_TOKEN=%s", token);
+  char *const environment[] = {id_env, token_env, NULL};
+  char numbers[6][24];
+  snprintf(numbers[0], 24, "%d", job->config.servers);
+  snprintf(numbers[1], 24, "%d", job->config.data_blocks);
+  snprintf(numbers[2], 24, "%d", job->config.parity_blocks);
+  snprintf(numbers[3], 24, "%d", job->config.dim);
+  snprintf(numbers[4], 24, "%llu", (unsigned long long)job->config.total_rows);
+  snprintf(numbers[5], 24, "%d", DENSE);
+  const char *optimizer = job->config.optimizer.kind == KEEL_EC_ADAM ? "adam" : "adagrad";
+  for (int i = 0; i < job->config.servers; i++) {
+    char index[8], output[512], seed[24], workers[8];
+    snprintf(index, sizeof index, "%d", i);
+    snprintf(seed, sizeof seed, "%d", SEED);
+    snprintf(workers, sizeof workers, "%d", WORKERS);
+    snprintf(output, sizeof output, "%s/server-%d.txt", folder, i);
+    char *const argv[] = {(char *)keel_test_bin("keel"),
+                          "server",
+                          "--index",
+                          index,
+                          "--servers",
+                          numbers[0],
+                          "--data-blocks",
+                          numbers[1],
+                          "--parity-blocks",
+                          numbers[2],
+                          "--dim",
+                          numbers[3],
+                          "--rows",
+                          numbers[4],
+                          "--dense",
+                          numbers[5],
+                          "--optimizer",
+                          (char *)optimizer,
+                          "--lr",
+                          "0.05",
+                          "--seed",
+                          seed,
+                          "--init-scale",
+                          "0.1",
+                          "--workers",
+                          workers,
+                          "--replicate-dense",
+                          "--store",
+                          (char *)keel_store_server_address(job->store_server),
+                          NULL};
+    job->processes[i] = keel_test_spawn(argv, environment, output);
+    assert_true(job->processes[i] > 0);
+  }
+}
+
+/* Loses server `lose`: a clean stop in this process, or SIGKILL to its process (which must
+ * have been alive and must die of it). */
+static void server_lose(ec_job *job, int lose) {
+  if (job->processes[lose] <= 0) {
+    keel_ec_server_stop(job->servers[lose]);
+    job->servers[lose] = NULL;
+    return;
+  }
+  assert_true(keel_test_pid_exists(job->processes[lose]));
+  assert_int_equal(kill(job->processes[lose], SIGKILL), 0);
+  int status = 0;
+  assert_true(keel_test_wait(job->processes[lose], 10000, &status));
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  job->processes[lose] = 0;
 }
 
 static void job_stop(ec_job *job) {
   for (int i = 0; i < job->config.servers; i++) keel_ec_server_stop(job->servers[i]);
+  for (int i = 0; i < job->config.servers; i++) {
+    if (job->processes[i] <= 0) continue;
+    int status = 0;
+    kill(job->processes[i], SIGTERM);
+    assert_true(keel_test_wait(job->processes[i], 10000, &status));
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
   for (int i = 0; i < job->config.servers + WORKERS; i++) keel_store_close(job->stores[i]);
   keel_store_server_stop(job->store_server);
   free(job->blocks);
@@ -220,10 +308,7 @@ static void run_job(ec_job *job) {
   }
   for (int step = 0; step < STEPS; step++) {
     pthread_barrier_wait(&job->barrier);
-    if (step == job->lose_at) {
-      keel_ec_server_stop(job->servers[job->lose]);
-      job->servers[job->lose] = NULL;
-    }
+    if (step == job->lose_at) server_lose(job, job->lose);
     pthread_barrier_wait(&job->barrier);
     reference_step(job, step);
   }
@@ -248,6 +333,7 @@ static void test_no_failure(void **state) {
   (void)state;
   ec_job job;
   job_start(&job, 4, 3, 1, KEEL_EC_ADAGRAD);
+  servers_start(&job);
   job.lose_at = -1;
   run_job(&job);
   check_job(&job, 0);
@@ -259,6 +345,7 @@ static void check_lose_each_server(int servers, int k, int r, keel_ec_optimizer_
   for (int lose = 0; lose < servers; lose++) {
     ec_job job;
     job_start(&job, servers, k, r, kind);
+    servers_start(&job);
     job.lose_at = STEPS / 2;
     job.lose = lose;
     run_job(&job);
@@ -284,6 +371,7 @@ static void test_bad_requests_refused(void **state) {
   (void)state;
   ec_job job;
   job_start(&job, 4, 3, 1, KEEL_EC_SGD);
+  servers_start(&job);
   const char *address = keel_ec_server_address(job.servers[1]);
   keel_auth impostor = job.auth;
   impostor.token[0] ^= 1;
@@ -332,12 +420,26 @@ static void test_bad_requests_refused(void **state) {
   job_stop(&job);
 }
 
+/* Real processes: `keel server` killed with SIGKILL between steps, RS with r = 2. */
+static void test_kill_server_process(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  processes_start(&job, keel_test_tempdir("keel-ec-servers"));
+  job.lose_at = STEPS / 2;
+  job.lose = 2;
+  run_job(&job);
+  check_job(&job, (uint64_t)1 << 2);
+  job_stop(&job);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_failure),
       cmocka_unit_test(test_lose_any_server_xor),
       cmocka_unit_test(test_lose_any_server_reed_solomon),
       cmocka_unit_test(test_bad_requests_refused),
+      cmocka_unit_test(test_kill_server_process),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

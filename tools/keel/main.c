@@ -19,6 +19,7 @@ static const char usage_text[] =
     "  join    grow a running job by K processes: keel join [--job ID] [-n K]\n"
     "  report  summarise a job's events file: keel report [--json] [--svg F] EVENTS\n"
     "  model   checkpointing costs (JIT paper, section 5): keel model --gpus 1024 ...\n"
+    "  server  one erasure-coded parameter server (ECRec): keel server --help\n"
     "\n"
     "keel run --help lists the launcher's flags.\n";
 
@@ -32,6 +33,7 @@ static const command_entry commands[] = {
     {"inject", keel__command_inject}, {"ps", keel__command_ps},
     {"status", keel__command_status}, {"join", keel__command_join},
     {"report", keel__command_report}, {"model", keel__command_model},
+    {"server", keel__command_server},
 };
 
 int main(int argc, char **argv) {

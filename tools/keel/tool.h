@@ -30,6 +30,7 @@ int keel__command_ps(int argc, char **argv);
 int keel__command_status(int argc, char **argv);
 int keel__command_join(int argc, char **argv);
 int keel__command_report(int argc, char **argv);
+int keel__command_server(int argc, char **argv);
 
 /* ---- job files: /tmp/keel-<unix uid>/<job id>.job (directory 0700, file 0600), one per
  * running launcher, holding what a tool needs to join the job's store. */
