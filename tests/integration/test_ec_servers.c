@@ -209,7 +209,7 @@ static void processes_start(ec_job *job, const char *folder) {
   snprintf(numbers[5], 24, "%d", DENSE);
   const char *optimizer = job->config.optimizer.kind == KEEL_EC_ADAM ? "adam" : "adagrad";
   for (int i = 0; i < job->config.servers; i++) {
-    char index[8], output[512], seed[24], workers[8];
+    char index[16], output[512], seed[24], workers[16];
     snprintf(index, sizeof index, "%d", i);
     snprintf(seed, sizeof seed, "%d", SEED);
     snprintf(workers, sizeof workers, "%d", WORKERS);
