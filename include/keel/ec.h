@@ -322,6 +322,15 @@ typedef struct keel_ec_config {
   bool replicate_dense;  /* the dense block on servers 0 and 1 */
 } keel_ec_config;
 
+/* The configuration in the job's store (key ec/config), for servers started before anyone
+ * knows the tables' sizes: the first worker publishes it, the servers wait for it. publish
+ * writes it once: KEEL_OK when it is there already and the same, KEEL_ECONFLICT when another
+ * is there, KEEL_EINVAL (logged) for an invalid one. wait returns it once it is there,
+ * KEEL_ETIMEDOUT at the deadline. */
+keel_status keel_ec_config_publish(keel_store *directory, const keel_ec_config *config);
+keel_status keel_ec_config_wait(keel_store *directory, int64_t deadline_ns,
+                                keel_ec_config *config_p);
+
 typedef struct keel_ec_server keel_ec_server;
 
 /* Starts server `index` of config: its rows and parity blocks as the seed makes them, a

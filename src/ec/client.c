@@ -117,23 +117,6 @@ static keel_status client_configure(keel_ec_client *client) {
   return status;
 }
 
-static void public_config(const keel__ec_config *wire, keel_ec_config *config) {
-  *config = (keel_ec_config){
-      .servers = (int)wire->servers,
-      .data_blocks = (int)wire->data_blocks,
-      .parity_blocks = (int)wire->parity_blocks,
-      .dim = (int)wire->dim,
-      .optimizer = keel__ec_config_optimizer(wire),
-      .total_rows = wire->total_rows,
-      .dense_count = wire->dense_count,
-      .seed = wire->seed,
-      .init_scale = wire->init_scale,
-      .workers = (int)wire->workers,
-      .two_phase_commit = (wire->options & KEEL__EC_OPTION_TWO_PHASE_COMMIT) != 0,
-      .replicate_dense = (wire->options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0,
-  };
-}
-
 keel_status keel_ec_client_open(keel_store *directory, const keel_auth *auth, int worker,
                                 keel_ec_config *config_p, keel_ec_client **client_p) {
   if (directory == NULL || auth == NULL || client_p == NULL || worker < 0)
@@ -152,7 +135,7 @@ keel_status keel_ec_client_open(keel_store *directory, const keel_auth *auth, in
     keel_ec_client_close(client);
     return status;
   }
-  if (config_p != NULL) public_config(&client->wire, config_p);
+  if (config_p != NULL) keel__ec_config_to_public(&client->wire, config_p);
   *client_p = client;
   return KEEL_OK;
 }

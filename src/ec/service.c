@@ -251,3 +251,57 @@ keel_status keel__ec_config_from_public(const keel_ec_config *config, keel__ec_c
   *wire_p = wire;
   return KEEL_OK;
 }
+
+void keel__ec_config_to_public(const keel__ec_config *wire, keel_ec_config *config) {
+  *config = (keel_ec_config){
+      .servers = (int)wire->servers,
+      .data_blocks = (int)wire->data_blocks,
+      .parity_blocks = (int)wire->parity_blocks,
+      .dim = (int)wire->dim,
+      .optimizer = keel__ec_config_optimizer(wire),
+      .total_rows = wire->total_rows,
+      .dense_count = wire->dense_count,
+      .seed = wire->seed,
+      .init_scale = wire->init_scale,
+      .workers = (int)wire->workers,
+      .two_phase_commit = (wire->options & KEEL__EC_OPTION_TWO_PHASE_COMMIT) != 0,
+      .replicate_dense = (wire->options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0,
+  };
+}
+
+keel_status keel_ec_config_publish(keel_store *directory, const keel_ec_config *config) {
+  keel__ec_config wire;
+  uint8_t bytes[KEEL__EC_CONFIG_BYTES];
+  if (directory == NULL) return keel__ec_invalid("keel_ec_config_publish: NULL store");
+  keel_status status = keel__ec_config_from_public(config, &wire);
+  if (status == KEEL_OK) status = keel__ec_config_encode(&wire, bytes);
+  if (status != KEEL_OK) return status;
+  status = keel_store_cas(directory, KEEL__EC_CONFIG_KEY, 0, bytes, sizeof bytes, 0, NULL);
+  if (status != KEEL_ECONFLICT) return status;
+  keel_store_entry *entry = NULL;
+  status = keel_store_get(directory, KEEL__EC_CONFIG_KEY, &entry);
+  if (status != KEEL_OK) return status;
+  bool same = entry->value_length == sizeof bytes && memcmp(entry->value, bytes, sizeof bytes) == 0;
+  keel_store_entry_free(entry);
+  return same ? KEEL_OK : KEEL_ECONFLICT;
+}
+
+keel_status keel_ec_config_wait(keel_store *directory, int64_t deadline_ns,
+                                keel_ec_config *config_p) {
+  if (directory == NULL || config_p == NULL)
+    return keel__ec_invalid("keel_ec_config_wait: NULL argument");
+  for (;;) {
+    keel_store_entry *entry = NULL;
+    keel_status status = keel_store_get(directory, KEEL__EC_CONFIG_KEY, &entry);
+    if (status == KEEL_OK) {
+      keel__ec_config wire;
+      status = keel__ec_config_decode(entry->value, entry->value_length, &wire);
+      keel_store_entry_free(entry);
+      if (status == KEEL_OK) keel__ec_config_to_public(&wire, config_p);
+      return status;
+    }
+    if (status != KEEL_ENOTFOUND) return status;
+    if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
+    poll(NULL, 0, (int)(DIRECTORY_POLL_NS / 1000000));
+  }
+}

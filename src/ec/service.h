@@ -81,7 +81,11 @@ int keel__ec_row_server(const keel_ec_layout *layout, uint64_t row, const bool *
  * replicated and 1 is not lost; -1 when none. */
 int keel__ec_dense_server(int servers, bool replicated, const bool *lost);
 
-/* The public configuration as the protocol carries it. */
+/* The store key of the published configuration (keel_ec_config_publish). */
+#define KEEL__EC_CONFIG_KEY "ec/config"
+
+/* The protocol's configuration as the public one, and back. */
+void keel__ec_config_to_public(const keel__ec_config *wire, keel_ec_config *config);
 keel_status keel__ec_config_from_public(const keel_ec_config *config, keel__ec_config *wire_p);
 
 #endif

@@ -192,61 +192,40 @@ static void servers_start(ec_job *job) {
                      KEEL_OK);
 }
 
-/* The servers as `keel server` processes, with the job's token in their environment. */
+/* The servers as `keel server` processes, with the job's token in their environment; they
+ * wait for the configuration, which this test then publishes as a job's first worker would. */
 static void processes_start(ec_job *job, const char *folder) {
-  char id[32], token[2 * KEEL_TOKEN_BYTES + 1], id_env[48], token_env[96];
-  snprintf(id, sizeof id, "%llu", (unsigned long long)job->auth.job_id);
-  for (int i = 0; i < KEEL_TOKEN_BYTES; i++) snprintf(token + 2 * i, 3, "%02x", job->auth.token[i]);
-  snprintf(id_env, sizeof id_env, "KEEL_JOB_ID=%s", id);
-  snprintf(token_env, sizeof token_env, "KEEL_JOB_TOKEN=%s", token);
+  char id_env[48], token_env[96];
+  snprintf(id_env, sizeof id_env, "KEEL_JOB_ID=%llu", (unsigned long long)job->auth.job_id);
+  int at = snprintf(token_env, sizeof token_env, "KEEL_JOB_TOKEN=");
+  for (int i = 0; i < KEEL_TOKEN_BYTES; i++)
+    at += snprintf(token_env + at, sizeof token_env - (size_t)at, "%02x", job->auth.token[i]);
   char *const environment[] = {id_env, token_env, NULL};
-  char numbers[6][24];
-  snprintf(numbers[0], 24, "%d", job->config.servers);
-  snprintf(numbers[1], 24, "%d", job->config.data_blocks);
-  snprintf(numbers[2], 24, "%d", job->config.parity_blocks);
-  snprintf(numbers[3], 24, "%d", job->config.dim);
-  snprintf(numbers[4], 24, "%llu", (unsigned long long)job->config.total_rows);
-  snprintf(numbers[5], 24, "%d", DENSE);
-  const char *optimizer = job->config.optimizer.kind == KEEL_EC_ADAM ? "adam" : "adagrad";
   for (int i = 0; i < job->config.servers; i++) {
-    char index[16], output[512], seed[24], workers[16];
+    char index[16], output[512];
     snprintf(index, sizeof index, "%d", i);
-    snprintf(seed, sizeof seed, "%d", SEED);
-    snprintf(workers, sizeof workers, "%d", WORKERS);
     snprintf(output, sizeof output, "%s/server-%d.txt", folder, i);
     char *const argv[] = {(char *)keel_test_bin("keel"),
                           "server",
                           "--index",
                           index,
-                          "--servers",
-                          numbers[0],
-                          "--data-blocks",
-                          numbers[1],
-                          "--parity-blocks",
-                          numbers[2],
-                          "--dim",
-                          numbers[3],
-                          "--rows",
-                          numbers[4],
-                          "--dense",
-                          numbers[5],
-                          "--optimizer",
-                          (char *)optimizer,
-                          "--lr",
-                          "0.05",
-                          "--seed",
-                          seed,
-                          "--init-scale",
-                          "0.1",
-                          "--workers",
-                          workers,
-                          "--replicate-dense",
                           "--store",
                           (char *)keel_store_server_address(job->store_server),
                           NULL};
     job->processes[i] = keel_test_spawn(argv, environment, output);
     assert_true(job->processes[i] > 0);
   }
+  assert_int_equal(keel_ec_config_publish(job->stores[0], &job->config), KEEL_OK);
+  /* Once there, the configuration stays: the same again is fine, another is refused. */
+  assert_int_equal(keel_ec_config_publish(job->stores[1], &job->config), KEEL_OK);
+  keel_ec_config other = job->config;
+  other.dim++;
+  assert_int_equal(keel_ec_config_publish(job->stores[1], &other), KEEL_ECONFLICT);
+  keel_ec_config seen;
+  assert_int_equal(keel_ec_config_wait(job->stores[1], keel_deadline_after_ns(1000000000), &seen),
+                   KEEL_OK);
+  assert_int_equal(seen.dim, job->config.dim);
+  assert_int_equal(seen.total_rows, job->config.total_rows);
 }
 
 /* Loses server `lose`: a clean stop in this process, or SIGKILL to its process (which must

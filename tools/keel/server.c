@@ -11,12 +11,15 @@
 #include "tool.h"
 
 #define STORE_CONNECT_TIMEOUT_NS (30 * INT64_C(1000000000))
+/* How long a server started before the workers waits for their configuration. */
+#define CONFIG_WAIT_NS (600 * INT64_C(1000000000))
 
 static const char server_usage_text[] =
-    "usage: keel server --index I --servers S --data-blocks K --parity-blocks R --dim D\n"
-    "       --rows N --store HOST:PORT [--dense N] [--optimizer sgd|momentum|adagrad|adam]\n"
-    "       [--lr X] [--seed S] [--init-scale X] [--workers W] [--replicate-dense]\n"
-    "       [--two-phase-commit] [--listen HOST:PORT]";
+    "usage: keel server --index I --store HOST:PORT [--listen HOST:PORT]\n"
+    "       [--servers S --data-blocks K --parity-blocks R --dim D --rows N [--dense N]\n"
+    "        [--optimizer sgd|momentum|adagrad|adam] [--lr X] [--seed S] [--init-scale X]\n"
+    "        [--workers W] [--replicate-dense] [--two-phase-commit]]\n"
+    "Without --servers, the configuration is the one the job's first worker publishes.";
 
 static int server_usage(const char *message) {
   fprintf(stderr, "keel server: %s\n%s\n", message, server_usage_text);
@@ -29,6 +32,7 @@ typedef struct server_arguments {
   const char *store, *listen;
   keel_ec_optimizer_kind optimizer;
   double learning_rate;
+  bool from_store; /* no shape given: wait for the first worker's (keel_ec_config_publish) */
 } server_arguments;
 
 static bool optimizer_named(const char *name, keel_ec_optimizer_kind *kind_p) {
@@ -145,9 +149,12 @@ static int server_arguments_parse(int argc, char **argv, server_arguments *argum
     const char *problem = value_flag(flag, argv[++index], arguments);
     if (problem != NULL) return server_usage(problem);
   }
-  if (arguments->index < 0 || arguments->store == NULL || arguments->config.servers == 0 ||
-      arguments->config.dim == 0 || arguments->config.total_rows == 0)
-    return server_usage("--index, --servers, --dim, --rows and --store are needed");
+  if (arguments->index < 0 || arguments->store == NULL)
+    return server_usage("--index and --store are needed");
+  /* Without the tables' shape, the configuration comes from the job's store. */
+  arguments->from_store = arguments->config.servers == 0;
+  if (!arguments->from_store && (arguments->config.dim == 0 || arguments->config.total_rows == 0))
+    return server_usage("--servers needs --dim and --rows too");
   if (keel_ec_optimizer_init(arguments->optimizer, (float)arguments->learning_rate,
                              &arguments->config.optimizer) != KEEL_OK)
     return server_usage("a bad optimizer or learning rate");
@@ -155,16 +162,24 @@ static int server_arguments_parse(int argc, char **argv, server_arguments *argum
 }
 
 /* Serves until SIGTERM or SIGINT: this process is the tool's, so it may take the signals. */
-static int serve_until_signalled(const server_arguments *arguments, keel_store *store,
+static int serve_until_signalled(server_arguments *arguments, keel_store *store,
                                  const keel_auth *auth) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  keel_status status = KEEL_OK;
+  if (arguments->from_store)
+    status = keel_ec_config_wait(store, keel_deadline_after_ns(CONFIG_WAIT_NS), &arguments->config);
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel server: no configuration in the job's store: %s\n",
+            keel_strerror(status));
+    return 1;
+  }
   keel_ec_server *server = NULL;
-  keel_status status = keel_ec_server_start(&arguments->config, (int)arguments->index,
-                                            arguments->listen, store, auth, &server);
+  status = keel_ec_server_start(&arguments->config, (int)arguments->index, arguments->listen, store,
+                                auth, &server);
   if (status != KEEL_OK) {
     fprintf(stderr, "keel server: cannot start: %s\n", keel_strerror(status));
     return 1;
