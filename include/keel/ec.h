@@ -353,6 +353,17 @@ typedef struct keel_ec_client keel_ec_client;
  * worker: this worker's index (< workers in synchronous mode). */
 keel_status keel_ec_client_open(keel_store *directory, const keel_auth *auth, int worker,
                                 keel_ec_config *config_p, keel_ec_client **client_p);
+/* For a worker of `keel run --servers S --ec k=K,r=R`: fills config's servers, data_blocks,
+ * parity_blocks and workers (0 unless the job is synchronous) from what keel run sets
+ * (KEEL_EC_SERVERS, KEEL_EC_DATA_BLOCKS, KEEL_EC_PARITY_BLOCKS, KEEL_EC_WORKERS), leaving the
+ * rest (the tables' shape, the optimizer) as the caller set it. KEEL_ENOTFOUND when the job
+ * has no parameter servers, KEEL_EINVAL (logged) for a malformed variable. */
+keel_status keel_ec_config_from_env(keel_ec_config *config);
+/* keel_ec_config_from_env, then a client through the job's store (KEEL_STORE, KEEL_JOB_ID,
+ * KEEL_JOB_TOKEN), which the client owns: publishes the configuration (every worker may: the
+ * same one is accepted) and opens the client as worker `worker`. */
+keel_status keel_ec_client_open_env(const keel_ec_config *tables, int worker,
+                                    keel_ec_client **client_p);
 void keel_ec_client_close(keel_ec_client *client);
 /* values[i * dim ..] = the parameters of rows[i]; rows strictly increasing, < total_rows. */
 keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *rows, size_t count,

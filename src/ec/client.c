@@ -23,6 +23,7 @@ struct keel_ec_client {
   keel_ec_layout layout;
   keel_ec_code *code;
   keel_ec_decoder *decoder;
+  keel_store *owned_store; /* keel_ec_client_open_env's; closed with the client */
   size_t block_bytes;
   keel__ec_peer *peers;
   bool *lost;
@@ -149,7 +150,52 @@ void keel_ec_client_close(keel_ec_client *client) {
   keel_ec_decoder_destroy(client->decoder);
   keel_ec_code_destroy(client->code);
   keel__ec_directory_destroy(&client->directory);
+  keel_store_close(client->owned_store);
   free(client);
+}
+
+keel_status keel_ec_config_from_env(keel_ec_config *config) {
+  if (config == NULL) return keel__ec_invalid("keel_ec_config_from_env: NULL config");
+  int64_t servers = 0, data_blocks = 0, parity_blocks = 0, workers = 0;
+  if (getenv("KEEL_EC_SERVERS") == NULL) return KEEL_ENOTFOUND;
+  keel_status status = keel_env_int("KEEL_EC_SERVERS", 1, KEEL_MAX_UIDS, &servers);
+  if (status == KEEL_OK)
+    status = keel_env_int("KEEL_EC_DATA_BLOCKS", 1, KEEL_EC_MAX_BLOCKS - 1, &data_blocks);
+  if (status == KEEL_OK)
+    status = keel_env_int("KEEL_EC_PARITY_BLOCKS", 1, KEEL_EC_MAX_BLOCKS - 1, &parity_blocks);
+  if (status == KEEL_OK) status = keel_env_int("KEEL_EC_WORKERS", 0, KEEL_MAX_WORLD, &workers);
+  if (status != KEEL_OK) return status;
+  config->servers = (int)servers;
+  config->data_blocks = (int)data_blocks;
+  config->parity_blocks = (int)parity_blocks;
+  config->workers = (int)workers;
+  return KEEL_OK;
+}
+
+keel_status keel_ec_client_open_env(const keel_ec_config *tables, int worker,
+                                    keel_ec_client **client_p) {
+  if (tables == NULL || client_p == NULL)
+    return keel__ec_invalid("keel_ec_client_open_env: NULL argument");
+  keel_ec_config config = *tables;
+  keel_status status = keel_ec_config_from_env(&config);
+  keel_auth auth;
+  if (status == KEEL_OK) status = keel_auth_from_env(&auth);
+  const char *endpoint = getenv("KEEL_STORE");
+  if (status == KEEL_OK && endpoint == NULL) status = KEEL_ENOTFOUND;
+  keel_store *store = NULL;
+  if (status == KEEL_OK) status = keel_store_connect(endpoint, &auth, call_deadline(), &store);
+  if (status == KEEL_OK) status = keel_ec_config_publish(store, &config);
+  keel_ec_client *client = NULL;
+  if (status == KEEL_OK) status = keel_ec_client_open(store, &auth, worker, NULL, &client);
+  if (status != KEEL_OK) {
+    KEEL_LOG_E(MODULE, "worker %d cannot join the job's parameter servers: %s", worker,
+               keel_strerror(status));
+    keel_store_close(store);
+    return status;
+  }
+  client->owned_store = store;
+  *client_p = client;
+  return KEEL_OK;
 }
 
 uint64_t keel_ec_client_lost(const keel_ec_client *client) {
