@@ -381,6 +381,11 @@ keel_status keel_ec_client_init_dense(keel_ec_client *client, const float *value
 /* crc32c over every row block in row order (lost ones decoded), then the dense block:
  * parameters and optimizer state, bit for bit. */
 keel_status keel_ec_client_checksum(keel_ec_client *client, uint32_t *crc32c_p);
+/* Scrubs the parity: for every group, checks that each parity block the servers not lost hold
+ * is the code of the group's rows (those lost decoded from the others), which difference
+ * propagation and two-phase commit must keep true. *inconsistent_p: the groups where some
+ * parity block is not. */
+keel_status keel_ec_client_verify(keel_ec_client *client, uint64_t *inconsistent_p);
 /* Servers this client has seen declared lost, as a bit set (bit i: server i). */
 uint64_t keel_ec_client_lost(const keel_ec_client *client);
 

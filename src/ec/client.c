@@ -413,17 +413,18 @@ keel_status keel_ec_client_init_dense(keel_ec_client *client, const float *value
 
 /* ---- checksum: every block read from the servers, lost ones decoded here */
 
-/* Reads k blocks of group from servers not lost into blocks and decodes the rest. */
-static keel_status group_read(keel_ec_client *client, uint64_t group, uint8_t *space,
-                              uint8_t **blocks) {
-  int k = client->layout.data_blocks, n = k + client->layout.parity_blocks;
-  bool present[KEEL_EC_MAX_BLOCKS] = {false};
+/* Reads up to `wanted` blocks of group (data first) from servers not lost into blocks, and
+ * marks them in present. */
+static keel_status group_fetch(keel_ec_client *client, uint64_t group, int wanted, uint8_t *space,
+                               uint8_t **blocks, bool *present) {
+  int n = client->layout.data_blocks + client->layout.parity_blocks;
   int chosen = 0;
   for (int member = 0; member < n; member++) {
     blocks[member] = space + (size_t)member * client->block_bytes;
+    present[member] = false;
     keel_ec_location at;
     keel_ec_layout_locate(&client->layout, group, member, &at);
-    if (chosen == k || client->lost[at.server]) continue;
+    if (chosen == wanted || client->lost[at.server]) continue;
     keel__ec_ref ref = {.group = group, .member = (uint32_t)member};
     keel__ec_request request = {.op = KEEL__EC_OP_READ_BLOCKS, .count = 1, .refs = &ref};
     keel_status status = call(client, at.server, &request, blocks[member]);
@@ -431,7 +432,64 @@ static keel_status group_read(keel_ec_client *client, uint64_t group, uint8_t *s
     present[member] = true;
     chosen++;
   }
+  return KEEL_OK;
+}
+
+/* Reads k blocks of group from servers not lost into blocks and decodes the rest. */
+static keel_status group_read(keel_ec_client *client, uint64_t group, uint8_t *space,
+                              uint8_t **blocks) {
+  bool present[KEEL_EC_MAX_BLOCKS];
+  keel_status status =
+      group_fetch(client, group, client->layout.data_blocks, space, blocks, present);
+  if (status != KEEL_OK) return status;
   return keel_ec_decode(client->decoder, client->block_bytes, blocks, present);
+}
+
+/* Whether every parity block of group held by a server not lost is the code of its rows. */
+static keel_status group_verify(keel_ec_client *client, uint64_t group, uint8_t *space,
+                                uint8_t *fresh, bool *consistent_p) {
+  int k = client->layout.data_blocks, r = client->layout.parity_blocks;
+  uint8_t *blocks[KEEL_EC_MAX_BLOCKS], *work[KEEL_EC_MAX_BLOCKS];
+  bool present[KEEL_EC_MAX_BLOCKS], some[KEEL_EC_MAX_BLOCKS];
+  keel_status status = group_fetch(client, group, k + r, space, blocks, present);
+  if (status != KEEL_OK) return status;
+  /* The rows: the data held, the lost ones decoded from the first parity blocks held. */
+  for (int member = 0; member < k + r; member++) {
+    work[member] = fresh + (size_t)member * client->block_bytes;
+    memcpy(work[member], blocks[member], client->block_bytes);
+  }
+  int sources = 0;
+  for (int member = 0; member < k + r; member++) {
+    some[member] = present[member] && sources < k;
+    sources += some[member];
+  }
+  status = keel_ec_decode(client->decoder, client->block_bytes, work, some);
+  /* Now the code of those rows, against every parity block held. */
+  if (status == KEEL_OK)
+    status =
+        keel_ec_encode(client->code, client->block_bytes, (const uint8_t *const *)work, work + k);
+  *consistent_p = true;
+  for (int p = k; status == KEEL_OK && p < k + r; p++)
+    if (present[p] && memcmp(work[p], blocks[p], client->block_bytes) != 0) *consistent_p = false;
+  return status;
+}
+
+keel_status keel_ec_client_verify(keel_ec_client *client, uint64_t *inconsistent_p) {
+  if (client == NULL || inconsistent_p == NULL)
+    return keel__ec_invalid("keel_ec_client_verify: NULL argument");
+  size_t n = (size_t)client->layout.data_blocks + (size_t)client->layout.parity_blocks;
+  uint8_t *space = malloc(client->block_bytes * n * 2);
+  if (space == NULL) return KEEL_ENOMEM;
+  uint64_t inconsistent = 0;
+  keel_status status = KEEL_OK;
+  for (uint64_t group = 0; group < client->limits.groups && status == KEEL_OK; group++) {
+    bool consistent = true;
+    status = group_verify(client, group, space, space + client->block_bytes * n, &consistent);
+    inconsistent += !consistent;
+  }
+  free(space);
+  if (status == KEEL_OK) *inconsistent_p = inconsistent;
+  return status;
 }
 
 static keel_status checksum_rows(keel_ec_client *client, uint32_t *crc) {

@@ -20,7 +20,7 @@
  *                                                        count * block_bytes
  *    6 PARITY_PREPARE    update  APPLY_NOW    refs       delta refs[count] |
  *                                                        count * block_bytes of deltas
- *    7 PARITY_COMMIT     update  ABORT        0          -
+ *    7 PARITY_COMMIT     update  ABORT|QUERY  0          -
  *    8 PULL_DENSE        0       -            floats     offset u64
  *    9 PUSH_DENSE        update  -            dense      step u64 | worker u32 | workers u32 |
  *                                                        f32[count]
@@ -30,10 +30,10 @@
  * A block ref is  group u64 | member u32 | zero u32  (member < k + r, keel/ec.h's placement);
  * a delta ref  group u64 | data_member u32 | parity_member u32  (data_member < k <=
  * parity_member < k + r): the change of that data block, for that parity block. Flag bit 0
- * (ACTING, APPLY_NOW, ABORT) is the only flag, and only where shown; an update id is non-zero,
- * every other id zero. Counts: "rows" and "refs" are at most max_count, any from 0; "dense" is
- * exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <= dense_count; dense
- * ops are refused when dense_count is 0. Rows are < total_rows and strictly increasing (one
+ * (ACTING, APPLY_NOW, ABORT) and bit 1 (QUERY) are the only flags, only where shown; an update id
+ * is non-zero, every other id zero. Counts: "rows" and "refs" are at most max_count, any from 0;
+ * "dense" is exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <= dense_count;
+ * dense ops are refused when dense_count is 0. Rows are < total_rows and strictly increasing (one
  * order, no duplicates); groups < groups; worker < workers. The payload is exactly the header
  * and the body: no trailing bytes. Every array starts 8-aligned given an 8-aligned payload.
  *
@@ -82,6 +82,10 @@ typedef enum keel__ec_op {
 #define KEEL__EC_FLAG_APPLY_NOW 1u
 /* PARITY_COMMIT: drop the prepared deltas of the update instead of folding them. */
 #define KEEL__EC_FLAG_ABORT 1u
+/* PARITY_COMMIT: change nothing, answer in the status what the holder has of the update:
+ * KEEL_OK committed, KEEL_EAGAIN prepared, KEEL_ENOTFOUND nothing (or aborted). What a
+ * parity holder asks the others before it decides an update whose server was lost. */
+#define KEEL__EC_FLAG_QUERY 2u
 
 /* keel__ec_config.options */
 #define KEEL__EC_OPTION_TWO_PHASE_COMMIT 1u

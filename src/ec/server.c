@@ -44,6 +44,24 @@ typedef struct step_slot {
   step_push *pushes; /* workers of them */
 } step_slot;
 
+/* A parity holder's part of an update prepared but not yet committed. */
+typedef struct prepared_update {
+  struct prepared_update *next;
+  uint64_t id;
+  size_t count;
+  keel__ec_ref *refs;
+  uint8_t *deltas;
+} prepared_update;
+
+static void prepared_free(prepared_update *item) {
+  free(item->refs);
+  free(item->deltas);
+  free(item);
+}
+
+/* Committed update ids remembered for the other holders' questions. */
+#define COMMITTED_MEMORY 4096
+
 struct keel_ec_server {
   keel__ec_config wire;
   keel__ec_limits limits;
@@ -65,7 +83,26 @@ struct keel_ec_server {
   pthread_cond_t step_done;
   step_slot *steps;
   atomic_uint_fast64_t next_update;
+  pthread_mutex_t prepared_lock;
+  prepared_update *prepared;
+  uint64_t committed[COMMITTED_MEMORY];
+  size_t committed_next;
+  pthread_mutex_t fault_lock;
+  keel_fault_plan *faults; /* KEEL_FAULT, points ec_commit */
 };
+
+static uint64_t update_stamp(const keel_ec_server *server, uint64_t id);
+
+/* Fires the fault rules at point in the update's step (a kill between or inside the phases
+ * of a commit). */
+static void server_fault(keel_ec_server *server, const char *point, uint64_t update_id) {
+  if (server->faults == NULL) return;
+  pthread_mutex_lock(&server->fault_lock);
+  uint64_t stamp = update_stamp(server, update_id);
+  if (stamp > 0) keel_fault_plan_set_step(server->faults, stamp - 1);
+  keel_fault_plan_fire(server->faults, point, 0);
+  pthread_mutex_unlock(&server->fault_lock);
+}
 
 /* ---- the lost servers, as this server last read them */
 
@@ -109,6 +146,9 @@ static keel_status call_peer(keel_ec_server *server, int index, const keel__ec_r
 }
 
 /* ---- decoding the blocks of groups with lost members */
+
+/* Two-phase commit's side of decoding (below, with the parity holder's side). */
+static keel_status resolve_lost_updates(keel_ec_server *server, const bool *lost);
 
 /* What one group needs decoded: its blocks (k + r, block_bytes each) and which are present. */
 typedef struct group_blocks {
@@ -187,7 +227,8 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
 /* Every member of each group, decoded where not read: the group's blocks as they are now. */
 static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
                                     const bool *lost) {
-  keel_status status = choose_sources(server, groups, count, lost);
+  keel_status status = resolve_lost_updates(server, lost);
+  if (status == KEEL_OK) status = choose_sources(server, groups, count, lost);
   for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
     if (other != server->index && !lost[other]) status = read_from(server, other, groups, count);
   }
@@ -348,41 +389,98 @@ static keel_status batch_add(parity_batch *batch, size_t block_bytes, uint64_t g
   return KEEL_OK;
 }
 
-/* Folds the changes held here at once, sends the others, each holder's in requests of at most
- * KEEL__EC_MAX_COUNT. update_id is 1 + the step in synchronous mode, so that holders stamp
- * their parity with it. */
-static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id,
-                                bool synchronous) {
+/* Update ids are unique in the job: the origin server in the top 16 bits; in synchronous
+ * mode the rest is 1 + the step, then the phase (own rows or acting), so that a holder reads
+ * the step it stamps its parity with from the id itself. */
+#define UPDATE_ORIGIN_SHIFT 48
+static uint64_t update_id_make(keel_ec_server *server, uint64_t step, bool acting,
+                               bool synchronous) {
+  uint64_t local = synchronous ? ((step + 1) << 1) | (acting ? 1u : 0u)
+                               : atomic_fetch_add(&server->next_update, 1);
+  return ((uint64_t)server->index << UPDATE_ORIGIN_SHIFT) |
+         (local & (((uint64_t)1 << UPDATE_ORIGIN_SHIFT) - 1));
+}
+
+static int update_origin(uint64_t id) { return (int)(id >> UPDATE_ORIGIN_SHIFT); }
+
+/* The parity stamp of an update: 1 + its step in synchronous mode, 0 (no stamp) otherwise. */
+static uint64_t update_stamp(const keel_ec_server *server, uint64_t id) {
+  if (server->wire.workers == 0) return 0;
+  return (id & (((uint64_t)1 << UPDATE_ORIGIN_SHIFT) - 1)) >> 1;
+}
+
+static bool two_phase(const keel_ec_server *server) {
+  return (server->wire.options & KEEL__EC_OPTION_TWO_PHASE_COMMIT) != 0;
+}
+
+/* Folds a batch of changes into parity blocks held here. */
+static keel_status fold_here(keel_ec_server *server, const keel__ec_ref *refs,
+                             const uint8_t *deltas, size_t count, uint64_t stamp) {
   keel__ec_shard *shard = &server->shard;
+  for (size_t i = 0; i < count; i++) {
+    pthread_mutex_t *lock = keel__ec_shard_lock(shard, refs[i].group);
+    pthread_mutex_lock(lock);
+    keel_status status =
+        keel__ec_shard_fold(shard, refs[i].group, (int)refs[i].member, (int)refs[i].other,
+                            deltas + i * shard->block_bytes, stamp);
+    pthread_mutex_unlock(lock);
+    if (status != KEEL_OK) return status;
+  }
+  return KEEL_OK;
+}
+
+/* Sends one holder its changes, in requests of at most KEEL__EC_MAX_COUNT: folded at once
+ * (APPLY_NOW) or prepared for a commit. A holder lost meanwhile is passed over: its parity
+ * is rebuilt from the rows later, not updated. */
+static keel_status send_batch(keel_ec_server *server, int holder, const parity_batch *batch,
+                              uint64_t update_id, bool prepare_only) {
+  for (size_t done = 0; done < batch->count;) {
+    size_t piece = batch->count - done;
+    if (piece > KEEL__EC_MAX_COUNT) piece = KEEL__EC_MAX_COUNT;
+    keel__ec_request request = {.op = KEEL__EC_OP_PARITY_PREPARE,
+                                .flags = prepare_only ? 0 : KEEL__EC_FLAG_APPLY_NOW,
+                                .count = (uint32_t)piece,
+                                .id = update_id,
+                                .refs = batch->refs + done,
+                                .blocks = batch->deltas + done * server->shard.block_bytes};
+    keel_status status = call_peer(server, holder, &request, NULL);
+    if (keel__ec_unreachable(status)) return KEEL_OK;
+    if (status != KEEL_OK) return status;
+    done += piece;
+  }
+  return KEEL_OK;
+}
+
+static keel_status send_commit(keel_ec_server *server, int holder, uint64_t update_id,
+                               uint16_t flags) {
+  keel__ec_request request = {.op = KEEL__EC_OP_PARITY_COMMIT, .flags = flags, .id = update_id};
+  keel_status status = call_peer(server, holder, &request, NULL);
+  return keel__ec_unreachable(status) ? KEEL_OK : status;
+}
+
+/* The changes of one update to their parity holders. Without two-phase commit each holder
+ * folds its part at once. With it, every holder first prepares its part (keeps it aside),
+ * and only then is each told to fold: a server lost in between leaves prepared parts that
+ * the holders decide together (resolve_lost_updates), all in or all out. Holders are
+ * served in server order, and the parity held here is folded with the commits. */
+static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id) {
+  bool prepare_first = two_phase(server);
   keel_status status = KEEL_OK;
-  for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
-    parity_batch *batch = &batches[other];
-    if (other == server->index) {
-      for (size_t i = 0; i < batch->count && status == KEEL_OK; i++) {
-        const keel__ec_ref *ref = &batch->refs[i];
-        pthread_mutex_t *lock = keel__ec_shard_lock(shard, ref->group);
-        pthread_mutex_lock(lock);
-        status = keel__ec_shard_fold(shard, ref->group, (int)ref->member, (int)ref->other,
-                                     batch->deltas + i * shard->block_bytes,
-                                     synchronous ? update_id : 0);
-        pthread_mutex_unlock(lock);
-      }
-      continue;
-    }
-    for (size_t done = 0; done < batch->count && status == KEEL_OK;) {
-      size_t piece = batch->count - done;
-      if (piece > KEEL__EC_MAX_COUNT) piece = KEEL__EC_MAX_COUNT;
-      keel__ec_request request = {.op = KEEL__EC_OP_PARITY_PREPARE,
-                                  .flags = KEEL__EC_FLAG_APPLY_NOW,
-                                  .count = (uint32_t)piece,
-                                  .id = update_id,
-                                  .refs = batch->refs + done,
-                                  .blocks = batch->deltas + done * shard->block_bytes};
-      status = call_peer(server, other, &request, NULL);
-      /* A holder lost meanwhile: its parity is rebuilt from the rows later, not updated. */
-      if (keel__ec_unreachable(status)) status = KEEL_OK;
-      done += piece;
-    }
+  for (int holder = 0; holder < server->servers && status == KEEL_OK; holder++) {
+    if (holder != server->index && batches[holder].count > 0)
+      status = send_batch(server, holder, &batches[holder], update_id, prepare_first);
+  }
+  if (status != KEEL_OK) return status;
+  if (prepare_first) server_fault(server, "ec_prepared", update_id);
+  parity_batch *local = &batches[server->index];
+  status =
+      fold_here(server, local->refs, local->deltas, local->count, update_stamp(server, update_id));
+  bool first_commit = true;
+  for (int holder = 0; prepare_first && holder < server->servers && status == KEEL_OK; holder++) {
+    if (holder == server->index || batches[holder].count == 0) continue;
+    status = send_commit(server, holder, update_id, 0);
+    if (first_commit) server_fault(server, "ec_committing", update_id);
+    first_commit = false;
   }
   return status;
 }
@@ -475,35 +573,189 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
   if (status == KEEL_OK &&
       !rows_have_role(server, rows, count, acting ? ROW_ACTING : ROW_OWN, lost))
     status = KEEL_EAGAIN;
-  uint64_t update_id = synchronous ? step + 1 : atomic_fetch_add(&server->next_update, 1);
+  uint64_t update_id = update_id_make(server, step, acting, synchronous);
   if (status == KEEL_OK && acting)
-    status = apply_acting(server, rows, count, gradients, lost, synchronous ? step + 1 : 0, batches,
-                          delta);
+    status = apply_acting(server, rows, count, gradients, lost, update_stamp(server, update_id),
+                          batches, delta);
   else if (status == KEEL_OK)
     status = apply_own(server, rows, count, gradients, lost, batches, delta);
-  if (status == KEEL_OK) status = send_batches(server, batches, update_id, synchronous);
+  if (status == KEEL_OK) status = send_batches(server, batches, update_id);
   if (batches != NULL) batches_free(batches, server->servers);
   free(delta);
   free(lost);
   return status;
 }
 
-/* A parity holder's side: fold each change (two-phase commit comes later: APPLY_NOW only). */
+/* ---- the parity holder's side of two-phase commit */
+
+/* Refs must name parity blocks held here: anything else is refused before it is kept. */
+static keel_status refs_held(keel_ec_server *server, const keel__ec_ref *refs, size_t count) {
+  for (size_t i = 0; i < count; i++)
+    if (keel__ec_shard_block(&server->shard, refs[i].group, (int)refs[i].other) == NULL)
+      return KEEL_EAGAIN;
+  return KEEL_OK;
+}
+
 static keel_status parity_prepare(keel_ec_server *server, const keel__ec_request *request) {
-  if ((request->flags & KEEL__EC_FLAG_APPLY_NOW) == 0) return KEEL_ENOTSUP;
+  keel_status status = refs_held(server, request->refs, request->count);
+  if (status != KEEL_OK) return status;
+  if (request->flags & KEEL__EC_FLAG_APPLY_NOW)
+    return fold_here(server, request->refs, request->blocks, request->count,
+                     update_stamp(server, request->id));
+  size_t block_bytes = server->shard.block_bytes;
+  prepared_update *kept = calloc(1, sizeof *kept);
+  if (kept == NULL) return KEEL_ENOMEM;
+  kept->refs = malloc(sizeof *kept->refs * (request->count > 0 ? request->count : 1));
+  kept->deltas = malloc(block_bytes * (request->count > 0 ? request->count : 1));
+  if (kept->refs == NULL || kept->deltas == NULL) {
+    prepared_free(kept);
+    return KEEL_ENOMEM;
+  }
+  kept->id = request->id;
+  kept->count = request->count;
+  memcpy(kept->refs, request->refs, sizeof *kept->refs * request->count);
+  memcpy(kept->deltas, request->blocks, block_bytes * request->count);
+  pthread_mutex_lock(&server->prepared_lock);
+  /* One update may come in several requests: its parts are kept together. */
+  kept->next = server->prepared;
+  server->prepared = kept;
+  pthread_mutex_unlock(&server->prepared_lock);
+  return KEEL_OK;
+}
+
+/* Takes every prepared part of update id out of the list (NULL when none). */
+static prepared_update *prepared_take(keel_ec_server *server, uint64_t id) {
+  prepared_update *taken = NULL;
+  for (prepared_update **at = &server->prepared; *at != NULL;) {
+    prepared_update *item = *at;
+    if (item->id == id) {
+      *at = item->next;
+      item->next = taken;
+      taken = item;
+    } else {
+      at = &item->next;
+    }
+  }
+  return taken;
+}
+
+static bool committed_recently(const keel_ec_server *server, uint64_t id) {
+  for (size_t i = 0; i < COMMITTED_MEMORY; i++)
+    if (server->committed[i] == id) return true;
+  return false;
+}
+
+/* What this holder has of update id: KEEL_OK committed, KEEL_EAGAIN prepared, KEEL_ENOTFOUND
+ * nothing. Caller holds prepared_lock. */
+static keel_status update_state(const keel_ec_server *server, uint64_t id) {
+  for (const prepared_update *item = server->prepared; item != NULL; item = item->next)
+    if (item->id == id) return KEEL_EAGAIN;
+  return committed_recently(server, id) ? KEEL_OK : KEEL_ENOTFOUND;
+}
+
+/* Commits (folds) or aborts (drops) the prepared parts of update id. */
+static keel_status update_finish(keel_ec_server *server, uint64_t id, bool commit) {
+  pthread_mutex_lock(&server->prepared_lock);
+  prepared_update *taken = prepared_take(server, id);
+  if (taken != NULL && commit) {
+    server->committed[server->committed_next] = id;
+    server->committed_next = (server->committed_next + 1) % COMMITTED_MEMORY;
+  }
+  pthread_mutex_unlock(&server->prepared_lock);
+  keel_status status = taken != NULL ? KEEL_OK : KEEL_ENOTFOUND;
+  while (taken != NULL) {
+    prepared_update *item = taken;
+    taken = item->next;
+    if (commit && status == KEEL_OK)
+      status = fold_here(server, item->refs, item->deltas, item->count, update_stamp(server, id));
+    prepared_free(item);
+  }
+  return status;
+}
+
+static keel_status parity_commit(keel_ec_server *server, const keel__ec_request *request) {
+  if (request->flags & KEEL__EC_FLAG_QUERY) {
+    pthread_mutex_lock(&server->prepared_lock);
+    keel_status state = update_state(server, request->id);
+    pthread_mutex_unlock(&server->prepared_lock);
+    return state;
+  }
+  return update_finish(server, request->id, (request->flags & KEEL__EC_FLAG_ABORT) == 0);
+}
+
+/* The servers other than this one that hold a parity block of the groups in a prepared
+ * update, as flags. */
+static void update_holders(keel_ec_server *server, const prepared_update *item, const bool *lost,
+                           bool *holders) {
   keel__ec_shard *shard = &server->shard;
-  bool synchronous = server->wire.workers > 0;
-  for (size_t i = 0; i < request->count; i++) {
-    const keel__ec_ref *ref = &request->refs[i];
-    pthread_mutex_t *lock = keel__ec_shard_lock(shard, ref->group);
-    pthread_mutex_lock(lock);
-    keel_status status = keel__ec_shard_fold(shard, ref->group, (int)ref->member, (int)ref->other,
-                                             request->blocks + i * shard->block_bytes,
-                                             synchronous ? request->id : 0);
-    pthread_mutex_unlock(lock);
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  for (size_t i = 0; i < item->count; i++) {
+    for (int member = k; member < n; member++) {
+      keel_ec_location at;
+      keel_ec_layout_locate(&shard->layout, item->refs[i].group, member, &at);
+      if (at.server != server->index && !lost[at.server]) holders[at.server] = true;
+    }
+  }
+}
+
+/* Decides one update whose origin was lost between its two phases, together with the other
+ * holders: commit when some holder committed it (the origin had prepared everyone) or every
+ * holder prepared it, abort otherwise. Every holder that decides reaches the same verdict
+ * from the same states, and tells the others that prepared it. */
+static keel_status resolve_update(keel_ec_server *server, const prepared_update *item,
+                                  const bool *lost) {
+  bool *holders = calloc((size_t)server->servers, sizeof *holders);
+  keel_status *states = calloc((size_t)server->servers, sizeof *states);
+  if (holders == NULL || states == NULL) {
+    free(holders), free(states);
+    return KEEL_ENOMEM;
+  }
+  update_holders(server, item, lost, holders);
+  bool any_committed = false, all_prepared = true;
+  uint64_t id = item->id;
+  for (int other = 0; other < server->servers; other++) {
+    if (!holders[other]) continue;
+    keel__ec_request query = {
+        .op = KEEL__EC_OP_PARITY_COMMIT, .flags = KEEL__EC_FLAG_QUERY, .id = id};
+    states[other] = call_peer(server, other, &query, NULL);
+    if (keel__ec_unreachable(states[other])) holders[other] = false;
+    any_committed |= states[other] == KEEL_OK;
+    all_prepared &= !holders[other] || states[other] == KEEL_EAGAIN || states[other] == KEEL_OK;
+  }
+  bool commit = any_committed || all_prepared;
+  KEEL_LOG_I(MODULE, "server %d: update %llx of lost server %d %s", server->index,
+             (unsigned long long)id, update_origin(id), commit ? "committed" : "aborted");
+  keel_status status = update_finish(server, id, commit);
+  if (status == KEEL_ENOTFOUND) status = KEEL_OK; /* another thread decided it meanwhile */
+  for (int other = 0; other < server->servers && status == KEEL_OK; other++)
+    if (holders[other] && states[other] == KEEL_EAGAIN)
+      status = send_commit(server, other, id, commit ? 0 : KEEL__EC_FLAG_ABORT);
+  if (status == KEEL_ENOTFOUND) status = KEEL_OK;
+  free(states);
+  free(holders);
+  return status;
+}
+
+/* Decides every update prepared here whose origin is lost: before any decoding, so that the
+ * parity read is all in or all out. */
+static keel_status resolve_lost_updates(keel_ec_server *server, const bool *lost) {
+  for (;;) {
+    pthread_mutex_lock(&server->prepared_lock);
+    prepared_update *item = server->prepared;
+    while (item != NULL && !lost[update_origin(item->id)]) item = item->next;
+    prepared_update copy = item != NULL ? *item : (prepared_update){0};
+    if (item != NULL) {
+      /* Borrow its refs: a copy, since the list may change while the others are asked. */
+      copy.refs = malloc(sizeof *copy.refs * (item->count > 0 ? item->count : 1));
+      if (copy.refs != NULL) memcpy(copy.refs, item->refs, sizeof *copy.refs * item->count);
+    }
+    pthread_mutex_unlock(&server->prepared_lock);
+    if (item == NULL) return KEEL_OK;
+    if (copy.refs == NULL) return KEEL_ENOMEM;
+    keel_status status = resolve_update(server, &copy, lost);
+    free(copy.refs);
     if (status != KEEL_OK) return status;
   }
-  return KEEL_OK;
 }
 
 /* ---- the dense block */
@@ -722,8 +974,9 @@ static keel_status serve(keel_ec_server *server, const keel__ec_request *request
     case KEEL__EC_OP_PARITY_PREPARE:
       return parity_prepare(server, request);
     case KEEL__EC_OP_PARITY_COMMIT:
+      return parity_commit(server, request);
     case KEEL__EC_OP_WRITE_BLOCKS:
-      return KEEL_ENOTSUP; /* two-phase commit and rebuilds: not yet */
+      return KEEL_ENOTSUP; /* rebuilds: not yet */
     default:
       return dense_serve(server, request, body);
   }
@@ -875,6 +1128,8 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
   pthread_mutex_init(&server->connections_lock, NULL);
   pthread_mutex_init(&server->lost_lock, NULL);
   pthread_mutex_init(&server->step_lock, NULL);
+  pthread_mutex_init(&server->prepared_lock, NULL);
+  pthread_mutex_init(&server->fault_lock, NULL);
   pthread_condattr_t attributes;
   pthread_condattr_init(&attributes);
   pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
@@ -882,6 +1137,9 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
   pthread_condattr_destroy(&attributes);
   keel__ec_directory_init(&server->directory, directory);
   keel_status status = server_prepare(server, config, index);
+  const char *faults = getenv("KEEL_FAULT");
+  if (status == KEEL_OK && faults != NULL && faults[0] != '\0')
+    status = keel_fault_plan_create(faults, (uint32_t)index, &server->faults);
   if (status == KEEL_OK) status = keel_listener_open(listen_address, &server->listener);
   if (status == KEEL_OK) refresh_lost(server);
   if (status == KEEL_OK)
@@ -915,6 +1173,14 @@ void keel_ec_server_stop(keel_ec_server *server) {
   reap(server, true);
   keel_listener_close(server->listener);
   while (server->steps != NULL) step_free(server, server->steps);
+  while (server->prepared != NULL) {
+    prepared_update *item = server->prepared;
+    server->prepared = item->next;
+    prepared_free(item);
+  }
+  keel_fault_plan_destroy(server->faults);
+  pthread_mutex_destroy(&server->fault_lock);
+  pthread_mutex_destroy(&server->prepared_lock);
   if (server->peers != NULL)
     for (int i = 0; i < server->servers; i++) keel__ec_peer_destroy(&server->peers[i]);
   free(server->peers);

@@ -194,13 +194,15 @@ static void servers_start(ec_job *job) {
 
 /* The servers as `keel server` processes, with the job's token in their environment; they
  * wait for the configuration, which this test then publishes as a job's first worker would. */
-static void processes_start(ec_job *job, const char *folder) {
+static void processes_start(ec_job *job, const char *folder, const char *fault) {
   char id_env[48], token_env[96];
   snprintf(id_env, sizeof id_env, "KEEL_JOB_ID=%llu", (unsigned long long)job->auth.job_id);
   int at = snprintf(token_env, sizeof token_env, "KEEL_JOB_TOKEN=");
   for (int i = 0; i < KEEL_TOKEN_BYTES; i++)
     at += snprintf(token_env + at, sizeof token_env - (size_t)at, "%02x", job->auth.token[i]);
-  char *const environment[] = {id_env, token_env, NULL};
+  char fault_env[128];
+  snprintf(fault_env, sizeof fault_env, "KEEL_FAULT=%s", fault != NULL ? fault : "");
+  char *const environment[] = {id_env, token_env, fault_env, NULL};
   for (int i = 0; i < job->config.servers; i++) {
     char index[16], output[512];
     snprintf(index, sizeof index, "%d", i);
@@ -305,6 +307,11 @@ static void check_job(ec_job *job, uint64_t lost_expected) {
   uint32_t crc = 0;
   assert_int_equal(keel_ec_client_checksum(client, &crc), KEEL_OK);
   assert_int_equal(crc, reference_checksum(job));
+  /* Every parity block that survives is the code of the rows: the next loss would decode
+   * exact rows too. */
+  uint64_t inconsistent = UINT64_MAX;
+  assert_int_equal(keel_ec_client_verify(client, &inconsistent), KEEL_OK);
+  assert_int_equal(inconsistent, 0);
   keel_ec_client_close(client);
 }
 
@@ -320,10 +327,12 @@ static void test_no_failure(void **state) {
 }
 
 /* A server lost between steps: its rows are read and updated through the parity, exactly. */
-static void check_lose_each_server(int servers, int k, int r, keel_ec_optimizer_kind kind) {
+static void check_lose_each_server(int servers, int k, int r, keel_ec_optimizer_kind kind,
+                                   bool two_phase_commit) {
   for (int lose = 0; lose < servers; lose++) {
     ec_job job;
     job_start(&job, servers, k, r, kind);
+    job.config.two_phase_commit = two_phase_commit;
     servers_start(&job);
     job.lose_at = STEPS / 2;
     job.lose = lose;
@@ -335,12 +344,12 @@ static void check_lose_each_server(int servers, int k, int r, keel_ec_optimizer_
 
 static void test_lose_any_server_xor(void **state) {
   (void)state;
-  check_lose_each_server(4, 3, 1, KEEL_EC_ADAGRAD);
+  check_lose_each_server(4, 3, 1, KEEL_EC_ADAGRAD, false);
 }
 
 static void test_lose_any_server_reed_solomon(void **state) {
   (void)state;
-  check_lose_each_server(5, 3, 2, KEEL_EC_ADAM);
+  check_lose_each_server(5, 3, 2, KEEL_EC_ADAM, false);
 }
 
 /* Bad input: a connector with the wrong token is refused; a malformed request, a request of
@@ -404,12 +413,47 @@ static void test_kill_server_process(void **state) {
   (void)state;
   ec_job job;
   job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
-  processes_start(&job, keel_test_tempdir("keel-ec-servers"));
+  processes_start(&job, keel_test_tempdir("keel-ec-servers"), NULL);
   job.lose_at = STEPS / 2;
   job.lose = 2;
   run_job(&job);
   check_job(&job, (uint64_t)1 << 2);
   job_stop(&job);
+}
+
+static void test_lose_any_server_two_phase_commit(void **state) {
+  (void)state;
+  check_lose_each_server(5, 3, 2, KEEL_EC_MOMENTUM, true);
+}
+
+/* Two-phase commit: server 2 kills itself inside an update of step 12 (KEEL_FAULT at point),
+ * its parity holders decide the update together, and every row still ends exact. */
+static void check_killed_inside_commit(const char *point) {
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  char fault[96];
+  snprintf(fault, sizeof fault, "kill@uid=2,point=%s,step=%d", point, STEPS / 2);
+  processes_start(&job, keel_test_tempdir("keel-ec-commit"), fault);
+  job.lose_at = -1;
+  run_job(&job);
+  /* The server died of its own rule, not of anything this test sent. */
+  int status = 0;
+  assert_true(keel_test_wait(job.processes[2], 10000, &status));
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  job.processes[2] = 0;
+  check_job(&job, (uint64_t)1 << 2);
+  job_stop(&job);
+}
+
+static void test_killed_between_the_phases(void **state) {
+  (void)state;
+  check_killed_inside_commit("ec_prepared");
+}
+
+static void test_killed_during_the_commits(void **state) {
+  (void)state;
+  check_killed_inside_commit("ec_committing");
 }
 
 int main(void) {
@@ -419,6 +463,9 @@ int main(void) {
       cmocka_unit_test(test_lose_any_server_reed_solomon),
       cmocka_unit_test(test_bad_requests_refused),
       cmocka_unit_test(test_kill_server_process),
+      cmocka_unit_test(test_lose_any_server_two_phase_commit),
+      cmocka_unit_test(test_killed_between_the_phases),
+      cmocka_unit_test(test_killed_during_the_commits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
