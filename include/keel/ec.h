@@ -320,6 +320,9 @@ typedef struct keel_ec_config {
   int workers;           /* synchronous mode's workers; 0: asynchronous */
   bool two_phase_commit; /* parity changes prepared everywhere before any is folded */
   bool replicate_dense;  /* the dense block on servers 0 and 1 */
+  /* No parity at all: changes are not propagated and a lost server's rows are gone. No fault
+   * tolerance: the baseline the benchmarks measure ECRec against. */
+  bool without_parity;
 } keel_ec_config;
 
 /* The configuration in the job's store (key ec/config), for servers started before anyone

@@ -397,7 +397,8 @@ keel_status keel__ec_reply_decode(const uint8_t *payload, size_t length, uint16_
 
 #define CONFIG_OPTIMIZER_AT 20
 #define CONFIG_HYPERPARAMETERS 6 /* learning_rate .. beta2, in wire order */
-#define KNOWN_OPTIONS (KEEL__EC_OPTION_TWO_PHASE_COMMIT | KEEL__EC_OPTION_DENSE_REPLICATED)
+#define KNOWN_OPTIONS \
+  (KEEL__EC_OPTION_TWO_PHASE_COMMIT | KEEL__EC_OPTION_DENSE_REPLICATED | KEEL__EC_OPTION_NO_PARITY)
 
 /* Which of the hyper-parameters (bit i: the i-th in wire order) each optimizer kind uses. */
 static const uint8_t hyperparameters_used[] = {

@@ -90,6 +90,7 @@ typedef enum keel__ec_op {
 /* keel__ec_config.options */
 #define KEEL__EC_OPTION_TWO_PHASE_COMMIT 1u
 #define KEEL__EC_OPTION_DENSE_REPLICATED 2u /* dense parameters on two servers */
+#define KEEL__EC_OPTION_NO_PARITY 4u        /* no fault tolerance: the benchmarks' baseline */
 
 /* What both sides know, derived from the configuration (keel__ec_config_limits). */
 typedef struct keel__ec_limits {

@@ -490,6 +490,7 @@ static keel_status send_batches(keel_ec_server *server, parity_batch *batches, u
 static keel_status queue_delta(keel_ec_server *server, parity_batch *batches, const bool *lost,
                                uint64_t group, int data_member, const uint8_t *delta) {
   keel__ec_shard *shard = &server->shard;
+  if (server->wire.options & KEEL__EC_OPTION_NO_PARITY) return KEEL_OK;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
   for (int member = k; member < n; member++) {
     keel_ec_location at;

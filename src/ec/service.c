@@ -241,7 +241,8 @@ keel_status keel__ec_config_from_public(const keel_ec_config *config, keel__ec_c
       .seed = config->seed,
       .workers = (uint32_t)config->workers,
       .options = (config->two_phase_commit ? KEEL__EC_OPTION_TWO_PHASE_COMMIT : 0u) |
-                 (config->replicate_dense ? KEEL__EC_OPTION_DENSE_REPLICATED : 0u),
+                 (config->replicate_dense ? KEEL__EC_OPTION_DENSE_REPLICATED : 0u) |
+                 (config->without_parity ? KEEL__EC_OPTION_NO_PARITY : 0u),
       .init_scale = config->init_scale,
   };
   /* The encoder checks every rule a server would. */
@@ -266,6 +267,7 @@ void keel__ec_config_to_public(const keel__ec_config *wire, keel_ec_config *conf
       .workers = (int)wire->workers,
       .two_phase_commit = (wire->options & KEEL__EC_OPTION_TWO_PHASE_COMMIT) != 0,
       .replicate_dense = (wire->options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0,
+      .without_parity = (wire->options & KEEL__EC_OPTION_NO_PARITY) != 0,
   };
 }
 

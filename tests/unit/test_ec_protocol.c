@@ -989,7 +989,7 @@ static void test_config_refusals(void **state) {
       {"unused momentum -0", 28, 0x80000000u},
       {"optimizer kind 0", 20, 0},
       {"optimizer kind 5", 20, 5},
-      {"unknown option", 76, 4},
+      {"unknown option", 76, 8},
       {"unknown option, high bit", 76, 0x80000000u},
   };
   for (size_t i = 0; i < COUNT(words); i++) {
@@ -1034,7 +1034,7 @@ static void test_config_refusals(void **state) {
   ADD("beta1 1", KEEL_EC_ADAM, beta1, 1.0f, KEEL_ERANGE);
   ADD("beta2 infinite", KEEL_EC_ADAM, beta2, INFINITY, KEEL_ERANGE);
   ADD("unknown kind", KEEL_EC_ADAM, optimizer_kind, 7, KEEL_EPROTO);
-  ADD("unknown option", KEEL_EC_ADAM, options, 8, KEEL_EPROTO);
+  ADD("unknown option", KEEL_EC_ADAM, options, 16, KEEL_EPROTO);
 #undef ADD
   for (size_t i = 0; i < count; i++) {
     uint8_t bad[KEEL__EC_CONFIG_BYTES];
