@@ -346,6 +346,11 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
                                  const char *listen_address, keel_store *directory,
                                  const keel_auth *auth, keel_ec_server **server_p);
 const char *keel_ec_server_address(const keel_ec_server *server);
+/* Writes the server's rows and dense block to path (created or replaced: written to a
+ * temporary file, synced, renamed), each stripe of rows copied under its lock while training
+ * goes on: the checkpoint-to-disk baseline that ECRec is measured against. *bytes_p
+ * (optional): bytes written. KEEL_EIO / KEEL_ENOSPC and the like from the file system. */
+keel_status keel_ec_server_checkpoint(keel_ec_server *server, const char *path, uint64_t *bytes_p);
 /* Stops accepting, closes every link, joins the threads, frees everything. NULL is fine. */
 void keel_ec_server_stop(keel_ec_server *server);
 

@@ -3,12 +3,15 @@
  * answered; rows of lost servers are decoded from the survivors for the groups this server
  * acts for; synchronous mode applies a step once every worker's push of it is in. */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "ec/ec_internal.h"
 #include "ec/service.h"
@@ -1165,6 +1168,71 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
 
 const char *keel_ec_server_address(const keel_ec_server *server) {
   return keel_listener_address(server->listener);
+}
+
+static keel_status write_all(int fd, const uint8_t *bytes, size_t length) {
+  while (length > 0) {
+    ssize_t written = write(fd, bytes, length);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return keel_status_from_errno(written < 0 ? errno : EIO);
+    bytes += written;
+    length -= (size_t)written;
+  }
+  return KEEL_OK;
+}
+
+/* The data rows, a group's worth of stripes at a time under their locks, then the dense
+ * block. */
+static keel_status checkpoint_write(keel_ec_server *server, int fd, uint64_t *bytes_p) {
+  keel__ec_shard *shard = &server->shard;
+  size_t piece = 4096;
+  uint8_t *copy = malloc(piece * shard->block_bytes);
+  if (copy == NULL) return KEEL_ENOMEM;
+  keel_status status = KEEL_OK;
+  for (uint64_t slot = 0; slot < shard->data_rows && status == KEEL_OK; slot += piece) {
+    size_t count = shard->data_rows - slot < piece ? (size_t)(shard->data_rows - slot) : piece;
+    for (size_t i = 0; i < count; i++) {
+      keel_ec_location at;
+      keel_ec_layout_locate_slot(&shard->layout, shard->index, KEEL_EC_DATA, slot + i, &at);
+      pthread_mutex_t *lock = keel__ec_shard_lock(shard, at.group);
+      pthread_mutex_lock(lock);
+      memcpy(copy + i * shard->block_bytes, shard->data + (slot + i) * shard->block_bytes,
+             shard->block_bytes);
+      pthread_mutex_unlock(lock);
+    }
+    status = write_all(fd, copy, count * shard->block_bytes);
+    *bytes_p += count * shard->block_bytes;
+  }
+  free(copy);
+  if (status != KEEL_OK || !shard->holds_dense) return status;
+  pthread_mutex_lock(&shard->dense_lock);
+  status = write_all(fd, shard->dense, shard->dense_block_bytes);
+  pthread_mutex_unlock(&shard->dense_lock);
+  *bytes_p += shard->dense_block_bytes;
+  return status;
+}
+
+keel_status keel_ec_server_checkpoint(keel_ec_server *server, const char *path, uint64_t *bytes_p) {
+  if (server == NULL || path == NULL)
+    return keel__ec_invalid("keel_ec_server_checkpoint: NULL argument");
+  char temporary[PATH_MAX];
+  if (snprintf(temporary, sizeof temporary, "%s.partial", path) >= (int)sizeof temporary)
+    return keel__ec_invalid("keel_ec_server_checkpoint: path too long");
+  int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return keel_status_from_errno(errno);
+  uint64_t bytes = 0;
+  keel_status status = checkpoint_write(server, fd, &bytes);
+  if (status == KEEL_OK && fsync(fd) != 0) status = keel_status_from_errno(errno);
+  if (close(fd) != 0 && status == KEEL_OK) status = keel_status_from_errno(errno);
+  if (status == KEEL_OK && rename(temporary, path) != 0) status = keel_status_from_errno(errno);
+  if (status != KEEL_OK) {
+    unlink(temporary);
+    KEEL_LOG_E(MODULE, "server %d: checkpoint to %s failed: %s", server->index, path,
+               keel_strerror(status));
+    return status;
+  }
+  if (bytes_p != NULL) *bytes_p = bytes;
+  return KEEL_OK;
 }
 
 void keel_ec_server_stop(keel_ec_server *server) {

@@ -319,6 +319,29 @@ static void check_job(ec_job *job, uint64_t lost_expected) {
   keel_ec_client_close(client);
 }
 
+/* Server 0's checkpoint: its rows in slot order (slot 0 is row 0), then the dense block. */
+static void check_checkpoint(ec_job *job) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/server-0.ckpt", keel_test_tempdir("keel-ec-ckpt"));
+  uint64_t bytes = 0;
+  assert_int_equal(keel_ec_server_checkpoint(job->servers[0], path, &bytes), KEEL_OK);
+  size_t length = 0;
+  char *written = keel_test_read_file(path, &length);
+  assert_non_null(written);
+  assert_int_equal(length, bytes);
+  uint64_t groups = (job->config.total_rows + 2) / 3, data_rows = 0, parity_rows = 0;
+  keel_ec_layout layout;
+  keel_ec_layout_init(job->config.servers, 3, 1, &layout);
+  keel_ec_layout_count(&layout, 0, groups, &data_rows, &parity_rows);
+  assert_int_equal(bytes, data_rows * job->block_bytes + job->dense_block_bytes);
+  assert_memory_equal(written, job->blocks, job->block_bytes);
+  assert_memory_equal(written + bytes - job->dense_block_bytes, job->dense, job->dense_block_bytes);
+  free(written);
+  /* A folder that does not exist: an error, and nothing left behind. */
+  assert_int_not_equal(
+      keel_ec_server_checkpoint(job->servers[0], "/nonexistent-keel/server.ckpt", NULL), KEEL_OK);
+}
+
 static void test_no_failure(void **state) {
   (void)state;
   ec_job job;
@@ -327,6 +350,7 @@ static void test_no_failure(void **state) {
   job.lose_at = -1;
   run_job(&job);
   check_job(&job, 0);
+  check_checkpoint(&job);
   job_stop(&job);
 }
 
