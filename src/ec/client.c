@@ -26,16 +26,20 @@ struct keel_ec_client {
   keel_store *owned_store; /* keel_ec_client_open_env's; closed with the client */
   size_t block_bytes;
   keel__ec_peer *peers;
-  bool *lost;
+  uint64_t *standing; /* each server's, as last read (service.h) */
+  bool *lost;         /* served through the parity at next_step */
+  uint64_t next_step; /* the step of this worker's next push */
 };
 
 static int64_t call_deadline(void) { return keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS); }
 
 static void refresh_lost(keel_ec_client *client) {
-  keel_status status = keel__ec_directory_lost(&client->directory, client->servers, client->lost);
+  keel_status status =
+      keel__ec_directory_standing(&client->directory, client->servers, client->standing);
   if (status != KEEL_OK)
     KEEL_LOG_W(MODULE, "worker %d: cannot read the lost servers: %s", client->worker,
                keel_strerror(status));
+  keel__ec_lost_view(client->standing, client->servers, client->next_step, client->lost);
 }
 
 static keel_status call(keel_ec_client *client, int server, const keel__ec_request *request,
@@ -46,6 +50,7 @@ static keel_status call(keel_ec_client *client, int server, const keel__ec_reque
     KEEL_LOG_W(MODULE, "worker %d: server %d is lost (%s)", client->worker, server,
                keel_strerror(status));
     keel__ec_directory_declare_lost(&client->directory, server);
+    client->standing[server] = KEEL__EC_LOST;
     client->lost[server] = true;
   }
   return status;
@@ -65,7 +70,7 @@ static keel_status check_servers(keel_ec_client *client) {
   keel_status status = KEEL_EIO;
   bool have = false;
   for (int i = 0; i < client->servers; i++) {
-    if (client->lost[i]) continue;
+    if (client->standing[i] != KEEL__EC_LIVE) continue;
     keel__ec_config config;
     status = keel__ec_peer_info(&client->peers[i], &client->directory, &client->auth, &config,
                                 call_deadline());
@@ -84,13 +89,13 @@ static keel_status check_servers(keel_ec_client *client) {
 /* The number of servers comes with the configuration: asked first of one server, then every
  * server not lost must answer the same. */
 static keel_status client_configure(keel_ec_client *client) {
-  bool *lost = calloc(KEEL_MAX_UIDS, sizeof *lost);
-  if (lost == NULL) return KEEL_ENOMEM;
-  keel_status status = keel__ec_directory_lost(&client->directory, KEEL_MAX_UIDS, lost);
-  /* Server 0 may be lost: the first server not declared lost answers. */
+  uint64_t *standing = calloc(KEEL_MAX_UIDS, sizeof *standing);
+  if (standing == NULL) return KEEL_ENOMEM;
+  keel_status status = keel__ec_directory_standing(&client->directory, KEEL_MAX_UIDS, standing);
+  /* Server 0 may be lost: the first server that is live answers. */
   int index = 0;
-  while (index < KEEL_MAX_UIDS - 1 && lost[index]) index++;
-  free(lost);
+  while (index < KEEL_MAX_UIDS - 1 && standing[index] != KEEL__EC_LIVE) index++;
+  free(standing);
   keel__ec_peer first;
   keel__ec_peer_init(&first, index);
   if (status == KEEL_OK)
@@ -101,7 +106,9 @@ static keel_status client_configure(keel_ec_client *client) {
   client->servers = (int)client->wire.servers;
   client->peers = calloc((size_t)client->servers, sizeof *client->peers);
   client->lost = calloc((size_t)client->servers, sizeof *client->lost);
-  if (client->peers == NULL || client->lost == NULL) return KEEL_ENOMEM;
+  client->standing = calloc((size_t)client->servers, sizeof *client->standing);
+  if (client->peers == NULL || client->lost == NULL || client->standing == NULL)
+    return KEEL_ENOMEM;
   for (int i = 0; i < client->servers; i++) keel__ec_peer_init(&client->peers[i], i);
   refresh_lost(client);
   status = check_servers(client);
@@ -147,6 +154,7 @@ void keel_ec_client_close(keel_ec_client *client) {
     for (int i = 0; i < client->servers; i++) keel__ec_peer_destroy(&client->peers[i]);
   free(client->peers);
   free(client->lost);
+  free(client->standing);
   keel_ec_decoder_destroy(client->decoder);
   keel_ec_code_destroy(client->code);
   keel__ec_directory_destroy(&client->directory);
@@ -347,12 +355,43 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
   return KEEL_OK;
 }
 
+/* A replacement that finished its rebuild serves its rows from two steps after the first
+ * worker sees it: every worker reads the standing at the start of each step while some server
+ * is not live, and none can start that step before the first worker has ended the one
+ * between, so all route that step alike. Two steps later the mark goes. */
+static void standing_advance(keel_ec_client *client, uint64_t step) {
+  for (int i = 0; i < client->servers; i++) {
+    uint64_t standing = client->standing[i];
+    uint64_t next = standing;
+    if (standing == KEEL__EC_REBUILT) next = step + 2;
+    if (standing < KEEL__EC_REBUILT && standing != KEEL__EC_LIVE && step >= standing + 2)
+      next = KEEL__EC_LIVE;
+    if (next == standing) continue;
+    if (keel__ec_directory_set_standing(&client->directory, i, next) == KEEL_OK)
+      client->standing[i] = next;
+  }
+}
+
+/* Reads the servers' standing for `step` when some server is not live (the first worker
+ * moves replacements back, see above), then routes by it. */
+static void step_begin(keel_ec_client *client, uint64_t step) {
+  client->next_step = step;
+  bool settled = true;
+  for (int i = 0; i < client->servers; i++) settled &= client->standing[i] == KEEL__EC_LIVE;
+  if (!settled) {
+    refresh_lost(client);
+    if (client->worker == 0 && client->wire.workers > 0) standing_advance(client, step);
+  }
+  keel__ec_lost_view(client->standing, client->servers, step, client->lost);
+}
+
 keel_status keel_ec_client_push_rows(keel_ec_client *client, uint64_t step, const uint64_t *rows,
                                      size_t count, const float *gradients) {
   if (client == NULL || (count > 0 && (rows == NULL || gradients == NULL)))
     return keel__ec_invalid("keel_ec_client_push_rows: NULL argument");
   keel_status status = check_rows(client, rows, count);
   if (status != KEEL_OK) return status;
+  step_begin(client, step);
   size_t room = count > 0 ? count : 1;
   size_t *picked = malloc(sizeof *picked * room);
   uint64_t *part_rows = malloc(sizeof *part_rows * room);
@@ -360,6 +399,9 @@ keel_status keel_ec_client_push_rows(keel_ec_client *client, uint64_t step, cons
   status = picked && part_rows && part_gradients ? KEEL_OK : KEEL_ENOMEM;
   if (status == KEEL_OK)
     status = push_phases(client, step, rows, count, gradients, picked, part_rows, part_gradients);
+  /* Pulls until the next push belong to the next step. */
+  client->next_step = step + 1;
+  keel__ec_lost_view(client->standing, client->servers, client->next_step, client->lost);
   free(part_gradients);
   free(part_rows);
   free(picked);

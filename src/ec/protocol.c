@@ -52,7 +52,9 @@ static const struct op_rule {
                                .count = COUNT_ITEMS,
                                .lead = LEAD_PUSH,
                                .arrays = ARRAY_ROWS | ARRAY_VALUES},
-    [KEEL__EC_OP_READ_BLOCKS] = {.count = COUNT_ITEMS, .arrays = ARRAY_REFS},
+    [KEEL__EC_OP_READ_BLOCKS] = {.flags = KEEL__EC_FLAG_VERSIONED,
+                                 .count = COUNT_ITEMS,
+                                 .arrays = ARRAY_REFS},
     [KEEL__EC_OP_WRITE_BLOCKS] = {.count = COUNT_ITEMS, .arrays = ARRAY_REFS | ARRAY_BLOCKS},
     [KEEL__EC_OP_PARITY_PREPARE] = {.flags = KEEL__EC_FLAG_APPLY_NOW,
                                     .update = true,
@@ -205,7 +207,9 @@ static keel_status check_refs(const keel__ec_ref *refs, uint32_t count, bool del
     const keel__ec_ref *ref = &refs[i];
     if (ref->group >= limits->groups) return KEEL_ERANGE;
     if (deltas) {
-      if (ref->member >= data_blocks || ref->other < data_blocks || ref->other >= members)
+      /* To a parity block, or to the data block itself (a rebuilding server's copy). */
+      bool to_parity = ref->other >= data_blocks && ref->other < members;
+      if (ref->member >= data_blocks || (!to_parity && ref->other != ref->member))
         return KEEL_ERANGE;
       continue;
     }
@@ -350,9 +354,14 @@ size_t keel__ec_reply_body_bytes(const keel__ec_request *request, const keel__ec
     case KEEL__EC_OP_PULL_ROWS:
       fits = product(request->count, limits->dim, &bytes) && product(bytes, F32_BYTES, &bytes);
       break;
-    case KEEL__EC_OP_READ_BLOCKS:
-      fits = product(request->count, limits->block_bytes, &bytes);
+    case KEEL__EC_OP_READ_BLOCKS: {
+      /* Versioned: each block followed by its k stamps. */
+      uint64_t each = limits->block_bytes;
+      if (request->flags & KEEL__EC_FLAG_VERSIONED)
+        fits = sum(each, (uint64_t)limits->data_blocks * 8, &each);
+      fits = fits && product(request->count, each, &bytes);
       break;
+    }
     case KEEL__EC_OP_PULL_DENSE:
       bytes = (uint64_t)request->count * F32_BYTES;
       break;

@@ -15,7 +15,7 @@
  *    2 PULL_ROWS         0       ACTING       rows       rows u64[count]
  *    3 PUSH_ROWS         update  ACTING       rows       step u64 | worker u32 | workers u32 |
  *                                                        rows u64[count] | f32[count * dim]
- *    4 READ_BLOCKS       0       -            refs       block refs[count]
+ *    4 READ_BLOCKS       0       VERSIONED    refs       block refs[count]
  *    5 WRITE_BLOCKS      0       -            refs       block refs[count] |
  *                                                        count * block_bytes
  *    6 PARITY_PREPARE    update  APPLY_NOW    refs       delta refs[count] |
@@ -29,19 +29,24 @@
  *   12 WRITE_DENSE_BLOCK 0       -            0          dense_block_bytes
  * A block ref is  group u64 | member u32 | zero u32  (member < k + r, keel/ec.h's placement);
  * a delta ref  group u64 | data_member u32 | parity_member u32  (data_member < k <=
- * parity_member < k + r): the change of that data block, for that parity block. Flag bit 0
- * (ACTING, APPLY_NOW, ABORT) and bit 1 (QUERY) are the only flags, only where shown; an update id
- * is non-zero, every other id zero. Counts: "rows" and "refs" are at most max_count, any from 0;
- * "dense" is exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <= dense_count;
- * dense ops are refused when dense_count is 0. Rows are < total_rows and strictly increasing (one
- * order, no duplicates); groups < groups; worker < workers. The payload is exactly the header
- * and the body: no trailing bytes. Every array starts 8-aligned given an 8-aligned payload.
+ * parity_member < k + r): the change of that data block, for that parity block; or
+ * parity_member = data_member: for the data block itself (a rebuilding server's copy of a
+ * lost row). Flag bit 0
+ * (ACTING, VERSIONED, APPLY_NOW, ABORT) and bit 1 (QUERY) are the only flags, only where shown; an
+ * update id is non-zero, every other id zero. Counts: "rows" and "refs" are at most max_count, any
+ * from 0; "dense" is exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <=
+ * dense_count; dense ops are refused when dense_count is 0. Rows are < total_rows and strictly
+ * increasing (one order, no duplicates); groups < groups; worker < workers. The payload is exactly
+ * the header and the body: no trailing bytes. Every array starts 8-aligned given an 8-aligned
+ * payload.
  *
  * Reply: header  op u16 (the request's) | flags u16 (0) | status i32 (keel_status) |
  * body_bytes u64,  then body_bytes bytes. A reply whose status is not KEEL_OK has no body; an
  * OK one has exactly keel__ec_reply_body_bytes of its request:
  *   INFO: the configuration (below); PULL_ROWS: f32[count * dim] in the request's row order;
- *   READ_BLOCKS: count * block_bytes in ref order; PULL_DENSE: f32[count];
+ *   READ_BLOCKS: count * block_bytes in ref order; VERSIONED: each block followed by its k
+ *   stamps, u64 each (keel__ec_shard's: 1 + the step of the last change from each data
+ *   member; a data block's own at its member's place, 0 elsewhere); PULL_DENSE: f32[count];
  *   READ_DENSE_BLOCK: dense_block_bytes; the others: nothing.
  *
  * Configuration (INFO's reply body), KEEL__EC_CONFIG_BYTES:
@@ -78,6 +83,9 @@ typedef enum keel__ec_op {
 /* PULL_ROWS, PUSH_ROWS: rows of lost servers, which the server decodes as the groups' acting
  * parity holder, rather than its own rows. */
 #define KEEL__EC_FLAG_ACTING 1u
+/* READ_BLOCKS: each block with its stamps, read together under its lock (a rebuild checks
+ * that the blocks it decodes from are of the same steps). */
+#define KEEL__EC_FLAG_VERSIONED 1u
 /* PARITY_PREPARE: fold the deltas at once, no commit follows (two-phase commit off). */
 #define KEEL__EC_FLAG_APPLY_NOW 1u
 /* PARITY_COMMIT: drop the prepared deltas of the update instead of folding them. */

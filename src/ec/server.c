@@ -81,11 +81,14 @@ struct keel_ec_server {
   keel__ec_peer *peers;
   keel__ec_directory directory;
   pthread_mutex_t lost_lock;
-  bool *lost; /* under lost_lock: the servers declared lost, as last read */
+  uint64_t *standing; /* under lost_lock: each server's (service.h), as last read */
   pthread_mutex_t step_lock;
   pthread_cond_t step_done;
   step_slot *steps;
   atomic_uint_fast64_t next_update;
+  /* Held shared by every update from its role check to its last change sent; a rebuild's
+   * barrier takes it alone once, so that updates begun before it are done. */
+  pthread_rwlock_t updates_lock;
   pthread_mutex_t prepared_lock;
   prepared_update *prepared;
   uint64_t committed[COMMITTED_MEMORY];
@@ -110,12 +113,12 @@ static void server_fault(keel_ec_server *server, const char *point, uint64_t upd
 /* ---- the lost servers, as this server last read them */
 
 static void refresh_lost(keel_ec_server *server) {
-  bool *fresh = calloc((size_t)server->servers, sizeof *fresh);
+  uint64_t *fresh = calloc((size_t)server->servers, sizeof *fresh);
   if (fresh == NULL) return;
-  keel_status status = keel__ec_directory_lost(&server->directory, server->servers, fresh);
+  keel_status status = keel__ec_directory_standing(&server->directory, server->servers, fresh);
   if (status == KEEL_OK) {
     pthread_mutex_lock(&server->lost_lock);
-    memcpy(server->lost, fresh, sizeof *fresh * (size_t)server->servers);
+    memcpy(server->standing, fresh, sizeof *fresh * (size_t)server->servers);
     pthread_mutex_unlock(&server->lost_lock);
   } else {
     KEEL_LOG_W(MODULE, "server %d: cannot read the lost servers: %s", server->index,
@@ -124,18 +127,41 @@ static void refresh_lost(keel_ec_server *server) {
   free(fresh);
 }
 
-static void lost_copy(keel_ec_server *server, bool *lost) {
+/* What this server knows of the others for one step: which are served through the parity
+ * (lost) and each one's standing (a holder gets changes unless it is LOST). */
+typedef struct server_view {
+  bool *lost;
+  uint64_t *standing;
+} server_view;
+
+static keel_status view_make(keel_ec_server *server, server_view *view) {
+  view->lost = calloc((size_t)server->servers, sizeof *view->lost);
+  view->standing = calloc((size_t)server->servers, sizeof *view->standing);
+  return view->lost != NULL && view->standing != NULL ? KEEL_OK : KEEL_ENOMEM;
+}
+
+static void view_free(server_view *view) {
+  free(view->lost);
+  free(view->standing);
+}
+
+/* The view at step (a pull, which has none, passes either bound: see rows_have_role). */
+static void view_at(keel_ec_server *server, uint64_t step, server_view *view) {
   pthread_mutex_lock(&server->lost_lock);
-  memcpy(lost, server->lost, sizeof *lost * (size_t)server->servers);
+  memcpy(view->standing, server->standing, sizeof *view->standing * (size_t)server->servers);
   pthread_mutex_unlock(&server->lost_lock);
+  keel__ec_lost_view(view->standing, server->servers, step, view->lost);
+}
+
+static bool gets_changes(const server_view *view, int server) {
+  return view->standing[server] != KEEL__EC_LOST;
 }
 
 static void declare_lost(keel_ec_server *server, int index, keel_status why) {
   KEEL_LOG_W(MODULE, "server %d: server %d is lost (%s)", server->index, index, keel_strerror(why));
   keel__ec_directory_declare_lost(&server->directory, index);
-  pthread_mutex_lock(&server->lost_lock);
-  server->lost[index] = true;
-  pthread_mutex_unlock(&server->lost_lock);
+  /* What the directory now says (a replacement being rebuilt stays so). */
+  refresh_lost(server);
 }
 
 /* A call to another server; its loss is declared here, so every caller routes around it. */
@@ -151,7 +177,7 @@ static keel_status call_peer(keel_ec_server *server, int index, const keel__ec_r
 /* ---- decoding the blocks of groups with lost members */
 
 /* Two-phase commit's side of decoding (below, with the parity holder's side). */
-static keel_status resolve_lost_updates(keel_ec_server *server, const bool *lost);
+static keel_status resolve_lost_updates(keel_ec_server *server, const server_view *view);
 
 /* What one group needs decoded: its blocks (k + r, block_bytes each) and which are present. */
 typedef struct group_blocks {
@@ -229,8 +255,9 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
 
 /* Every member of each group, decoded where not read: the group's blocks as they are now. */
 static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
-                                    const bool *lost) {
-  keel_status status = resolve_lost_updates(server, lost);
+                                    const server_view *view) {
+  const bool *lost = view->lost;
+  keel_status status = resolve_lost_updates(server, view);
   if (status == KEEL_OK) status = choose_sources(server, groups, count, lost);
   for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
     if (other != server->index && !lost[other]) status = read_from(server, other, groups, count);
@@ -300,16 +327,29 @@ static row_role role_of(keel_ec_server *server, uint64_t row, const bool *lost) 
                                                                                 : ROW_ELSEWHERE;
 }
 
-/* Whether every row has the role wanted; refreshes the lost servers once when not, since
- * the caller may have learnt of a loss first. */
+static bool all_have_role(keel_ec_server *server, const uint64_t *rows, size_t count,
+                          row_role wanted, const bool *lost) {
+  size_t i = 0;
+  while (i < count && role_of(server, rows[i], lost) == wanted) i++;
+  return i == count;
+}
+
+/* Whether every row has the role wanted at step, into view; refreshes the standing once
+ * when not, since the caller may have learnt of a change first. A pull (any_step) has no
+ * step: while a replacement comes back both it and the acting holder serve its rows
+ * exactly, so either role is accepted. */
 static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t count,
-                           row_role wanted, bool *lost) {
+                           row_role wanted, uint64_t step, bool any_step, server_view *view) {
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 1) refresh_lost(server);
-    lost_copy(server, lost);
-    size_t i = 0;
-    while (i < count && role_of(server, rows[i], lost) == wanted) i++;
-    if (i == count) return true;
+    if (any_step) {
+      /* Own rows need this server complete; acting rows a lost own server. */
+      view_at(server, wanted == ROW_OWN ? UINT64_MAX - 3 : 0, view);
+      if (wanted == ROW_OWN && view->lost[server->index]) continue;
+    } else {
+      view_at(server, step, view);
+    }
+    if (all_have_role(server, rows, count, wanted, view->lost)) return true;
   }
   return false;
 }
@@ -319,16 +359,16 @@ static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t 
 static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *request, bool acting,
                              float *values) {
   keel__ec_shard *shard = &server->shard;
-  bool *lost = calloc((size_t)server->servers, sizeof *lost);
-  if (lost == NULL) return KEEL_ENOMEM;
-  keel_status status = KEEL_OK;
-  if (!rows_have_role(server, request->rows, request->count, acting ? ROW_ACTING : ROW_OWN, lost))
+  server_view view;
+  keel_status status = view_make(server, &view);
+  if (status == KEEL_OK && !rows_have_role(server, request->rows, request->count,
+                                           acting ? ROW_ACTING : ROW_OWN, 0, true, &view))
     status = KEEL_EAGAIN;
   group_blocks *groups = NULL;
   size_t group_count = 0, cursor = 0;
   if (status == KEEL_OK && acting) {
     status = groups_of_rows(shard, request->rows, request->count, &groups, &group_count);
-    if (status == KEEL_OK) status = fetch_and_decode(server, groups, group_count, lost);
+    if (status == KEEL_OK) status = fetch_and_decode(server, groups, group_count, &view);
   }
   for (size_t i = 0; i < request->count && status == KEEL_OK; i++) {
     uint64_t row = request->rows[i], k = (uint64_t)shard->layout.data_blocks;
@@ -345,7 +385,7 @@ static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *req
     pthread_mutex_unlock(lock);
   }
   groups_free(groups);
-  free(lost);
+  view_free(&view);
   return status;
 }
 
@@ -490,15 +530,16 @@ static keel_status send_batches(keel_ec_server *server, parity_batch *batches, u
 
 /* Queues delta of (group, data member) for every parity holder not lost; skip_step_mark: the
  * holders whose stamp says the step is in already are not sent it again. */
-static keel_status queue_delta(keel_ec_server *server, parity_batch *batches, const bool *lost,
-                               uint64_t group, int data_member, const uint8_t *delta) {
+static keel_status queue_delta(keel_ec_server *server, parity_batch *batches,
+                               const server_view *view, uint64_t group, int data_member,
+                               const uint8_t *delta) {
   keel__ec_shard *shard = &server->shard;
   if (server->wire.options & KEEL__EC_OPTION_NO_PARITY) return KEEL_OK;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
   for (int member = k; member < n; member++) {
     keel_ec_location at;
     keel_ec_layout_locate(&shard->layout, group, member, &at);
-    if (lost[at.server]) continue;
+    if (!gets_changes(view, at.server)) continue;
     keel_status status =
         batch_add(&batches[at.server], shard->block_bytes, group, data_member, member, delta);
     if (status != KEEL_OK) return status;
@@ -508,8 +549,8 @@ static keel_status queue_delta(keel_ec_server *server, parity_batch *batches, co
 
 /* Applies one step of merged gradients to this server's own rows. */
 static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_t count,
-                             const float *gradients, const bool *lost, parity_batch *batches,
-                             uint8_t *delta) {
+                             const float *gradients, const server_view *view, uint64_t stamp,
+                             parity_batch *batches, uint8_t *delta) {
   keel__ec_shard *shard = &server->shard;
   uint64_t k = (uint64_t)shard->layout.data_blocks;
   for (size_t i = 0; i < count; i++) {
@@ -519,8 +560,11 @@ static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_
     pthread_mutex_lock(lock);
     keel_status status = keel__ec_shard_apply(shard, keel__ec_shard_block(shard, group, member),
                                               gradients + i * (size_t)shard->dim, delta);
+    /* Stamped before the change reaches the parity: a rebuild that reads the row and the
+     * parity in between sees them disagree and reads again. */
+    if (stamp != 0) *keel__ec_shard_data_step(shard, group, member) = stamp;
     pthread_mutex_unlock(lock);
-    if (status == KEEL_OK) status = queue_delta(server, batches, lost, group, member, delta);
+    if (status == KEEL_OK) status = queue_delta(server, batches, view, group, member, delta);
     if (status != KEEL_OK) return status;
   }
   return KEEL_OK;
@@ -530,14 +574,15 @@ static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_
  * step applied, and its change folded into the parity. A row whose parity stamp says the step
  * is in already (its server applied it before it was lost) is left as it is. */
 static keel_status apply_acting(keel_ec_server *server, const uint64_t *rows, size_t count,
-                                const float *gradients, const bool *lost, uint64_t step_mark,
-                                parity_batch *batches, uint8_t *delta) {
+                                const float *gradients, const server_view *view,
+                                uint64_t step_mark, parity_batch *batches, uint8_t *delta) {
+  const bool *lost = view->lost;
   keel__ec_shard *shard = &server->shard;
   uint64_t k = (uint64_t)shard->layout.data_blocks;
   group_blocks *groups = NULL;
   size_t group_count = 0, cursor = 0;
   keel_status status = groups_of_rows(shard, rows, count, &groups, &group_count);
-  if (status == KEEL_OK) status = fetch_and_decode(server, groups, group_count, lost);
+  if (status == KEEL_OK) status = fetch_and_decode(server, groups, group_count, view);
   for (size_t i = 0; i < count && status == KEEL_OK; i++) {
     uint64_t group = rows[i] / k;
     int member = (int)(rows[i] % k);
@@ -552,7 +597,12 @@ static keel_status apply_acting(keel_ec_server *server, const uint64_t *rows, si
     uint64_t *stamp = keel__ec_shard_parity_step(shard, group, acting_member, member);
     if (step_mark != 0 && stamp != NULL && *stamp >= step_mark) continue;
     status = keel__ec_shard_apply(shard, block, gradients + i * (size_t)shard->dim, delta);
-    if (status == KEEL_OK) status = queue_delta(server, batches, lost, group, member, delta);
+    if (status == KEEL_OK) status = queue_delta(server, batches, view, group, member, delta);
+    /* A replacement being rebuilt keeps its copy of the row: it gets the change too. */
+    keel_ec_location own;
+    keel_ec_layout_locate(&shard->layout, group, member, &own);
+    if (status == KEEL_OK && gets_changes(view, own.server))
+      status = batch_add(&batches[own.server], shard->block_bytes, group, member, member, delta);
   }
   groups_free(groups);
   return status;
@@ -570,23 +620,27 @@ static void batches_free(parity_batch *batches, int servers) {
 static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size_t count,
                               const float *gradients, bool acting, uint64_t step,
                               bool synchronous) {
-  bool *lost = calloc((size_t)server->servers, sizeof *lost);
+  server_view view;
   parity_batch *batches = calloc((size_t)server->servers, sizeof *batches);
   uint8_t *delta = malloc(server->shard.block_bytes);
-  keel_status status = lost && batches && delta ? KEEL_OK : KEEL_ENOMEM;
-  if (status == KEEL_OK &&
-      !rows_have_role(server, rows, count, acting ? ROW_ACTING : ROW_OWN, lost))
+  keel_status status = view_make(server, &view);
+  if (status == KEEL_OK && (batches == NULL || delta == NULL)) status = KEEL_ENOMEM;
+  /* A replacement's rebuild waits for the updates begun before it asked (rebuild_barrier). */
+  pthread_rwlock_rdlock(&server->updates_lock);
+  if (status == KEEL_OK && !rows_have_role(server, rows, count, acting ? ROW_ACTING : ROW_OWN,
+                                           step, !synchronous, &view))
     status = KEEL_EAGAIN;
   uint64_t update_id = update_id_make(server, step, acting, synchronous);
+  uint64_t stamp = update_stamp(server, update_id);
   if (status == KEEL_OK && acting)
-    status = apply_acting(server, rows, count, gradients, lost, update_stamp(server, update_id),
-                          batches, delta);
+    status = apply_acting(server, rows, count, gradients, &view, stamp, batches, delta);
   else if (status == KEEL_OK)
-    status = apply_own(server, rows, count, gradients, lost, batches, delta);
+    status = apply_own(server, rows, count, gradients, &view, stamp, batches, delta);
   if (status == KEEL_OK) status = send_batches(server, batches, update_id);
+  pthread_rwlock_unlock(&server->updates_lock);
   if (batches != NULL) batches_free(batches, server->servers);
   free(delta);
-  free(lost);
+  view_free(&view);
   return status;
 }
 
@@ -689,15 +743,15 @@ static keel_status parity_commit(keel_ec_server *server, const keel__ec_request 
 
 /* The servers other than this one that hold a parity block of the groups in a prepared
  * update, as flags. */
-static void update_holders(keel_ec_server *server, const prepared_update *item, const bool *lost,
-                           bool *holders) {
+static void update_holders(keel_ec_server *server, const prepared_update *item,
+                           const server_view *view, bool *holders) {
   keel__ec_shard *shard = &server->shard;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
   for (size_t i = 0; i < item->count; i++) {
     for (int member = k; member < n; member++) {
       keel_ec_location at;
       keel_ec_layout_locate(&shard->layout, item->refs[i].group, member, &at);
-      if (at.server != server->index && !lost[at.server]) holders[at.server] = true;
+      if (at.server != server->index && gets_changes(view, at.server)) holders[at.server] = true;
     }
   }
 }
@@ -707,14 +761,14 @@ static void update_holders(keel_ec_server *server, const prepared_update *item, 
  * holder prepared it, abort otherwise. Every holder that decides reaches the same verdict
  * from the same states, and tells the others that prepared it. */
 static keel_status resolve_update(keel_ec_server *server, const prepared_update *item,
-                                  const bool *lost) {
+                                  const server_view *view) {
   bool *holders = calloc((size_t)server->servers, sizeof *holders);
   keel_status *states = calloc((size_t)server->servers, sizeof *states);
   if (holders == NULL || states == NULL) {
     free(holders), free(states);
     return KEEL_ENOMEM;
   }
-  update_holders(server, item, lost, holders);
+  update_holders(server, item, view, holders);
   bool any_committed = false, all_prepared = true;
   uint64_t id = item->id;
   for (int other = 0; other < server->servers; other++) {
@@ -742,11 +796,11 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
 
 /* Decides every update prepared here whose origin is lost: before any decoding, so that the
  * parity read is all in or all out. */
-static keel_status resolve_lost_updates(keel_ec_server *server, const bool *lost) {
+static keel_status resolve_lost_updates(keel_ec_server *server, const server_view *view) {
   for (;;) {
     pthread_mutex_lock(&server->prepared_lock);
     prepared_update *item = server->prepared;
-    while (item != NULL && !lost[update_origin(item->id)]) item = item->next;
+    while (item != NULL && gets_changes(view, update_origin(item->id))) item = item->next;
     prepared_update copy = item != NULL ? *item : (prepared_update){0};
     if (item != NULL) {
       /* Borrow its refs: a copy, since the list may change while the others are asked. */
@@ -756,7 +810,7 @@ static keel_status resolve_lost_updates(keel_ec_server *server, const bool *lost
     pthread_mutex_unlock(&server->prepared_lock);
     if (item == NULL) return KEEL_OK;
     if (copy.refs == NULL) return KEEL_ENOMEM;
-    keel_status status = resolve_update(server, &copy, lost);
+    keel_status status = resolve_update(server, &copy, view);
     free(copy.refs);
     if (status != KEEL_OK) return status;
   }
@@ -1108,8 +1162,9 @@ static keel_status server_prepare(keel_ec_server *server, const keel_ec_config *
   if (status != KEEL_OK) return status;
   status = keel_ec_decoder_create(server->shard.code, 0, &server->decoder);
   server->peers = calloc((size_t)config->servers, sizeof *server->peers);
-  server->lost = calloc((size_t)config->servers, sizeof *server->lost);
-  if (status == KEEL_OK && (server->peers == NULL || server->lost == NULL)) status = KEEL_ENOMEM;
+  server->standing = calloc((size_t)config->servers, sizeof *server->standing);
+  if (status == KEEL_OK && (server->peers == NULL || server->standing == NULL))
+    status = KEEL_ENOMEM;
   for (int i = 0; status == KEEL_OK && i < config->servers; i++)
     keel__ec_peer_init(&server->peers[i], i);
   return status;
@@ -1133,6 +1188,12 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
   pthread_mutex_init(&server->lost_lock, NULL);
   pthread_mutex_init(&server->step_lock, NULL);
   pthread_mutex_init(&server->prepared_lock, NULL);
+  pthread_rwlockattr_t writer_first;
+  pthread_rwlockattr_init(&writer_first);
+  /* A barrier must not wait behind a stream of updates. */
+  pthread_rwlockattr_setkind_np(&writer_first, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&server->updates_lock, &writer_first);
+  pthread_rwlockattr_destroy(&writer_first);
   pthread_mutex_init(&server->fault_lock, NULL);
   pthread_condattr_t attributes;
   pthread_condattr_init(&attributes);
@@ -1250,10 +1311,11 @@ void keel_ec_server_stop(keel_ec_server *server) {
   keel_fault_plan_destroy(server->faults);
   pthread_mutex_destroy(&server->fault_lock);
   pthread_mutex_destroy(&server->prepared_lock);
+  pthread_rwlock_destroy(&server->updates_lock);
   if (server->peers != NULL)
     for (int i = 0; i < server->servers; i++) keel__ec_peer_destroy(&server->peers[i]);
   free(server->peers);
-  free(server->lost);
+  free(server->standing);
   keel_ec_decoder_destroy(server->decoder);
   if (server->shard.code != NULL) keel__ec_shard_destroy(&server->shard);
   keel__ec_directory_destroy(&server->directory);

@@ -165,38 +165,70 @@ keel_status keel__ec_directory_lookup(keel__ec_directory *directory, int index, 
   }
 }
 
-keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index) {
-  char key[64];
-  server_key(key, sizeof key, "lost", index);
-  pthread_mutex_lock(&directory->lock);
-  keel_status status = keel_store_put(directory->store, key, "1", 1, 0, NULL);
-  pthread_mutex_unlock(&directory->lock);
-  return status;
+static void standing_text(uint64_t standing, char *text, size_t capacity) {
+  if (standing == KEEL__EC_LOST) snprintf(text, capacity, "lost");
+  else if (standing == KEEL__EC_REBUILDING) snprintf(text, capacity, "rebuilding");
+  else if (standing == KEEL__EC_REBUILT) snprintf(text, capacity, "rebuilt");
+  else snprintf(text, capacity, "back %llu", (unsigned long long)standing);
 }
 
-keel_status keel__ec_directory_declare_back(keel__ec_directory *directory, int index) {
-  char key[64];
+static uint64_t standing_parse(const char *text) {
+  if (strcmp(text, "rebuilding") == 0) return KEEL__EC_REBUILDING;
+  if (strcmp(text, "rebuilt") == 0) return KEEL__EC_REBUILT;
+  unsigned long long step = 0;
+  if (sscanf(text, "back %llu", &step) == 1 && step > 0 && step < KEEL__EC_REBUILT) return step;
+  return KEEL__EC_LOST; /* "lost", or anything else: the safe reading */
+}
+
+keel_status keel__ec_directory_set_standing(keel__ec_directory *directory, int index,
+                                            uint64_t standing) {
+  char key[64], text[64];
   server_key(key, sizeof key, "lost", index);
+  standing_text(standing, text, sizeof text);
   pthread_mutex_lock(&directory->lock);
-  keel_status status = keel_store_delete(directory->store, key);
+  keel_status status = standing == KEEL__EC_LIVE
+                           ? keel_store_delete(directory->store, key)
+                           : keel_store_put(directory->store, key, text, strlen(text), 0, NULL);
   pthread_mutex_unlock(&directory->lock);
   return status == KEEL_ENOTFOUND ? KEEL_OK : status;
 }
 
-keel_status keel__ec_directory_lost(keel__ec_directory *directory, int servers, bool *lost) {
+keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index) {
+  char key[64];
+  server_key(key, sizeof key, "lost", index);
+  /* A replacement being rebuilt is left as it is: a caller that failed on the server it
+   * replaces must not undo it, and while it is rebuilt nobody reads from it. One that is back
+   * (or coming back) serves rows, so its failure counts. */
+  pthread_mutex_lock(&directory->lock);
+  keel_store_entry *entry = NULL;
+  keel_status status = keel_store_get(directory->store, key, &entry);
+  bool replaceable = status == KEEL_ENOTFOUND ||
+                     (status == KEEL_OK && strncmp((char *)entry->value, "back", 4) == 0);
+  if (status == KEEL_OK) keel_store_entry_free(entry);
+  if (replaceable) status = keel_store_put(directory->store, key, "lost", 4, 0, NULL);
+  pthread_mutex_unlock(&directory->lock);
+  return status == KEEL_ENOTFOUND ? KEEL_OK : status;
+}
+
+keel_status keel__ec_directory_standing(keel__ec_directory *directory, int servers,
+                                        uint64_t *standing) {
   keel_store_entry *entries = NULL;
   size_t count = 0;
   pthread_mutex_lock(&directory->lock);
   keel_status status = keel_store_list(directory->store, "ec/lost/", &entries, &count, NULL);
   pthread_mutex_unlock(&directory->lock);
   if (status != KEEL_OK) return status;
-  for (int i = 0; i < servers; i++) lost[i] = false;
+  for (int i = 0; i < servers; i++) standing[i] = KEEL__EC_LIVE;
   for (size_t i = 0; i < count; i++) {
     long index = strtol(entries[i].key + strlen("ec/lost/"), NULL, 10);
-    if (index >= 0 && index < servers) lost[index] = true;
+    if (index >= 0 && index < servers) standing[index] = standing_parse((char *)entries[i].value);
   }
   keel_store_entries_free(entries, count);
   return KEEL_OK;
+}
+
+void keel__ec_lost_view(const uint64_t *standing, int servers, uint64_t step, bool *lost) {
+  for (int i = 0; i < servers; i++) lost[i] = keel__ec_lost_at(standing[i], step);
 }
 
 /* ---- routing */

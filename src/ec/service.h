@@ -56,7 +56,20 @@ keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *director
 /* Maps a true status of the link (broken, refused, silent) to "the server is lost". */
 bool keel__ec_unreachable(keel_status status);
 
-/* ---- the directory: keys ec/server/<i> (its address) and ec/lost/<i> (declared lost). */
+/* ---- the directory: keys ec/server/<i> (its address) and ec/lost/<i> (its standing when it
+ * is not simply live: "lost", "rebuilding", "rebuilt", or "back N").
+ *
+ * A server's standing, one number: LIVE; LOST (dead: it gets nothing); REBUILDING or REBUILT
+ * (a replacement that is being or has been rebuilt: it gets every change but serves nothing,
+ * its rows still served through the parity); or back at step N (1 .. KEEL__EC_REBUILT - 1):
+ * served through the parity for steps before N, by itself from N on. So for a step, a server
+ * is served through the parity exactly when step < standing. */
+#define KEEL__EC_LIVE ((uint64_t)0)
+#define KEEL__EC_LOST UINT64_MAX
+#define KEEL__EC_REBUILDING (UINT64_MAX - 1)
+#define KEEL__EC_REBUILT (UINT64_MAX - 2)
+
+static inline bool keel__ec_lost_at(uint64_t standing, uint64_t step) { return step < standing; }
 
 /* Says where server index listens. */
 keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
@@ -64,12 +77,17 @@ keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
 /* Where server index listens, waiting for it to say so until deadline_ns. */
 keel_status keel__ec_directory_lookup(keel__ec_directory *directory, int index, char *address,
                                       size_t capacity, int64_t deadline_ns);
-/* Declares server index lost: from then on every caller routes around it. */
+/* Declares server index lost: from then on every caller routes around it. A replacement
+ * being rebuilt is left as it is (it serves nothing yet); one back or coming back is lost. */
 keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index);
-/* Clears the mark (a replacement took the server's place). */
-keel_status keel__ec_directory_declare_back(keel__ec_directory *directory, int index);
-/* lost[i] for i < servers, from the store. */
-keel_status keel__ec_directory_lost(keel__ec_directory *directory, int servers, bool *lost);
+/* Sets server index's standing (LIVE deletes the mark). */
+keel_status keel__ec_directory_set_standing(keel__ec_directory *directory, int index,
+                                            uint64_t standing);
+/* standing[i] for i < servers, from the store. */
+keel_status keel__ec_directory_standing(keel__ec_directory *directory, int servers,
+                                        uint64_t *standing);
+/* lost[i] for i < servers: served through the parity at `step`. */
+void keel__ec_lost_view(const uint64_t *standing, int servers, uint64_t step, bool *lost);
 
 /* ---- routing, a pure function of the layout and the lost servers. */
 

@@ -66,9 +66,11 @@ static keel_status allocate(keel__ec_shard *shard) {
   shard->parity = calloc(shard->parity_rows > 0 ? shard->parity_rows : 1, shard->block_bytes);
   shard->parity_steps =
       calloc(shard->parity_rows > 0 ? shard->parity_rows * k : 1, sizeof *shard->parity_steps);
+  shard->data_steps =
+      calloc(shard->data_rows > 0 ? shard->data_rows : 1, sizeof *shard->data_steps);
   if (shard->holds_dense) shard->dense = calloc(1, shard->dense_block_bytes);
   if (shard->data == NULL || shard->parity == NULL || shard->parity_steps == NULL ||
-      (shard->holds_dense && shard->dense == NULL))
+      shard->data_steps == NULL || (shard->holds_dense && shard->dense == NULL))
     return KEEL_ENOMEM;
   return KEEL_OK;
 }
@@ -111,6 +113,7 @@ void keel__ec_shard_destroy(keel__ec_shard *shard) {
   free(shard->data);
   free(shard->parity);
   free(shard->parity_steps);
+  free(shard->data_steps);
   free(shard->dense);
   keel_ec_code_destroy(shard->code);
   for (int i = 0; i < KEEL__EC_STRIPES; i++) pthread_mutex_destroy(&shard->stripes[i]);
@@ -148,6 +151,22 @@ uint64_t *keel__ec_shard_parity_step(keel__ec_shard *shard, uint64_t group, int 
   return &shard->parity_steps[slot * (uint64_t)shard->layout.data_blocks + (uint64_t)data_member];
 }
 
+uint64_t *keel__ec_shard_data_step(keel__ec_shard *shard, uint64_t group, int member) {
+  uint64_t slot;
+  if (member >= shard->layout.data_blocks || !held_slot(shard, group, member, &slot)) return NULL;
+  return &shard->data_steps[slot];
+}
+
+void keel__ec_shard_stamps(keel__ec_shard *shard, uint64_t group, int member, uint64_t *stamps) {
+  int k = shard->layout.data_blocks;
+  for (int j = 0; j < k; j++) stamps[j] = 0;
+  if (member < k) {
+    stamps[member] = *keel__ec_shard_data_step(shard, group, member);
+    return;
+  }
+  for (int j = 0; j < k; j++) stamps[j] = *keel__ec_shard_parity_step(shard, group, member, j);
+}
+
 keel_status keel__ec_shard_apply(keel__ec_shard *shard, uint8_t *block, const float *gradient,
                                  uint8_t *delta) {
   return keel_ec_row_apply(&shard->optimizer, shard->dim, block, gradient, delta);
@@ -155,12 +174,19 @@ keel_status keel__ec_shard_apply(keel__ec_shard *shard, uint8_t *block, const fl
 
 keel_status keel__ec_shard_fold(keel__ec_shard *shard, uint64_t group, int data_member,
                                 int parity_member, const uint8_t *delta, uint64_t step_mark) {
-  uint8_t *parity = keel__ec_shard_block(shard, group, parity_member);
-  if (parity == NULL || data_member >= shard->layout.data_blocks) return KEEL_EAGAIN;
-  keel_status status =
-      keel_ec_update_parity(shard->code, data_member, parity_member - shard->layout.data_blocks,
-                            shard->block_bytes, delta, parity);
-  if (status == KEEL_OK && step_mark != 0)
-    *keel__ec_shard_parity_step(shard, group, parity_member, data_member) = step_mark;
+  uint8_t *block = keel__ec_shard_block(shard, group, parity_member);
+  if (block == NULL || data_member >= shard->layout.data_blocks) return KEEL_EAGAIN;
+  bool itself = parity_member == data_member;
+  uint64_t *stamp = itself ? keel__ec_shard_data_step(shard, group, data_member)
+                           : keel__ec_shard_parity_step(shard, group, parity_member, data_member);
+  if (step_mark != 0 && *stamp >= step_mark) return KEEL_OK;
+  keel_status status = KEEL_OK;
+  if (itself) /* old XOR (old XOR new) = new */
+    keel_ec_delta(shard->block_bytes, block, delta, block);
+  else
+    status =
+        keel_ec_update_parity(shard->code, data_member, parity_member - shard->layout.data_blocks,
+                              shard->block_bytes, delta, block);
+  if (status == KEEL_OK && step_mark != 0) *stamp = step_mark;
   return status;
 }

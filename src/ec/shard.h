@@ -25,6 +25,8 @@ typedef struct keel__ec_shard {
   /* Per parity slot, per data member: 1 + the step of the last change folded in from it (0:
    * none), so that a step redone for a lost row is not folded twice. */
   uint64_t *parity_steps;
+  /* Per data slot: 1 + the step of the last change applied to the row (0: none). */
+  uint64_t *data_steps;
   pthread_mutex_t stripes[KEEL__EC_STRIPES];
   /* The dense block, when this server holds it. */
   bool holds_dense, dense_set;
@@ -47,11 +49,20 @@ pthread_mutex_t *keel__ec_shard_lock(keel__ec_shard *shard, uint64_t group);
 uint64_t *keel__ec_shard_parity_step(keel__ec_shard *shard, uint64_t group, int parity_member,
                                      int data_member);
 
+/* The stamp of data row (group, member < k) held here; NULL when not held here. */
+uint64_t *keel__ec_shard_data_step(keel__ec_shard *shard, uint64_t group, int member);
+/* The k stamps of block (group, member) held here into stamps: a parity block's own, or a
+ * data block's at its member's place and 0 elsewhere. Caller holds the group's lock. */
+void keel__ec_shard_stamps(keel__ec_shard *shard, uint64_t group, int member, uint64_t *stamps);
+
 /* One optimizer step on block from gradient; delta (block_bytes) gets old XOR new. */
 keel_status keel__ec_shard_apply(keel__ec_shard *shard, uint8_t *block, const float *gradient,
                                  uint8_t *delta);
-/* Folds delta of data member into the parity block (group, parity member) held here, and
- * stamps it with step_mark (1 + step; 0 leaves the stamp). Caller holds the group's lock. */
+/* Folds delta of data member into the parity block (group, parity member) held here, or into
+ * the data block itself when parity_member is data_member (a replacement's copy of a lost
+ * row), and stamps it with step_mark (1 + step). A change whose stamp is not newer than the
+ * block's for that member is in already and left out; step_mark 0 (asynchronous mode) always
+ * folds and stamps nothing. Caller holds the group's lock. */
 keel_status keel__ec_shard_fold(keel__ec_shard *shard, uint64_t group, int data_member,
                                 int parity_member, const uint8_t *delta, uint64_t step_mark);
 

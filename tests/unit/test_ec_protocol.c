@@ -63,7 +63,8 @@ static bool op_updates(uint16_t op) {
 }
 static bool op_has_flag(uint16_t op) {
   return op == KEEL__EC_OP_PULL_ROWS || op == KEEL__EC_OP_PUSH_ROWS ||
-         op == KEEL__EC_OP_PARITY_PREPARE || op == KEEL__EC_OP_PARITY_COMMIT;
+         op == KEEL__EC_OP_READ_BLOCKS || op == KEEL__EC_OP_PARITY_PREPARE ||
+         op == KEEL__EC_OP_PARITY_COMMIT;
 }
 static bool op_counts_items(uint16_t op) { return op >= 2 && op <= 6; }
 static bool op_counts_nothing(uint16_t op) {
@@ -457,7 +458,9 @@ static void test_refs(void **state) {
   expect_refused("delta of a parity member", &s.request, &limits, KEEL_ERANGE);
   s.refs[2].member = 0;
   s.refs[2].other = 2;
-  expect_refused("delta to a data member", &s.request, &limits, KEEL_ERANGE);
+  expect_refused("delta to another data member", &s.request, &limits, KEEL_ERANGE);
+  s.refs[2].other = 0;
+  expect_accepted("delta to the data member itself", &s.request, &limits);
   s.refs[2].other = 5;
   expect_refused("delta to member k + r", &s.request, &limits, KEEL_ERANGE);
   s.refs[2].other = UINT32_MAX;
@@ -799,7 +802,7 @@ static void test_reply_refusals(void **state) {
 static void test_reply_body_bytes(void **state) {
   (void)state;
   static const struct {
-    uint16_t op;
+    uint32_t op;
     uint32_t count;
     size_t bytes;
   } cases[] = {
@@ -808,6 +811,7 @@ static void test_reply_body_bytes(void **state) {
       {KEEL__EC_OP_PULL_ROWS, 0, 0},
       {KEEL__EC_OP_PUSH_ROWS, 5, 0},
       {KEEL__EC_OP_READ_BLOCKS, 5, 5 * 16},
+      {KEEL__EC_OP_READ_BLOCKS | 0x10000, 5, 5 * (16 + 3 * 8)},
       {KEEL__EC_OP_WRITE_BLOCKS, 5, 0},
       {KEEL__EC_OP_PARITY_PREPARE, 5, 0},
       {KEEL__EC_OP_PARITY_COMMIT, 0, 0},
@@ -818,9 +822,12 @@ static void test_reply_body_bytes(void **state) {
       {KEEL__EC_OP_WRITE_DENSE_BLOCK, 0, 0},
   };
   for (size_t i = 0; i < COUNT(cases); i++) {
-    keel__ec_request request = {.op = cases[i].op, .count = cases[i].count};
+    /* An op above 0xffff in the table stands for the op with flag bit 0. */
+    keel__ec_request request = {.op = (uint16_t)cases[i].op,
+                                .flags = cases[i].op > 0xffff ? 1 : 0,
+                                .count = cases[i].count};
     if (keel__ec_reply_body_bytes(&request, &limits) != cases[i].bytes)
-      fail_msg("%s count %u: %zu bytes, expected %zu", op_names[cases[i].op], cases[i].count,
+      fail_msg("%s count %u: %zu bytes, expected %zu", op_names[request.op], cases[i].count,
                keel__ec_reply_body_bytes(&request, &limits), cases[i].bytes);
   }
 }
