@@ -323,6 +323,12 @@ typedef struct keel_ec_config {
   /* No parity at all: changes are not propagated and a lost server's rows are gone. No fault
    * tolerance: the baseline the benchmarks measure ECRec against. */
   bool without_parity;
+  /* A replacement's rebuild (keel_ec_server_replace), local to the server that rebuilds and
+   * never sent: groups rebuilt per round, each read together and installed under its lock
+   * (0: 1024), and a pause after each round that leaves the other servers to training
+   * (0: none). */
+  uint32_t rebuild_chunk_groups;
+  uint32_t rebuild_pause_ms;
 } keel_ec_config;
 
 /* The configuration in the job's store (key ec/config), for servers started before anyone
@@ -345,6 +351,15 @@ typedef struct keel_ec_server keel_ec_server;
 keel_status keel_ec_server_start(const keel_ec_config *config, int index,
                                  const char *listen_address, keel_store *directory,
                                  const keel_auth *auth, keel_ec_server **server_p);
+/* Starts server `index` as the replacement of a lost one (docs/ECREC.md): it declares the
+ * old one lost if nobody has, takes its place in the directory as REBUILDING (rows still
+ * served through the parity, every change sent to it too), rebuilds its rows and parity
+ * blocks from the others in the background while training goes on, and is then REBUILT; the
+ * first worker moves it back at a step boundary, from which it serves its rows. Synchronous
+ * jobs only, and not a server that holds the dense block (KEEL_ENOTSUP, logged). */
+keel_status keel_ec_server_replace(const keel_ec_config *config, int index,
+                                   const char *listen_address, keel_store *directory,
+                                   const keel_auth *auth, keel_ec_server **server_p);
 const char *keel_ec_server_address(const keel_ec_server *server);
 /* Writes the server's rows and dense block to path (created or replaced: written to a
  * temporary file, synced, renamed), each stripe of rows copied under its lock while training

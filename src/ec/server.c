@@ -14,88 +14,17 @@
 #include <unistd.h>
 
 #include "ec/ec_internal.h"
-#include "ec/service.h"
-#include "ec/shard.h"
+#include "ec/server_internal.h"
 
 #define MODULE KEEL__EC_MODULE
 #define HANDSHAKE_TIMEOUT_NS ((int64_t)2000 * 1000 * 1000)
 #define ACCEPT_POLL_MS 100
-
-typedef struct connection {
-  struct connection *next;
-  keel_ec_server *server;
-  keel_link *link;
-  pthread_t thread;
-  bool finished;
-} connection;
-
-/* One worker's push of a step, kept until the step is applied. */
-typedef struct step_push {
-  keel__ec_request request;
-  void *payload;
-} step_push;
-
-/* The pushes of one (op, acting, step) in synchronous mode. */
-typedef struct step_slot {
-  struct step_slot *next;
-  uint16_t op;
-  bool acting;
-  uint64_t step;
-  int arrived, left;
-  bool applied;
-  keel_status result;
-  step_push *pushes; /* workers of them */
-} step_slot;
-
-/* A parity holder's part of an update prepared but not yet committed. */
-typedef struct prepared_update {
-  struct prepared_update *next;
-  uint64_t id;
-  size_t count;
-  keel__ec_ref *refs;
-  uint8_t *deltas;
-} prepared_update;
 
 static void prepared_free(prepared_update *item) {
   free(item->refs);
   free(item->deltas);
   free(item);
 }
-
-/* Committed update ids remembered for the other holders' questions. */
-#define COMMITTED_MEMORY 4096
-
-struct keel_ec_server {
-  keel__ec_config wire;
-  keel__ec_limits limits;
-  keel__ec_shard shard;
-  keel_ec_decoder *decoder; /* under decode_lock */
-  pthread_mutex_t decode_lock;
-  int index, servers;
-  keel_auth auth;
-  keel_listener *listener;
-  pthread_t acceptor;
-  atomic_bool stopping;
-  pthread_mutex_t connections_lock;
-  connection *connections;
-  keel__ec_peer *peers;
-  keel__ec_directory directory;
-  pthread_mutex_t lost_lock;
-  uint64_t *standing; /* under lost_lock: each server's (service.h), as last read */
-  pthread_mutex_t step_lock;
-  pthread_cond_t step_done;
-  step_slot *steps;
-  atomic_uint_fast64_t next_update;
-  /* Held shared by every update from its role check to its last change sent; a rebuild's
-   * barrier takes it alone once, so that updates begun before it are done. */
-  pthread_rwlock_t updates_lock;
-  pthread_mutex_t prepared_lock;
-  prepared_update *prepared;
-  uint64_t committed[COMMITTED_MEMORY];
-  size_t committed_next;
-  pthread_mutex_t fault_lock;
-  keel_fault_plan *faults; /* KEEL_FAULT, points ec_commit */
-};
 
 static uint64_t update_stamp(const keel_ec_server *server, uint64_t id);
 
@@ -112,7 +41,7 @@ static void server_fault(keel_ec_server *server, const char *point, uint64_t upd
 
 /* ---- the lost servers, as this server last read them */
 
-static void refresh_lost(keel_ec_server *server) {
+void keel__ec_server_refresh(keel_ec_server *server) {
   uint64_t *fresh = calloc((size_t)server->servers, sizeof *fresh);
   if (fresh == NULL) return;
   keel_status status = keel__ec_directory_standing(&server->directory, server->servers, fresh);
@@ -129,31 +58,27 @@ static void refresh_lost(keel_ec_server *server) {
 
 /* What this server knows of the others for one step: which are served through the parity
  * (lost) and each one's standing (a holder gets changes unless it is LOST). */
-typedef struct server_view {
-  bool *lost;
-  uint64_t *standing;
-} server_view;
 
-static keel_status view_make(keel_ec_server *server, server_view *view) {
+keel_status keel__ec_view_make(keel_ec_server *server, keel__ec_view *view) {
   view->lost = calloc((size_t)server->servers, sizeof *view->lost);
   view->standing = calloc((size_t)server->servers, sizeof *view->standing);
   return view->lost != NULL && view->standing != NULL ? KEEL_OK : KEEL_ENOMEM;
 }
 
-static void view_free(server_view *view) {
+void keel__ec_view_free(keel__ec_view *view) {
   free(view->lost);
   free(view->standing);
 }
 
 /* The view at step (a pull, which has none, passes either bound: see rows_have_role). */
-static void view_at(keel_ec_server *server, uint64_t step, server_view *view) {
+void keel__ec_view_at(keel_ec_server *server, uint64_t step, keel__ec_view *view) {
   pthread_mutex_lock(&server->lost_lock);
   memcpy(view->standing, server->standing, sizeof *view->standing * (size_t)server->servers);
   pthread_mutex_unlock(&server->lost_lock);
   keel__ec_lost_view(view->standing, server->servers, step, view->lost);
 }
 
-static bool gets_changes(const server_view *view, int server) {
+static bool gets_changes(const keel__ec_view *view, int server) {
   return view->standing[server] != KEEL__EC_LOST;
 }
 
@@ -161,12 +86,12 @@ static void declare_lost(keel_ec_server *server, int index, keel_status why) {
   KEEL_LOG_W(MODULE, "server %d: server %d is lost (%s)", server->index, index, keel_strerror(why));
   keel__ec_directory_declare_lost(&server->directory, index);
   /* What the directory now says (a replacement being rebuilt stays so). */
-  refresh_lost(server);
+  keel__ec_server_refresh(server);
 }
 
 /* A call to another server; its loss is declared here, so every caller routes around it. */
-static keel_status call_peer(keel_ec_server *server, int index, const keel__ec_request *request,
-                             void *body) {
+keel_status keel__ec_server_call(keel_ec_server *server, int index, const keel__ec_request *request,
+                                 void *body) {
   keel_status status =
       keel__ec_peer_call(&server->peers[index], &server->directory, &server->auth, request,
                          &server->limits, body, keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS));
@@ -177,7 +102,7 @@ static keel_status call_peer(keel_ec_server *server, int index, const keel__ec_r
 /* ---- decoding the blocks of groups with lost members */
 
 /* Two-phase commit's side of decoding (below, with the parity holder's side). */
-static keel_status resolve_lost_updates(keel_ec_server *server, const server_view *view);
+static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_view *view);
 
 /* What one group needs decoded: its blocks (k + r, block_bytes each) and which are present. */
 typedef struct group_blocks {
@@ -243,7 +168,7 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
     if (wanted == 0) break;
     keel__ec_request request = {
         .op = KEEL__EC_OP_READ_BLOCKS, .count = (uint32_t)wanted, .refs = refs};
-    status = call_peer(server, other, &request, body);
+    status = keel__ec_server_call(server, other, &request, body);
     for (size_t i = 0; status == KEEL_OK && i < wanted; i++)
       memcpy(targets[i], body + i * shard->block_bytes, shard->block_bytes);
   }
@@ -255,7 +180,7 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
 
 /* Every member of each group, decoded where not read: the group's blocks as they are now. */
 static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
-                                    const server_view *view) {
+                                    const keel__ec_view *view) {
   const bool *lost = view->lost;
   keel_status status = resolve_lost_updates(server, view);
   if (status == KEEL_OK) status = choose_sources(server, groups, count, lost);
@@ -339,15 +264,15 @@ static bool all_have_role(keel_ec_server *server, const uint64_t *rows, size_t c
  * step: while a replacement comes back both it and the acting holder serve its rows
  * exactly, so either role is accepted. */
 static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t count,
-                           row_role wanted, uint64_t step, bool any_step, server_view *view) {
+                           row_role wanted, uint64_t step, bool any_step, keel__ec_view *view) {
   for (int attempt = 0; attempt < 2; attempt++) {
-    if (attempt == 1) refresh_lost(server);
+    if (attempt == 1) keel__ec_server_refresh(server);
     if (any_step) {
       /* Own rows need this server complete; acting rows a lost own server. */
-      view_at(server, wanted == ROW_OWN ? UINT64_MAX - 3 : 0, view);
+      keel__ec_view_at(server, wanted == ROW_OWN ? UINT64_MAX - 3 : 0, view);
       if (wanted == ROW_OWN && view->lost[server->index]) continue;
     } else {
-      view_at(server, step, view);
+      keel__ec_view_at(server, step, view);
     }
     if (all_have_role(server, rows, count, wanted, view->lost)) return true;
   }
@@ -359,8 +284,8 @@ static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t 
 static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *request, bool acting,
                              float *values) {
   keel__ec_shard *shard = &server->shard;
-  server_view view;
-  keel_status status = view_make(server, &view);
+  keel__ec_view view;
+  keel_status status = keel__ec_view_make(server, &view);
   if (status == KEEL_OK && !rows_have_role(server, request->rows, request->count,
                                            acting ? ROW_ACTING : ROW_OWN, 0, true, &view))
     status = KEEL_EAGAIN;
@@ -385,21 +310,40 @@ static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *req
     pthread_mutex_unlock(lock);
   }
   groups_free(groups);
-  view_free(&view);
+  keel__ec_view_free(&view);
   return status;
 }
 
+/* A replacement's barrier (a versioned read of nothing): from the answer on, this server
+ * knows the replacement is there (it sends it every change), and every update it began
+ * before, which may not have, is done. */
+static keel_status rebuild_barrier(keel_ec_server *server) {
+  keel__ec_server_refresh(server);
+  pthread_rwlock_wrlock(&server->updates_lock);
+  pthread_rwlock_unlock(&server->updates_lock);
+  return KEEL_OK;
+}
+
+/* Blocks as they are, each with its stamps when versioned (read with it, under its lock). */
 static keel_status read_blocks(keel_ec_server *server, const keel__ec_request *request,
                                uint8_t *body) {
   keel__ec_shard *shard = &server->shard;
+  bool versioned = (request->flags & KEEL__EC_FLAG_VERSIONED) != 0;
+  if (versioned && request->count == 0) return rebuild_barrier(server);
+  size_t stamps_bytes = versioned ? sizeof(uint64_t) * (size_t)shard->layout.data_blocks : 0;
+  size_t each = shard->block_bytes + stamps_bytes;
+  uint64_t stamps[KEEL_EC_MAX_BLOCKS];
   for (size_t i = 0; i < request->count; i++) {
     const keel__ec_ref *ref = &request->refs[i];
     uint8_t *block = keel__ec_shard_block(shard, ref->group, (int)ref->member);
-    if (block == NULL) return KEEL_EAGAIN;
+    /* A replacement serves no block before it is complete. */
+    if (block == NULL || keel__ec_rebuild_running(server)) return KEEL_EAGAIN;
     pthread_mutex_t *lock = keel__ec_shard_lock(shard, ref->group);
     pthread_mutex_lock(lock);
-    memcpy(body + i * shard->block_bytes, block, shard->block_bytes);
+    memcpy(body + i * each, block, shard->block_bytes);
+    if (versioned) keel__ec_shard_stamps(shard, ref->group, (int)ref->member, stamps);
     pthread_mutex_unlock(lock);
+    if (versioned) memcpy(body + i * each + shard->block_bytes, stamps, stamps_bytes);
   }
   return KEEL_OK;
 }
@@ -462,10 +406,12 @@ static keel_status fold_here(keel_ec_server *server, const keel__ec_ref *refs,
   keel__ec_shard *shard = &server->shard;
   for (size_t i = 0; i < count; i++) {
     pthread_mutex_t *lock = keel__ec_shard_lock(shard, refs[i].group);
+    const uint8_t *delta = deltas + i * shard->block_bytes;
     pthread_mutex_lock(lock);
-    keel_status status =
-        keel__ec_shard_fold(shard, refs[i].group, (int)refs[i].member, (int)refs[i].other,
-                            deltas + i * shard->block_bytes, stamp);
+    keel_status status = KEEL_OK;
+    if (!keel__ec_rebuild_running(server) || !keel__ec_rebuild_keep(server, &refs[i], delta, stamp))
+      status = keel__ec_shard_fold(shard, refs[i].group, (int)refs[i].member, (int)refs[i].other,
+                                   delta, stamp);
     pthread_mutex_unlock(lock);
     if (status != KEEL_OK) return status;
   }
@@ -473,10 +419,11 @@ static keel_status fold_here(keel_ec_server *server, const keel__ec_ref *refs,
 }
 
 /* Sends one holder its changes, in requests of at most KEEL__EC_MAX_COUNT: folded at once
- * (APPLY_NOW) or prepared for a commit. A holder lost meanwhile is passed over: its parity
- * is rebuilt from the rows later, not updated. */
+ * (APPLY_NOW) or prepared for a commit. A holder lost meanwhile is passed over (*delivered
+ * false): its parity is rebuilt from the rows later, not updated. */
 static keel_status send_batch(keel_ec_server *server, int holder, const parity_batch *batch,
-                              uint64_t update_id, bool prepare_only) {
+                              uint64_t update_id, bool prepare_only, bool *delivered) {
+  *delivered = false;
   for (size_t done = 0; done < batch->count;) {
     size_t piece = batch->count - done;
     if (piece > KEEL__EC_MAX_COUNT) piece = KEEL__EC_MAX_COUNT;
@@ -486,19 +433,39 @@ static keel_status send_batch(keel_ec_server *server, int holder, const parity_b
                                 .id = update_id,
                                 .refs = batch->refs + done,
                                 .blocks = batch->deltas + done * server->shard.block_bytes};
-    keel_status status = call_peer(server, holder, &request, NULL);
+    keel_status status = keel__ec_server_call(server, holder, &request, NULL);
     if (keel__ec_unreachable(status)) return KEEL_OK;
     if (status != KEEL_OK) return status;
     done += piece;
   }
+  *delivered = true;
   return KEEL_OK;
 }
 
 static keel_status send_commit(keel_ec_server *server, int holder, uint64_t update_id,
                                uint16_t flags) {
   keel__ec_request request = {.op = KEEL__EC_OP_PARITY_COMMIT, .flags = flags, .id = update_id};
-  keel_status status = call_peer(server, holder, &request, NULL);
+  keel_status status = keel__ec_server_call(server, holder, &request, NULL);
   return keel__ec_unreachable(status) ? KEEL_OK : status;
+}
+
+/* send_batches' second half: the parity held here is folded, then (with two-phase commit)
+ * every holder that prepared is told to fold its part. */
+static keel_status commit_batches(keel_ec_server *server, const parity_batch *batches,
+                                  uint64_t update_id, const bool *prepared) {
+  bool prepare_first = two_phase(server);
+  if (prepare_first) server_fault(server, "ec_prepared", update_id);
+  const parity_batch *local = &batches[server->index];
+  keel_status status =
+      fold_here(server, local->refs, local->deltas, local->count, update_stamp(server, update_id));
+  bool first_commit = true;
+  for (int holder = 0; prepare_first && holder < server->servers && status == KEEL_OK; holder++) {
+    if (!prepared[holder]) continue;
+    status = send_commit(server, holder, update_id, 0);
+    if (first_commit) server_fault(server, "ec_committing", update_id);
+    first_commit = false;
+  }
+  return status;
 }
 
 /* The changes of one update to their parity holders. Without two-phase commit each holder
@@ -508,30 +475,26 @@ static keel_status send_commit(keel_ec_server *server, int holder, uint64_t upda
  * served in server order, and the parity held here is folded with the commits. */
 static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id) {
   bool prepare_first = two_phase(server);
+  /* Only the holders that prepared are told to commit: one found lost while preparing may
+   * have a replacement at its address by the commit, which never saw the update (its rebuild
+   * reads the change from the rows instead). */
+  bool *prepared = calloc((size_t)server->servers, sizeof *prepared);
+  if (prepared == NULL) return KEEL_ENOMEM;
   keel_status status = KEEL_OK;
   for (int holder = 0; holder < server->servers && status == KEEL_OK; holder++) {
     if (holder != server->index && batches[holder].count > 0)
-      status = send_batch(server, holder, &batches[holder], update_id, prepare_first);
+      status = send_batch(server, holder, &batches[holder], update_id, prepare_first,
+                          &prepared[holder]);
   }
-  if (status != KEEL_OK) return status;
-  if (prepare_first) server_fault(server, "ec_prepared", update_id);
-  parity_batch *local = &batches[server->index];
-  status =
-      fold_here(server, local->refs, local->deltas, local->count, update_stamp(server, update_id));
-  bool first_commit = true;
-  for (int holder = 0; prepare_first && holder < server->servers && status == KEEL_OK; holder++) {
-    if (holder == server->index || batches[holder].count == 0) continue;
-    status = send_commit(server, holder, update_id, 0);
-    if (first_commit) server_fault(server, "ec_committing", update_id);
-    first_commit = false;
-  }
+  if (status == KEEL_OK) status = commit_batches(server, batches, update_id, prepared);
+  free(prepared);
   return status;
 }
 
 /* Queues delta of (group, data member) for every parity holder not lost; skip_step_mark: the
  * holders whose stamp says the step is in already are not sent it again. */
 static keel_status queue_delta(keel_ec_server *server, parity_batch *batches,
-                               const server_view *view, uint64_t group, int data_member,
+                               const keel__ec_view *view, uint64_t group, int data_member,
                                const uint8_t *delta) {
   keel__ec_shard *shard = &server->shard;
   if (server->wire.options & KEEL__EC_OPTION_NO_PARITY) return KEEL_OK;
@@ -549,7 +512,7 @@ static keel_status queue_delta(keel_ec_server *server, parity_batch *batches,
 
 /* Applies one step of merged gradients to this server's own rows. */
 static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_t count,
-                             const float *gradients, const server_view *view, uint64_t stamp,
+                             const float *gradients, const keel__ec_view *view, uint64_t stamp,
                              parity_batch *batches, uint8_t *delta) {
   keel__ec_shard *shard = &server->shard;
   uint64_t k = (uint64_t)shard->layout.data_blocks;
@@ -574,7 +537,7 @@ static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_
  * step applied, and its change folded into the parity. A row whose parity stamp says the step
  * is in already (its server applied it before it was lost) is left as it is. */
 static keel_status apply_acting(keel_ec_server *server, const uint64_t *rows, size_t count,
-                                const float *gradients, const server_view *view,
+                                const float *gradients, const keel__ec_view *view,
                                 uint64_t step_mark, parity_batch *batches, uint8_t *delta) {
   const bool *lost = view->lost;
   keel__ec_shard *shard = &server->shard;
@@ -620,15 +583,15 @@ static void batches_free(parity_batch *batches, int servers) {
 static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size_t count,
                               const float *gradients, bool acting, uint64_t step,
                               bool synchronous) {
-  server_view view;
+  keel__ec_view view;
   parity_batch *batches = calloc((size_t)server->servers, sizeof *batches);
   uint8_t *delta = malloc(server->shard.block_bytes);
-  keel_status status = view_make(server, &view);
+  keel_status status = keel__ec_view_make(server, &view);
   if (status == KEEL_OK && (batches == NULL || delta == NULL)) status = KEEL_ENOMEM;
   /* A replacement's rebuild waits for the updates begun before it asked (rebuild_barrier). */
   pthread_rwlock_rdlock(&server->updates_lock);
-  if (status == KEEL_OK && !rows_have_role(server, rows, count, acting ? ROW_ACTING : ROW_OWN,
-                                           step, !synchronous, &view))
+  if (status == KEEL_OK && !rows_have_role(server, rows, count, acting ? ROW_ACTING : ROW_OWN, step,
+                                           !synchronous, &view))
     status = KEEL_EAGAIN;
   uint64_t update_id = update_id_make(server, step, acting, synchronous);
   uint64_t stamp = update_stamp(server, update_id);
@@ -640,7 +603,7 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
   pthread_rwlock_unlock(&server->updates_lock);
   if (batches != NULL) batches_free(batches, server->servers);
   free(delta);
-  view_free(&view);
+  keel__ec_view_free(&view);
   return status;
 }
 
@@ -744,7 +707,7 @@ static keel_status parity_commit(keel_ec_server *server, const keel__ec_request 
 /* The servers other than this one that hold a parity block of the groups in a prepared
  * update, as flags. */
 static void update_holders(keel_ec_server *server, const prepared_update *item,
-                           const server_view *view, bool *holders) {
+                           const keel__ec_view *view, bool *holders) {
   keel__ec_shard *shard = &server->shard;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
   for (size_t i = 0; i < item->count; i++) {
@@ -761,7 +724,7 @@ static void update_holders(keel_ec_server *server, const prepared_update *item,
  * holder prepared it, abort otherwise. Every holder that decides reaches the same verdict
  * from the same states, and tells the others that prepared it. */
 static keel_status resolve_update(keel_ec_server *server, const prepared_update *item,
-                                  const server_view *view) {
+                                  const keel__ec_view *view) {
   bool *holders = calloc((size_t)server->servers, sizeof *holders);
   keel_status *states = calloc((size_t)server->servers, sizeof *states);
   if (holders == NULL || states == NULL) {
@@ -775,7 +738,7 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
     if (!holders[other]) continue;
     keel__ec_request query = {
         .op = KEEL__EC_OP_PARITY_COMMIT, .flags = KEEL__EC_FLAG_QUERY, .id = id};
-    states[other] = call_peer(server, other, &query, NULL);
+    states[other] = keel__ec_server_call(server, other, &query, NULL);
     if (keel__ec_unreachable(states[other])) holders[other] = false;
     any_committed |= states[other] == KEEL_OK;
     all_prepared &= !holders[other] || states[other] == KEEL_EAGAIN || states[other] == KEEL_OK;
@@ -796,7 +759,7 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
 
 /* Decides every update prepared here whose origin is lost: before any decoding, so that the
  * parity read is all in or all out. */
-static keel_status resolve_lost_updates(keel_ec_server *server, const server_view *view) {
+static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_view *view) {
   for (;;) {
     pthread_mutex_lock(&server->prepared_lock);
     prepared_update *item = server->prepared;
@@ -1170,9 +1133,64 @@ static keel_status server_prepare(keel_ec_server *server, const keel_ec_config *
   return status;
 }
 
+/* What a replacement cannot rebuild yet: an asynchronous job (no steps to stamp with) and a
+ * replica of the dense block. */
+static keel_status replacement_check(const keel_ec_config *config, int index) {
+  if (config->workers == 0)
+    return keel__ec_invalid(
+        "a replacement server needs a synchronous job (its rebuild "
+        "orders changes by step)");
+  bool dense_here =
+      config->dense_count > 0 && (index == 0 || (config->replicate_dense && index == 1));
+  if (dense_here) {
+    KEEL_LOG_E(MODULE,
+               "server %d holds the dense block: rebuilding it is not supported yet "
+               "(the other replica keeps serving it)",
+               index);
+    return KEEL_ENOTSUP;
+  }
+  return KEEL_OK;
+}
+
+/* A replacement takes the lost server's place: lost (if nobody said so yet) while its
+ * address changes, then REBUILDING, which makes every server send it every change. */
+static keel_status replacement_begin(keel_ec_server *server) {
+  keel_status status =
+      keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_LOST);
+  if (status == KEEL_OK)
+    status = keel__ec_directory_publish(&server->directory, server->index,
+                                        keel_listener_address(server->listener));
+  if (status == KEEL_OK)
+    status =
+        keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_REBUILDING);
+  if (status == KEEL_OK) status = keel__ec_rebuild_start(server);
+  return status;
+}
+
+static keel_status server_launch(const keel_ec_config *config, int index,
+                                 const char *listen_address, keel_store *directory,
+                                 const keel_auth *auth, bool replacement,
+                                 keel_ec_server **server_p);
+
 keel_status keel_ec_server_start(const keel_ec_config *config, int index,
                                  const char *listen_address, keel_store *directory,
                                  const keel_auth *auth, keel_ec_server **server_p) {
+  return server_launch(config, index, listen_address, directory, auth, false, server_p);
+}
+
+keel_status keel_ec_server_replace(const keel_ec_config *config, int index,
+                                   const char *listen_address, keel_store *directory,
+                                   const keel_auth *auth, keel_ec_server **server_p) {
+  if (config == NULL) return keel__ec_invalid("keel_ec_server_replace: NULL config");
+  keel_status status = replacement_check(config, index);
+  if (status != KEEL_OK) return status;
+  return server_launch(config, index, listen_address, directory, auth, true, server_p);
+}
+
+static keel_status server_launch(const keel_ec_config *config, int index,
+                                 const char *listen_address, keel_store *directory,
+                                 const keel_auth *auth, bool replacement,
+                                 keel_ec_server **server_p) {
   if (config == NULL || listen_address == NULL || directory == NULL || auth == NULL ||
       server_p == NULL)
     return keel__ec_invalid("keel_ec_server_start: NULL argument");
@@ -1180,6 +1198,8 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
   if (server == NULL) return KEEL_ENOMEM;
   server->index = index;
   server->servers = config->servers;
+  server->rebuild_chunk_groups = config->rebuild_chunk_groups;
+  server->rebuild_pause_ms = config->rebuild_pause_ms;
   server->auth = *auth;
   atomic_init(&server->stopping, false);
   atomic_init(&server->next_update, 1);
@@ -1206,12 +1226,14 @@ keel_status keel_ec_server_start(const keel_ec_config *config, int index,
   if (status == KEEL_OK && faults != NULL && faults[0] != '\0')
     status = keel_fault_plan_create(faults, (uint32_t)index, &server->faults);
   if (status == KEEL_OK) status = keel_listener_open(listen_address, &server->listener);
-  if (status == KEEL_OK) refresh_lost(server);
-  if (status == KEEL_OK)
+  if (status == KEEL_OK) keel__ec_server_refresh(server);
+  if (status == KEEL_OK && !replacement)
     status = keel__ec_directory_publish(&server->directory, index,
                                         keel_listener_address(server->listener));
   if (status == KEEL_OK && pthread_create(&server->acceptor, NULL, acceptor_main, server) != 0)
     status = KEEL_ENOMEM;
+  /* Listening first: the others send it changes as soon as it is REBUILDING. */
+  if (status == KEEL_OK && replacement) status = replacement_begin(server);
   if (status != KEEL_OK) {
     KEEL_LOG_E(MODULE, "server %d cannot start: %s", index, keel_strerror(status));
     keel_listener_close(server->listener);
@@ -1299,6 +1321,7 @@ keel_status keel_ec_server_checkpoint(keel_ec_server *server, const char *path, 
 void keel_ec_server_stop(keel_ec_server *server) {
   if (server == NULL) return;
   atomic_store(&server->stopping, true);
+  keel__ec_rebuild_stop(server);
   if (server->listener != NULL) pthread_join(server->acceptor, NULL);
   reap(server, true);
   keel_listener_close(server->listener);

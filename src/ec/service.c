@@ -80,13 +80,29 @@ static keel_status peer_call_encoded(keel__ec_peer *peer, keel__ec_directory *di
                                      uint16_t op, size_t body_bytes, void *body,
                                      int64_t deadline_ns) {
   pthread_mutex_lock(&peer->lock);
-  keel_status status = peer_connect(peer, directory, auth, deadline_ns);
-  if (status == KEEL_OK)
-    status = peer_exchange(peer, payload, length, op, body_bytes, body, deadline_ns);
-  /* A link that failed mid-exchange may hold half a reply: never reuse it. */
-  if (status != KEEL_OK &&
-      (keel__ec_unreachable(status) || status == KEEL_EPROTO || status == KEEL_ECORRUPT))
-    peer_drop(peer);
+  keel_status status = KEEL_OK;
+  /* Twice at most: a link opened earlier may lead to a server that a replacement has taken
+   * over at another address since. Only then is the request sent again: the one it replaced
+   * is gone, and with it whatever it did of the request; to the same address it could be
+   * applied twice. */
+  for (int attempt = 0; attempt < 2; attempt++) {
+    bool reused = peer->link != NULL;
+    char address_before[sizeof peer->address];
+    memcpy(address_before, peer->address, sizeof address_before);
+    status = peer_connect(peer, directory, auth, deadline_ns);
+    if (status == KEEL_OK)
+      status = peer_exchange(peer, payload, length, op, body_bytes, body, deadline_ns);
+    /* A link that failed mid-exchange may hold half a reply: never reuse it. */
+    if (status != KEEL_OK &&
+        (keel__ec_unreachable(status) || status == KEEL_EPROTO || status == KEEL_ECORRUPT))
+      peer_drop(peer);
+    if (status == KEEL_OK || !reused || !keel__ec_unreachable(status)) break;
+    char address_now[sizeof peer->address];
+    if (keel__ec_directory_lookup(directory, peer->index, address_now, sizeof address_now,
+                                  deadline_ns) != KEEL_OK ||
+        strcmp(address_now, address_before) == 0)
+      break;
+  }
   pthread_mutex_unlock(&peer->lock);
   return status;
 }
@@ -198,14 +214,20 @@ keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int i
   server_key(key, sizeof key, "lost", index);
   /* A replacement being rebuilt is left as it is: a caller that failed on the server it
    * replaces must not undo it, and while it is rebuilt nobody reads from it. One that is back
-   * (or coming back) serves rows, so its failure counts. */
+   * (or coming back) serves rows, so its failure counts.
+   * The write compares on what was read, since a replacement may mark itself in between
+   * (from another process); on a conflict the standing is read again. */
   pthread_mutex_lock(&directory->lock);
-  keel_store_entry *entry = NULL;
-  keel_status status = keel_store_get(directory->store, key, &entry);
-  bool replaceable = status == KEEL_ENOTFOUND ||
-                     (status == KEEL_OK && strncmp((char *)entry->value, "back", 4) == 0);
-  if (status == KEEL_OK) keel_store_entry_free(entry);
-  if (replaceable) status = keel_store_put(directory->store, key, "lost", 4, 0, NULL);
+  keel_status status = KEEL_ECONFLICT;
+  for (int attempt = 0; attempt < 8 && status == KEEL_ECONFLICT; attempt++) {
+    keel_store_entry *entry = NULL;
+    status = keel_store_get(directory->store, key, &entry);
+    bool replaceable = status == KEEL_ENOTFOUND ||
+                       (status == KEEL_OK && strncmp((char *)entry->value, "back", 4) == 0);
+    uint64_t revision = status == KEEL_OK ? entry->revision : 0;
+    if (status == KEEL_OK) keel_store_entry_free(entry);
+    if (replaceable) status = keel_store_cas(directory->store, key, revision, "lost", 4, 0, NULL);
+  }
   pthread_mutex_unlock(&directory->lock);
   return status == KEEL_ENOTFOUND ? KEEL_OK : status;
 }

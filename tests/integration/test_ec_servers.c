@@ -2,6 +2,7 @@
  * train random rows and a dense block; a server is lost part way; every row, its optimizer
  * state and the dense block must end bit for bit as a reference computed here applies the
  * same steps, and degraded reads must return exactly the lost rows. */
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -33,6 +34,11 @@ typedef struct ec_job {
   pthread_barrier_t barrier;
   int lose_at; /* the step before which server `lose` is stopped; -1: never */
   int lose;
+  int replace_at;               /* the step before which its replacement starts; -1 (or 0): never */
+  int second_lose_at;           /* the step before which server second_lose is stopped, while
+                                 * the replacement is rebuilt; 0: never */
+  int second_lose;
+  char folder[512], fault[128]; /* processes' output folder and KEEL_FAULT */
   keel_status worker_status[WORKERS];
   /* reference */
   size_t block_bytes, dense_block_bytes;
@@ -129,10 +135,12 @@ static keel_status worker_steps(ec_job *job, int worker, keel_ec_client *client)
   uint64_t rows[ROWS_PER_STEP];
   float gradients[ROWS_PER_STEP * 64], pulled[ROWS_PER_STEP * 64], dense[DENSE];
   keel_status status = KEEL_OK;
-  for (int step = 0; step < STEPS && status == KEEL_OK; step++) {
-    /* The main thread may lose a server between two steps. */
+  for (int step = 0; step < STEPS; step++) {
+    /* The main thread may lose a server between two steps. A worker that failed still meets
+     * it at every step, so that the test fails on its status instead of hanging. */
     pthread_barrier_wait(&job->barrier);
     pthread_barrier_wait(&job->barrier);
+    if (status != KEEL_OK) continue;
     size_t count = step_rows(job, worker, step, rows, gradients);
     status = keel_ec_client_pull_rows(client, rows, count, pulled);
     if (status == KEEL_OK) status = keel_ec_client_pull_dense(client, dense);
@@ -192,31 +200,38 @@ static void servers_start(ec_job *job) {
                      KEEL_OK);
 }
 
-/* The servers as `keel server` processes, with the job's token in their environment; they
- * wait for the configuration, which this test then publishes as a job's first worker would. */
-static void processes_start(ec_job *job, const char *folder, const char *fault) {
-  char id_env[48], token_env[96];
+/* Server `index` as a `keel server` process (a replacement with --replace), with the job's
+ * token and fault rules in its environment. */
+static void process_spawn(ec_job *job, int index, bool replace) {
+  char id_env[48], token_env[96], fault_env[160];
   snprintf(id_env, sizeof id_env, "KEEL_JOB_ID=%llu", (unsigned long long)job->auth.job_id);
   int at = snprintf(token_env, sizeof token_env, "KEEL_JOB_TOKEN=");
   for (int i = 0; i < KEEL_TOKEN_BYTES; i++)
     at += snprintf(token_env + at, sizeof token_env - (size_t)at, "%02x", job->auth.token[i]);
-  char fault_env[128];
-  snprintf(fault_env, sizeof fault_env, "KEEL_FAULT=%s", fault != NULL ? fault : "");
+  snprintf(fault_env, sizeof fault_env, "KEEL_FAULT=%s", job->fault);
   char *const environment[] = {id_env, token_env, fault_env, NULL};
-  for (int i = 0; i < job->config.servers; i++) {
-    char index[16], output[512];
-    snprintf(index, sizeof index, "%d", i);
-    snprintf(output, sizeof output, "%s/server-%d.txt", folder, i);
-    char *const argv[] = {(char *)keel_test_bin("keel"),
-                          "server",
-                          "--index",
-                          index,
-                          "--store",
-                          (char *)keel_store_server_address(job->store_server),
-                          NULL};
-    job->processes[i] = keel_test_spawn(argv, environment, output);
-    assert_true(job->processes[i] > 0);
-  }
+  char number[16], output[640];
+  snprintf(number, sizeof number, "%d", index);
+  snprintf(output, sizeof output, "%s/server-%d%s.txt", job->folder, index,
+           replace ? "-replacement" : "");
+  char *const argv[] = {(char *)keel_test_bin("keel"),
+                        "server",
+                        "--index",
+                        number,
+                        "--store",
+                        (char *)keel_store_server_address(job->store_server),
+                        replace ? "--replace" : NULL,
+                        NULL};
+  job->processes[index] = keel_test_spawn(argv, environment, output);
+  assert_true(job->processes[index] > 0);
+}
+
+/* The servers as `keel server` processes; they wait for the configuration, which this test
+ * then publishes as a job's first worker would. */
+static void processes_start(ec_job *job, const char *folder, const char *fault) {
+  snprintf(job->folder, sizeof job->folder, "%s", folder);
+  snprintf(job->fault, sizeof job->fault, "%s", fault != NULL ? fault : "");
+  for (int i = 0; i < job->config.servers; i++) process_spawn(job, i, false);
   assert_int_equal(keel_ec_config_publish(job->stores[0], &job->config), KEEL_OK);
   /* Once there, the configuration stays: the same again is fine, another is refused. */
   assert_int_equal(keel_ec_config_publish(job->stores[1], &job->config), KEEL_OK);
@@ -244,6 +259,17 @@ static void server_lose(ec_job *job, int lose) {
   assert_true(keel_test_wait(job->processes[lose], 10000, &status));
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   job->processes[lose] = 0;
+}
+
+/* The lost server's replacement: rebuilt in the background while the workers go on. */
+static void server_replace(ec_job *job, int index) {
+  if (job->folder[0] != '\0') {
+    process_spawn(job, index, true);
+    return;
+  }
+  assert_int_equal(keel_ec_server_replace(&job->config, index, "127.0.0.1:0", job->stores[index],
+                                          &job->auth, &job->servers[index]),
+                   KEEL_OK);
 }
 
 static void job_stop(ec_job *job) {
@@ -279,6 +305,31 @@ static void assert_rows_match(ec_job *job, keel_ec_client *client) {
   free(rows);
 }
 
+/* Server index's standing in the directory ("rebuilding", "rebuilt", "lost", "back N"), or
+ * "live" when it has none. */
+static const char *standing_read(ec_job *job, int index) {
+  static char text[64];
+  char key[32];
+  snprintf(key, sizeof key, "ec/lost/%d", index);
+  keel_store_entry *entry = NULL;
+  keel_status status = keel_store_get(job->stores[0], key, &entry);
+  if (status == KEEL_ENOTFOUND) return "live";
+  assert_int_equal(status, KEEL_OK);
+  snprintf(text, sizeof text, "%s", (const char *)entry->value);
+  keel_store_entry_free(entry);
+  return text;
+}
+
+/* Waits (10 s at most) until server index's standing is `wanted`. */
+static void standing_wait(ec_job *job, int index, const char *wanted) {
+  int64_t deadline = keel_deadline_after_ns(10000000000);
+  while (strcmp(standing_read(job, index), wanted) != 0) {
+    if (keel_now_ns() > deadline)
+      fail_msg("server %d is %s, not %s", index, standing_read(job, index), wanted);
+    poll(NULL, 0, 5);
+  }
+}
+
 static void run_job(ec_job *job) {
   pthread_barrier_init(&job->barrier, NULL, WORKERS + 1);
   pthread_t threads[WORKERS];
@@ -290,6 +341,12 @@ static void run_job(ec_job *job) {
   for (int step = 0; step < STEPS; step++) {
     pthread_barrier_wait(&job->barrier);
     if (step == job->lose_at) server_lose(job, job->lose);
+    if (step == job->replace_at && job->replace_at > 0) server_replace(job, job->lose);
+    if (step == job->second_lose_at && job->second_lose_at > 0) {
+      /* The loss must fall inside the rebuild, or the case tests nothing. */
+      assert_string_equal(standing_read(job, job->lose), "rebuilding");
+      server_lose(job, job->second_lose);
+    }
     pthread_barrier_wait(&job->barrier);
     reference_step(job, step);
   }
@@ -497,6 +554,58 @@ static void test_killed_during_the_commits(void **state) {
   check_killed_inside_commit("ec_committing");
 }
 
+/* A server lost, then replaced while training goes on: the replacement rebuilds its rows and
+ * parity blocks, comes back at a step boundary and serves them; every row ends exact and every
+ * parity block consistent, the replaced server live again. */
+static void check_replacement(int servers, int k, int r, bool processes) {
+  ec_job job;
+  job_start(&job, servers, k, r, KEEL_EC_ADAGRAD);
+  job.config.two_phase_commit = true;
+  job.lose_at = 4;
+  job.lose = servers - 1;
+  job.replace_at = 6;
+  if (processes)
+    processes_start(&job, keel_test_tempdir("keel-ec-replace"), NULL);
+  else
+    servers_start(&job);
+  run_job(&job);
+  check_job(&job, 0);
+  job_stop(&job);
+}
+
+/* RS (r = 2): a server lost while the replacement of another is rebuilt, slowly (4 groups a
+ * round, 20 ms between rounds, so that the rebuild spans many steps). The rebuild reads around
+ * the new loss and completes; rows, checksum and parity end exact, both servers still served
+ * through the parity when the job ends before the replacement is moved back. */
+static void test_server_lost_during_a_rebuild(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  job.config.rebuild_chunk_groups = 4;
+  job.config.rebuild_pause_ms = 20;
+  job.lose_at = 4;
+  job.lose = 4;
+  job.replace_at = 6;
+  job.second_lose_at = 8;
+  job.second_lose = 2;
+  servers_start(&job);
+  run_job(&job);
+  standing_wait(&job, 4, "rebuilt");
+  check_job(&job, (1u << 4) | (1u << 2));
+  job_stop(&job);
+}
+
+static void test_replacement_rebuilt_in_process(void **state) {
+  (void)state;
+  check_replacement(4, 3, 1, false);
+}
+
+static void test_replacement_process_after_kill(void **state) {
+  (void)state;
+  check_replacement(5, 3, 2, true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_failure),
@@ -508,6 +617,11 @@ int main(void) {
       cmocka_unit_test(test_lose_any_server_two_phase_commit),
       cmocka_unit_test(test_killed_between_the_phases),
       cmocka_unit_test(test_killed_during_the_commits),
+      cmocka_unit_test(test_replacement_rebuilt_in_process),
+      cmocka_unit_test(test_replacement_process_after_kill),
+      cmocka_unit_test(test_server_lost_during_a_rebuild),
   };
+  /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
+  if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

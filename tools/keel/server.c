@@ -15,11 +15,14 @@
 #define CONFIG_WAIT_NS (600 * INT64_C(1000000000))
 
 static const char server_usage_text[] =
-    "usage: keel server --index I --store HOST:PORT [--listen HOST:PORT]\n"
+    "usage: keel server --index I --store HOST:PORT [--listen HOST:PORT] [--replace]\n"
     "       [--servers S --data-blocks K --parity-blocks R --dim D --rows N [--dense N]\n"
     "        [--optimizer sgd|momentum|adagrad|adam] [--lr X] [--seed S] [--init-scale X]\n"
     "        [--workers W] [--replicate-dense] [--two-phase-commit]]\n"
-    "Without --servers, the configuration is the one the job's first worker publishes.";
+    "Without --servers, the configuration is the one the job's first worker publishes.\n"
+    "--replace: take lost server I's place, rebuilt from the others while training goes on\n"
+    "  [--rebuild-chunk GROUPS (1024)] [--rebuild-pause-ms MS (0)]: groups rebuilt per round\n"
+    "  and a pause after each round that leaves the other servers to training.";
 
 static int server_usage(const char *message) {
   fprintf(stderr, "keel server: %s\n%s\n", message, server_usage_text);
@@ -33,6 +36,7 @@ typedef struct server_arguments {
   keel_ec_optimizer_kind optimizer;
   double learning_rate;
   bool from_store; /* no shape given: wait for the first worker's (keel_ec_config_publish) */
+  bool replace;    /* take a lost server's place: rebuild, then come back */
 } server_arguments;
 
 static bool optimizer_named(const char *name, keel_ec_optimizer_kind *kind_p) {
@@ -61,7 +65,8 @@ static const char *integer_flag(const char *flag, const char *value, server_argu
                   {"--data-blocks", 1, 254},           {"--parity-blocks", 1, 254},
                   {"--dim", 1, KEEL_EC_ROW_MAX_DIM},   {"--rows", 1, INT64_MAX},
                   {"--dense", 0, KEEL_EC_ROW_MAX_DIM}, {"--seed", 0, INT64_MAX},
-                  {"--workers", 0, KEEL_MAX_WORLD}};
+                  {"--workers", 0, KEEL_MAX_WORLD},    {"--rebuild-chunk", 1, UINT32_MAX},
+                  {"--rebuild-pause-ms", 0, 60000}};
   for (size_t i = 0; i < sizeof integers / sizeof integers[0]; i++) {
     if (strcmp(flag, integers[i].flag) != 0) continue;
     int64_t number = 0;
@@ -93,8 +98,14 @@ static const char *integer_flag(const char *flag, const char *value, server_argu
       case 7:
         config->seed = (uint64_t)number;
         break;
-      default:
+      case 8:
         config->workers = (int)number;
+        break;
+      case 9:
+        config->rebuild_chunk_groups = (uint32_t)number;
+        break;
+      default:
+        config->rebuild_pause_ms = (uint32_t)number;
         break;
     }
     return NULL;
@@ -145,6 +156,10 @@ static int server_arguments_parse(int argc, char **argv, server_arguments *argum
       arguments->config.two_phase_commit = true;
       continue;
     }
+    if (strcmp(flag, "--replace") == 0) {
+      arguments->replace = true;
+      continue;
+    }
     if (index + 1 >= argc) return server_usage("a flag needs a value");
     const char *problem = value_flag(flag, argv[++index], arguments);
     if (problem != NULL) return server_usage(problem);
@@ -170,16 +185,21 @@ static int serve_until_signalled(server_arguments *arguments, keel_store *store,
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, NULL);
   keel_status status = KEEL_OK;
-  if (arguments->from_store)
+  if (arguments->from_store) {
+    /* The rebuild's pace is this server's own, never in the published configuration. */
+    keel_ec_config own = arguments->config;
     status = keel_ec_config_wait(store, keel_deadline_after_ns(CONFIG_WAIT_NS), &arguments->config);
+    arguments->config.rebuild_chunk_groups = own.rebuild_chunk_groups;
+    arguments->config.rebuild_pause_ms = own.rebuild_pause_ms;
+  }
   if (status != KEEL_OK) {
     fprintf(stderr, "keel server: no configuration in the job's store: %s\n",
             keel_strerror(status));
     return 1;
   }
   keel_ec_server *server = NULL;
-  status = keel_ec_server_start(&arguments->config, (int)arguments->index, arguments->listen, store,
-                                auth, &server);
+  status = (arguments->replace ? keel_ec_server_replace : keel_ec_server_start)(
+      &arguments->config, (int)arguments->index, arguments->listen, store, auth, &server);
   if (status != KEEL_OK) {
     fprintf(stderr, "keel server: cannot start: %s\n", keel_strerror(status));
     return 1;

@@ -1,0 +1,384 @@
+/* A replacement server's rebuild (ECRec §3.4), while training goes on. The replacement takes a
+ * lost server's place marked REBUILDING: rows are still served through the parity, but every
+ * change to its blocks is sent to it too. After a barrier at every other server (each then
+ * sends it every change, and the updates each began before are done), it rebuilds its groups
+ * chunk by chunk: k blocks of a group read with their stamps, the read repeated while the
+ * stamps disagree (a change in flight), decoded, installed; changes that arrived for a group
+ * not yet installed are kept and folded after it when newer than what was read. Then it is
+ * REBUILT, and the first worker moves it back at a step boundary (client.c). Synchronous
+ * mode only: the stamps are steps. */
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ec/ec_internal.h"
+#include "ec/server_internal.h"
+
+#define MODULE KEEL__EC_MODULE
+/* Groups read in one round, unless the configuration says otherwise. */
+#define REBUILD_CHUNK_GROUPS 1024
+/* Rounds a group may be found in flight before the rebuild gives up. */
+#define REBUILD_ATTEMPTS 2000
+#define REBUILD_RETRY_MS 2
+
+/* A change kept for a group not installed yet. */
+typedef struct kept_change {
+  struct kept_change *next;
+  keel__ec_ref ref;
+  uint64_t stamp;
+  uint8_t *delta;
+} kept_change;
+
+struct keel__ec_rebuild {
+  pthread_t thread;
+  atomic_bool stop, complete;
+  uint8_t *ready;     /* per group; under the group's stripe lock */
+  kept_change **kept; /* per stripe, under the stripe lock */
+  keel_status status;
+};
+
+bool keel__ec_rebuild_running(const keel_ec_server *server) {
+  return server->rebuild != NULL && !atomic_load(&server->rebuild->complete);
+}
+
+bool keel__ec_rebuild_keep(keel_ec_server *server, const keel__ec_ref *ref, const uint8_t *delta,
+                           uint64_t stamp) {
+  keel__ec_rebuild *rebuild = server->rebuild;
+  if (rebuild->ready[ref->group]) return false;
+  kept_change *change = calloc(1, sizeof *change);
+  uint8_t *copy = malloc(server->shard.block_bytes);
+  if (change == NULL || copy == NULL) {
+    /* Without room to keep it, the group must be read again later: mark it so. */
+    free(change);
+    free(copy);
+    rebuild->status = KEEL_ENOMEM;
+    return true;
+  }
+  memcpy(copy, delta, server->shard.block_bytes);
+  *change = (kept_change){.ref = *ref, .stamp = stamp, .delta = copy};
+  kept_change **list = &rebuild->kept[ref->group % KEEL__EC_STRIPES];
+  change->next = *list;
+  *list = change;
+  return true;
+}
+
+/* ---- one group */
+
+/* k blocks of a group with their stamps, as read from servers that are live. */
+typedef struct group_read {
+  uint64_t group;
+  uint8_t *blocks;  /* (k + r) * block_bytes */
+  uint64_t *stamps; /* (k + r) * k */
+  bool present[KEEL_EC_MAX_BLOCKS];
+  bool done;
+} group_read;
+
+/* The stamps agree: for every data member, its own block's stamp (if read) and every parity
+ * block read say the same step. *agreed gets those k stamps. */
+static bool stamps_agree(const keel__ec_shard *shard, const group_read *read, uint64_t *agreed) {
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  for (int j = 0; j < k; j++) {
+    bool known = false;
+    for (int member = 0; member < n; member++) {
+      if (!read->present[member] || (member < k && member != j)) continue;
+      uint64_t stamp = read->stamps[(size_t)member * (size_t)k + (size_t)j];
+      if (known && stamp != agreed[j]) return false;
+      agreed[j] = stamp;
+      known = true;
+    }
+    if (!known) agreed[j] = 0;
+  }
+  return true;
+}
+
+/* Folds the changes kept for group that are newer than what was installed. Caller holds the
+ * group's lock. */
+static void fold_kept(keel_ec_server *server, uint64_t group) {
+  kept_change **list = &server->rebuild->kept[group % KEEL__EC_STRIPES];
+  while (*list != NULL) {
+    kept_change *change = *list;
+    if (change->ref.group != group) {
+      list = &change->next;
+      continue;
+    }
+    *list = change->next;
+    keel__ec_shard_fold(&server->shard, group, (int)change->ref.member, (int)change->ref.other,
+                        change->delta, change->stamp);
+    free(change->delta);
+    free(change);
+  }
+}
+
+/* Decodes a consistent read and installs this server's members with their stamps. */
+static keel_status install(keel_ec_server *server, group_read *read, const uint64_t *agreed) {
+  keel__ec_shard *shard = &server->shard;
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  uint8_t *blocks[KEEL_EC_MAX_BLOCKS];
+  for (int member = 0; member < n; member++)
+    blocks[member] = read->blocks + (size_t)member * shard->block_bytes;
+  pthread_mutex_lock(&server->decode_lock);
+  keel_status status = keel_ec_decode(server->decoder, shard->block_bytes, blocks, read->present);
+  pthread_mutex_unlock(&server->decode_lock);
+  if (status != KEEL_OK) return status;
+  pthread_mutex_t *lock = keel__ec_shard_lock(shard, read->group);
+  pthread_mutex_lock(lock);
+  for (int member = 0; member < n; member++) {
+    uint8_t *mine = keel__ec_shard_block(shard, read->group, member);
+    if (mine == NULL) continue;
+    memcpy(mine, blocks[member], shard->block_bytes);
+    if (member < k) {
+      *keel__ec_shard_data_step(shard, read->group, member) = agreed[member];
+    } else {
+      for (int j = 0; j < k; j++)
+        *keel__ec_shard_parity_step(shard, read->group, member, j) = agreed[j];
+    }
+  }
+  fold_kept(server, read->group);
+  server->rebuild->ready[read->group] = 1;
+  pthread_mutex_unlock(lock);
+  return KEEL_OK;
+}
+
+/* ---- a round over a chunk of groups */
+
+/* Chooses k members on live servers other than this one for every group not done. */
+static keel_status choose(keel_ec_server *server, group_read *reads, size_t count,
+                          const keel__ec_view *view) {
+  keel__ec_shard *shard = &server->shard;
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  for (size_t g = 0; g < count; g++) {
+    if (reads[g].done) continue;
+    int chosen = 0;
+    for (int member = 0; member < n; member++) {
+      keel_ec_location at;
+      keel_ec_layout_locate(&shard->layout, reads[g].group, member, &at);
+      reads[g].present[member] =
+          chosen < k && at.server != server->index && view->standing[at.server] == KEEL__EC_LIVE;
+      chosen += reads[g].present[member];
+    }
+    if (chosen < k) return KEEL_EIO; /* more than r of the group lost */
+  }
+  return KEEL_OK;
+}
+
+/* One versioned read per server of the chosen blocks it holds. */
+static keel_status read_round(keel_ec_server *server, group_read *reads, size_t count, int other,
+                              keel__ec_ref *refs, uint8_t **targets, uint64_t **stamp_targets,
+                              uint8_t *body) {
+  keel__ec_shard *shard = &server->shard;
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  size_t wanted = 0;
+  for (size_t g = 0; g < count; g++) {
+    for (int member = 0; member < n && !reads[g].done; member++) {
+      keel_ec_location at;
+      keel_ec_layout_locate(&shard->layout, reads[g].group, member, &at);
+      if (!reads[g].present[member] || at.server != other) continue;
+      refs[wanted] = (keel__ec_ref){.group = reads[g].group, .member = (uint32_t)member};
+      targets[wanted] = reads[g].blocks + (size_t)member * shard->block_bytes;
+      stamp_targets[wanted++] = reads[g].stamps + (size_t)member * (size_t)k;
+    }
+  }
+  if (wanted == 0) return KEEL_OK;
+  keel__ec_request request = {.op = KEEL__EC_OP_READ_BLOCKS,
+                              .flags = KEEL__EC_FLAG_VERSIONED,
+                              .count = (uint32_t)wanted,
+                              .refs = refs};
+  keel_status status = keel__ec_server_call(server, other, &request, body);
+  size_t each = shard->block_bytes + sizeof(uint64_t) * (size_t)k;
+  for (size_t i = 0; status == KEEL_OK && i < wanted; i++) {
+    memcpy(targets[i], body + i * each, shard->block_bytes);
+    memcpy(stamp_targets[i], body + i * each + shard->block_bytes, sizeof(uint64_t) * (size_t)k);
+  }
+  return status;
+}
+
+/* Rebuilds the groups of one chunk: rounds of reads until every group was read consistent. */
+static keel_status rebuild_chunk(keel_ec_server *server, group_read *reads, size_t count,
+                                 keel__ec_ref *refs, uint8_t **targets, uint64_t **stamp_targets,
+                                 uint8_t *body) {
+  keel__ec_view view;
+  keel_status status = keel__ec_view_make(server, &view);
+  uint64_t agreed[KEEL_EC_MAX_BLOCKS];
+  for (int attempt = 0; status == KEEL_OK; attempt++) {
+    if (atomic_load(&server->rebuild->stop)) status = KEEL_ECANCELED;
+    if (status == KEEL_OK && attempt >= REBUILD_ATTEMPTS) status = KEEL_ETIMEDOUT;
+    if (status != KEEL_OK) break;
+    keel__ec_view_at(server, UINT64_MAX - 3, &view);
+    status = choose(server, reads, count, &view);
+    /* A server lost during the round is declared so by the call: the round is read again
+     * from the others (up to r may be lost). */
+    bool lost_one = false;
+    for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
+      status = read_round(server, reads, count, other, refs, targets, stamp_targets, body);
+      if (keel__ec_unreachable(status)) lost_one = true, status = KEEL_OK;
+    }
+    if (status == KEEL_OK && lost_one) {
+      poll(NULL, 0, REBUILD_RETRY_MS);
+      continue;
+    }
+    bool all_done = true;
+    for (size_t g = 0; g < count && status == KEEL_OK; g++) {
+      if (reads[g].done) continue;
+      if (stamps_agree(&server->shard, &reads[g], agreed)) {
+        status = install(server, &reads[g], agreed);
+        reads[g].done = true;
+      } else {
+        all_done = false;
+      }
+    }
+    if (status != KEEL_OK || all_done) break;
+    poll(NULL, 0, REBUILD_RETRY_MS);
+  }
+  keel__ec_view_free(&view);
+  return status;
+}
+
+/* ---- the whole rebuild */
+
+/* The groups this server holds a member of, in order. */
+static keel_status groups_held(keel__ec_shard *shard, uint64_t **groups_p, size_t *count_p) {
+  uint8_t *held = calloc(shard->groups > 0 ? shard->groups : 1, 1);
+  if (held == NULL) return KEEL_ENOMEM;
+  for (int role = 0; role < 2; role++) {
+    uint64_t slots = role == KEEL_EC_DATA ? shard->data_rows : shard->parity_rows;
+    for (uint64_t slot = 0; slot < slots; slot++) {
+      keel_ec_location at;
+      if (keel_ec_layout_locate_slot(&shard->layout, shard->index, (keel_ec_role)role, slot, &at) ==
+          KEEL_OK)
+        held[at.group] = 1;
+    }
+  }
+  size_t count = 0;
+  for (uint64_t g = 0; g < shard->groups; g++) count += held[g];
+  uint64_t *groups = malloc(sizeof *groups * (count > 0 ? count : 1));
+  if (groups == NULL) {
+    free(held);
+    return KEEL_ENOMEM;
+  }
+  count = 0;
+  for (uint64_t g = 0; g < shard->groups; g++)
+    if (held[g]) groups[count++] = g;
+  free(held);
+  *groups_p = groups;
+  *count_p = count;
+  return KEEL_OK;
+}
+
+/* Every other live server learns of this replacement and finishes what it began without it. */
+static keel_status barrier(keel_ec_server *server) {
+  keel__ec_server_refresh(server);
+  keel__ec_view view;
+  keel_status status = keel__ec_view_make(server, &view);
+  if (status == KEEL_OK) keel__ec_view_at(server, 0, &view);
+  for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
+    if (other == server->index || view.standing[other] == KEEL__EC_LOST) continue;
+    keel__ec_request request = {.op = KEEL__EC_OP_READ_BLOCKS, .flags = KEEL__EC_FLAG_VERSIONED};
+    status = keel__ec_server_call(server, other, &request, NULL);
+    if (keel__ec_unreachable(status)) status = KEEL_OK;
+  }
+  keel__ec_view_free(&view);
+  return status;
+}
+
+/* Sleeps ms, in slices, so that a server stopped meanwhile is not held up. */
+static void pause_unless_stopped(keel_ec_server *server, uint32_t ms) {
+  int64_t deadline = keel_deadline_after_ns((int64_t)ms * 1000000);
+  while (!atomic_load(&server->rebuild->stop) && keel_now_ns() < deadline)
+    poll(NULL, 0, REBUILD_RETRY_MS);
+}
+
+static keel_status rebuild_all(keel_ec_server *server) {
+  keel__ec_shard *shard = &server->shard;
+  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  size_t chunk = server->rebuild_chunk_groups > 0 ? server->rebuild_chunk_groups
+                                                  : REBUILD_CHUNK_GROUPS;
+  uint64_t *groups = NULL;
+  size_t group_count = 0;
+  keel_status status = groups_held(shard, &groups, &group_count);
+  if (status == KEEL_OK) status = barrier(server);
+  group_read *reads = calloc(chunk, sizeof *reads);
+  uint8_t *space = calloc(chunk * (size_t)n, shard->block_bytes);
+  uint64_t *stamps = calloc(chunk * (size_t)n * (size_t)k, sizeof *stamps);
+  size_t most = chunk * (size_t)k;
+  keel__ec_ref *refs = malloc(sizeof *refs * most);
+  uint8_t **targets = malloc(sizeof *targets * most);
+  uint64_t **stamp_targets = malloc(sizeof *stamp_targets * most);
+  uint8_t *body = malloc((shard->block_bytes + sizeof(uint64_t) * (size_t)k) * most);
+  if (status == KEEL_OK && !(reads && space && stamps && refs && targets && stamp_targets && body))
+    status = KEEL_ENOMEM;
+  for (size_t first = 0; status == KEEL_OK && first < group_count; first += chunk) {
+    size_t count = group_count - first < chunk ? group_count - first : chunk;
+    for (size_t g = 0; g < count; g++)
+      reads[g] = (group_read){.group = groups[first + g],
+                              .blocks = space + g * (size_t)n * shard->block_bytes,
+                              .stamps = stamps + g * (size_t)n * (size_t)k};
+    status = rebuild_chunk(server, reads, count, refs, targets, stamp_targets, body);
+    if (status == KEEL_OK && server->rebuild_pause_ms > 0 && first + count < group_count)
+      pause_unless_stopped(server, server->rebuild_pause_ms);
+  }
+  free(body), free(stamp_targets), free(targets), free(refs);
+  free(stamps), free(space), free(reads), free(groups);
+  if (status == KEEL_OK) status = server->rebuild->status; /* a change it could not keep */
+  return status;
+}
+
+static void *rebuild_main(void *argument) {
+  keel_ec_server *server = argument;
+  int64_t started = keel_now_ns();
+  keel_status status = rebuild_all(server);
+  server->rebuild->status = status;
+  if (status == KEEL_OK) {
+    atomic_store(&server->rebuild->complete, true);
+    status = keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_REBUILT);
+    KEEL_LOG_I(MODULE, "server %d rebuilt in %.1f ms: %llu rows, %llu parity blocks", server->index,
+               (double)(keel_now_ns() - started) / 1e6, (unsigned long long)server->shard.data_rows,
+               (unsigned long long)server->shard.parity_rows);
+  }
+  if (status != KEEL_OK)
+    KEEL_LOG_E(MODULE, "server %d: the rebuild failed: %s; its rows stay served through the parity",
+               server->index, keel_strerror(status));
+  return NULL;
+}
+
+keel_status keel__ec_rebuild_start(keel_ec_server *server) {
+  keel__ec_rebuild *rebuild = calloc(1, sizeof *rebuild);
+  if (rebuild == NULL) return KEEL_ENOMEM;
+  atomic_init(&rebuild->stop, false);
+  atomic_init(&rebuild->complete, false);
+  rebuild->ready = calloc(server->shard.groups > 0 ? server->shard.groups : 1, 1);
+  rebuild->kept = calloc(KEEL__EC_STRIPES, sizeof *rebuild->kept);
+  if (rebuild->ready == NULL || rebuild->kept == NULL) {
+    free(rebuild->ready);
+    free(rebuild->kept);
+    free(rebuild);
+    return KEEL_ENOMEM;
+  }
+  server->rebuild = rebuild;
+  if (pthread_create(&rebuild->thread, NULL, rebuild_main, server) != 0) {
+    server->rebuild = NULL;
+    free(rebuild->ready);
+    free(rebuild->kept);
+    free(rebuild);
+    return KEEL_ENOMEM;
+  }
+  return KEEL_OK;
+}
+
+void keel__ec_rebuild_stop(keel_ec_server *server) {
+  keel__ec_rebuild *rebuild = server->rebuild;
+  if (rebuild == NULL) return;
+  atomic_store(&rebuild->stop, true);
+  pthread_join(rebuild->thread, NULL);
+  for (size_t stripe = 0; stripe < KEEL__EC_STRIPES; stripe++) {
+    while (rebuild->kept[stripe] != NULL) {
+      kept_change *change = rebuild->kept[stripe];
+      rebuild->kept[stripe] = change->next;
+      free(change->delta);
+      free(change);
+    }
+  }
+  free(rebuild->kept);
+  free(rebuild->ready);
+  free(rebuild);
+  server->rebuild = NULL;
+}

@@ -1,0 +1,115 @@
+/* Private to src/ec: the parameter server's state, shared by the server (server.c) and a
+ * replacement's rebuild (rebuild.c), and the few server functions the rebuild calls. */
+#ifndef KEEL_EC_SERVER_INTERNAL_H
+#define KEEL_EC_SERVER_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "ec/service.h"
+#include "ec/shard.h"
+
+typedef struct keel__ec_rebuild keel__ec_rebuild;
+
+typedef struct connection {
+  struct connection *next;
+  keel_ec_server *server;
+  keel_link *link;
+  pthread_t thread;
+  bool finished;
+} connection;
+
+/* One worker's push of a step, kept until the step is applied. */
+typedef struct step_push {
+  keel__ec_request request;
+  void *payload;
+} step_push;
+
+/* The pushes of one (op, acting, step) in synchronous mode. */
+typedef struct step_slot {
+  struct step_slot *next;
+  uint16_t op;
+  bool acting;
+  uint64_t step;
+  int arrived, left;
+  bool applied;
+  keel_status result;
+  step_push *pushes; /* workers of them */
+} step_slot;
+
+/* A parity holder's part of an update prepared but not yet committed. */
+typedef struct prepared_update {
+  struct prepared_update *next;
+  uint64_t id;
+  size_t count;
+  keel__ec_ref *refs;
+  uint8_t *deltas;
+} prepared_update;
+
+/* Committed update ids remembered for the other holders' questions. */
+#define COMMITTED_MEMORY 4096
+
+struct keel_ec_server {
+  keel__ec_config wire;
+  keel__ec_limits limits;
+  keel__ec_shard shard;
+  keel_ec_decoder *decoder; /* under decode_lock */
+  pthread_mutex_t decode_lock;
+  int index, servers;
+  keel_auth auth;
+  keel_listener *listener;
+  pthread_t acceptor;
+  atomic_bool stopping;
+  pthread_mutex_t connections_lock;
+  connection *connections;
+  keel__ec_peer *peers;
+  keel__ec_directory directory;
+  pthread_mutex_t lost_lock;
+  uint64_t *standing; /* under lost_lock: each server's (service.h), as last read */
+  pthread_mutex_t step_lock;
+  pthread_cond_t step_done;
+  step_slot *steps;
+  atomic_uint_fast64_t next_update;
+  /* Held shared by every update from its role check to its last change sent; a rebuild's
+   * barrier takes it alone once, so that updates begun before it are done. */
+  pthread_rwlock_t updates_lock;
+  pthread_mutex_t prepared_lock;
+  prepared_update *prepared;
+  uint64_t committed[COMMITTED_MEMORY];
+  size_t committed_next;
+  pthread_mutex_t fault_lock;
+  keel_fault_plan *faults;   /* KEEL_FAULT, points ec_prepared and ec_committing */
+  keel__ec_rebuild *rebuild; /* a replacement's, until it is complete (rebuild.c) */
+  uint32_t rebuild_chunk_groups, rebuild_pause_ms; /* keel_ec_config's */
+};
+
+/* What this server knows of the others for one step: which are served through the parity
+ * (lost) and each one's standing (a holder gets changes unless it is LOST). */
+typedef struct keel__ec_view {
+  bool *lost;
+  uint64_t *standing;
+} keel__ec_view;
+
+keel_status keel__ec_view_make(keel_ec_server *server, keel__ec_view *view);
+void keel__ec_view_free(keel__ec_view *view);
+void keel__ec_view_at(keel_ec_server *server, uint64_t step, keel__ec_view *view);
+/* Reads the servers' standing from the directory anew. */
+void keel__ec_server_refresh(keel_ec_server *server);
+/* A call to another server; a server found unreachable is declared lost. */
+keel_status keel__ec_server_call(keel_ec_server *server, int index, const keel__ec_request *request,
+                                 void *body);
+
+/* ---- a replacement's rebuild (rebuild.c) */
+
+/* Starts rebuilding this server's blocks from the others in a thread of its own: the server
+ * already listens and is marked REBUILDING. */
+keel_status keel__ec_rebuild_start(keel_ec_server *server);
+/* Stops the rebuild thread (if any) and frees its state. */
+void keel__ec_rebuild_stop(keel_ec_server *server);
+/* Whether this server is a replacement whose blocks are not all rebuilt yet. */
+bool keel__ec_rebuild_running(const keel_ec_server *server);
+/* While a rebuild runs, a change to a group not rebuilt yet is kept for after (true); false
+ * when it may be folded now. Caller holds the group's lock. */
+bool keel__ec_rebuild_keep(keel_ec_server *server, const keel__ec_ref *ref, const uint8_t *delta,
+                           uint64_t stamp);
+
+#endif
