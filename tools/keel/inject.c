@@ -1,6 +1,7 @@
 /* `keel inject`, `keel ps` and `keel status`: tools that join a running job's store (found
- * through its job file) to list its live processes and nodes or to make a failure happen to
- * one rank or node, the same failure a test or a user would cause by hand. */
+ * through its job file) to list its live processes, parameter servers and nodes or to make
+ * a failure happen to one rank, server or node, the same failure a test or a user would
+ * cause by hand. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -68,10 +69,27 @@ static bool pid_is_of_job(pid_t pid, pid_t launcher) {
 
 static int inject_usage(const char *message) {
   fprintf(stderr,
-          "keel inject: %s (usage: keel inject kill|stop|cont RANK |"
+          "keel inject: %s (usage: keel inject kill|stop|cont RANK|server:I |"
           " kill-node|partition|heal NODE | delay NODE DURATION [--job JOB_ID])\n",
           message);
   return KEEL__EXIT_USAGE;
+}
+
+/* Sends the action's signal to pid, the process of uid that `what` names ("rank 1",
+ * "server 2"), once it is known to be the job's. */
+static int process_signal(const keel__job_info *job, const inject_action *action, pid_t pid,
+                          uint32_t uid, const char *what) {
+  if (!pid_is_of_job(pid, job->launcher_pid)) {
+    fprintf(stderr, "keel inject: pid %ld of %s is not a process of job %llu\n", (long)pid, what,
+            (unsigned long long)job->auth.job_id);
+    return KEEL__EXIT_FAILURE;
+  }
+  if (kill(pid, action->signal_number) != 0) {
+    fprintf(stderr, "keel inject: %s pid %ld: %s\n", action->name, (long)pid, strerror(errno));
+    return KEEL__EXIT_FAILURE;
+  }
+  printf("%s %s (uid %u, pid %ld)\n", action->done, what, (unsigned)uid, (long)pid);
+  return 0;
 }
 
 static int inject_signal(keel_store *store, const keel__job_info *job, const inject_action *action,
@@ -84,19 +102,99 @@ static int inject_signal(keel_store *store, const keel__job_info *job, const inj
             (unsigned long long)job->auth.job_id);
     return KEEL__EXIT_FAILURE;
   }
-  if (!pid_is_of_job(value.pid, job->launcher_pid)) {
-    fprintf(stderr, "keel inject: pid %ld of rank %lld is not a process of job %llu\n",
-            (long)value.pid, (long long)rank, (unsigned long long)job->auth.job_id);
+  char what[48];
+  snprintf(what, sizeof what, "rank %lld", (long long)rank);
+  return process_signal(job, action, value.pid, uid, what);
+}
+
+/* ---- parameter servers (keel run --servers): server/<index> keys, put by the launcher */
+typedef struct server_value {
+  pid_t pid;
+  uint32_t uid;
+  char status[32]; /* KEEL__SERVER_RUNNING, or how it ended */
+} server_value;
+
+static keel_status server_value_parse(const char *text, server_value *value_p) {
+  long pid;
+  unsigned uid;
+  char status[32];
+  if (sscanf(text, "pid=%ld uid=%u status=%31s", &pid, &uid, status) != 3 || pid <= 1)
+    return KEEL_EINVAL;
+  *value_p = (server_value){.pid = (pid_t)pid, .uid = uid};
+  snprintf(value_p->status, sizeof value_p->status, "%s", status);
+  return KEEL_OK;
+}
+
+static bool server_is_running(const server_value *value) {
+  return strcmp(value->status, KEEL__SERVER_RUNNING) == 0;
+}
+
+/* The address server index published (ec/server/<i>), or "-" while it has not. */
+static void server_address(keel_store *store, int64_t index, char *address, size_t capacity) {
+  char key[48];
+  snprintf(key, sizeof key, "ec/server/%lld", (long long)index);
+  keel_store_entry *entry = NULL;
+  snprintf(address, capacity, "-");
+  if (keel_store_get(store, key, &entry) != KEEL_OK) return;
+  snprintf(address, capacity, "%s", (const char *)entry->value);
+  keel_store_entry_free(entry);
+}
+
+typedef void server_visit_cb(keel_store *store, int64_t index, const server_value *value,
+                             void *context);
+
+/* Calls visit for each server the launcher started, in index order (the store lists keys
+ * in text order, server/10 before server/2); how many it visited. */
+static size_t servers_visit(keel_store *store, server_visit_cb *visit, void *context) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0, visited = 0;
+  if (keel_store_list(store, KEEL__SERVER_PREFIX, &entries, &count, NULL) != KEEL_OK) return 0;
+  const keel_store_entry **by_index = calloc(count ? count : 1, sizeof *by_index);
+  for (size_t i = 0; by_index != NULL && i < count; i++) {
+    uint32_t index;
+    if (keel__uid_from_key(entries[i].key, KEEL__SERVER_PREFIX, &index) == KEEL_OK && index < count)
+      by_index[index] = &entries[i];
+  }
+  for (size_t index = 0; by_index != NULL && index < count; index++) {
+    server_value value;
+    if (by_index[index] == NULL ||
+        server_value_parse((const char *)by_index[index]->value, &value) != KEEL_OK)
+      continue;
+    visit(store, (int64_t)index, &value, context);
+    visited++;
+  }
+  free(by_index);
+  keel_store_entries_free(entries, count);
+  return visited;
+}
+
+static int inject_server_signal(keel_store *store, const keel__job_info *job,
+                                const inject_action *action, int64_t index) {
+  char key[48];
+  snprintf(key, sizeof key, KEEL__SERVER_PREFIX "%lld", (long long)index);
+  keel_store_entry *entry = NULL;
+  server_value value;
+  keel_status status = keel_store_get(store, key, &entry);
+  if (status == KEEL_OK) status = server_value_parse((const char *)entry->value, &value);
+  keel_store_entry_free(entry);
+  if (status == KEEL_ENOTFOUND) {
+    fprintf(stderr, "keel inject: job %llu has no parameter server %lld (keel ps lists them)\n",
+            (unsigned long long)job->auth.job_id, (long long)index);
+    return KEEL__EXIT_USAGE;
+  }
+  if (status != KEEL_OK) {
+    fprintf(stderr, "keel inject: cannot read %s of job %llu: %s\n", key,
+            (unsigned long long)job->auth.job_id, keel_strerror(status));
     return KEEL__EXIT_FAILURE;
   }
-  if (kill(value.pid, action->signal_number) != 0) {
-    fprintf(stderr, "keel inject: %s pid %ld: %s\n", action->name, (long)value.pid,
-            strerror(errno));
+  if (!server_is_running(&value)) {
+    fprintf(stderr, "keel inject: server %lld of job %llu has ended already (%s)\n",
+            (long long)index, (unsigned long long)job->auth.job_id, value.status);
     return KEEL__EXIT_FAILURE;
   }
-  printf("%s rank %lld (uid %u, pid %ld)\n", action->done, (long long)rank, (unsigned)uid,
-         (long)value.pid);
-  return 0;
+  char what[48];
+  snprintf(what, sizeof what, "server %lld", (long long)index);
+  return process_signal(job, action, value.pid, value.uid, what);
 }
 
 /* For agents that do not keep their node's processes in their own group (one agent per
@@ -180,6 +278,21 @@ static int inject_delay(keel_store *store, const keel__job_info *job, int64_t no
   return 0;
 }
 
+/* The target of an action: a rank or a node, or "server:I" for kill, stop and cont. NULL
+ * when it is good (*server_p and *number_p set), else the usage message. */
+static const char *target_parse(const char *text, bool node_action, bool *server_p,
+                                int64_t *number_p) {
+  static const char server_prefix[] = "server:";
+  bool server = strncmp(text, server_prefix, strlen(server_prefix)) == 0;
+  if (server && node_action) return "server:I goes with kill, stop or cont";
+  const char *number = server ? text + strlen(server_prefix) : text;
+  if (keel_parse_int(number, 0, INT32_MAX, number_p) != KEEL_OK)
+    return server ? "server:I needs a server index, a non-negative integer"
+                  : "RANK must be a non-negative integer";
+  *server_p = server;
+  return NULL;
+}
+
 int keel__command_inject(int argc, char **argv) {
   const char *job_id = NULL, *action_name = NULL, *rank_text = NULL, *duration_text = NULL;
   bool bad = false;
@@ -215,14 +328,16 @@ int keel__command_inject(int argc, char **argv) {
   if (action == NULL && !node_action)
     return inject_usage("the action must be kill, stop, cont, kill-node, partition, heal or delay");
   int64_t rank;
-  if (keel_parse_int(rank_text, 0, INT32_MAX, &rank) != KEEL_OK)
-    return inject_usage("RANK must be a non-negative integer");
+  bool server = false;
+  const char *problem = target_parse(rank_text, node_action, &server, &rank);
+  if (problem != NULL) return inject_usage(problem);
   keel__job_info job;
   keel_store *store = NULL;
   if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;
   int exit_code = kill_node     ? inject_kill_node(store, &job, rank)
                   : delay       ? inject_delay(store, &job, rank, delay_ns)
                   : node_action ? inject_link(&job, rank, partition)
+                  : server      ? inject_server_signal(store, &job, action, rank)
                                 : inject_signal(store, &job, action, rank);
   keel_store_close(store);
   return exit_code;
@@ -247,19 +362,42 @@ static int job_command_connect(const char *name, int argc, char **argv, keel__jo
   return keel__job_connect(job_id, job, store_p) == KEEL_OK ? 0 : KEEL__EXIT_FAILURE;
 }
 
+/* One row of keel ps (the header too); the role column fits "server:255". */
+static void ps_row_print(const char *uid, const char *pid, const char *role, const char *rank,
+                         const char *epoch, const char *node, const char *addr) {
+  printf("%-6s %-8s %-10s %-5s %-6s %-5s %s\n", uid, pid, role, rank, epoch, node, addr);
+}
+
+/* A live server as a row of keel ps: role server:I (what keel inject takes), no rank. */
+static void ps_server_print(keel_store *store, int64_t index, const server_value *value,
+                            void *context) {
+  (void)context;
+  if (!server_is_running(value)) return;
+  char uid[16], pid[16], role[32], addr[80];
+  snprintf(uid, sizeof uid, "%u", (unsigned)value->uid);
+  snprintf(pid, sizeof pid, "%ld", (long)value->pid);
+  snprintf(role, sizeof role, "server:%lld", (long long)index);
+  server_address(store, index, addr, sizeof addr);
+  ps_row_print(uid, pid, role, "-1", "-", "0", addr);
+}
+
 static void ps_print(keel_store *store, const keel_store_entry *entries, size_t count) {
-  printf("%-6s %-8s %-7s %-5s %-6s %-5s %s\n", "UID", "PID", "ROLE", "RANK", "EPOCH", "NODE",
-         "ADDR");
+  ps_row_print("UID", "PID", "ROLE", "RANK", "EPOCH", "NODE", "ADDR");
   for (size_t i = 0; i < count; i++) {
     uint32_t uid;
     keel__proc_value value;
     if (keel__uid_from_key(entries[i].key, "proc/", &uid) != KEEL_OK) continue;
     if (keel__proc_value_parse((const char *)entries[i].value, &value) != KEEL_OK) continue;
     if (uid_is_dead(store, uid)) continue;
-    printf("%-6u %-8ld %-7s %-5lld %-6lld %-5lld %s\n", (unsigned)uid, (long)value.pid, value.role,
-           (long long)value.rank, (long long)value.epoch, (long long)value.node,
-           value.addr[0] ? value.addr : "-");
+    char uid_text[16], pid[16], rank[24], epoch[24], node[24];
+    snprintf(uid_text, sizeof uid_text, "%u", (unsigned)uid);
+    snprintf(pid, sizeof pid, "%ld", (long)value.pid);
+    snprintf(rank, sizeof rank, "%lld", (long long)value.rank);
+    snprintf(epoch, sizeof epoch, "%lld", (long long)value.epoch);
+    snprintf(node, sizeof node, "%lld", (long long)value.node);
+    ps_row_print(uid_text, pid, value.role, rank, epoch, node, value.addr[0] ? value.addr : "-");
   }
+  servers_visit(store, ps_server_print, NULL);
 }
 
 int keel__command_ps(int argc, char **argv) {
@@ -358,6 +496,22 @@ static void status_print(keel_store *store, const keel_store_entry *nodes, size_
   }
 }
 
+/* A server as a row of keel status, ended ones too: how it ended, and whether the clients
+ * declared it lost (ec/lost/<i>: they route around it through the parity). */
+static void status_server_print(keel_store *store, int64_t index, const server_value *value,
+                                void *context) {
+  bool *header_printed = context;
+  if (!*header_printed) printf("%-10s %-6s %-8s %-16s %s\n", "ROLE", "UID", "PID", "STATE", "ADDR");
+  *header_printed = true;
+  char role[32], lost_key[48], state[48], addr[80];
+  snprintf(role, sizeof role, "server:%lld", (long long)index);
+  snprintf(lost_key, sizeof lost_key, "ec/lost/%lld", (long long)index);
+  snprintf(state, sizeof state, "%s%s", value->status,
+           keel__store_has(store, lost_key) ? ",lost" : "");
+  server_address(store, index, addr, sizeof addr);
+  printf("%-10s %-6u %-8ld %-16s %s\n", role, (unsigned)value->uid, (long)value->pid, state, addr);
+}
+
 int keel__command_status(int argc, char **argv) {
   keel__job_info job;
   keel_store *store = NULL;
@@ -373,6 +527,8 @@ int keel__command_status(int argc, char **argv) {
     status_print(store, entries, count);
   if (status != KEEL_OK)
     fprintf(stderr, "keel status: cannot list node/: %s\n", keel_strerror(status));
+  bool header_printed = false;
+  if (status == KEEL_OK) servers_visit(store, status_server_print, &header_printed);
   keel_store_entries_free(entries, count);
   keel_store_close(store);
   return status == KEEL_OK ? 0 : KEEL__EXIT_FAILURE;

@@ -55,6 +55,10 @@ typedef struct keel__run_options {
   bool netns;                /* --netns: each node an own network namespace (implies agents) */
   const char *link_rate;     /* --link-rate with --netns ("10gbit"); NULL: not shaped */
   int64_t metrics_port;      /* --metrics-port: Prometheus text served there; 0: none */
+  int64_t servers;           /* --servers: parameter servers (ECRec) to start; 0: none */
+  int64_t ec_data_blocks;    /* --ec k=K */
+  int64_t ec_parity_blocks;  /* --ec r=R: the servers that may die before data is lost */
+  bool ec_sync;              /* --ec-sync: every worker's step applied together */
   int argc;                  /* the command's own argv, handed on to the agents */
   char **argv;
   bool quiet;
@@ -110,6 +114,7 @@ typedef enum keel__role {
   KEEL__ROLE_WORKER,
   KEEL__ROLE_SPARE,
   KEEL__ROLE_JOINER,
+  KEEL__ROLE_SERVER, /* a parameter server (`keel server`, run_servers.c), never a rank */
 } keel__role;
 
 typedef struct keel__child {
@@ -126,7 +131,8 @@ typedef struct keel__child {
   int64_t lease_lost_ns;  /* when its proc/ key vanished while it lived; 0: never */
   char fence_reason[128]; /* why the launcher fenced it; empty: not fenced */
   int wait_status;
-  uint64_t exit_order; /* 1 for the first process to exit, ...; 0 while alive */
+  uint64_t exit_order;  /* 1 for the first process to exit, ...; 0 while alive */
+  int64_t server_index; /* KEEL__ROLE_SERVER: its index (`keel server --index`) */
 } keel__child;
 
 typedef enum keel__phase {
@@ -263,11 +269,25 @@ typedef struct keel__launcher {
   keel__agent_state agent;
   char store_listen[64];  /* where the embedded store listens: 127.0.0.1:0 unless --netns */
   keel__metrics *metrics; /* --metrics-port: the launcher's, or the root agent's; else NULL */
+  /* --servers (run_servers.c): a table of their own, so that the children's stays indexed
+   * by uid; their uids follow every uid the children's table can give. */
+  keel__child *servers;
+  size_t server_count;
+  int64_t servers_lost;    /* servers that died before the launcher stopped them */
+  bool servers_stopping;   /* SIGTERM sent: the workers are gone */
+  int64_t servers_kill_ns; /* SIGKILL the servers left then; KEEL_NO_DEADLINE: not due */
 } keel__launcher;
 
 /* run_children.c */
 /* Starts the next uid in role; the child gets the environment of docs/RUNTIME.md. */
 keel_status keel__child_spawn(keel__launcher *launcher, keel__role role);
+/* Forks and executes path with argv (NULL-terminated) as child (its uid, role and node
+ * filled in) with the job's environment; sets its pid and alive and writes its `spawn`
+ * event. The caller keeps child in a table of the launcher's. */
+keel_status keel__child_start(keel__launcher *launcher, keel__child *child, const char *path,
+                              char *const *argv);
+/* `"role":"worker"`, or `"role":"server","index":I`: how events name a child's role. */
+void keel__child_role_fields(const keel__child *child, char *text, size_t capacity);
 keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid);
 /* Starts count children in role; on a failure the job is killed and it returns false. */
 bool keel__children_spawn(keel__launcher *launcher, keel__role role, int64_t count);
@@ -380,6 +400,28 @@ void keel__root_leave(keel__launcher *launcher);
 /* Starts the metrics server of --metrics-port (the launcher; an agent once it is root);
  * a failure is logged and the job goes on without it. */
 void keel__launcher_metrics_start(keel__launcher *launcher);
+
+/* run_servers.c: the parameter servers of --servers (RUNTIME.md, "Parameter servers"). */
+/* Starts `keel server --index i --store <the job's>` for every i, before the workers; on a
+ * failure the job is killed and it returns false. */
+bool keel__servers_spawn(keel__launcher *launcher);
+/* The live server whose pid this is, or NULL. */
+keel__child *keel__server_by_pid(keel__launcher *launcher, pid_t pid);
+/* server/<index> (tool.h): where `keel ps` and `keel inject server:I` find the server;
+ * status_text is KEEL__SERVER_RUNNING, or how it ended once it is reaped. */
+void keel__server_key_put(keel__launcher *launcher, const keel__child *server,
+                          const char *status_text);
+/* A reaped server (its key and exit event are written): while the launcher has not stopped
+ * the servers it is a lost one, and more lost than --ec r=R ends the job (exit 1). */
+void keel__server_exited(keel__launcher *launcher, keel__child *server);
+/* Sends signal_number to every live server. */
+void keel__servers_signal(keel__launcher *launcher, int signal_number);
+size_t keel__servers_unreaped(const keel__launcher *launcher);
+/* Once the job is over and every other child is reaped: SIGTERM to the servers, SIGKILL to
+ * those left after the grace period. */
+void keel__servers_tick(keel__launcher *launcher, int64_t now_ns);
+/* When keel__servers_tick has something to do (KEEL_NO_DEADLINE: nothing). */
+int64_t keel__servers_deadline(const keel__launcher *launcher);
 
 /* run_nodes.c: `keel run --agents/--netns`, several nodes on this host. */
 int keel__nodes_run(const keel__run_options *options);

@@ -95,6 +95,7 @@ static void launcher_put_done(keel__launcher *launcher) {
 void keel__launcher_terminate(keel__launcher *launcher, int exit_code, int first_signal) {
   if (launcher->phase == KEEL__PHASE_TERMINATING) {
     keel__children_signal(launcher, SIGKILL);
+    keel__servers_signal(launcher, SIGKILL);
     launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
     return;
   }
@@ -395,6 +396,7 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
   keel__agent_tick(launcher, now_ns);
   keel__restart_round_tick(launcher, now_ns);
   keel__joiners_tick(launcher, now_ns);
+  keel__servers_tick(launcher, now_ns);
   if (now_ns >= launcher->end_recheck_ns) {
     launcher->end_recheck_ns = KEEL_NO_DEADLINE;
     keel__launcher_check_end(launcher);
@@ -418,6 +420,7 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   if (keel__joiners_deadline(launcher) < next) next = keel__joiners_deadline(launcher);
   if (keel__restart_round_deadline(launcher) < next) next = keel__restart_round_deadline(launcher);
   if (keel__agent_deadline(launcher) < next) next = keel__agent_deadline(launcher);
+  if (keel__servers_deadline(launcher) < next) next = keel__servers_deadline(launcher);
   if (launcher->end_recheck_ns < next) next = launcher->end_recheck_ns;
   if (launcher->phase != KEEL__PHASE_RUNNING && launcher->phase_deadline_ns < next)
     next = launcher->phase_deadline_ns;
@@ -431,9 +434,11 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   return next;
 }
 
-/* Done once the job is over and every child, fenced ones included, has been reaped. */
+/* Done once the job is over and every child, fenced ones and servers included, has been
+ * reaped. */
 static bool launcher_finished(const keel__launcher *launcher) {
-  return launcher->phase != KEEL__PHASE_RUNNING && keel__children_unreaped(launcher, 0) == 0;
+  return launcher->phase != KEEL__PHASE_RUNNING && keel__children_unreaped(launcher, 0) == 0 &&
+         keel__servers_unreaped(launcher) == 0;
 }
 
 static void launcher_loop(keel__launcher *launcher) {
@@ -703,6 +708,7 @@ static void launcher_close(keel__launcher *launcher) {
   keel__watcher_stop(launcher->suspect_watcher);
   keel__watcher_stop(launcher->proc_watcher);
   keel__root_free(launcher);
+  free(launcher->servers);
   free(launcher->children);
   pipe_close(&launcher->report_read_fd, &launcher->report_write_fd);
   pipe_close(&launcher->status_read_fd, &launcher->status_write_fd);
@@ -729,6 +735,7 @@ void keel__launcher_init(keel__launcher *launcher, const keel__run_options *opti
   launcher->timeout_deadline_ns = KEEL_NO_DEADLINE;
   launcher->phase_deadline_ns = KEEL_NO_DEADLINE;
   launcher->end_recheck_ns = KEEL_NO_DEADLINE;
+  launcher->servers_kill_ns = KEEL_NO_DEADLINE;
   /* Graces of a lapsed lease (lapse_fence_after): one keepalive period, bounded to
    * [100 ms, 1 s], for a stopped process; two lease lifetimes, 2 s at least, for one that
    * runs. */
@@ -768,13 +775,16 @@ void keel__launcher_emit_start(keel__launcher *launcher) {
       "\"job_id\":\"%llu\",\"store\":\"%s\",\"launcher_pid\":%ld,\"world\":%lld,\"spares\":%lld,"
       "\"nnodes\":%lld,\"nproc_per_node\":%lld,\"on_failure\":\"%s\",\"failure_domain\":\"%s\","
       "\"ckpt\":\"%s\",\"ckpt_dir\":%s,\"max_restarts\":%lld,\"max_world\":%lld,"
-      "\"join_delay_ns\":%lld,\"heartbeat_ns\":%lld,\"program\":\"%s\"",
+      "\"join_delay_ns\":%lld,\"heartbeat_ns\":%lld,\"servers\":%lld,\"ec_data_blocks\":%lld,"
+      "\"ec_parity_blocks\":%lld,\"ec_sync\":%s,\"program\":\"%s\"",
       (unsigned long long)launcher->auth.job_id, launcher->endpoint, (long)getpid(),
       (long long)options->world, (long long)options->spares, (long long)options->nnodes,
       (long long)options->nproc_per_node, keel__policy_name(options->on_failure),
       options->node_failure_domain ? "node" : "process", keel__ckpt_name(options->ckpt), ckpt_dir,
       (long long)options->max_restarts, (long long)options->max_world,
-      (long long)options->join_delay_ns, (long long)options->heartbeat_ns, program);
+      (long long)options->join_delay_ns, (long long)options->heartbeat_ns,
+      (long long)options->servers, (long long)options->ec_data_blocks,
+      (long long)options->ec_parity_blocks, options->ec_sync ? "true" : "false", program);
 }
 
 static void launcher_spawn_all(keel__launcher *launcher) {
@@ -789,6 +799,8 @@ static void launcher_spawn_all(keel__launcher *launcher) {
     keel__launcher_check_end(launcher); /* a spare node holds no rank: it may wait */
     return;
   }
+  /* The servers first: the workers' clients find them through the store as they come. */
+  if (!keel__servers_spawn(launcher)) return;
   if (!keel__children_spawn(launcher, KEEL__ROLE_WORKER, launcher->options.world)) return;
   if (!keel__children_spawn(launcher, KEEL__ROLE_SPARE, launcher->options.spares)) return;
   keel__joiners_schedule(launcher);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,7 +39,11 @@ typedef enum own_variable {
   OWN_FIRST_UID,
   OWN_FIRST_EPOCH,
   OWN_LAUNCHER_PID,
-  OWN_RESUME, /* unset without --resume */
+  OWN_RESUME,           /* unset without --resume */
+  OWN_EC_SERVERS,       /* unset without --servers */
+  OWN_EC_DATA_BLOCKS,   /* unset without --servers */
+  OWN_EC_PARITY_BLOCKS, /* unset without --servers */
+  OWN_EC_WORKERS,       /* unset without --servers */
   OWN_VARIABLE_COUNT,
 } own_variable;
 
@@ -63,6 +68,10 @@ static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
     [OWN_FIRST_EPOCH] = "KEEL_FIRST_EPOCH",
     [OWN_LAUNCHER_PID] = "KEEL_LAUNCHER_PID",
     [OWN_RESUME] = "KEEL_RESUME",
+    [OWN_EC_SERVERS] = "KEEL_EC_SERVERS",
+    [OWN_EC_DATA_BLOCKS] = "KEEL_EC_DATA_BLOCKS",
+    [OWN_EC_PARITY_BLOCKS] = "KEEL_EC_PARITY_BLOCKS",
+    [OWN_EC_WORKERS] = "KEEL_EC_WORKERS",
 };
 /* Room for the longest value, an absolute KEEL_CKPT_DIR. */
 #define OWN_VARIABLE_BYTES (PATH_MAX + 32)
@@ -74,7 +83,7 @@ typedef struct child_environment {
 
 /* The KEEL_ROLE value of each role (RUNTIME.md). */
 const char *keel__role_name(keel__role role) {
-  static const char *const names[] = {"worker", "spare", "joiner"};
+  static const char *const names[] = {"worker", "spare", "joiner", "server"};
   return (size_t)role < sizeof names / sizeof names[0] ? names[role] : "worker";
 }
 
@@ -84,10 +93,12 @@ static int64_t worker_rank(const keel__launcher *launcher, uint32_t uid) {
 }
 
 /* Workers fill nodes in rank order; spares, respawns and joiners fill further nodes of the
- * same size after them, so a node's failure never takes the spares that are to replace it. */
+ * same size after them, so a node's failure never takes the spares that are to replace it.
+ * Servers run on the one host a job with servers has (run_options.c): node 0. */
 static int64_t child_node(const keel__launcher *launcher, uint32_t uid, keel__role role) {
   const keel__run_options *options = &launcher->options;
   if (launcher->agent.active) return launcher->agent.node;
+  if (role == KEEL__ROLE_SERVER) return 0;
   if (role == KEEL__ROLE_WORKER) return worker_rank(launcher, uid) / options->nproc_per_node;
   return options->nnodes + ((int64_t)uid - options->world) / options->nproc_per_node;
 }
@@ -124,7 +135,19 @@ static void own_ckpt_variables_fill(const keel__launcher *launcher,
   own_variable_set(environment, OWN_CKPT_DIR, "%s", launcher->ckpt_dir);
 }
 
-static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, keel__role role,
+/* The parameter servers' shape (keel_ec_config_from_env), set only with --servers; the
+ * synchronous mode's workers are the world, 0 means asynchronous. */
+static void own_ec_variables_fill(const keel__launcher *launcher, child_environment *environment) {
+  const keel__run_options *options = &launcher->options;
+  if (options->servers == 0) return;
+  own_variable_set(environment, OWN_EC_SERVERS, "%lld", (long long)options->servers);
+  own_variable_set(environment, OWN_EC_DATA_BLOCKS, "%lld", (long long)options->ec_data_blocks);
+  own_variable_set(environment, OWN_EC_PARITY_BLOCKS, "%lld", (long long)options->ec_parity_blocks);
+  own_variable_set(environment, OWN_EC_WORKERS, "%lld",
+                   (long long)(options->ec_sync ? options->world : 0));
+}
+
+static void own_variables_fill(const keel__launcher *launcher, const keel__child *child,
                                child_environment *environment) {
   const keel__run_options *options = &launcher->options;
   const keel__incarnation *incarnation = &launcher->incarnation;
@@ -136,11 +159,11 @@ static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, kee
   own_variable_set(environment, OWN_JOB_ID, "%llu", (unsigned long long)launcher->auth.job_id);
   own_variable_set(environment, OWN_JOB_TOKEN, "%s", token);
   own_variable_set(environment, OWN_STORE, "%s", launcher->endpoint);
-  own_variable_set(environment, OWN_UID, "%u", (unsigned)uid);
-  own_variable_set(environment, OWN_ROLE, "%s", keel__role_name(role));
+  own_variable_set(environment, OWN_UID, "%u", (unsigned)child->uid);
+  own_variable_set(environment, OWN_ROLE, "%s", keel__role_name(child->role));
   own_variable_set(environment, OWN_WORLD, "%lld", (long long)options->world);
   own_variable_set(environment, OWN_MAX_WORLD, "%lld", (long long)options->max_world);
-  own_variable_set(environment, OWN_NODE, "%lld", (long long)child_node(launcher, uid, role));
+  own_variable_set(environment, OWN_NODE, "%lld", (long long)child->node);
   own_variable_set(environment, OWN_ON_FAILURE, "%s", keel__policy_name(options->on_failure));
   own_variable_set(environment, OWN_FAILURE_DOMAIN, "%s",
                    options->node_failure_domain ? "node" : "process");
@@ -154,17 +177,18 @@ static void own_variables_fill(const keel__launcher *launcher, uint32_t uid, kee
   own_variable_set(environment, OWN_LAUNCHER_PID, "%ld", (long)getpid());
   if (launcher->resume_dir[0] != '\0')
     own_variable_set(environment, OWN_RESUME, "%s", launcher->resume_dir);
+  own_ec_variables_fill(launcher, environment);
 }
 
 /* Builds the whole environment before fork: the child may only call async-signal-safe
  * functions, since the launcher has threads. */
-static keel_status environment_build(const keel__launcher *launcher, uint32_t uid, keel__role role,
+static keel_status environment_build(const keel__launcher *launcher, const keel__child *child,
                                      child_environment *environment) {
   size_t inherited = 0;
   while (environ[inherited] != NULL) inherited++;
   environment->envp = calloc(inherited + OWN_VARIABLE_COUNT + 1, sizeof *environment->envp);
   if (environment->envp == NULL) return KEEL_ENOMEM;
-  own_variables_fill(launcher, uid, role, environment);
+  own_variables_fill(launcher, child, environment);
   size_t used = 0;
   for (size_t i = 0; i < inherited; i++) {
     if (!is_own_variable(environ[i])) environment->envp[used++] = environ[i];
@@ -181,7 +205,8 @@ static void write_text(const char *text) {
 }
 
 /* In the child between fork and exec: async-signal-safe calls only. */
-static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, char **envp) {
+static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, keel__role role,
+                       const char *path, char *const *argv, char **envp) {
   sigprocmask(SIG_SETMASK, &launcher->old_mask, NULL);
   /* The launcher ignores SIGPIPE for itself; an ignored disposition would survive exec. */
   struct sigaction default_action = {.sa_handler = SIG_DFL};
@@ -192,46 +217,66 @@ static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, char 
   /* An agent on a host of several keeps its node's processes in its own group: killing the
    * group is killing the node (keel inject kill-node). */
   if (!launcher->agent.supervised) setpgid(0, 0);
+  /* A server has no status socket to hear the launcher's death by, nor state to save: it
+   * stops as at the end of the job. The check below closes the race with a launcher that
+   * died before the request. */
+  if (role == KEEL__ROLE_SERVER) prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != launcher_pid) _exit(KEEL__EXIT_FAILURE);
   /* The status pipe's write end stays close-on-exec in the launcher (so no other exec'd
    * program holds it) and is opened to this child alone, at the same number. */
   fcntl(launcher->status_write_fd, F_SETFD, 0);
-  execve(launcher->program_path, launcher->options.program_argv, envp);
+  execve(path, argv, envp);
   write_text("keel: cannot execute ");
-  write_text(launcher->program_path);
+  write_text(path);
   write_text("\n");
   _exit(KEEL__EXIT_NOT_FOUND);
+}
+
+void keel__child_role_fields(const keel__child *child, char *text, size_t capacity) {
+  int used = snprintf(text, capacity, "\"role\":\"%s\"", keel__role_name(child->role));
+  if (child->role == KEEL__ROLE_SERVER && used >= 0 && (size_t)used < capacity)
+    snprintf(text + used, capacity - (size_t)used, ",\"index\":%lld",
+             (long long)child->server_index);
+}
+
+keel_status keel__child_start(keel__launcher *launcher, keel__child *child, const char *path,
+                              char *const *argv) {
+  child->node = child_node(launcher, child->uid, child->role);
+  child_environment environment;
+  keel_status status = environment_build(launcher, child, &environment);
+  if (status != KEEL_OK) return status;
+  pid_t launcher_pid = getpid();
+  pid_t pid = fork();
+  if (pid == 0) child_exec(launcher, launcher_pid, child->role, path, argv, environment.envp);
+  free(environment.envp);
+  if (pid < 0) {
+    KEEL_LOG_E("launcher", "cannot start uid %u: %s", (unsigned)child->uid, strerror(errno));
+    return keel_status_from_errno(errno);
+  }
+  child->pid = pid;
+  child->alive = true;
+  char role[64];
+  keel__child_role_fields(child, role, sizeof role);
+  keel__event_emit(launcher, "spawn", "\"uid\":%u,\"pid\":%ld,%s,\"node\":%lld",
+                   (unsigned)child->uid, (long)pid, role, (long long)child->node);
+  return KEEL_OK;
 }
 
 keel_status keel__child_spawn(keel__launcher *launcher, keel__role role) {
   if (launcher->child_count >= launcher->child_capacity) return KEEL_ERANGE;
   uint32_t uid = launcher->agent.active ? keel__agent_next_uid(launcher, role)
                                         : (uint32_t)launcher->child_count;
-  child_environment environment;
-  keel_status status = environment_build(launcher, uid, role, &environment);
-  if (status != KEEL_OK) return status;
-  pid_t launcher_pid = getpid();
-  pid_t pid = fork();
-  if (pid == 0) child_exec(launcher, launcher_pid, environment.envp);
-  free(environment.envp);
-  if (pid < 0) {
-    KEEL_LOG_E("launcher", "cannot start uid %u: %s", (unsigned)uid, strerror(errno));
-    return keel_status_from_errno(errno);
-  }
-  keel__child *child = &launcher->children[launcher->child_count++];
-  *child = (keel__child){
+  keel__child child = {
       .uid = uid,
-      .pid = pid,
-      .node = child_node(launcher, uid, role),
       .role = role,
-      .alive = true,
       .holds_rank = role == KEEL__ROLE_WORKER,
       .rank = role == KEEL__ROLE_WORKER ? worker_rank(launcher, uid) : -1,
       .epoch = launcher->incarnation.first_epoch,
   };
-  keel__event_emit(launcher, "spawn", "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"node\":%lld",
-                   (unsigned)uid, (long)pid, keel__role_name(role), (long long)child->node);
-  return KEEL_OK;
+  keel_status status =
+      keel__child_start(launcher, &child, launcher->program_path, launcher->options.program_argv);
+  if (status == KEEL_OK) launcher->children[launcher->child_count++] = child;
+  return status;
 }
 
 keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid) {
@@ -247,7 +292,7 @@ static keel__child *child_by_pid(keel__launcher *launcher, pid_t pid) {
     if (launcher->children[i].pid == pid && launcher->children[i].alive)
       return &launcher->children[i];
   }
-  return NULL;
+  return keel__server_by_pid(launcher, pid);
 }
 
 void keel__wait_status_text(int wait_status, char *text, size_t capacity) {
@@ -277,28 +322,38 @@ static void lease_end(keel__launcher *launcher, uint32_t uid) {
   if (lease != 0) keel_store_lease_revoke(launcher->store, lease);
 }
 
-/* An exit is written where others can see it: dead/<uid> for the runtime, an event for
- * the user. */
-static void child_record_exit(keel__launcher *launcher, const keel__child *child) {
-  char outcome[32], key[64], value[64];
-  keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
+/* dead/<uid>, for the runtime: the process is gone. */
+static void dead_key_put(keel__launcher *launcher, const keel__child *child, const char *outcome) {
+  char key[64], value[64];
   snprintf(key, sizeof key, "dead/%u", (unsigned)child->uid);
   int length = snprintf(value, sizeof value, "status=%s", outcome);
   keel_status status = keel_store_put(launcher->store, key, value, (size_t)length, 0, NULL);
   if (status != KEEL_OK)
     KEEL_LOG_E("launcher", "cannot record %s in the store: %s", key, keel_strerror(status));
   lease_end(launcher, child->uid);
+}
+
+/* An exit is written where others can see it, the store first: dead/<uid> for the runtime
+ * (a server, which no communicator knows, has its server/<i> key instead), then an event
+ * for the user. */
+static void child_record_exit(keel__launcher *launcher, const keel__child *child) {
+  char outcome[32];
+  keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
+  if (child->role == KEEL__ROLE_SERVER)
+    keel__server_key_put(launcher, child, outcome);
+  else
+    dead_key_put(launcher, child, outcome);
   /* "code" for an exit, "signal" for a kill (RUNTIME.md); "status" as in dead/<uid>. */
-  char how[48];
+  char how[48], role[64];
   if (WIFEXITED(child->wait_status))
     snprintf(how, sizeof how, "\"code\":%d", WEXITSTATUS(child->wait_status));
   else
     snprintf(how, sizeof how, "\"signal\":\"%s\"", outcome);
+  keel__child_role_fields(child, role, sizeof role);
   keel__event_emit(launcher, "exit",
-                   "\"uid\":%u,\"pid\":%ld,\"role\":\"%s\",\"rank\":%lld,%s,\"status\":\"%s\","
-                   "\"fenced\":%s",
-                   (unsigned)child->uid, (long)child->pid, keel__role_name(child->role),
-                   (long long)child->rank, how, outcome, child->fenced ? "true" : "false");
+                   "\"uid\":%u,\"pid\":%ld,%s,\"rank\":%lld,%s,\"status\":\"%s\",\"fenced\":%s",
+                   (unsigned)child->uid, (long)child->pid, role, (long long)child->rank, how,
+                   outcome, child->fenced ? "true" : "false");
 }
 
 void keel__children_reap(keel__launcher *launcher) {
@@ -312,7 +367,10 @@ void keel__children_reap(keel__launcher *launcher) {
     child->wait_status = wait_status;
     child->exit_order = ++launcher->exits_seen;
     child_record_exit(launcher, child);
-    keel__launcher_child_exited(launcher, child);
+    if (child->role == KEEL__ROLE_SERVER)
+      keel__server_exited(launcher, child);
+    else
+      keel__launcher_child_exited(launcher, child);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "keel/ec.h" /* KEEL_EC_MAX_BLOCKS */
 #include "launcher.h"
 #include "netns.h"
 
@@ -18,6 +19,8 @@
 #define SECOND_NS INT64_C(1000000000)
 #define DEFAULT_RESTART_GRACE_NS (30 * SECOND_NS)
 #define RESTART_GRACE_VARIABLE "KEEL_RESTART_GRACE"
+/* Parameter servers are processes on the launcher's host: a few dozen is already many. */
+#define MAX_SERVERS 256
 
 static const char run_help_text[] =
     "usage: keel run [flags] -- PROG ARGS...\n"
@@ -72,6 +75,17 @@ static const char run_help_text[] =
     "                            as a spare node (default 0: it exits 78)\n"
     "  --metrics-port PORT       serve the job's figures in Prometheus' text format\n"
     "                            (the launcher, or the root agent of a job of nodes)\n"
+    "\n"
+    "Parameter servers (ECRec, erasure-coded; one host for now):\n"
+    "  --servers S               start S `keel server` processes before the workers, which\n"
+    "                            reach them with keel_ec_client_open_env (KEEL_EC_*)\n"
+    "  --ec k=K,r=R              the code: K data and R parity blocks per group\n"
+    "                            (K, R >= 1, K + R <= S); the job goes on through the loss\n"
+    "                            of up to R servers and stops (exit 1) when more are lost\n"
+    "  --ec-sync                 synchronous steps: every worker's push of a step applied\n"
+    "                            together, the same bits on every run (default: each push\n"
+    "                            applied as it comes)\n"
+    "\n"
     "  --quiet                   no status line on the terminal\n"
     "  -h, --help                this text\n"
     "\n"
@@ -111,6 +125,9 @@ typedef enum flag_id {
   FLAG_SPARE_NODES,
   FLAG_REJOIN_WAIT,
   FLAG_METRICS_PORT,
+  FLAG_SERVERS,
+  FLAG_EC,
+  FLAG_EC_SYNC,
   FLAG_QUIET,
   FLAG_HELP,
   FLAG_COUNT,
@@ -153,6 +170,9 @@ static const flag_spec flag_table[] = {
     {"--spare-nodes", FLAG_SPARE_NODES, true},
     {"--rejoin-wait", FLAG_REJOIN_WAIT, true},
     {"--metrics-port", FLAG_METRICS_PORT, true},
+    {"--servers", FLAG_SERVERS, true},
+    {"--ec", FLAG_EC, true},
+    {"--ec-sync", FLAG_EC_SYNC, false},
     {"--quiet", FLAG_QUIET, false},
     {"-q", FLAG_QUIET, false},
     {"--help", FLAG_HELP, false},
@@ -260,6 +280,18 @@ static bool nnodes_parse(const char *value, keel__run_options *options) {
   return true;
 }
 
+/* --ec k=K,r=R: exactly that spelling, K and R positive. */
+static bool ec_code_parse(const char *value, keel__run_options *options) {
+  char data_text[16], parity_text[16], rest;
+  int matched = sscanf(value, "k=%15[0-9],r=%15[0-9]%c", data_text, parity_text, &rest);
+  if (matched == 2 &&
+      keel_parse_int(data_text, 1, KEEL_EC_MAX_BLOCKS - 1, &options->ec_data_blocks) == KEEL_OK &&
+      keel_parse_int(parity_text, 1, KEEL_EC_MAX_BLOCKS - 1, &options->ec_parity_blocks) == KEEL_OK)
+    return true;
+  return reject("--ec wants k=K,r=R with K and R from 1 to %d (k=3,r=1), not '%s'",
+                KEEL_EC_MAX_BLOCKS - 1, value);
+}
+
 static bool flag_apply(keel__run_options *options, const flag_spec *flag, const char *value) {
   int choice = 0;
   uint64_t rate = 0;
@@ -347,6 +379,13 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       return parse_count(flag->name, value, 0, MAX_WORLD, &options->spare_nodes);
     case FLAG_METRICS_PORT:
       return parse_count(flag->name, value, 1, 65535, &options->metrics_port);
+    case FLAG_SERVERS:
+      return parse_count(flag->name, value, 1, MAX_SERVERS, &options->servers);
+    case FLAG_EC:
+      return ec_code_parse(value, options);
+    case FLAG_EC_SYNC:
+      options->ec_sync = true;
+      return true;
     case FLAG_QUIET:
       options->quiet = true;
       return true;
@@ -480,6 +519,38 @@ static bool options_resolve_nodes(keel__run_options *options, const bool *given)
   return true;
 }
 
+/* --servers, --ec and --ec-sync go together, on one host, with a code the servers can hold.
+ * What the servers cannot do yet is refused here, in words. */
+static bool options_resolve_servers(const keel__run_options *options, const bool *given) {
+  if (!given[FLAG_SERVERS] && !given[FLAG_EC]) {
+    if (given[FLAG_EC_SYNC]) return reject("--ec-sync needs --servers S and --ec k=K,r=R");
+    return true;
+  }
+  if (!given[FLAG_SERVERS]) return reject("--ec needs --servers S: the servers that hold the code");
+  if (!given[FLAG_EC]) return reject("--servers needs --ec k=K,r=R: how the servers code the rows");
+  int64_t blocks = options->ec_data_blocks + options->ec_parity_blocks;
+  if (blocks > options->servers)
+    return reject("--ec k=%lld,r=%lld needs k + r = %lld servers at least, not --servers %lld",
+                  (long long)options->ec_data_blocks, (long long)options->ec_parity_blocks,
+                  (long long)blocks, (long long)options->servers);
+  if (blocks > KEEL_EC_MAX_BLOCKS) return reject("--ec k + r is at most %d", KEEL_EC_MAX_BLOCKS);
+  bool several_nodes =
+      options->agents || options->node_rank >= 0 || options->elastic_nodes || options->nnodes > 1;
+  if (several_nodes)
+    return reject(
+        "--servers runs on one host for now: no --nnodes, --agents, --netns or "
+        "--node-rank");
+  if (options->ec_sync && options->max_world > options->world)
+    return reject(
+        "--ec-sync does not go with --max-world above -n: a synchronous step waits "
+        "for the -n workers' pushes");
+  if (options->on_failure == KEEL__ON_FAILURE_RESTART)
+    return reject(
+        "--servers does not go with --on-failure restart (or --ckpt jit, --resume) "
+        "yet: the servers' state is in no checkpoint");
+  return true;
+}
+
 static bool options_resolve(keel__run_options *options, bool *given) {
   if (!options_read_slurm(options, given)) return false;
   if (!options_resolve_shape(options, given)) return false;
@@ -494,12 +565,15 @@ static bool options_resolve(keel__run_options *options, bool *given) {
   int64_t restarted = options->on_failure == KEEL__ON_FAILURE_RESTART
                           ? options->world * options->max_restarts
                           : options->max_restarts;
-  if (options->world + options->spares + restarted + options->max_world > MAX_PROCESSES_OVER_JOB)
+  /* The servers' uids follow the rest (run_servers.c). */
+  int64_t processes =
+      options->world + options->spares + restarted + options->max_world + options->servers;
+  if (processes > MAX_PROCESSES_OVER_JOB)
     return reject(
-        "-n %lld, --spares %lld, --max-restarts %lld and --max-world %lld would start "
-        "more than %d processes over the job",
+        "-n %lld, --spares %lld, --max-restarts %lld, --max-world %lld and --servers %lld "
+        "would start more than %d processes over the job",
         (long long)options->world, (long long)options->spares, (long long)options->max_restarts,
-        (long long)options->max_world, MAX_PROCESSES_OVER_JOB);
+        (long long)options->max_world, (long long)options->servers, MAX_PROCESSES_OVER_JOB);
   if (options->min_world > options->world)
     return reject("--min-world %lld is above the %lld workers", (long long)options->min_world,
                   (long long)options->world);
@@ -508,7 +582,7 @@ static bool options_resolve(keel__run_options *options, bool *given) {
                   (long long)options->world);
   if (options->program_argv == NULL || options->program_argv[0] == NULL)
     return reject("no program given: keel run [flags] -- PROG ARGS...");
-  return options_resolve_nodes(options, given);
+  return options_resolve_nodes(options, given) && options_resolve_servers(options, given);
 }
 
 static void options_default(keel__run_options *options) {

@@ -59,6 +59,13 @@ bool keel__job_flag(int argc, char **argv, int *index, const char **job_p, bool 
 #define KEEL__JOIN_REQUEST_PREFIX "request/join/"
 #define KEEL__JOIN_REFUSED "refused="
 
+/* ---- server/<index> values, put by `keel run --servers` for each parameter server it
+ * starts: "pid=<pid> uid=<uid> status=running", rewritten when it is reaped with its exit
+ * code or signal name (as in dead/<uid>) in place of running. Not under proc/: a server is
+ * no member of any communicator. */
+#define KEEL__SERVER_PREFIX "server/"
+#define KEEL__SERVER_RUNNING "running"
+
 /* ---- proc/<uid> values: "pid=<pid> node=<n> role=<role> rank=<rank> epoch=<e> addr=<a>". */
 typedef struct keel__proc_value {
   pid_t pid;
