@@ -290,8 +290,8 @@ static void pause_unless_stopped(keel_ec_server *server, uint32_t ms) {
 static keel_status rebuild_all(keel_ec_server *server) {
   keel__ec_shard *shard = &server->shard;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
-  size_t chunk = server->rebuild_chunk_groups > 0 ? server->rebuild_chunk_groups
-                                                  : REBUILD_CHUNK_GROUPS;
+  size_t chunk =
+      server->rebuild_chunk_groups > 0 ? server->rebuild_chunk_groups : REBUILD_CHUNK_GROUPS;
   uint64_t *groups = NULL;
   size_t group_count = 0;
   keel_status status = groups_held(shard, &groups, &group_count);

@@ -483,8 +483,8 @@ static keel_status send_batches(keel_ec_server *server, parity_batch *batches, u
   keel_status status = KEEL_OK;
   for (int holder = 0; holder < server->servers && status == KEEL_OK; holder++) {
     if (holder != server->index && batches[holder].count > 0)
-      status = send_batch(server, holder, &batches[holder], update_id, prepare_first,
-                          &prepared[holder]);
+      status =
+          send_batch(server, holder, &batches[holder], update_id, prepare_first, &prepared[holder]);
   }
   if (status == KEEL_OK) status = commit_batches(server, batches, update_id, prepared);
   free(prepared);

@@ -182,10 +182,14 @@ keel_status keel__ec_directory_lookup(keel__ec_directory *directory, int index, 
 }
 
 static void standing_text(uint64_t standing, char *text, size_t capacity) {
-  if (standing == KEEL__EC_LOST) snprintf(text, capacity, "lost");
-  else if (standing == KEEL__EC_REBUILDING) snprintf(text, capacity, "rebuilding");
-  else if (standing == KEEL__EC_REBUILT) snprintf(text, capacity, "rebuilt");
-  else snprintf(text, capacity, "back %llu", (unsigned long long)standing);
+  if (standing == KEEL__EC_LOST)
+    snprintf(text, capacity, "lost");
+  else if (standing == KEEL__EC_REBUILDING)
+    snprintf(text, capacity, "rebuilding");
+  else if (standing == KEEL__EC_REBUILT)
+    snprintf(text, capacity, "rebuilt");
+  else
+    snprintf(text, capacity, "back %llu", (unsigned long long)standing);
 }
 
 static uint64_t standing_parse(const char *text) {
@@ -247,6 +251,22 @@ keel_status keel__ec_directory_standing(keel__ec_directory *directory, int serve
   }
   keel_store_entries_free(entries, count);
   return KEEL_OK;
+}
+
+keel_status keel_ec_servers_down(keel_store *directory, int servers, bool *down) {
+  if (directory == NULL || down == NULL || servers < 1)
+    return keel__ec_invalid("keel_ec_servers_down: NULL argument or no servers");
+  uint64_t *standing = calloc((size_t)servers, sizeof *standing);
+  if (standing == NULL) return KEEL_ENOMEM;
+  keel__ec_directory view;
+  keel__ec_directory_init(&view, directory);
+  keel_status status = keel__ec_directory_standing(&view, servers, standing);
+  keel__ec_directory_destroy(&view);
+  for (int i = 0; i < servers && status == KEEL_OK; i++)
+    down[i] = standing[i] == KEEL__EC_LOST || standing[i] == KEEL__EC_REBUILDING ||
+              standing[i] == KEEL__EC_REBUILT;
+  free(standing);
+  return status;
 }
 
 void keel__ec_lost_view(const uint64_t *standing, int servers, uint64_t step, bool *lost) {

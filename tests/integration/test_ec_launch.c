@@ -27,8 +27,10 @@
 #define JOB_TIMEOUT "60s"
 #define JOB_TIMEOUT_MS 70000
 #define SERVERS 4
-/* The synchronous job of every case: 4 servers, k = 3, r = 1, two workers. */
+/* The synchronous job of every case: 4 servers, k = 3, r = 1, two workers; a dead server
+ * is replaced (the default with --ec-sync) unless DEGRADE is added. */
 #define SYNC_FLAGS "--servers", "4", "--ec", "k=3,r=1", "--ec-sync", "-n", "2"
+#define DEGRADE "--on-server-failure", "degrade"
 #define TRAIN_STEPS "40"
 /* Slow enough steps that a test can act while the job runs. */
 #define SLOW_TRAIN LIST("--steps", TRAIN_STEPS, "--step-ms", "60")
@@ -154,10 +156,11 @@ static int inject(const keel_test_job *run, const char *action, const char *targ
 
 /* Starts a slow synchronous job and waits until it is under way; the servers' pids from
  * keel ps, each a live process. */
-static pid_t slow_job_start(keel_test_job *run, char *job_id, size_t capacity, pid_t *pids) {
+static pid_t slow_job_start(keel_test_job *run, const char *const *flags, char *job_id,
+                            size_t capacity, pid_t *pids) {
   assert_true(keel_test_job_prepare(run, "keel-ec-launch"));
-  pid_t launcher = keel_test_job_start(run, JOB_TIMEOUT, LIST(SYNC_FLAGS),
-                                       keel_test_program("ec_train"), SLOW_TRAIN, NULL);
+  pid_t launcher =
+      keel_test_job_start(run, JOB_TIMEOUT, flags, keel_test_program("ec_train"), SLOW_TRAIN, NULL);
   assert_true(launcher > 0);
   progress_wait(run, 4);
   job_id_read(run, job_id, capacity);
@@ -228,7 +231,7 @@ static void test_server_killed(void **state) {
   keel_test_job run;
   char job_id[32];
   pid_t pids[SERVERS];
-  pid_t launcher = slow_job_start(&run, job_id, sizeof job_id, pids);
+  pid_t launcher = slow_job_start(&run, LIST(SYNC_FLAGS, DEGRADE), job_id, sizeof job_id, pids);
   /* Targets that name no server of the job are usage errors. */
   assert_int_equal(inject(&run, "kill", "server:99", job_id), 2);
   assert_int_equal(inject(&run, "kill", "server:1", job_id), 0);
@@ -269,7 +272,7 @@ static void test_two_servers_killed(void **state) {
   keel_test_job run;
   char job_id[32];
   pid_t pids[SERVERS];
-  pid_t launcher = slow_job_start(&run, job_id, sizeof job_id, pids);
+  pid_t launcher = slow_job_start(&run, LIST(SYNC_FLAGS, DEGRADE), job_id, sizeof job_id, pids);
   assert_int_equal(inject(&run, "kill", "server:1", job_id), 0);
   server_exit_wait(&run, 1);
   assert_int_equal(inject(&run, "kill", "server:2", job_id), 0);
@@ -291,13 +294,80 @@ static void test_two_servers_killed(void **state) {
   pids_gone(pids, SERVERS);
 }
 
+/* The spawn events of server index's replacements (started with --replace), in order: how
+ * many, and the pid of the last one in *pid_p (optional). */
+static int replacement_spawns(const keel_test_events *log, long index, pid_t *pid_p) {
+  int count = 0;
+  for (size_t i = 0; i < log->count; i++) {
+    const char *line = log->lines[i];
+    const char *replacement = keel_test_event_field(line, "replacement");
+    if (keel_test_event_is(line, "spawn") && field_is(line, "role", "server") &&
+        keel_test_event_long(line, "index") == index && replacement != NULL &&
+        strncmp(replacement, "true", 4) == 0) {
+      count++;
+      if (pid_p != NULL) *pid_p = (pid_t)keel_test_event_long(line, "pid");
+    }
+  }
+  return count;
+}
+
+typedef struct replacements_wanted {
+  long index;
+  int count;
+} replacements_wanted;
+
+static bool replacements_seen(const keel_test_events *log, void *context) {
+  const replacements_wanted *wanted = context;
+  return replacement_spawns(log, wanted->index, NULL) >= wanted->count;
+}
+
+static void replacements_wait(const keel_test_job *run, long index, int count) {
+  replacements_wanted wanted = {.index = index, .count = count};
+  if (!keel_test_events_wait(run->events, MAX_EVENTS, replacements_seen, &wanted, 20, 10000))
+    fail_msg("no replacement %d of server %ld was started", count, index);
+}
+
+/* With --ec-sync a killed server is replaced: the replacement is rebuilt while the job goes
+ * on and comes back; killed in turn, it is replaced too. The job ends with the failure-free
+ * crc and, at the end, no server lost (every one back). */
+static void test_server_replaced(void **state) {
+  (void)state;
+  unsigned expected = reference_crc();
+  keel_test_job run;
+  char job_id[32];
+  pid_t pids[SERVERS], now[SERVERS];
+  pid_t launcher = slow_job_start(&run, LIST(SYNC_FLAGS), job_id, sizeof job_id, pids);
+  assert_int_equal(inject(&run, "kill", "server:2", job_id), 0);
+  replacements_wait(&run, 2, 1);
+  /* keel ps shows the replacement as server 2: a live process, not the killed one. */
+  assert_int_equal(ps_server_pids(&run, job_id, now), SERVERS);
+  assert_true(now[2] != pids[2] && keel_test_pid_exists(now[2]));
+  assert_int_equal(inject(&run, "kill", "server:2", job_id), 0);
+  replacements_wait(&run, 2, 2);
+  assert_int_equal(launcher_wait(&run, launcher), 0);
+  unsigned crc = 0;
+  unsigned long long lost = 1;
+  assert_true(final_read(run.output, &crc, &lost));
+  if (crc != expected || lost != 0) keel_test_print_file("job output", run.output);
+  assert_int_equal(crc, expected);
+  assert_int_equal(lost, 0);
+  keel_test_events log;
+  keel_test_events_read(run.events, MAX_EVENTS, &log);
+  pid_t last = 0;
+  assert_int_equal(replacement_spawns(&log, 2, &last), 2);
+  assert_null(keel_test_events_find(&log, "servers_lost", -1));
+  job_finish(&log, 0);
+  now[2] = last;
+  pids_gone(now, SERVERS);
+}
+
 /* SIGINT to the launcher: the workers leave (77) and then the servers are stopped. */
 static void test_interrupt_stops_servers(void **state) {
   (void)state;
   keel_test_job run;
   char job_id[32];
   pid_t pids[SERVERS];
-  pid_t launcher = slow_job_start(&run, job_id, sizeof job_id, pids);
+  pid_t launcher = slow_job_start(&run, LIST(SYNC_FLAGS), job_id, sizeof job_id, pids);
   kill(launcher, SIGINT);
   assert_int_equal(launcher_wait(&run, launcher), 130);
   keel_test_events log;
@@ -359,7 +429,7 @@ static void test_launcher_killed(void **state) {
   pid_t servers[SERVERS], pids[16];
   /* The launcher's orphans are this process's to reap, not left as zombies to the host. */
   assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  pid_t launcher = slow_job_start(&run, job_id, sizeof job_id, servers);
+  pid_t launcher = slow_job_start(&run, LIST(SYNC_FLAGS), job_id, sizeof job_id, servers);
   size_t count = spawned_pids(&run, pids, 16);
   assert_int_equal(count, SERVERS + 2);
   kill(launcher, SIGKILL);
@@ -418,18 +488,24 @@ static void test_bad_flags(void **state) {
   expect_usage(LIST("run", "--servers", "4", "--ec", "k=3,r=1", "--ec-sync", "-n", "2",
                     "--max-world", "3", "--", true_path),
                "--max-world");
+  expect_usage(LIST("run", "--servers", "4", "--ec", "k=3,r=1", "--on-server-failure", "replace",
+                    "--", true_path),
+               "needs --ec-sync");
+  expect_usage(LIST("run", "--servers", "4", "--ec", "k=3,r=1", "--ec-sync", "--on-server-failure",
+                    "spare", "--", true_path),
+               "replace or degrade");
   expect_usage(LIST("inject", "kill", "server:x"), "server:I");
   expect_usage(LIST("inject", "kill-node", "server:1"), "server:I");
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bad_flags),
-      cmocka_unit_test(test_sync_job),
-      cmocka_unit_test(test_server_killed),
-      cmocka_unit_test(test_two_servers_killed),
-      cmocka_unit_test(test_interrupt_stops_servers),
+      cmocka_unit_test(test_bad_flags),          cmocka_unit_test(test_sync_job),
+      cmocka_unit_test(test_server_killed),      cmocka_unit_test(test_server_replaced),
+      cmocka_unit_test(test_two_servers_killed), cmocka_unit_test(test_interrupt_stops_servers),
       cmocka_unit_test(test_launcher_killed),
   };
+  /* KEEL_TEST_FILTER=test_server_* runs only the cases it names. */
+  if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

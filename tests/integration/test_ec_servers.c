@@ -34,9 +34,9 @@ typedef struct ec_job {
   pthread_barrier_t barrier;
   int lose_at; /* the step before which server `lose` is stopped; -1: never */
   int lose;
-  int replace_at;               /* the step before which its replacement starts; -1 (or 0): never */
-  int second_lose_at;           /* the step before which server second_lose is stopped, while
-                                 * the replacement is rebuilt; 0: never */
+  int replace_at;     /* the step before which its replacement starts; -1 (or 0): never */
+  int second_lose_at; /* the step before which server second_lose is stopped, while
+                       * the replacement is rebuilt; 0: never */
   int second_lose;
   char folder[512], fault[128]; /* processes' output folder and KEEL_FAULT */
   keel_status worker_status[WORKERS];

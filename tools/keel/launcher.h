@@ -59,6 +59,7 @@ typedef struct keel__run_options {
   int64_t ec_data_blocks;    /* --ec k=K */
   int64_t ec_parity_blocks;  /* --ec r=R: the servers that may die before data is lost */
   bool ec_sync;              /* --ec-sync: every worker's step applied together */
+  bool replace_servers;      /* --on-server-failure replace (default with --ec-sync) */
   int argc;                  /* the command's own argv, handed on to the agents */
   char **argv;
   bool quiet;
@@ -133,6 +134,7 @@ typedef struct keel__child {
   int wait_status;
   uint64_t exit_order;  /* 1 for the first process to exit, ...; 0 while alive */
   int64_t server_index; /* KEEL__ROLE_SERVER: its index (`keel server --index`) */
+  bool replacement;     /* KEEL__ROLE_SERVER: started with --replace in a lost one's place */
 } keel__child;
 
 typedef enum keel__phase {
@@ -271,9 +273,9 @@ typedef struct keel__launcher {
   keel__metrics *metrics; /* --metrics-port: the launcher's, or the root agent's; else NULL */
   /* --servers (run_servers.c): a table of their own, so that the children's stays indexed
    * by uid; their uids follow every uid the children's table can give. */
-  keel__child *servers;
-  size_t server_count;
-  int64_t servers_lost;    /* servers that died before the launcher stopped them */
+  keel__child *servers;    /* every server process started, replacements appended */
+  size_t server_count, server_capacity;
+  int64_t servers_lost;    /* servers that serve no rows now (dead, or being rebuilt) */
   bool servers_stopping;   /* SIGTERM sent: the workers are gone */
   int64_t servers_kill_ns; /* SIGKILL the servers left then; KEEL_NO_DEADLINE: not due */
 } keel__launcher;
@@ -402,6 +404,9 @@ void keel__root_leave(keel__launcher *launcher);
 void keel__launcher_metrics_start(keel__launcher *launcher);
 
 /* run_servers.c: the parameter servers of --servers (RUNTIME.md, "Parameter servers"). */
+/* The processes one server index may have over the job (itself and its replacements): the
+ * servers' uids are budgeted for that many. */
+#define KEEL__SERVER_GENERATIONS 64
 /* Starts `keel server --index i --store <the job's>` for every i, before the workers; on a
  * failure the job is killed and it returns false. */
 bool keel__servers_spawn(keel__launcher *launcher);
@@ -412,7 +417,8 @@ keel__child *keel__server_by_pid(keel__launcher *launcher, pid_t pid);
 void keel__server_key_put(keel__launcher *launcher, const keel__child *server,
                           const char *status_text);
 /* A reaped server (its key and exit event are written): while the launcher has not stopped
- * the servers it is a lost one, and more lost than --ec r=R ends the job (exit 1). */
+ * the servers it is a lost one; more servers serving no rows than --ec r=R ends the job
+ * (exit 1); else, with --on-server-failure replace, a replacement takes its place. */
 void keel__server_exited(keel__launcher *launcher, keel__child *server);
 /* Sends signal_number to every live server. */
 void keel__servers_signal(keel__launcher *launcher, int signal_number);

@@ -235,8 +235,8 @@ static void child_exec(const keel__launcher *launcher, pid_t launcher_pid, keel_
 void keel__child_role_fields(const keel__child *child, char *text, size_t capacity) {
   int used = snprintf(text, capacity, "\"role\":\"%s\"", keel__role_name(child->role));
   if (child->role == KEEL__ROLE_SERVER && used >= 0 && (size_t)used < capacity)
-    snprintf(text + used, capacity - (size_t)used, ",\"index\":%lld",
-             (long long)child->server_index);
+    snprintf(text + used, capacity - (size_t)used, ",\"index\":%lld,\"replacement\":%s",
+             (long long)child->server_index, child->replacement ? "true" : "false");
 }
 
 keel_status keel__child_start(keel__launcher *launcher, keel__child *child, const char *path,

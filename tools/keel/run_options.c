@@ -85,6 +85,10 @@ static const char run_help_text[] =
     "  --ec-sync                 synchronous steps: every worker's push of a step applied\n"
     "                            together, the same bits on every run (default: each push\n"
     "                            applied as it comes)\n"
+    "  --on-server-failure MODE  replace (default with --ec-sync): a dead server's place is\n"
+    "                            taken by a replacement rebuilt while training goes on;\n"
+    "                            degrade (default without): its rows stay served through\n"
+    "                            the parity\n"
     "\n"
     "  --quiet                   no status line on the terminal\n"
     "  -h, --help                this text\n"
@@ -128,6 +132,7 @@ typedef enum flag_id {
   FLAG_SERVERS,
   FLAG_EC,
   FLAG_EC_SYNC,
+  FLAG_ON_SERVER_FAILURE,
   FLAG_QUIET,
   FLAG_HELP,
   FLAG_COUNT,
@@ -173,6 +178,7 @@ static const flag_spec flag_table[] = {
     {"--servers", FLAG_SERVERS, true},
     {"--ec", FLAG_EC, true},
     {"--ec-sync", FLAG_EC_SYNC, false},
+    {"--on-server-failure", FLAG_ON_SERVER_FAILURE, true},
     {"--quiet", FLAG_QUIET, false},
     {"-q", FLAG_QUIET, false},
     {"--help", FLAG_HELP, false},
@@ -386,6 +392,11 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
     case FLAG_EC_SYNC:
       options->ec_sync = true;
       return true;
+    case FLAG_ON_SERVER_FAILURE:
+      if (strcmp(value, "replace") != 0 && strcmp(value, "degrade") != 0)
+        return reject("--on-server-failure takes replace or degrade, not '%s'", value);
+      options->replace_servers = value[0] == 'r';
+      return true;
     case FLAG_QUIET:
       options->quiet = true;
       return true;
@@ -521,9 +532,11 @@ static bool options_resolve_nodes(keel__run_options *options, const bool *given)
 
 /* --servers, --ec and --ec-sync go together, on one host, with a code the servers can hold.
  * What the servers cannot do yet is refused here, in words. */
-static bool options_resolve_servers(const keel__run_options *options, const bool *given) {
+static bool options_resolve_servers(keel__run_options *options, const bool *given) {
   if (!given[FLAG_SERVERS] && !given[FLAG_EC]) {
     if (given[FLAG_EC_SYNC]) return reject("--ec-sync needs --servers S and --ec k=K,r=R");
+    if (given[FLAG_ON_SERVER_FAILURE])
+      return reject("--on-server-failure needs --servers S and --ec k=K,r=R");
     return true;
   }
   if (!given[FLAG_SERVERS]) return reject("--ec needs --servers S: the servers that hold the code");
@@ -548,6 +561,11 @@ static bool options_resolve_servers(const keel__run_options *options, const bool
     return reject(
         "--servers does not go with --on-failure restart (or --ckpt jit, --resume) "
         "yet: the servers' state is in no checkpoint");
+  /* A replacement is rebuilt against steps (its stamps): synchronous jobs only. */
+  if (given[FLAG_ON_SERVER_FAILURE] && options->replace_servers && !options->ec_sync)
+    return reject(
+        "--on-server-failure replace needs --ec-sync: a replacement is rebuilt step by step");
+  if (!given[FLAG_ON_SERVER_FAILURE]) options->replace_servers = options->ec_sync;
   return true;
 }
 
@@ -566,8 +584,8 @@ static bool options_resolve(keel__run_options *options, bool *given) {
                           ? options->world * options->max_restarts
                           : options->max_restarts;
   /* The servers' uids follow the rest (run_servers.c). */
-  int64_t processes =
-      options->world + options->spares + restarted + options->max_world + options->servers;
+  int64_t processes = options->world + options->spares + restarted + options->max_world +
+                      options->servers * KEEL__SERVER_GENERATIONS;
   if (processes > MAX_PROCESSES_OVER_JOB)
     return reject(
         "-n %lld, --spares %lld, --max-restarts %lld, --max-world %lld and --servers %lld "
