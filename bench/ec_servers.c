@@ -314,6 +314,11 @@ typedef struct loss_figures {
   double before_step_s; /* median single step before the loss */
   double after_step_s;  /* median of the next single steps after the first */
   double degraded_rate; /* steps/s, median of the degraded windows */
+  /* then a replacement (keel_ec_server_replace) rebuilt while training goes on */
+  double rebuild_s;       /* from its start to its standing "rebuilt" */
+  double rebuild_rate;    /* steps/s while it was rebuilt */
+  int64_t rebuild_steps;  /* steps trained meanwhile */
+  uint64_t rebuilt_bytes; /* its row blocks and parity blocks */
 } loss_figures;
 
 typedef struct job {
@@ -599,6 +604,53 @@ static keel_status job_lose_server(job *j) {
   return status;
 }
 
+/* Server index's standing in the directory ("" when live). */
+static void standing_read(job *j, int index, char *text, size_t size) {
+  char key[32];
+  snprintf(key, sizeof key, "ec/lost/%d", index);
+  keel_store_entry *entry = NULL;
+  text[0] = '\0';
+  if (keel_store_get(j->stores[0], key, &entry) != KEEL_OK) return;
+  snprintf(text, size, "%s", (const char *)entry->value);
+  keel_store_entry_free(entry);
+}
+
+/* The lost server's replacement, rebuilt in the background while the workers train in windows
+ * of a few steps; timed until its standing is no longer "rebuilding" (60 s at most). */
+static keel_status job_replace_server(job *j) {
+  enum { STEPS_PER_LOOK = 4 };
+  const int64_t limit_ns = (int64_t)60 * 1000 * 1000 * 1000;
+  int lose = (int)j->opts->lose;
+  int64_t start = keel_now_ns();
+  keel_status status = keel_ec_server_replace(&j->config, lose, "127.0.0.1:0", j->stores[lose],
+                                              &j->auth, &j->servers[lose]);
+  /* Rebuilding until "rebuilt", which the first worker soon turns into "back N". */
+  char standing[64] = "rebuilding";
+  while (status == KEEL_OK && strcmp(standing, "rebuilding") == 0) {
+    if (keel_now_ns() - start > limit_ns) status = KEEL_ETIMEDOUT;
+    double seconds = 0;
+    if (status == KEEL_OK) status = job_window(j, STEPS_PER_LOOK, false, &seconds);
+    j->loss.rebuild_steps += STEPS_PER_LOOK;
+    standing_read(j, lose, standing, sizeof standing);
+  }
+  j->loss.rebuild_s = (double)(keel_now_ns() - start) / SECOND_NS;
+  j->loss.rebuild_rate = (double)j->loss.rebuild_steps / j->loss.rebuild_s;
+  /* What it rebuilt: its row blocks and parity blocks, as the layout places them. */
+  keel_ec_layout layout;
+  size_t block = 0;
+  uint64_t k = (uint64_t)j->config.data_blocks, data_rows = 0, parity_rows = 0;
+  if (status == KEEL_OK)
+    status = keel_ec_layout_init(j->config.servers, j->config.data_blocks,
+                                 j->config.parity_blocks, &layout);
+  if (status == KEEL_OK)
+    status = keel_ec_layout_count(&layout, lose, (j->config.total_rows + k - 1) / k, &data_rows,
+                                  &parity_rows);
+  if (status == KEEL_OK)
+    status = keel_ec_row_block_bytes(&j->config.optimizer, j->config.dim, &block);
+  j->loss.rebuilt_bytes = (data_rows + parity_rows) * block;
+  return status;
+}
+
 static double median_rate(const window_log *log) {
   double rates[MAX_ROUNDS];
   for (int i = 0; i < log->count; i++) rates[i] = job_rate(log, i);
@@ -791,6 +843,17 @@ static void print_losses(job *const *jobs, int count) {
     printf("%-20s %8.1f %14.2f %13.2f %14.2f %11.1f %10.1f%% %9.1f%%\n", j->name,
            j->loss.stop_s * 1e3, j->loss.first_step_s * 1e3, j->loss.before_step_s * 1e3,
            j->loss.after_step_s * 1e3, degraded, 100 * degraded / normal, of_baseline);
+  }
+  printf("\n## Then a replacement of the lost server, rebuilt while training goes on\n\n");
+  printf("%-20s %12s %10s %13s %13s %12s\n", "configuration", "rebuilt_MiB", "rebuild_s",
+         "steps_during", "steps/s", "% of normal");
+  for (int i = 0; i < count; i++) {
+    const job *j = jobs[i];
+    if (!j->lost) continue;
+    double normal = median_rate(&j->normal);
+    printf("%-20s %12.1f %10.3f %13lld %13.1f %11.1f%%\n", j->name, mib(j->loss.rebuilt_bytes),
+           j->loss.rebuild_s, (long long)j->loss.rebuild_steps, j->loss.rebuild_rate,
+           100 * j->loss.rebuild_rate / normal);
   }
 }
 
@@ -1038,6 +1101,8 @@ static keel_status bench_losses(bench *b) {
     degraded[count++] = j;
   }
   if (status == KEEL_OK) status = run_rounds(degraded, count, (int)b->opts.rounds, true);
+  for (int i = 0; i < b->count && status == KEEL_OK; i++)
+    if (b->order[i]->lost) status = job_replace_server(b->order[i]);
   return status;
 }
 

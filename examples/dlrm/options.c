@@ -44,6 +44,7 @@ static const dlrm_options default_options = {
     .eval_samples = 16384,
     .eval_every = 0,
     .backend = "local",
+    .two_phase_commit = true,
 };
 #define DEFAULT_ROWS 100000
 #define DEFAULT_BOTTOM_HIDDEN 64
@@ -78,7 +79,12 @@ static void print_usage(FILE *stream) {
           "  --eval-every N        evaluate every N steps too (default 0: at the end only)\n"
           "  --sync                synchronous updates: the servers apply every worker's step\n"
           "                        in worker order (one local process is always so)\n"
-          "  --backend NAME        where the parameters live: local (default)\n"
+          "  --backend NAME        where the parameters live: local (default), or servers\n"
+          "                        (the parameter servers of keel run --servers S --ec k=K,r=R)\n"
+          "  --fault-tolerance FT  with --backend servers: ecrec-2pc (default: parity kept by\n"
+          "                        difference propagation, two-phase commit), ecrec (without\n"
+          "                        two-phase commit) or none (no parity: a lost server's rows are\n"
+          "                        gone; the baseline the overhead is measured against)\n"
           "  --check-gradients     compare the gradients of one batch with finite differences\n"
           "  --quiet               no progress lines\n"
           "  --help                this text\n");
@@ -171,6 +177,7 @@ enum {
   OPTION_EVAL_EVERY,
   OPTION_SYNC,
   OPTION_BACKEND,
+  OPTION_FAULT_TOLERANCE,
   OPTION_CHECK_GRADIENTS,
   OPTION_QUIET,
   OPTION_HELP,
@@ -196,6 +203,7 @@ static const struct option long_options[] = {
     {"eval-every", required_argument, NULL, OPTION_EVAL_EVERY},
     {"sync", no_argument, NULL, OPTION_SYNC},
     {"backend", required_argument, NULL, OPTION_BACKEND},
+    {"fault-tolerance", required_argument, NULL, OPTION_FAULT_TOLERANCE},
     {"check-gradients", no_argument, NULL, OPTION_CHECK_GRADIENTS},
     {"quiet", no_argument, NULL, OPTION_QUIET},
     {"help", no_argument, NULL, OPTION_HELP},
@@ -302,6 +310,12 @@ static int apply_text(int option, const char *text, dlrm_options *parsed, table_
       return -1;
     case OPTION_BACKEND: /* the trainer knows the backends and refuses an unknown one */
       parsed->backend = text;
+      return -1;
+    case OPTION_FAULT_TOLERANCE:
+      if (strcmp(text, "ecrec-2pc") != 0 && strcmp(text, "ecrec") != 0 && strcmp(text, "none") != 0)
+        return bad_value("--fault-tolerance", text, "ecrec-2pc, ecrec or none");
+      parsed->without_parity = strcmp(text, "none") == 0;
+      parsed->two_phase_commit = strcmp(text, "ecrec-2pc") == 0;
       return -1;
     default:
       return apply_count(option, text, parsed, tables);

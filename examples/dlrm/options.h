@@ -34,6 +34,8 @@ typedef struct dlrm_options {
   uint64_t eval_every; /* 0: at the end only */
   bool sync;
   const char *backend;
+  /* --fault-tolerance, for --backend servers: parity (ECRec) or none, and two-phase commit */
+  bool without_parity, two_phase_commit;
   bool check_gradients;
   bool quiet;
 } dlrm_options;

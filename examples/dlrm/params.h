@@ -28,6 +28,8 @@ typedef struct dlrm_params_config {
   const float *dense_initial; /* dense_count values; read during create only */
   int worker, workers;        /* this worker's rank, and the world */
   bool synchronous;           /* --sync: every step applied once all workers pushed it */
+  bool without_parity;        /* --fault-tolerance none (a server backend only) */
+  bool two_phase_commit;      /* --fault-tolerance ecrec-2pc (a server backend only) */
 } dlrm_params_config;
 
 /* One trainer calls these from one thread; each blocks until its work is done (a server

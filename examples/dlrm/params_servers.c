@@ -48,7 +48,8 @@ keel_status dlrm_params_servers_create(const dlrm_params_config *config, dlrm_pa
       .seed = config->seed,
       .init_scale = config->init_scale,
       .replicate_dense = true,
-      .two_phase_commit = true,
+      .two_phase_commit = config->two_phase_commit && !config->without_parity,
+      .without_parity = config->without_parity,
   };
   keel_ec_config from_launcher = tables;
   keel_status status = keel_ec_config_from_env(&from_launcher);

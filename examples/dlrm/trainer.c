@@ -137,6 +137,8 @@ static int params_setup(dlrm_trainer *trainer) {
       .worker = trainer->rank,
       .workers = trainer->world,
       .synchronous = options->sync,
+      .without_parity = options->without_parity,
+      .two_phase_commit = options->two_phase_commit,
   };
   keel_status status =
       keel_ec_optimizer_init(options->optimizer, options->learning_rate, &trainer->optimizer);

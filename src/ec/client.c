@@ -29,6 +29,13 @@ struct keel_ec_client {
   uint64_t *standing; /* each server's, as last read (service.h) */
   bool *lost;         /* served through the parity at next_step */
   uint64_t next_step; /* the step of this worker's next push */
+  /* One request to each server at once (call_each), per server: */
+  keel__ec_request *requests;
+  keel__ec_pending *pending;
+  keel_status *statuses;
+  bool *sending;
+  size_t *offsets, *chosen; /* where each server's part lies in the caller's arrays */
+  void **bodies;
 };
 
 static int64_t call_deadline(void) { return keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS); }
@@ -42,18 +49,42 @@ static void refresh_lost(keel_ec_client *client) {
   keel__ec_lost_view(client->standing, client->servers, client->next_step, client->lost);
 }
 
+/* A server that could not be reached is lost: declared so for everyone, routed around here. */
+static keel_status note_unreachable(keel_ec_client *client, int server, keel_status status) {
+  if (!keel__ec_unreachable(status)) return status;
+  KEEL_LOG_W(MODULE, "worker %d: server %d is lost (%s)", client->worker, server,
+             keel_strerror(status));
+  keel__ec_directory_declare_lost(&client->directory, server);
+  client->standing[server] = KEEL__EC_LOST;
+  client->lost[server] = true;
+  return status;
+}
+
 static keel_status call(keel_ec_client *client, int server, const keel__ec_request *request,
                         void *body) {
   keel_status status = keel__ec_peer_call(&client->peers[server], &client->directory, &client->auth,
                                           request, &client->limits, body, call_deadline());
-  if (keel__ec_unreachable(status)) {
-    KEEL_LOG_W(MODULE, "worker %d: server %d is lost (%s)", client->worker, server,
-               keel_strerror(status));
-    keel__ec_directory_declare_lost(&client->directory, server);
-    client->standing[server] = KEEL__EC_LOST;
-    client->lost[server] = true;
+  return note_unreachable(client, server, status);
+}
+
+/* client->requests[s] to every server s with client->sending[s], all sent before any reply
+ * is awaited: one round trip for all of them, not one each. Each status in
+ * client->statuses[s]; replies with a body into bodies[s]. */
+static void call_each(keel_ec_client *client, void *const *bodies) {
+  int64_t deadline = call_deadline();
+  for (int server = 0; server < client->servers; server++) {
+    if (!client->sending[server]) continue;
+    client->statuses[server] = keel__ec_peer_start(
+        &client->peers[server], &client->directory, &client->auth, &client->requests[server],
+        &client->limits, deadline, &client->pending[server]);
   }
-  return status;
+  /* A start that failed sent nothing and needs no finish. */
+  for (int server = 0; server < client->servers; server++) {
+    if (!client->sending[server] || client->statuses[server] != KEEL_OK) continue;
+    keel_status status = keel__ec_peer_finish(&client->pending[server], &client->directory,
+                                              &client->auth, bodies[server], deadline);
+    client->statuses[server] = note_unreachable(client, server, status);
+  }
 }
 
 /* Whether a failed attempt is worth another after reading the lost servers anew. */
@@ -107,7 +138,17 @@ static keel_status client_configure(keel_ec_client *client) {
   client->peers = calloc((size_t)client->servers, sizeof *client->peers);
   client->lost = calloc((size_t)client->servers, sizeof *client->lost);
   client->standing = calloc((size_t)client->servers, sizeof *client->standing);
-  if (client->peers == NULL || client->lost == NULL || client->standing == NULL)
+  client->requests = calloc((size_t)client->servers, sizeof *client->requests);
+  client->pending = calloc((size_t)client->servers, sizeof *client->pending);
+  client->statuses = calloc((size_t)client->servers, sizeof *client->statuses);
+  client->sending = calloc((size_t)client->servers, sizeof *client->sending);
+  client->offsets = calloc((size_t)client->servers, sizeof *client->offsets);
+  client->chosen = calloc((size_t)client->servers, sizeof *client->chosen);
+  client->bodies = calloc((size_t)client->servers, sizeof *client->bodies);
+  if (client->peers == NULL || client->lost == NULL || client->standing == NULL ||
+      client->requests == NULL || client->pending == NULL || client->statuses == NULL ||
+      client->sending == NULL || client->offsets == NULL || client->chosen == NULL ||
+      client->bodies == NULL)
     return KEEL_ENOMEM;
   for (int i = 0; i < client->servers; i++) keel__ec_peer_init(&client->peers[i], i);
   refresh_lost(client);
@@ -155,6 +196,13 @@ void keel_ec_client_close(keel_ec_client *client) {
   free(client->peers);
   free(client->lost);
   free(client->standing);
+  free(client->requests);
+  free(client->pending);
+  free(client->statuses);
+  free(client->sending);
+  free(client->offsets);
+  free(client->chosen);
+  free(client->bodies);
   keel_ec_decoder_destroy(client->decoder);
   keel_ec_code_destroy(client->code);
   keel__ec_directory_destroy(&client->directory);
@@ -263,17 +311,59 @@ static keel_status pull_part(keel_ec_client *client, int server, bool acting, co
   return KEEL_OK;
 }
 
+/* The parts of one phase (own rows, or acting ones) that fit one request, sent to their
+ * servers at once; a larger part is pulled alone, piece by piece. picked, scratch_rows and
+ * scratch_values have room for every row. */
+static keel_status pull_phase(keel_ec_client *client, bool acting, const uint64_t *rows,
+                              size_t count, float *values, size_t *picked, uint64_t *scratch_rows,
+                              float *scratch_values) {
+  int dim = (int)client->wire.dim;
+  size_t *offsets = client->offsets, *chosen = client->chosen;
+  void **bodies = client->bodies;
+  size_t offset = 0;
+  for (int server = 0; server < client->servers; server++) {
+    client->sending[server] = false;
+    if (client->lost[server]) continue;
+    size_t part = select_rows(client, rows, count, server, acting, picked + offset);
+    if (part == 0) continue;
+    if (part > KEEL__EC_MAX_COUNT) {
+      /* The room from offset on is free: the parts sent at once lie before it. */
+      keel_status status =
+          pull_part(client, server, acting, rows, picked + offset, part, scratch_rows + offset,
+                    scratch_values + offset * (size_t)dim, values);
+      if (status != KEEL_OK) return status;
+      continue;
+    }
+    for (size_t i = 0; i < part; i++) scratch_rows[offset + i] = rows[picked[offset + i]];
+    client->requests[server] = (keel__ec_request){.op = KEEL__EC_OP_PULL_ROWS,
+                                                  .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
+                                                  .count = (uint32_t)part,
+                                                  .rows = scratch_rows + offset};
+    bodies[server] = scratch_values + offset * (size_t)dim;
+    offsets[server] = offset;
+    chosen[server] = part;
+    client->sending[server] = true;
+    offset += part;
+  }
+  call_each(client, bodies);
+  keel_status status = KEEL_OK;
+  for (int server = 0; server < client->servers; server++) {
+    if (!client->sending[server]) continue;
+    if (status == KEEL_OK) status = client->statuses[server];
+    for (size_t i = 0; status == KEEL_OK && i < chosen[server]; i++)
+      memcpy(values + picked[offsets[server] + i] * (size_t)dim,
+             scratch_values + (offsets[server] + i) * (size_t)dim, sizeof(float) * (size_t)dim);
+  }
+  return status;
+}
+
 static keel_status pull_once(keel_ec_client *client, const uint64_t *rows, size_t count,
                              float *values, size_t *picked, uint64_t *scratch_rows,
                              float *scratch_values) {
   for (int acting = 0; acting < 2; acting++) {
-    for (int server = 0; server < client->servers; server++) {
-      if (client->lost[server]) continue;
-      size_t chosen = select_rows(client, rows, count, server, acting, picked);
-      keel_status status = pull_part(client, server, acting, rows, picked, chosen, scratch_rows,
-                                     scratch_values, values);
-      if (status != KEEL_OK) return status;
-    }
+    keel_status status =
+        pull_phase(client, acting, rows, count, values, picked, scratch_rows, scratch_values);
+    if (status != KEEL_OK) return status;
   }
   /* A row whose every holder is lost has no server: more than r lost. */
   for (size_t i = 0; i < count; i++)
@@ -287,10 +377,9 @@ keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *row
     return keel__ec_invalid("keel_ec_client_pull_rows: NULL argument");
   keel_status status = check_rows(client, rows, count);
   if (status != KEEL_OK || count == 0) return status;
-  size_t piece = count < KEEL__EC_MAX_COUNT ? count : KEEL__EC_MAX_COUNT;
   size_t *picked = malloc(sizeof *picked * count);
-  uint64_t *scratch_rows = malloc(sizeof *scratch_rows * piece);
-  float *scratch_values = malloc(sizeof *scratch_values * piece * client->wire.dim);
+  uint64_t *scratch_rows = malloc(sizeof *scratch_rows * count);
+  float *scratch_values = malloc(sizeof *scratch_values * count * client->wire.dim);
   status = picked && scratch_rows && scratch_values ? KEEL_OK : KEEL_ENOMEM;
   for (int attempt = 0; status == KEEL_OK; attempt++) {
     status = pull_once(client, rows, count, values, picked, scratch_rows, scratch_values);
@@ -305,8 +394,9 @@ keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *row
 
 /* ---- pushes */
 
-/* One server's push of a phase: its rows (maybe none) in one request. Synchronous mode sends
- * every server its push even when empty, since each waits for every worker's. */
+/* One server's push of a phase: its rows (maybe none) in one request, made ready in
+ * client->requests[server]. Synchronous mode sends every server its push even when empty,
+ * since each waits for every worker's. */
 static keel_status push_part(keel_ec_client *client, int server, bool acting, uint64_t step,
                              const uint64_t *rows, const float *gradients, const size_t *picked,
                              size_t chosen, uint64_t *part_rows, float *part_gradients) {
@@ -318,16 +408,19 @@ static keel_status push_part(keel_ec_client *client, int server, bool acting, ui
            sizeof(float) * (size_t)dim);
   }
   uint32_t workers = client->wire.workers > 0 ? client->wire.workers : 1;
-  keel__ec_request request = {.op = KEEL__EC_OP_PUSH_ROWS,
-                              .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
-                              .count = (uint32_t)chosen,
-                              .id = step + 1,
-                              .step = step,
-                              .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
-                              .workers = workers,
-                              .rows = part_rows,
-                              .values = part_gradients};
-  return call(client, server, &request, NULL);
+  client->requests[server] =
+      (keel__ec_request){.op = KEEL__EC_OP_PUSH_ROWS,
+                         .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
+                         .count = (uint32_t)chosen,
+                         .id = step + 1,
+                         .step = step,
+                         .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
+                         .workers = workers,
+                         .rows = part_rows,
+                         .values = part_gradients};
+  client->sending[server] = true;
+  client->bodies[server] = NULL;
+  return KEEL_OK;
 }
 
 /* Phase 1 pushes own rows to every server not lost; a server lost meanwhile has its rows moved
@@ -341,12 +434,23 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
     bool any_lost = false;
     for (int i = 0; i < client->servers; i++) any_lost |= client->lost[i];
     if (acting && !any_lost) break;
+    /* Every server's part at once, each in its own stretch of the arrays. */
+    size_t offset = 0;
     for (int server = 0; server < client->servers; server++) {
+      client->sending[server] = false;
       if (client->lost[server]) continue;
-      size_t chosen = select_rows(client, rows, count, server, acting, picked);
+      size_t chosen = select_rows(client, rows, count, server, acting, picked + offset);
       if (chosen == 0 && !synchronous) continue;
-      keel_status status = push_part(client, server, acting, step, rows, gradients, picked, chosen,
-                                     part_rows, part_gradients);
+      keel_status status =
+          push_part(client, server, acting, step, rows, gradients, picked + offset, chosen,
+                    part_rows + offset, part_gradients + offset * client->wire.dim);
+      if (status != KEEL_OK) return status;
+      offset += chosen;
+    }
+    call_each(client, client->bodies);
+    for (int server = 0; server < client->servers; server++) {
+      if (!client->sending[server]) continue;
+      keel_status status = client->statuses[server];
       /* A server lost in phase 1: its rows go with phase 2, its stamp guards a redo. */
       if (!acting && keel__ec_unreachable(status)) continue;
       if (status != KEEL_OK) return status;

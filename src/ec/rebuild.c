@@ -35,6 +35,7 @@ struct keel__ec_rebuild {
   uint8_t *ready;     /* per group; under the group's stripe lock */
   kept_change **kept; /* per stripe, under the stripe lock */
   keel_status status;
+  uint64_t rounds; /* read rounds, first reads and rereads of groups found in flight alike */
 };
 
 bool keel__ec_rebuild_running(const keel_ec_server *server) {
@@ -161,34 +162,60 @@ static keel_status choose(keel_ec_server *server, group_read *reads, size_t coun
   return KEEL_OK;
 }
 
-/* One versioned read per server of the chosen blocks it holds. */
-static keel_status read_round(keel_ec_server *server, group_read *reads, size_t count, int other,
+/* One versioned read of the chosen blocks from every server that holds some, all at once (one
+ * round trip): refs, targets, stamp_targets and body have room for k blocks of every group,
+ * and each server's part lies in its own stretch of them. *lost_one: a server could not be
+ * reached (declared lost by the call). */
+static keel_status read_round(keel_ec_server *server, group_read *reads, size_t count,
                               keel__ec_ref *refs, uint8_t **targets, uint64_t **stamp_targets,
-                              uint8_t *body) {
+                              uint8_t *body, bool *lost_one) {
   keel__ec_shard *shard = &server->shard;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
+  size_t each = shard->block_bytes + sizeof(uint64_t) * (size_t)k;
+  int servers = server->servers;
+  bool *sending = calloc((size_t)servers, sizeof *sending);
+  keel__ec_request *requests = calloc((size_t)servers, sizeof *requests);
+  void **bodies = calloc((size_t)servers, sizeof *bodies);
+  keel_status *statuses = calloc((size_t)servers, sizeof *statuses);
+  size_t *first = calloc((size_t)servers + 1, sizeof *first);
+  keel_status status = sending && requests && bodies && statuses && first ? KEEL_OK : KEEL_ENOMEM;
   size_t wanted = 0;
-  for (size_t g = 0; g < count; g++) {
-    for (int member = 0; member < n && !reads[g].done; member++) {
-      keel_ec_location at;
-      keel_ec_layout_locate(&shard->layout, reads[g].group, member, &at);
-      if (!reads[g].present[member] || at.server != other) continue;
-      refs[wanted] = (keel__ec_ref){.group = reads[g].group, .member = (uint32_t)member};
-      targets[wanted] = reads[g].blocks + (size_t)member * shard->block_bytes;
-      stamp_targets[wanted++] = reads[g].stamps + (size_t)member * (size_t)k;
+  for (int other = 0; other < servers && status == KEEL_OK; other++) {
+    first[other] = wanted;
+    for (size_t g = 0; g < count; g++) {
+      for (int member = 0; member < n && !reads[g].done; member++) {
+        keel_ec_location at;
+        keel_ec_layout_locate(&shard->layout, reads[g].group, member, &at);
+        if (!reads[g].present[member] || at.server != other) continue;
+        refs[wanted] = (keel__ec_ref){.group = reads[g].group, .member = (uint32_t)member};
+        targets[wanted] = reads[g].blocks + (size_t)member * shard->block_bytes;
+        stamp_targets[wanted++] = reads[g].stamps + (size_t)member * (size_t)k;
+      }
+    }
+    size_t part = wanted - first[other];
+    if (part == 0) continue;
+    sending[other] = true;
+    requests[other] = (keel__ec_request){.op = KEEL__EC_OP_READ_BLOCKS,
+                                         .flags = KEEL__EC_FLAG_VERSIONED,
+                                         .count = (uint32_t)part,
+                                         .refs = refs + first[other]};
+    bodies[other] = body + first[other] * each;
+  }
+  if (status == KEEL_OK)
+    status = keel__ec_server_call_each(server, sending, requests, bodies, statuses);
+  for (int other = 0; other < servers && status == KEEL_OK; other++) {
+    if (!sending[other]) continue;
+    if (keel__ec_unreachable(statuses[other])) *lost_one = true;
+    if (statuses[other] != KEEL_OK) {
+      if (!keel__ec_unreachable(statuses[other])) status = statuses[other];
+      continue;
+    }
+    for (size_t i = first[other]; i < first[other] + requests[other].count; i++) {
+      memcpy(targets[i], body + i * each, shard->block_bytes);
+      memcpy(stamp_targets[i], body + i * each + shard->block_bytes, sizeof(uint64_t) * (size_t)k);
     }
   }
-  if (wanted == 0) return KEEL_OK;
-  keel__ec_request request = {.op = KEEL__EC_OP_READ_BLOCKS,
-                              .flags = KEEL__EC_FLAG_VERSIONED,
-                              .count = (uint32_t)wanted,
-                              .refs = refs};
-  keel_status status = keel__ec_server_call(server, other, &request, body);
-  size_t each = shard->block_bytes + sizeof(uint64_t) * (size_t)k;
-  for (size_t i = 0; status == KEEL_OK && i < wanted; i++) {
-    memcpy(targets[i], body + i * each, shard->block_bytes);
-    memcpy(stamp_targets[i], body + i * each + shard->block_bytes, sizeof(uint64_t) * (size_t)k);
-  }
+  free(first), free(statuses), free(bodies), free(requests), free(sending);
   return status;
 }
 
@@ -208,10 +235,9 @@ static keel_status rebuild_chunk(keel_ec_server *server, group_read *reads, size
     /* A server lost during the round is declared so by the call: the round is read again
      * from the others (up to r may be lost). */
     bool lost_one = false;
-    for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
-      status = read_round(server, reads, count, other, refs, targets, stamp_targets, body);
-      if (keel__ec_unreachable(status)) lost_one = true, status = KEEL_OK;
-    }
+    server->rebuild->rounds++;
+    if (status == KEEL_OK)
+      status = read_round(server, reads, count, refs, targets, stamp_targets, body, &lost_one);
     if (status == KEEL_OK && lost_one) {
       poll(NULL, 0, REBUILD_RETRY_MS);
       continue;
@@ -330,9 +356,11 @@ static void *rebuild_main(void *argument) {
   if (status == KEEL_OK) {
     atomic_store(&server->rebuild->complete, true);
     status = keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_REBUILT);
-    KEEL_LOG_I(MODULE, "server %d rebuilt in %.1f ms: %llu rows, %llu parity blocks", server->index,
-               (double)(keel_now_ns() - started) / 1e6, (unsigned long long)server->shard.data_rows,
-               (unsigned long long)server->shard.parity_rows);
+    KEEL_LOG_I(MODULE, "server %d rebuilt in %.1f ms: %llu rows, %llu parity blocks, %llu rounds",
+               server->index, (double)(keel_now_ns() - started) / 1e6,
+               (unsigned long long)server->shard.data_rows,
+               (unsigned long long)server->shard.parity_rows,
+               (unsigned long long)server->rebuild->rounds);
   }
   if (status != KEEL_OK)
     KEEL_LOG_E(MODULE, "server %d: the rebuild failed: %s; its rows stay served through the parity",

@@ -99,6 +99,28 @@ keel_status keel__ec_server_call(keel_ec_server *server, int index, const keel__
   return status;
 }
 
+keel_status keel__ec_server_call_each(keel_ec_server *server, const bool *targets,
+                                      const keel__ec_request *requests, void *const *bodies,
+                                      keel_status *statuses) {
+  keel__ec_pending *pending = calloc((size_t)server->servers, sizeof *pending);
+  if (pending == NULL) return KEEL_ENOMEM;
+  int64_t deadline = keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS);
+  /* Ascending order, as every caller takes several peers: no two wait on each other. */
+  for (int i = 0; i < server->servers; i++) {
+    if (targets[i])
+      statuses[i] = keel__ec_peer_start(&server->peers[i], &server->directory, &server->auth,
+                                        &requests[i], &server->limits, deadline, &pending[i]);
+  }
+  for (int i = 0; i < server->servers; i++) {
+    if (!targets[i] || statuses[i] != KEEL_OK) continue;
+    statuses[i] = keel__ec_peer_finish(&pending[i], &server->directory, &server->auth,
+                                       bodies != NULL ? bodies[i] : NULL, deadline);
+    if (keel__ec_unreachable(statuses[i])) declare_lost(server, i, statuses[i]);
+  }
+  free(pending);
+  return KEEL_OK;
+}
+
 /* ---- decoding the blocks of groups with lost members */
 
 /* Two-phase commit's side of decoding (below, with the parity holder's side). */
@@ -449,44 +471,103 @@ static keel_status send_commit(keel_ec_server *server, int holder, uint64_t upda
   return keel__ec_unreachable(status) ? KEEL_OK : status;
 }
 
+/* Room for one request to each server (keel__ec_server_call_each). */
+typedef struct holder_calls {
+  bool *targets;
+  keel__ec_request *requests;
+  keel_status *statuses;
+} holder_calls;
+
+static keel_status holder_calls_make(keel_ec_server *server, holder_calls *calls) {
+  calls->targets = calloc((size_t)server->servers, sizeof *calls->targets);
+  calls->requests = calloc((size_t)server->servers, sizeof *calls->requests);
+  calls->statuses = calloc((size_t)server->servers, sizeof *calls->statuses);
+  return calls->targets && calls->requests && calls->statuses ? KEEL_OK : KEEL_ENOMEM;
+}
+
+static void holder_calls_free(holder_calls *calls) {
+  free(calls->targets);
+  free(calls->requests);
+  free(calls->statuses);
+}
+
+/* The sent requests' answers: a holder lost meanwhile is passed over (delivered false, its
+ * parity is rebuilt from the rows later), any other failure is the update's. */
+static keel_status holder_answers(keel_ec_server *server, const holder_calls *calls,
+                                  bool *delivered) {
+  keel_status status = KEEL_OK;
+  for (int holder = 0; holder < server->servers; holder++) {
+    if (!calls->targets[holder]) continue;
+    keel_status answer = calls->statuses[holder];
+    if (delivered != NULL) delivered[holder] = answer == KEEL_OK;
+    if (answer != KEEL_OK && !keel__ec_unreachable(answer) && status == KEEL_OK) status = answer;
+  }
+  return status;
+}
+
 /* send_batches' second half: the parity held here is folded, then (with two-phase commit)
- * every holder that prepared is told to fold its part. */
+ * every holder that prepared is told to fold its part: the first alone (the fault point
+ * ec_committing falls between it and the others), the others at once. */
 static keel_status commit_batches(keel_ec_server *server, const parity_batch *batches,
-                                  uint64_t update_id, const bool *prepared) {
+                                  uint64_t update_id, const bool *prepared, holder_calls *calls) {
   bool prepare_first = two_phase(server);
   if (prepare_first) server_fault(server, "ec_prepared", update_id);
   const parity_batch *local = &batches[server->index];
   keel_status status =
       fold_here(server, local->refs, local->deltas, local->count, update_stamp(server, update_id));
-  bool first_commit = true;
-  for (int holder = 0; prepare_first && holder < server->servers && status == KEEL_OK; holder++) {
-    if (!prepared[holder]) continue;
-    status = send_commit(server, holder, update_id, 0);
-    if (first_commit) server_fault(server, "ec_committing", update_id);
-    first_commit = false;
+  if (!prepare_first || status != KEEL_OK) return status;
+  int first = 0;
+  while (first < server->servers && !prepared[first]) first++;
+  if (first == server->servers) return KEEL_OK;
+  status = send_commit(server, first, update_id, 0);
+  server_fault(server, "ec_committing", update_id);
+  if (status != KEEL_OK) return status;
+  for (int holder = 0; holder < server->servers; holder++) {
+    calls->targets[holder] = holder > first && prepared[holder];
+    calls->requests[holder] =
+        (keel__ec_request){.op = KEEL__EC_OP_PARITY_COMMIT, .flags = 0, .id = update_id};
   }
-  return status;
+  status =
+      keel__ec_server_call_each(server, calls->targets, calls->requests, NULL, calls->statuses);
+  return status == KEEL_OK ? holder_answers(server, calls, NULL) : status;
 }
 
-/* The changes of one update to their parity holders. Without two-phase commit each holder
- * folds its part at once. With it, every holder first prepares its part (keeps it aside),
- * and only then is each told to fold: a server lost in between leaves prepared parts that
- * the holders decide together (resolve_lost_updates), all in or all out. Holders are
- * served in server order, and the parity held here is folded with the commits. */
+/* The changes of one update to their parity holders, every holder's at once. Without
+ * two-phase commit each holder folds its part at once. With it, every holder first prepares
+ * its part (keeps it aside), and only then is each told to fold: a server lost in between
+ * leaves prepared parts that the holders decide together (resolve_lost_updates), all in or
+ * all out. The parity held here is folded with the commits. */
 static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id) {
   bool prepare_first = two_phase(server);
   /* Only the holders that prepared are told to commit: one found lost while preparing may
    * have a replacement at its address by the commit, which never saw the update (its rebuild
    * reads the change from the rows instead). */
   bool *prepared = calloc((size_t)server->servers, sizeof *prepared);
-  if (prepared == NULL) return KEEL_ENOMEM;
-  keel_status status = KEEL_OK;
+  holder_calls calls;
+  keel_status status = holder_calls_make(server, &calls);
+  if (status == KEEL_OK && prepared == NULL) status = KEEL_ENOMEM;
   for (int holder = 0; holder < server->servers && status == KEEL_OK; holder++) {
-    if (holder != server->index && batches[holder].count > 0)
-      status =
-          send_batch(server, holder, &batches[holder], update_id, prepare_first, &prepared[holder]);
+    const parity_batch *batch = &batches[holder];
+    if (holder == server->index || batch->count == 0) continue;
+    /* A batch over one request's count goes alone, in pieces. */
+    if (batch->count > KEEL__EC_MAX_COUNT) {
+      status = send_batch(server, holder, batch, update_id, prepare_first, &prepared[holder]);
+      continue;
+    }
+    calls.targets[holder] = true;
+    calls.requests[holder] =
+        (keel__ec_request){.op = KEEL__EC_OP_PARITY_PREPARE,
+                           .flags = prepare_first ? 0 : KEEL__EC_FLAG_APPLY_NOW,
+                           .count = (uint32_t)batch->count,
+                           .id = update_id,
+                           .refs = batch->refs,
+                           .blocks = batch->deltas};
   }
-  if (status == KEEL_OK) status = commit_batches(server, batches, update_id, prepared);
+  if (status == KEEL_OK)
+    status = keel__ec_server_call_each(server, calls.targets, calls.requests, NULL, calls.statuses);
+  if (status == KEEL_OK) status = holder_answers(server, &calls, prepared);
+  if (status == KEEL_OK) status = commit_batches(server, batches, update_id, prepared, &calls);
+  holder_calls_free(&calls);
   free(prepared);
   return status;
 }

@@ -97,6 +97,13 @@ void keel__ec_server_refresh(keel_ec_server *server);
 /* A call to another server; a server found unreachable is declared lost. */
 keel_status keel__ec_server_call(keel_ec_server *server, int index, const keel__ec_request *request,
                                  void *body);
+/* requests[i] to every server i with targets[i], all sent before any reply is awaited (one
+ * round trip for all); statuses[i] each one's answer, its body into bodies[i] (bodies may be
+ * NULL when no reply has one), losses declared as by keel__ec_server_call. KEEL_ENOMEM, or
+ * KEEL_OK with the answers in statuses. */
+keel_status keel__ec_server_call_each(keel_ec_server *server, const bool *targets,
+                                      const keel__ec_request *requests, void *const *bodies,
+                                      keel_status *statuses);
 
 /* ---- a replacement's rebuild (rebuild.c) */
 

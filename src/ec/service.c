@@ -50,16 +50,20 @@ static void peer_drop(keel__ec_peer *peer) {
   peer->link = NULL;
 }
 
-/* One exchange on a connected link: the encoded request out, its reply in. */
-static keel_status peer_exchange(keel__ec_peer *peer, const uint8_t *payload, size_t length,
-                                 uint16_t op, size_t body_bytes, void *body, int64_t deadline_ns) {
-  uint64_t tag = peer->next_tag++;
-  keel_frame frame = {.type = KEEL_FRAME_EC_REQUEST, .tag = tag};
-  keel_status status = keel_link_send(peer->link, &frame, payload, length, deadline_ns);
-  if (status != KEEL_OK) return status;
+/* The request half of an exchange on a connected link: its frame out, *tag_p its tag. */
+static keel_status peer_send(keel__ec_peer *peer, const uint8_t *payload, size_t length,
+                             int64_t deadline_ns, uint64_t *tag_p) {
+  *tag_p = peer->next_tag++;
+  keel_frame frame = {.type = KEEL_FRAME_EC_REQUEST, .tag = *tag_p};
+  return keel_link_send(peer->link, &frame, payload, length, deadline_ns);
+}
+
+/* The reply half: the reply to tag in, the server's status out, its body copied to body. */
+static keel_status peer_receive(keel__ec_peer *peer, uint64_t tag, uint16_t op, size_t body_bytes,
+                                void *body, int64_t deadline_ns) {
   keel_frame reply_frame;
   void *reply_payload = NULL;
-  status = keel_link_recv(peer->link, &reply_frame, &reply_payload, deadline_ns);
+  keel_status status = keel_link_recv(peer->link, &reply_frame, &reply_payload, deadline_ns);
   if (status != KEEL_OK) return status;
   keel__ec_reply reply;
   if (reply_frame.type != KEEL_FRAME_EC_REPLY || reply_frame.tag != tag) {
@@ -75,52 +79,112 @@ static keel_status peer_exchange(keel__ec_peer *peer, const uint8_t *payload, si
   return status;
 }
 
+/* A link that failed mid-exchange may hold half a reply: never reuse it. */
+static void peer_drop_after(keel__ec_peer *peer, keel_status status) {
+  if (status != KEEL_OK &&
+      (keel__ec_unreachable(status) || status == KEEL_EPROTO || status == KEEL_ECORRUPT))
+    peer_drop(peer);
+}
+
+/* Connects if need be and sends the request; the peer's lock is held from here to
+ * pending_end. */
+static void pending_begin(keel__ec_pending *pending, keel__ec_peer *peer,
+                          keel__ec_directory *directory, const keel_auth *auth,
+                          int64_t deadline_ns) {
+  pthread_mutex_lock(&peer->lock);
+  pending->peer = peer;
+  pending->reused = peer->link != NULL;
+  memcpy(pending->address_before, peer->address, sizeof pending->address_before);
+  pending->status = peer_connect(peer, directory, auth, deadline_ns);
+  if (pending->status == KEEL_OK)
+    pending->status =
+        peer_send(peer, pending->payload, pending->length, deadline_ns, &pending->tag);
+  peer_drop_after(peer, pending->status);
+}
+
+/* Whether a request that failed on a link opened earlier goes once more: only when a
+ * replacement has taken the server's place at another address since. The one it replaced is
+ * gone, and with it whatever it did of the request; to the same address it could be applied
+ * twice. */
+static bool pending_resend(const keel__ec_pending *pending, keel__ec_directory *directory,
+                           keel_status status, int64_t deadline_ns) {
+  if (status == KEEL_OK || !pending->reused || !keel__ec_unreachable(status)) return false;
+  char address_now[sizeof pending->address_before];
+  return keel__ec_directory_lookup(directory, pending->peer->index, address_now, sizeof address_now,
+                                   deadline_ns) == KEEL_OK &&
+         strcmp(address_now, pending->address_before) != 0;
+}
+
+/* Receives the reply (or sends the request once more, to a replacement, and receives that
+ * reply), releases the peer's lock and frees what pending owns. */
+static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *directory,
+                               const keel_auth *auth, void *body, int64_t deadline_ns) {
+  keel__ec_peer *peer = pending->peer;
+  keel_status status = pending->status;
+  if (status == KEEL_OK)
+    status = peer_receive(peer, pending->tag, pending->op, pending->body_bytes, body, deadline_ns);
+  peer_drop_after(peer, status);
+  if (pending_resend(pending, directory, status, deadline_ns)) {
+    status = peer_connect(peer, directory, auth, deadline_ns);
+    if (status == KEEL_OK)
+      status = peer_send(peer, pending->payload, pending->length, deadline_ns, &pending->tag);
+    if (status == KEEL_OK)
+      status =
+          peer_receive(peer, pending->tag, pending->op, pending->body_bytes, body, deadline_ns);
+    peer_drop_after(peer, status);
+  }
+  pthread_mutex_unlock(&peer->lock);
+  free(pending->owned);
+  pending->owned = NULL;
+  return status;
+}
+
 static keel_status peer_call_encoded(keel__ec_peer *peer, keel__ec_directory *directory,
                                      const keel_auth *auth, const uint8_t *payload, size_t length,
                                      uint16_t op, size_t body_bytes, void *body,
                                      int64_t deadline_ns) {
-  pthread_mutex_lock(&peer->lock);
-  keel_status status = KEEL_OK;
-  /* Twice at most: a link opened earlier may lead to a server that a replacement has taken
-   * over at another address since. Only then is the request sent again: the one it replaced
-   * is gone, and with it whatever it did of the request; to the same address it could be
-   * applied twice. */
-  for (int attempt = 0; attempt < 2; attempt++) {
-    bool reused = peer->link != NULL;
-    char address_before[sizeof peer->address];
-    memcpy(address_before, peer->address, sizeof address_before);
-    status = peer_connect(peer, directory, auth, deadline_ns);
-    if (status == KEEL_OK)
-      status = peer_exchange(peer, payload, length, op, body_bytes, body, deadline_ns);
-    /* A link that failed mid-exchange may hold half a reply: never reuse it. */
-    if (status != KEEL_OK &&
-        (keel__ec_unreachable(status) || status == KEEL_EPROTO || status == KEEL_ECORRUPT))
-      peer_drop(peer);
-    if (status == KEEL_OK || !reused || !keel__ec_unreachable(status)) break;
-    char address_now[sizeof peer->address];
-    if (keel__ec_directory_lookup(directory, peer->index, address_now, sizeof address_now,
-                                  deadline_ns) != KEEL_OK ||
-        strcmp(address_now, address_before) == 0)
-      break;
-  }
-  pthread_mutex_unlock(&peer->lock);
-  return status;
+  keel__ec_pending pending = {
+      .payload = payload, .length = length, .op = op, .body_bytes = body_bytes};
+  pending_begin(&pending, peer, directory, auth, deadline_ns);
+  return pending_end(&pending, directory, auth, body, deadline_ns);
 }
 
-keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
-                               const keel_auth *auth, const keel__ec_request *request,
-                               const keel__ec_limits *limits, void *body, int64_t deadline_ns) {
+keel_status keel__ec_peer_start(keel__ec_peer *peer, keel__ec_directory *directory,
+                                const keel_auth *auth, const keel__ec_request *request,
+                                const keel__ec_limits *limits, int64_t deadline_ns,
+                                keel__ec_pending *pending) {
   size_t length = keel__ec_request_bytes(request, limits);
   size_t body_bytes = keel__ec_reply_body_bytes(request, limits);
   if (length == 0 || body_bytes == SIZE_MAX) return KEEL_EINVAL;
   uint8_t *payload = malloc(length);
   if (payload == NULL) return KEEL_ENOMEM;
   keel_status status = keel__ec_request_encode(request, limits, payload, length);
-  if (status == KEEL_OK)
-    status = peer_call_encoded(peer, directory, auth, payload, length, request->op, body_bytes,
-                               body, deadline_ns);
-  free(payload);
-  return status;
+  if (status != KEEL_OK) {
+    free(payload);
+    return status;
+  }
+  *pending = (keel__ec_pending){.payload = payload,
+                                .owned = payload,
+                                .length = length,
+                                .op = request->op,
+                                .body_bytes = body_bytes};
+  pending_begin(pending, peer, directory, auth, deadline_ns);
+  return KEEL_OK;
+}
+
+keel_status keel__ec_peer_finish(keel__ec_pending *pending, keel__ec_directory *directory,
+                                 const keel_auth *auth, void *body, int64_t deadline_ns) {
+  return pending_end(pending, directory, auth, body, deadline_ns);
+}
+
+keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
+                               const keel_auth *auth, const keel__ec_request *request,
+                               const keel__ec_limits *limits, void *body, int64_t deadline_ns) {
+  keel__ec_pending pending;
+  keel_status status =
+      keel__ec_peer_start(peer, directory, auth, request, limits, deadline_ns, &pending);
+  if (status != KEEL_OK) return status;
+  return keel__ec_peer_finish(&pending, directory, auth, body, deadline_ns);
 }
 
 keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *directory,

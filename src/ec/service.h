@@ -48,6 +48,31 @@ keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *director
                                const keel_auth *auth, const keel__ec_request *request,
                                const keel__ec_limits *limits, void *body, int64_t deadline_ns);
 
+/* A call in two halves, for a caller that talks to several servers at once: start sends the
+ * request (connecting first if need be) and holds the peer until finish, which receives the
+ * reply and gives what keel__ec_peer_call gives (the request sent once more to a replacement
+ * where a link opened earlier led to a server since replaced). A start that returns an error
+ * (KEEL_EINVAL, KEEL_ENOMEM: nothing sent) needs no finish; every other start needs exactly
+ * one, from the same thread. Send failures come out of finish. */
+typedef struct keel__ec_pending {
+  keel__ec_peer *peer;
+  const uint8_t *payload;
+  uint8_t *owned; /* the payload when start encoded it */
+  size_t length, body_bytes;
+  uint16_t op;
+  uint64_t tag;
+  bool reused; /* the link was open before this call */
+  char address_before[64];
+  keel_status status; /* of the sending */
+} keel__ec_pending;
+
+keel_status keel__ec_peer_start(keel__ec_peer *peer, keel__ec_directory *directory,
+                                const keel_auth *auth, const keel__ec_request *request,
+                                const keel__ec_limits *limits, int64_t deadline_ns,
+                                keel__ec_pending *pending);
+keel_status keel__ec_peer_finish(keel__ec_pending *pending, keel__ec_directory *directory,
+                                 const keel_auth *auth, void *body, int64_t deadline_ns);
+
 /* Asks server peer for its configuration (INFO), into *config_p. */
 keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *directory,
                                const keel_auth *auth, keel__ec_config *config_p,

@@ -361,6 +361,52 @@ static void test_server_replaced(void **state) {
   pids_gone(now, SERVERS);
 }
 
+/* examples/dlrm on the job's servers: a short synchronous run; its final line's crc (every
+ * row, dense parameter and optimizer state), the same at both workers; the job's events into
+ * *log when it is not NULL. */
+static unsigned dlrm_job_crc(const char *fault, keel_test_events *log) {
+  keel_test_job run;
+  assert_true(keel_test_job_prepare(&run, "keel-ec-launch"));
+  char dlrm[512]; /* keel_test_bin's buffer is reused by the next call */
+  snprintf(dlrm, sizeof dlrm, "%s", keel_test_bin("dlrm"));
+  int code =
+      keel_test_job_run(&run, JOB_TIMEOUT, JOB_TIMEOUT_MS, LIST(SYNC_FLAGS), dlrm,
+                        LIST("--backend", "servers", "--sync", "--steps", "60", "--tables", "3",
+                             "--rows", "2000", "--batch", "64", "--eval-samples", "512", "--quiet"),
+                        fault);
+  if (code != 0) keel_test_print_file("job output", run.output);
+  assert_int_equal(code, 0);
+  char *text = keel_test_read_file(run.output, NULL);
+  assert_non_null(text);
+  unsigned crcs[2] = {0, 0};
+  int seen = 0;
+  for (const char *at = strstr(text, "params-crc32c "); at != NULL && seen < 2;
+       at = strstr(at + 1, "params-crc32c "))
+    seen += sscanf(at, "params-crc32c %x", &crcs[seen]) == 1;
+  free(text);
+  if (seen != 2) keel_test_print_file("job output", run.output);
+  assert_int_equal(seen, 2);
+  assert_int_equal(crcs[0], crcs[1]);
+  if (log != NULL) keel_test_events_read(run.events, MAX_EVENTS, log);
+  return crcs[0];
+}
+
+/* The DLRM example trains on the servers; a server that dies between the phases of a
+ * two-phase commit (KEEL_FAULT in the servers' environment) is replaced, and the model ends
+ * bit for bit the failure-free run's. */
+static void test_dlrm_on_servers(void **state) {
+  (void)state;
+  unsigned expected = dlrm_job_crc(NULL, NULL);
+  keel_test_events log;
+  assert_int_equal(dlrm_job_crc("kill@uid=1,point=ec_committing,step=30", &log), expected);
+  /* The fault hit: server 1 was killed, and a replacement took its place. */
+  const char *killed = server_event(&log, "exit", 1);
+  assert_non_null(killed);
+  assert_true(field_is(killed, "signal", "SIGKILL"));
+  assert_int_equal(replacement_spawns(&log, 1, NULL), 1);
+  job_finish(&log, 0);
+}
+
 /* SIGINT to the launcher: the workers leave (77) and then the servers are stopped. */
 static void test_interrupt_stops_servers(void **state) {
   (void)state;
@@ -500,9 +546,13 @@ static void test_bad_flags(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bad_flags),          cmocka_unit_test(test_sync_job),
-      cmocka_unit_test(test_server_killed),      cmocka_unit_test(test_server_replaced),
-      cmocka_unit_test(test_two_servers_killed), cmocka_unit_test(test_interrupt_stops_servers),
+      cmocka_unit_test(test_bad_flags),
+      cmocka_unit_test(test_sync_job),
+      cmocka_unit_test(test_server_killed),
+      cmocka_unit_test(test_server_replaced),
+      cmocka_unit_test(test_dlrm_on_servers),
+      cmocka_unit_test(test_two_servers_killed),
+      cmocka_unit_test(test_interrupt_stops_servers),
       cmocka_unit_test(test_launcher_killed),
   };
   /* KEEL_TEST_FILTER=test_server_* runs only the cases it names. */

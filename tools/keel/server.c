@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "keel/ec.h"
 #include "tool.h"
@@ -13,6 +14,7 @@
 #define STORE_CONNECT_TIMEOUT_NS (30 * INT64_C(1000000000))
 /* How long a server started before the workers waits for their configuration. */
 #define CONFIG_WAIT_NS (600 * INT64_C(1000000000))
+#define CONFIG_WAIT_SLICE_NS (100 * INT64_C(1000000))
 
 static const char server_usage_text[] =
     "usage: keel server --index I --store HOST:PORT [--listen HOST:PORT] [--replace]\n"
@@ -176,6 +178,21 @@ static int server_arguments_parse(int argc, char **argv, server_arguments *argum
   return -1;
 }
 
+/* Waits for the first worker's configuration in slices, so that a SIGTERM or SIGINT (blocked,
+ * so pending) ends the wait at once: the job may end before any worker got that far.
+ * KEEL_ECANCELED when a signal came. */
+static keel_status config_wait_unless_stopped(keel_store *store, const sigset_t *stop,
+                                              keel_ec_config *config) {
+  int64_t deadline = keel_deadline_after_ns(CONFIG_WAIT_NS);
+  for (;;) {
+    struct timespec no_wait = {0, 0};
+    if (sigtimedwait(stop, NULL, &no_wait) > 0) return KEEL_ECANCELED;
+    int64_t slice = keel_deadline_after_ns(CONFIG_WAIT_SLICE_NS);
+    keel_status status = keel_ec_config_wait(store, slice < deadline ? slice : deadline, config);
+    if (status != KEEL_ETIMEDOUT || keel_now_ns() >= deadline) return status;
+  }
+}
+
 /* Serves until SIGTERM or SIGINT: this process is the tool's, so it may take the signals. */
 static int serve_until_signalled(server_arguments *arguments, keel_store *store,
                                  const keel_auth *auth) {
@@ -188,7 +205,8 @@ static int serve_until_signalled(server_arguments *arguments, keel_store *store,
   if (arguments->from_store) {
     /* The rebuild's pace is this server's own, never in the published configuration. */
     keel_ec_config own = arguments->config;
-    status = keel_ec_config_wait(store, keel_deadline_after_ns(CONFIG_WAIT_NS), &arguments->config);
+    status = config_wait_unless_stopped(store, &stop, &arguments->config);
+    if (status == KEEL_ECANCELED) return 0; /* stopped before the job needed this server */
     arguments->config.rebuild_chunk_groups = own.rebuild_chunk_groups;
     arguments->config.rebuild_pause_ms = own.rebuild_pause_ms;
   }
