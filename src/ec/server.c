@@ -289,10 +289,17 @@ static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t 
                            row_role wanted, uint64_t step, bool any_step, keel__ec_view *view) {
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 1) keel__ec_server_refresh(server);
-    if (any_step) {
-      /* Own rows need this server complete; acting rows a lost own server. */
-      keel__ec_view_at(server, wanted == ROW_OWN ? UINT64_MAX - 3 : 0, view);
-      if (wanted == ROW_OWN && view->lost[server->index]) continue;
+    if (any_step && wanted == ROW_ACTING) {
+      /* Acting rows a lost own server; and since a replacement that comes back may be the
+       * first parity holder of another lost server's groups from its step on, this server
+       * acts for them if it does on either side of that step (any holder decodes exactly). */
+      keel__ec_view_at(server, 0, view);
+      if (all_have_role(server, rows, count, wanted, view->lost)) return true;
+      keel__ec_view_at(server, UINT64_MAX - 3, view);
+    } else if (any_step) {
+      /* Own rows need this server complete. */
+      keel__ec_view_at(server, UINT64_MAX - 3, view);
+      if (view->lost[server->index]) continue;
     } else {
       keel__ec_view_at(server, step, view);
     }
