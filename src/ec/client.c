@@ -71,20 +71,11 @@ static keel_status call(keel_ec_client *client, int server, const keel__ec_reque
  * is awaited: one round trip for all of them, not one each. Each status in
  * client->statuses[s]; replies with a body into bodies[s]. */
 static void call_each(keel_ec_client *client, void *const *bodies) {
-  int64_t deadline = call_deadline();
-  for (int server = 0; server < client->servers; server++) {
-    if (!client->sending[server]) continue;
-    client->statuses[server] = keel__ec_peer_start(
-        &client->peers[server], &client->directory, &client->auth, &client->requests[server],
-        &client->limits, deadline, &client->pending[server]);
-  }
-  /* A start that failed sent nothing and needs no finish. */
-  for (int server = 0; server < client->servers; server++) {
-    if (!client->sending[server] || client->statuses[server] != KEEL_OK) continue;
-    keel_status status = keel__ec_peer_finish(&client->pending[server], &client->directory,
-                                              &client->auth, bodies[server], deadline);
-    client->statuses[server] = note_unreachable(client, server, status);
-  }
+  keel__ec_peers_call_each(client->peers, client->servers, &client->directory, &client->auth,
+                           &client->limits, client->sending, client->requests, bodies,
+                           client->pending, client->statuses);
+  for (int server = 0; server < client->servers; server++)
+    if (client->sending[server]) note_unreachable(client, server, client->statuses[server]);
 }
 
 /* Whether a failed attempt is worth another after reading the lost servers anew. */

@@ -104,19 +104,10 @@ keel_status keel__ec_server_call_each(keel_ec_server *server, const bool *target
                                       keel_status *statuses) {
   keel__ec_pending *pending = calloc((size_t)server->servers, sizeof *pending);
   if (pending == NULL) return KEEL_ENOMEM;
-  int64_t deadline = keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS);
-  /* Ascending order, as every caller takes several peers: no two wait on each other. */
-  for (int i = 0; i < server->servers; i++) {
-    if (targets[i])
-      statuses[i] = keel__ec_peer_start(&server->peers[i], &server->directory, &server->auth,
-                                        &requests[i], &server->limits, deadline, &pending[i]);
-  }
-  for (int i = 0; i < server->servers; i++) {
-    if (!targets[i] || statuses[i] != KEEL_OK) continue;
-    statuses[i] = keel__ec_peer_finish(&pending[i], &server->directory, &server->auth,
-                                       bodies != NULL ? bodies[i] : NULL, deadline);
-    if (keel__ec_unreachable(statuses[i])) declare_lost(server, i, statuses[i]);
-  }
+  keel__ec_peers_call_each(server->peers, server->servers, &server->directory, &server->auth,
+                           &server->limits, targets, requests, bodies, pending, statuses);
+  for (int i = 0; i < server->servers; i++)
+    if (targets[i] && keel__ec_unreachable(statuses[i])) declare_lost(server, i, statuses[i]);
   free(pending);
   return KEEL_OK;
 }

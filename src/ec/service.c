@@ -177,6 +177,25 @@ keel_status keel__ec_peer_finish(keel__ec_pending *pending, keel__ec_directory *
   return pending_end(pending, directory, auth, body, deadline_ns);
 }
 
+void keel__ec_peers_call_each(keel__ec_peer *peers, int count, keel__ec_directory *directory,
+                              const keel_auth *auth, const keel__ec_limits *limits,
+                              const bool *targets, const keel__ec_request *requests,
+                              void *const *bodies, keel__ec_pending *pending,
+                              keel_status *statuses) {
+  int64_t deadline = keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS);
+  for (int i = 0; i < count; i++) {
+    if (targets[i])
+      statuses[i] = keel__ec_peer_start(&peers[i], directory, auth, &requests[i], limits, deadline,
+                                        &pending[i]);
+  }
+  /* A start that failed sent nothing and needs no finish. */
+  for (int i = 0; i < count; i++) {
+    if (targets[i] && statuses[i] == KEEL_OK)
+      statuses[i] = keel__ec_peer_finish(&pending[i], directory, auth,
+                                         bodies != NULL ? bodies[i] : NULL, deadline);
+  }
+}
+
 keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
                                const keel_auth *auth, const keel__ec_request *request,
                                const keel__ec_limits *limits, void *body, int64_t deadline_ns) {

@@ -73,6 +73,17 @@ keel_status keel__ec_peer_start(keel__ec_peer *peer, keel__ec_directory *directo
 keel_status keel__ec_peer_finish(keel__ec_pending *pending, keel__ec_directory *directory,
                                  const keel_auth *auth, void *body, int64_t deadline_ns);
 
+/* requests[i] to peers[i] for every i < count with targets[i], all sent before any reply is
+ * awaited (one round trip for all), peers taken in ascending order (every caller takes them
+ * so: no two wait on each other). statuses[i] gets each one's answer, bodies[i] its reply's
+ * body (bodies may be NULL when no reply has one); pending has room for count. The caller
+ * declares the unreachable ones lost. */
+void keel__ec_peers_call_each(keel__ec_peer *peers, int count, keel__ec_directory *directory,
+                              const keel_auth *auth, const keel__ec_limits *limits,
+                              const bool *targets, const keel__ec_request *requests,
+                              void *const *bodies, keel__ec_pending *pending,
+                              keel_status *statuses);
+
 /* Asks server peer for its configuration (INFO), into *config_p. */
 keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *directory,
                                const keel_auth *auth, keel__ec_config *config_p,
