@@ -11,6 +11,7 @@ packages=(
   etcd-server etcd-client
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   iproute2 procps
+  python3-torch python3-numpy
 )
 if [ "${1:-}" = "--bench" ]; then
   # The allreduce peers (bench/peers/): Gloo's C++ library, Open MPI and MPICH with their

@@ -67,8 +67,19 @@ def options():
                         help="DDP's bucket size (small: several buckets, rebuilt after step 1)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--data-dir", default=DATA)
-    parser.add_argument("--checkpoint", help="gloo: save here after every epoch, resume from it")
+    parser.add_argument("--checkpoint",
+                        help="gloo: rank 0 saves here (torch.save), and a restart resumes from it")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="gloo: steps between checkpoints (0: at each epoch's end)")
+    parser.add_argument("--step-log", help="append 'rank pid step monotonic_ns' after each step")
     return parser.parse_args()
+
+
+def save(path, model, optimizer, epoch, step_in_epoch, steps):
+    """Rank 0's checkpoint for a torchrun restart: written aside, then renamed over."""
+    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                "epoch": epoch, "step_in_epoch": step_in_epoch, "steps": steps}, path + ".new")
+    os.replace(path + ".new", path)
 
 
 def evaluate(model, dataset):
@@ -100,29 +111,38 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     sampler = DistributedSampler(train, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch, sampler=sampler)
-    first_epoch = 0
+    first_epoch, first_step, total_steps = 0, 0, 0
     if args.backend == "keel":
         keel.torch.register(model, optimizer, sampler)
     elif args.checkpoint and os.path.exists(args.checkpoint):
         saved = torch.load(args.checkpoint)
         model.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        first_epoch = saved["epoch"]
+        first_epoch, first_step, total_steps = (saved["epoch"], saved["step_in_epoch"],
+                                                saved["steps"])
+    log = open(args.step_log, "a", buffering=1) if args.step_log else None
 
     steps, started = 0, time.perf_counter()
     for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
         model.train()
-        for images, labels in loader:
+        for index, (images, labels) in enumerate(loader):
+            if epoch == first_epoch and index < first_step:
+                continue  # a gloo restart skips what its checkpoint already holds
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(images), labels)
             loss.backward()
             optimizer.step()
             steps += 1
+            total_steps += 1
+            if log is not None:
+                log.write("%d %d %d %d\n" % (dist.get_rank(), os.getpid(), total_steps,
+                                             time.monotonic_ns()))
+            if (args.backend == "gloo" and args.checkpoint and args.checkpoint_every
+                    and total_steps % args.checkpoint_every == 0 and dist.get_rank() == 0):
+                save(args.checkpoint, model, optimizer, epoch, index + 1, total_steps)
         if args.backend == "gloo" and args.checkpoint and dist.get_rank() == 0:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "epoch": epoch + 1}, args.checkpoint + ".new")
-            os.replace(args.checkpoint + ".new", args.checkpoint)
+            save(args.checkpoint, model, optimizer, epoch + 1, 0, total_steps)
     elapsed = time.perf_counter() - started
     rank, world = dist.get_rank(), dist.get_world_size()
     print("rank %d world %d steps %d step_ms %.3f checksum %08x"

@@ -90,8 +90,17 @@ def init(recovery=True):
                                 store=dist.HashStore())
     finally:
         _runtime.initializing = False
+    # torch's new_group makes the processes outside the new group wait in a store barrier
+    # (30 minutes by default) that, in keel's process-local store, no one would complete:
+    # it is refused in every process instead, at once.
+    dist.new_group = dist.distributed_c10d.new_group = _new_group_refused
     atexit.register(shutdown)
     return _runtime.group
+
+
+def _new_group_refused(*_arguments, **_keywords):
+    raise UnsupportedError("keel.torch: new_group is not supported: keel has one group, the "
+                           "world of the job")
 
 
 def shutdown():
@@ -118,8 +127,7 @@ def register(model, optimizer, sampler=None):
 def _make_group(store, rank, size, timeout):
     runtime = _runtime_or_raise("init")
     if runtime.group is not None:
-        raise UnsupportedError("keel.torch: new_group is not supported: keel has one group, "
-                               "the world of the job")
+        _new_group_refused()
     runtime.group = ProcessGroup(runtime, rank, size)
     return runtime.group
 
@@ -149,8 +157,10 @@ def _reduce_op(opts, call):
     for name, code in (("SUM", keel.SUM), ("AVG", keel.AVG), ("MAX", keel.MAX)):
         if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name):
             return code
+    names = [name for name in ("PRODUCT", "MIN", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+             if hasattr(dist.ReduceOp, name) and op == getattr(dist.ReduceOp, name)]
     raise UnsupportedError("keel.torch: %s with ReduceOp.%s is not supported (SUM, AVG, MAX)"
-                           % (call, getattr(op, "name", op)))
+                           % (call, names[0] if names else op))
 
 
 def _completed(result):
@@ -419,6 +429,7 @@ class _Runtime:
         self.total = 0
         self.covered = 0
         self.pending = []
+        self.deferred = None
         self.layout = []
         self.reported_layout = None
         # The sampler's position: (epoch, global samples consumed in it).
@@ -471,7 +482,14 @@ class _Runtime:
 
     # ---- the step: forward begins it, optimizer.step() commits it
 
+    def _raise_deferred(self):
+        error, self.deferred = self.deferred, None
+        if error is not None:
+            self.step_open = False
+            raise error
+
     def _forward_pre_hook(self, module, inputs):
+        self._raise_deferred()
         if not torch.is_grad_enabled():
             return
         if not self.registered:
@@ -483,7 +501,8 @@ class _Runtime:
         self.batch_samples += int(first.shape[0]) if first is not None and first.dim() else 0
 
     def _begin(self):
-        status = self.context.step_begin(self.step)
+        # Without recovery a step is only bookkeeping (the sampler's position, fault points).
+        status = self.context.step_begin(self.step) if self.recovery else keel.OK
         if status != keel.OK:
             self._raise("keel_step_begin", status)
         self.step_open = True
@@ -492,6 +511,7 @@ class _Runtime:
         self.context.fault_point("forward")
 
     def _optimizer_step(self, original, arguments, keywords):
+        self._raise_deferred()
         if self.step_open:
             self.context.fault_point("optimizer")
         result = original(*arguments, **keywords)
@@ -506,7 +526,7 @@ class _Runtime:
         self.rng_state = torch.get_rng_state()
         self.step_open = False
         self.journal = []
-        status = self.context.step_commit()
+        status = self.context.step_commit() if self.recovery else keel.OK
         if status != keel.OK:
             self._raise("keel_step_commit", status)
 
@@ -567,9 +587,14 @@ class _Runtime:
                                                        receive.data_ptr(), self.total,
                                                        self.gradient_dtype, keel.SUM)))
         except BaseException as error:
-            for future, _bucket in pending:
-                future.set_exception(error)
-            raise
+            # An exception out of a communication hook reaches the script as a bare
+            # RuntimeError (torch's reducer converts it), which would lose JobEnd's exit
+            # code and CollectiveError's type. So backward ends with the gradients
+            # unreduced, and optimizer.step() raises the error before it applies them.
+            self.deferred = error
+            for future, bucket in pending:
+                future.set_result(bucket.buffer())
+            return
         # The sum over the world that did the step (smaller after a shrink), then the mean.
         receive.div_(self.size())
         for future, bucket in pending:

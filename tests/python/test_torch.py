@@ -1,0 +1,242 @@
+"""The PyTorch binding in jobs of real processes under `python3 -m keel.torch`: a rank killed
+(kill -9 by KEEL_FAULT) in forward, in backward and in the optimizer step, under shrink and
+replace; a replacement that meets rebuilt DDP buckets; JIT restarts; the collectives, the
+refusals and the messages. Runs as `test_torch.py [Recovery|Api]`; exits 77 without torch."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch  # noqa: F401 (only whether it is there)
+except ImportError:
+    print("test_torch: skipped: python3-torch is not installed (scripts/deps.sh installs it)")
+    sys.exit(77)
+
+SOURCE = os.environ.get("KEEL_SOURCE", os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+EXAMPLE = os.path.join(SOURCE, "examples", "python", "fashion_mnist_ddp.py")
+SCRIPTS = os.path.join(SOURCE, "tests", "python")
+SLOWDOWN = int(os.environ.get("KEEL_TEST_SLOWDOWN", "1"))
+JOB_SECONDS = 150 * SLOWDOWN
+# Ten steps an epoch with three ranks of 32 samples, two epochs.
+TRAINING = ["--train-samples", "960", "--test-samples", "200", "--epochs", "2"]
+CHECKSUM = re.compile(r"rank (\d+) world (\d+) steps \d+ step_ms [\d.]+ checksum ([0-9a-f]{8})")
+
+
+class Job:
+    """One `python3 -m keel.torch` job, bounded in time; its output and its events."""
+
+    def __init__(self, flags, script, arguments=(), fault=None):
+        self.folder = tempfile.mkdtemp(prefix="keel-test-torch-")
+        events = os.path.join(self.folder, "events.jsonl")
+        environment = dict(os.environ)
+        environment["PYTHONPATH"] = os.path.join(SOURCE, "python")
+        environment.pop("KEEL_FAULT", None)
+        if fault is not None:
+            environment["KEEL_FAULT"] = fault
+        command = [sys.executable, "-m", "keel.torch", "--quiet", "--events", events]
+        command += list(flags)
+        if "--ckpt" in flags:
+            command += ["--ckpt-dir", os.path.join(self.folder, "ckpt")]
+        command += ["--", script] + list(arguments)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=environment, start_new_session=True, text=True)
+        try:
+            self.output, _ = process.communicate(timeout=JOB_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher's session: every process
+            self.output, _ = process.communicate()
+            self.output += "\n[test: the job passed %d s and was killed]" % JOB_SECONDS
+        self.code = process.returncode
+        self.events = []
+        if os.path.exists(events):
+            with open(events) as stream:
+                self.events = [json.loads(line) for line in stream if line.strip()]
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def of(self, kind):
+        return [event for event in self.events if event.get("event") == kind]
+
+    def checksums(self):
+        """{rank: (world, checksum)} of the processes that finished the training."""
+        return {int(r): (int(w), c) for r, w, c in CHECKSUM.findall(self.output)}
+
+    def describe(self):
+        return "exit %s\n%s" % (self.code, self.output[-6000:])
+
+
+def example(flags, arguments=TRAINING, fault=None):
+    return Job(flags, EXAMPLE, arguments, fault)
+
+
+class Recovery(unittest.TestCase):
+    """A kill -9 in each phase of a DDP step, recovered inside the surviving processes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.reference = example(["--nproc-per-node", "3"])
+
+    def reference_checksum(self):
+        job = self.reference
+        self.assertEqual(job.code, 0, job.describe())
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1, 2], job.describe())
+        self.assertEqual(len({c for _w, c in sums.values()}), 1, job.describe())
+        return sums[0][1]
+
+    def assert_killed(self, job, point):
+        """The rule fired in rank 1 at that point, and the process really died of it."""
+        faults = job.of("fault")
+        self.assertEqual([(f["uid"], f["point"], f["action"]) for f in faults],
+                         [(1, point, "kill")], job.describe())
+        deaths = [e for e in job.of("exit") if e["uid"] == 1]
+        self.assertEqual([e.get("signal") for e in deaths], ["SIGKILL"], job.describe())
+
+    def killed_job(self, policy, point):
+        flags = ["--nproc-per-node", "3", "--on-failure", policy]
+        if policy == "replace":
+            flags += ["--spares", "1"]
+        return example(flags, fault="kill@rank=1,step=6,point=%s" % point)
+
+    def check_replace(self, point):
+        expected = self.reference_checksum()
+        job = self.killed_job("replace", point)
+        self.assertEqual(job.code, 0, job.describe())
+        self.assert_killed(job, point)
+        recoveries = job.of("recovery")
+        self.assertTrue(recoveries and recoveries[0]["replaced"] == 1, job.describe())
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1, 2], job.describe())
+        # Bit-identical to the run without a failure, in every rank, the newcomer's too.
+        for rank, (world, checksum) in sums.items():
+            self.assertEqual((world, checksum), (3, expected), job.describe())
+
+    def check_shrink(self, point):
+        job = self.killed_job("shrink", point)
+        self.assertEqual(job.code, 0, job.describe())
+        self.assert_killed(job, point)
+        recoveries = job.of("recovery")
+        self.assertTrue(recoveries and recoveries[0]["new_world"] == 2, job.describe())
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1], job.describe())
+        # The world the script sees followed the shrink; the survivors agree bit for bit.
+        self.assertEqual({world for world, _c in sums.values()}, {2}, job.describe())
+        self.assertEqual(len({c for _w, c in sums.values()}), 1, job.describe())
+
+    def test_replace_kill_in_forward(self):
+        self.check_replace("forward")
+
+    def test_replace_kill_in_backward(self):
+        self.check_replace("backward")
+
+    def test_replace_kill_in_optimizer(self):
+        self.check_replace("optimizer")
+
+    def test_shrink_kill_in_forward(self):
+        self.check_shrink("forward")
+
+    def test_shrink_kill_in_backward(self):
+        self.check_shrink("backward")
+
+    def test_shrink_kill_in_optimizer(self):
+        self.check_shrink("optimizer")
+
+    def test_jit_restart_restores_the_registered_tensors(self):
+        expected = self.reference_checksum()
+        job = example(["--nproc-per-node", "3", "--ckpt", "jit"],
+                      fault="kill@rank=1,step=6,point=backward")
+        self.assertEqual(job.code, 0, job.describe())
+        self.assert_killed(job, "backward")
+        self.assertEqual(len(job.of("restart")), 1, job.describe())
+        self.assertEqual(len(job.of("jit_save")), 2, job.describe())
+        restores = job.of("jit_restore")
+        self.assertEqual(len(restores), 3, job.describe())
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1, 2], job.describe())
+        self.assertEqual({c for _w, c in sums.values()}, {expected}, job.describe())
+
+    def test_replacement_after_the_bucket_rebuild(self):
+        """DDP rebuilds its buckets after the first step; a newcomer starts with the initial
+        layout. The layouts really differ (events), and the run still ends bit-identical."""
+        arguments = ["--train-samples", "640", "--test-samples", "100", "--hidden", "1024",
+                     "--bucket-cap-mb", "0.1"]
+        reference = example(["--nproc-per-node", "2"], arguments)
+        self.assertEqual(reference.code, 0, reference.describe())
+        expected = reference.checksums()[0][1]
+        job = example(["--nproc-per-node", "2", "--spares", "1", "--on-failure", "replace"],
+                      arguments, fault="kill@rank=1,step=4,point=backward")
+        self.assertEqual(job.code, 0, job.describe())
+        self.assert_killed(job, "backward")
+        layouts = job.of("ddp_buckets")
+        survivor = [e["sizes"] for e in layouts if e["uid"] == 0]
+        newcomer = [e["sizes"] for e in layouts if e["uid"] == 2]
+        self.assertEqual(len(survivor), 2, job.describe())  # initial, then rebuilt at step 1
+        self.assertTrue(newcomer and newcomer[0] == survivor[0], job.describe())
+        self.assertNotEqual(newcomer[0], survivor[-1], job.describe())
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1], job.describe())
+        self.assertEqual({c for _w, c in sums.values()}, {expected}, job.describe())
+
+
+class Api(unittest.TestCase):
+    """The backend's calls, its refusals and its messages."""
+
+    def script(self, name, flags=("--nproc-per-node", "2"), fault=None):
+        return Job(list(flags) + ["--collective-timeout", "20s"],
+                   os.path.join(SCRIPTS, name), fault=fault)
+
+    def test_collectives(self):
+        job = self.script("torch_collectives.py", ("--nproc-per-node", "3"))
+        self.assertEqual(job.code, 0, job.describe())
+        self.assertEqual(sorted(re.findall(r"collectives ok rank (\d) of 3", job.output)),
+                         ["0", "1", "2"], job.describe())
+
+    def test_unsupported_calls_raise_naming_what(self):
+        job = self.script("torch_unsupported.py")
+        self.assertEqual(job.code, 0, job.describe())
+        self.assertNotIn("NOT REFUSED", job.output)
+        expected = {"new_group": "new_group", "meta tensor": "META tensor",
+                    "float16": "torch.float16", "uint8": "torch.uint8",
+                    "product": "ReduceOp.PRODUCT", "min": "ReduceOp.MIN", "reduce": "reduce is",
+                    "gather": "gather is", "scatter": "scatter is",
+                    "all_to_all": "all_to_all is", "send": "send is", "recv": "recv is",
+                    "sparse": "sparse tensor", "optimizer": "optimizer RMSprop",
+                    "sampler": "DistributedSampler"}
+        for call, words in expected.items():
+            lines = re.findall(r"unsupported %s: (.*)" % re.escape(call), job.output)
+            self.assertEqual(len(lines), 2, "%s\n%s" % (call, job.describe()))
+            self.assertIn(words, lines[0], job.describe())
+        self.assertEqual(job.output.count("still working: [2.0, 2.0, 2.0, 2.0]"), 2,
+                         job.describe())
+
+    def test_script_without_init_is_told(self):
+        job = self.script("torch_no_init.py")
+        self.assertNotEqual(job.code, 0, job.describe())
+        self.assertIn("never called keel.torch.init()", job.output)
+
+    def test_failure_is_an_exception_when_recovery_is_off(self):
+        job = self.script("torch_recovery_off.py", fault="kill@rank=1,point=backward")
+        self.assertEqual(job.code, 0, job.describe())
+        self.assertIn("caught CollectiveError at step 0, parameters unchanged: True",
+                      job.output, job.describe())
+        self.assertIn("KEEL_EPROCFAILED", job.output)
+
+    def test_launcher_flags(self):
+        sys.path.insert(0, os.path.join(SOURCE, "python"))
+        from keel.torch import __main__ as launcher
+        self.assertEqual(launcher.split(["--nproc_per_node", "4", "--standalone", "--agents",
+                                         "t.py", "--lr", "1"]),
+                         (["--nproc-per-node", "4", "--agents"], ["t.py", "--lr", "1"]))
+        self.assertEqual(launcher.split(["--spares=1", "--", "-weird.py"]),
+                         (["--spares=1"], ["-weird.py"]))
+        self.assertEqual(launcher.main([]), 2)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
