@@ -38,6 +38,9 @@ class Job:
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.path.join(SOURCE, "python")
         environment.pop("KEEL_FAULT", None)
+        # Unbuffered, print() writes a line's text and its newline apart, and the lines of
+        # several ranks mix; buffered, each print(flush=True) is one write.
+        environment.pop("PYTHONUNBUFFERED", None)
         if fault is not None:
             environment["KEEL_FAULT"] = fault
         command = [sys.executable, "-m", "keel.torch", "--quiet", "--events", events]
