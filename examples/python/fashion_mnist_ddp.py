@@ -40,14 +40,14 @@ def fashion_mnist(directory, split, limit):
 
 
 class Net(torch.nn.Module):
-    def __init__(self, width, hidden):
+    def __init__(self, width, hidden, dropout):
         super().__init__()
         self.features = torch.nn.Sequential(
             torch.nn.Conv2d(1, width, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
             torch.nn.Conv2d(width, 2 * width, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
         self.classifier = torch.nn.Sequential(
             torch.nn.Flatten(), torch.nn.Linear(2 * width * 5 * 5, hidden), torch.nn.ReLU(),
-            torch.nn.Linear(hidden, 10))
+            torch.nn.Dropout(dropout), torch.nn.Linear(hidden, 10))
 
     def forward(self, images):
         return self.classifier(self.features(images))
@@ -62,6 +62,8 @@ def options():
     parser.add_argument("--test-samples", type=int, default=0, help="0: all 10000")
     parser.add_argument("--width", type=int, default=8, help="channels of the first layer")
     parser.add_argument("--hidden", type=int, default=64, help="units of the hidden layer")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout before the last layer (draws from torch's RNG each step)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DDP's bucket size (small: several buckets, rebuilt after step 1)")
@@ -107,7 +109,7 @@ def main():
     else:
         dist.init_process_group("gloo")
     train = fashion_mnist(args.data_dir, "train", args.train_samples)
-    model = DistributedDataParallel(Net(args.width, args.hidden), bucket_cap_mb=args.bucket_cap_mb)
+    model = DistributedDataParallel(Net(args.width, args.hidden, args.dropout), bucket_cap_mb=args.bucket_cap_mb)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     sampler = DistributedSampler(train, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch, sampler=sampler)

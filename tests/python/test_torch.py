@@ -24,8 +24,10 @@ EXAMPLE = os.path.join(SOURCE, "examples", "python", "fashion_mnist_ddp.py")
 SCRIPTS = os.path.join(SOURCE, "tests", "python")
 SLOWDOWN = int(os.environ.get("KEEL_TEST_SLOWDOWN", "1"))
 JOB_SECONDS = 150 * SLOWDOWN
-# Ten steps an epoch with three ranks of 32 samples, two epochs.
-TRAINING = ["--train-samples", "960", "--test-samples", "200", "--epochs", "2"]
+# Ten steps an epoch with three ranks of 32 samples, two epochs; dropout draws from the
+# RNG state a newcomer must receive.
+TRAINING = ["--train-samples", "960", "--test-samples", "200", "--epochs", "2",
+            "--dropout", "0.2"]
 CHECKSUM = re.compile(r"rank (\d+) world (\d+) steps \d+ step_ms [\d.]+ checksum ([0-9a-f]{8})")
 
 
@@ -101,15 +103,15 @@ class Recovery(unittest.TestCase):
         deaths = [e for e in job.of("exit") if e["uid"] == 1]
         self.assertEqual([e.get("signal") for e in deaths], ["SIGKILL"], job.describe())
 
-    def killed_job(self, policy, point):
+    def killed_job(self, policy, point, step):
         flags = ["--nproc-per-node", "3", "--on-failure", policy]
         if policy == "replace":
             flags += ["--spares", "1"]
-        return example(flags, fault="kill@rank=1,step=6,point=%s" % point)
+        return example(flags, fault="kill@rank=1,step=%d,point=%s" % (step, point))
 
-    def check_replace(self, point):
+    def check_replace(self, point, step=6):
         expected = self.reference_checksum()
-        job = self.killed_job("replace", point)
+        job = self.killed_job("replace", point, step)
         self.assertEqual(job.code, 0, job.describe())
         self.assert_killed(job, point)
         recoveries = job.of("recovery")
@@ -121,7 +123,7 @@ class Recovery(unittest.TestCase):
             self.assertEqual((world, checksum), (3, expected), job.describe())
 
     def check_shrink(self, point):
-        job = self.killed_job("shrink", point)
+        job = self.killed_job("shrink", point, 6)
         self.assertEqual(job.code, 0, job.describe())
         self.assert_killed(job, point)
         recoveries = job.of("recovery")
@@ -133,7 +135,9 @@ class Recovery(unittest.TestCase):
         self.assertEqual(len({c for _w, c in sums.values()}), 1, job.describe())
 
     def test_replace_kill_in_forward(self):
-        self.check_replace("forward")
+        """At the first step of the second epoch: the newcomer's loop passes the finished
+        epoch, and its random state comes back after its DataLoader drew a seed."""
+        self.check_replace("forward", 10)
 
     def test_replace_kill_in_backward(self):
         self.check_replace("backward")
@@ -229,6 +233,38 @@ class Api(unittest.TestCase):
         self.assertIn("caught CollectiveError at step 0, parameters unchanged: True",
                       job.output, job.describe())
         self.assertIn("KEEL_EPROCFAILED", job.output)
+
+    def test_alone_without_launcher(self):
+        """Without `keel run` the same script is a world of one."""
+        environment = dict(os.environ, PYTHONPATH=os.path.join(SOURCE, "python"))
+        result = subprocess.run([sys.executable, EXAMPLE] + TRAINING[:4], env=environment,
+                                capture_output=True, text=True, timeout=JOB_SECONDS)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertRegex(result.stdout, r"rank 0 world 1 steps 30 ")
+
+    def test_random_streams_travel_whole(self):
+        """torch's, Python's and numpy's generators come back exactly as captured."""
+        sys.path.insert(0, os.path.join(SOURCE, "python"))
+        import random
+        import numpy
+        import keel.torch
+
+        def draw():
+            return (random.random(), random.gauss(0, 1), numpy.random.rand(),
+                    numpy.random.randn(), torch.rand(2).tolist())
+        random.seed(5)
+        numpy.random.seed(7)
+        torch.manual_seed(9)
+        random.gauss(0, 1)  # a cached Gaussian in both generators
+        numpy.random.randn()
+        state = keel.torch._rng_capture()
+        expected = draw()
+        random.seed(1)
+        numpy.random.seed(1)
+        torch.manual_seed(1)
+        self.assertNotEqual(draw(), expected)
+        keel.torch._rng_restore(state)
+        self.assertEqual(draw(), expected)
 
     def test_launcher_flags(self):
         sys.path.insert(0, os.path.join(SOURCE, "python"))

@@ -17,7 +17,10 @@ the failure. docs/PYTORCH.md says what is supported and what is not.
 import atexit
 import math
 import os
+import random
 import sys
+
+import numpy
 
 import torch
 import torch.distributed as dist
@@ -405,6 +408,40 @@ def _optimizer_state_create(optimizer):
                                        "(SGD, Adam, AdamW)" % name)
 
 
+_TORCH_RNG_BYTES = torch.get_rng_state().numel()
+_MERSENNE_WORDS = 624
+
+
+def _rng_capture():
+    """The random streams a step may draw from, at the step's start, in one byte tensor:
+    torch's CPU generator, Python's `random` and numpy's global generator (Mersenne
+    Twisters: 624 words, a position, and a cached Gaussian)."""
+    version, python_state, python_gauss = random.getstate()
+    numpy_name, numpy_words, numpy_position, numpy_has_gauss, numpy_gauss = \
+        numpy.random.get_state()
+    words = numpy.empty(2 * _MERSENNE_WORDS + 4, dtype=numpy.int64)
+    words[:_MERSENNE_WORDS + 1] = python_state
+    words[_MERSENNE_WORDS + 1] = python_gauss is not None
+    words[_MERSENNE_WORDS + 2:2 * _MERSENNE_WORDS + 2] = numpy_words
+    words[2 * _MERSENNE_WORDS + 2] = numpy_position
+    words[2 * _MERSENNE_WORDS + 3] = numpy_has_gauss
+    gaussians = numpy.array([python_gauss or 0.0, numpy_gauss], dtype=numpy.float64)
+    return torch.cat([torch.get_rng_state(), torch.from_numpy(words.view(numpy.uint8)),
+                      torch.from_numpy(gaussians.view(numpy.uint8))])
+
+
+def _rng_restore(state):
+    torch.set_rng_state(state[:_TORCH_RNG_BYTES].clone())
+    rest = state[_TORCH_RNG_BYTES:].numpy()
+    words = rest[:(2 * _MERSENNE_WORDS + 4) * 8].view(numpy.int64)
+    gaussians = rest[(2 * _MERSENNE_WORDS + 4) * 8:].view(numpy.float64)
+    python_gauss = float(gaussians[0]) if words[_MERSENNE_WORDS + 1] else None
+    random.setstate((3, tuple(int(w) for w in words[:_MERSENNE_WORDS + 1]), python_gauss))
+    numpy.random.set_state(("MT19937", words[_MERSENNE_WORDS + 2:2 * _MERSENNE_WORDS + 2]
+                            .astype(numpy.uint32), int(words[2 * _MERSENNE_WORDS + 2]),
+                            int(words[2 * _MERSENNE_WORDS + 3]), float(gaussians[1])))
+
+
 class _Runtime:
     """The process's side of the binding: the keel context, the open step and its journal
     of collectives, the gradient reduction, and the registered state packed for transfer."""
@@ -437,6 +474,7 @@ class _Runtime:
         self.epoch = 0
         self.consumed = 0
         self.skip_epoch = False
+        self.rng_pending = False
 
     def rank(self):
         return self.context.rank() if self.started else -1
@@ -523,7 +561,7 @@ class _Runtime:
         self.step += 1
         if not self.skip_epoch:
             self.consumed += self.batch_samples * (self.iteration_world or self.size())
-        self.rng_state = torch.get_rng_state()
+        self.rng_state = _rng_capture()
         self.step_open = False
         self.journal = []
         status = self.context.step_commit() if self.recovery else keel.OK
@@ -633,7 +671,7 @@ class _Runtime:
                                        "CPU tensors")
         self.packed_bytes = sum(t.numel() * t.element_size() for t in self.tensors)
         self.packed = torch.empty(self.packed_bytes, dtype=torch.uint8)
-        self.rng_state = torch.get_rng_state()
+        self.rng_state = _rng_capture()
         self.rng_buffer = self.rng_state.clone()
         self.progress = torch.zeros(3, dtype=torch.int64)  # step, epoch, consumed
         if sampler is not None:
@@ -681,7 +719,11 @@ class _Runtime:
                     self.packed[offset:offset + size])
                 offset += size
         self.rng_state = self.rng_buffer.clone()
-        torch.set_rng_state(self.rng_state)
+        # With a sampler the random state goes back where the survivors took it: at the
+        # first batch of the pass (_sampler_iteration_starts).
+        self.rng_pending = self.sampler is not None
+        if not self.rng_pending:
+            _rng_restore(self.rng_state)
         self.step, self.epoch, self.consumed = (int(v) for v in self.progress.tolist())
 
     # ---- the sampler: its position is state, and its shard follows the world
@@ -695,6 +737,7 @@ class _Runtime:
 
         class ResumableSampler(type(sampler)):
             def __iter__(self):
+                runtime._sampler_iteration_starts(self)
                 return iter(runtime._sampler_indices(self))
 
             def __len__(self):
@@ -707,6 +750,7 @@ class _Runtime:
         sampler.__class__ = ResumableSampler
         self.sampler = sampler
         self.epoch = sampler.epoch
+        self.iterated_epoch = None
 
     def _sampler_set_epoch(self, sampler, epoch):
         sampler.epoch = epoch
@@ -715,9 +759,27 @@ class _Runtime:
         if epoch > self.epoch:
             self.epoch, self.consumed = epoch, 0
 
+    def _sampler_iteration_starts(self, sampler):
+        """The DataLoader asks for the first batch of a pass. It has just drawn its base
+        seed from torch's generator, and the batch's samples (their augmentations) come
+        next: the point every process reaches with the same random state, a newcomer too
+        (whose own iterator's draw is thereby forgotten). So the state is taken here as well
+        as at each commit, and a newcomer puts the received one back here."""
+        if self.rng_pending:
+            if sampler.epoch == self.epoch:
+                _rng_restore(self.rng_state)
+                self.rng_pending = False
+        else:
+            self.rng_state = _rng_capture()
+        # A second pass over the same epoch without set_epoch: a new pass from the start.
+        if self.iterated_epoch == sampler.epoch and not self._sampler_indices(sampler):
+            self.consumed = 0
+        self.iterated_epoch = sampler.epoch
+
     def _sampler_indices(self, sampler):
         """DistributedSampler's shard of the samples of this epoch not yet consumed, over the
-        world of now: the same indices as the stock sampler in a job without failures."""
+        world of now: the same indices as the stock sampler in a job without failures, and
+        none once the epoch is done."""
         if self.skip_epoch:
             return []
         count = len(sampler.dataset)
@@ -727,13 +789,11 @@ class _Runtime:
             order = torch.randperm(count, generator=generator).tolist()
         else:
             order = list(range(count))
-        if self.consumed >= count:  # a new pass without set_epoch
-            self.consumed = 0
         remaining = order[self.consumed:]
         world, rank = max(self.size(), 1), max(self.rank(), 0)
         if sampler.drop_last:
             remaining = remaining[:len(remaining) // world * world]
-        else:
+        elif remaining:
             padding = -len(remaining) % world
             remaining += (order * math.ceil(padding / max(len(order), 1)))[:padding]
         self.iteration_world = world
