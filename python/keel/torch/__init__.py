@@ -324,42 +324,24 @@ class ProcessGroup(dist.ProcessGroup):
                 if in_step else self._runtime.context.barrier())))
         return _completed([])
 
-    def _unsupported(self, call):
+
+def _refusal(call):
+    def refuse(self, *_arguments, **_keywords):
         raise UnsupportedError("keel.torch: %s is not supported (allreduce, broadcast, "
                                "allgather, reduce_scatter and barrier are)" % call)
+    return refuse
 
-    def reduce(self, *arguments, **keywords):
-        self._unsupported("reduce")
 
-    def gather(self, *arguments, **keywords):
-        self._unsupported("gather")
-
-    def scatter(self, *arguments, **keywords):
-        self._unsupported("scatter")
-
-    def alltoall(self, *arguments, **keywords):
-        self._unsupported("all_to_all")
-
-    def alltoall_base(self, *arguments, **keywords):
-        self._unsupported("all_to_all_single")
-
-    def send(self, *arguments, **keywords):
-        self._unsupported("send")
-
-    def recv(self, *arguments, **keywords):
-        self._unsupported("recv")
-
-    def recv_anysource(self, *arguments, **keywords):
-        self._unsupported("recv from any source")
-
-    def allreduce_coalesced(self, *arguments, **keywords):
-        self._unsupported("all_reduce_coalesced")
-
-    def allgather_coalesced(self, *arguments, **keywords):
-        self._unsupported("all_gather_coalesced")
-
-    def _reduce_scatter_base(self, *arguments, **keywords):
-        self._unsupported("reduce_scatter_tensor")
+# The ProcessGroup methods torch.distributed calls for what keel does not serve, and the
+# names a user knows them by.
+for _method, _call in (("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+                       ("alltoall", "all_to_all"), ("alltoall_base", "all_to_all_single"),
+                       ("send", "send"), ("recv", "recv"),
+                       ("recv_anysource", "recv from any source"),
+                       ("allreduce_coalesced", "all_reduce_coalesced"),
+                       ("allgather_coalesced", "all_gather_coalesced"),
+                       ("_reduce_scatter_base", "reduce_scatter_tensor")):
+    setattr(ProcessGroup, _method, _refusal(_call))
 
 
 class _ReducerProxy:
