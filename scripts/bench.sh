@@ -22,7 +22,11 @@
 # 3. Runs bench/recovery --policy both (kill -9 of a worker, shrink and replace), then
 #    bench/jit (Fashion-MNIST on 4 ranks: JIT's steady-state cost, recovery breakdown of
 #    user-level and in-process JIT, wasted minibatches, bit-exact parameters; about 1.5 min),
-#    then bench/ec_codec (encode, update, decode of the erasure codes against memcpy; 10 s).
+#    then bench/ec_codec (encode, update, decode of the erasure codes against memcpy; 10 s),
+#    then bench/torch_ddp.py (examples/python/fashion_mnist_ddp.py: step time of the keel
+#    backend against gloo under torchrun with 2 and 4 ranks, and recovery from kill -9 of a
+#    rank, keel shrink and replace against a torchrun restart from a checkpoint; about
+#    6 min; reported missing where /usr/bin/python3 has no torch or torchrun is absent).
 # 4. Prints the tables: time per operation with each peer's time / keel's on the same kind
 #    of transport (>1: keel is faster): openmpi-shm and mpich (shared memory) against
 #    keel-shm, openmpi-tcp and gloo-* against keel-tcp; bus bandwidth with keel's fraction
@@ -31,7 +35,8 @@
 # BENCH_JSON=1: JSON lines only on stdout (one object per measurement, recovery's too);
 # notes and tables go nowhere, progress to stderr. BENCH_NO_INSTALL=1 skips scripts/deps.sh
 # (the peers that are not installed are then reported missing). Every command runs under
-# a time limit (BENCH_TIMEOUT_S, default 300 s); the whole run takes 5-6 minutes here.
+# a time limit (BENCH_TIMEOUT_S, default 300 s; bench/torch_ddp.py bounds each of its jobs
+# by it); the whole run takes 11-12 minutes here.
 set -euo pipefail
 
 build=${1:-build}
@@ -156,6 +161,17 @@ if [ "$json" = 1 ]; then
   "$ec_codec" --json || failed[ec_codec]="exit $?"
 else
   "$ec_codec" >"$work/ec_codec.txt" || failed[ec_codec]="exit $?"
+fi
+echo "bench: torch" >&2
+torch_missing=""
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null || [ ! -x /usr/bin/torchrun ]; then
+  torch_missing="/usr/bin/python3 without torch, or no /usr/bin/torchrun"
+elif [ "$json" = 1 ]; then
+  "$root/bench/torch_ddp.py" --build "$build" --timeout "$limit" --json ||
+    failed[torch_ddp]="exit $?"
+else
+  "$root/bench/torch_ddp.py" --build "$build" --timeout "$limit" >"$work/torch_ddp.txt" ||
+    failed[torch_ddp]="exit $?"
 fi
 elapsed=$(($(date +%s) - started))
 echo "bench: done in ${elapsed} s" >&2
@@ -307,6 +323,14 @@ note ""
 note "## Erasure codes (ECRec's codec): $ec_codec"
 note ""
 cat "$work/ec_codec.txt"
+note ""
+note "## PyTorch: bench/torch_ddp.py --build $build (keel.torch against gloo and torchrun)"
+note ""
+if [ -n "$torch_missing" ]; then
+  note "MISSING: $torch_missing"
+else
+  cat "$work/torch_ddp.txt"
+fi
 note ""
 note "# notes: mpich with more ranks than cores gets half the time per size (it spins);"
 note "# Open MPI runs with --bind-to none, as keel does not pin its ranks."
