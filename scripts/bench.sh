@@ -25,8 +25,8 @@
 #    then bench/ec_codec (encode, update, decode of the erasure codes against memcpy; 10 s),
 #    then bench/torch_ddp.py (examples/python/fashion_mnist_ddp.py: step time of the keel
 #    backend against gloo under torchrun with 2 and 4 ranks, and recovery from kill -9 of a
-#    rank, keel shrink and replace against a torchrun restart from a checkpoint; about
-#    6 min; reported missing where /usr/bin/python3 has no torch or torchrun is absent).
+#    rank, keel shrink and replace against a torchrun restart from a checkpoint; 4-8
+#    min; reported missing where /usr/bin/python3 has no torch or torchrun is absent).
 # 4. Prints the tables: time per operation with each peer's time / keel's on the same kind
 #    of transport (>1: keel is faster): openmpi-shm and mpich (shared memory) against
 #    keel-shm, openmpi-tcp and gloo-* against keel-tcp; bus bandwidth with keel's fraction
@@ -36,7 +36,7 @@
 # notes and tables go nowhere, progress to stderr. BENCH_NO_INSTALL=1 skips scripts/deps.sh
 # (the peers that are not installed are then reported missing). Every command runs under
 # a time limit (BENCH_TIMEOUT_S, default 300 s; bench/torch_ddp.py bounds each of its jobs
-# by it); the whole run takes 11-12 minutes here.
+# by it); the whole run takes 10-11 minutes here.
 set -euo pipefail
 
 build=${1:-build}

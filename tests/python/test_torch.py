@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ SOURCE = os.environ.get("KEEL_SOURCE", os.path.dirname(os.path.dirname(os.path.d
     os.path.abspath(__file__)))))
 EXAMPLE = os.path.join(SOURCE, "examples", "python", "fashion_mnist_ddp.py")
 SCRIPTS = os.path.join(SOURCE, "tests", "python")
+sys.path.insert(0, os.path.join(SOURCE, "python"))
+from keel.testing import kill_tree  # noqa: E402 (after the path it needs)
 SLOWDOWN = int(os.environ.get("KEEL_TEST_SLOWDOWN", "1"))
 JOB_SECONDS = 150 * SLOWDOWN
 # Ten steps an epoch with three ranks of 32 samples, two epochs; dropout draws from the
@@ -55,7 +56,7 @@ class Job:
         try:
             self.output, _ = process.communicate(timeout=JOB_SECONDS)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the launcher's session: every process
+            kill_tree(process)
             self.output, _ = process.communicate()
             self.output += "\n[test: the job passed %d s and was killed]" % JOB_SECONDS
         self.code = process.returncode
@@ -244,7 +245,6 @@ class Api(unittest.TestCase):
 
     def test_random_streams_travel_whole(self):
         """torch's, Python's and numpy's generators come back exactly as captured."""
-        sys.path.insert(0, os.path.join(SOURCE, "python"))
         import random
         import numpy
         import keel.torch
@@ -267,7 +267,6 @@ class Api(unittest.TestCase):
         self.assertEqual(draw(), expected)
 
     def test_launcher_flags(self):
-        sys.path.insert(0, os.path.join(SOURCE, "python"))
         from keel.torch import __main__ as launcher
         self.assertEqual(launcher.split(["--nproc_per_node", "4", "--standalone", "--agents",
                                          "t.py", "--lr", "1"]),
