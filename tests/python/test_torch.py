@@ -29,7 +29,7 @@ JOB_SECONDS = 150 * SLOWDOWN
 # RNG state a newcomer must receive.
 TRAINING = ["--train-samples", "960", "--test-samples", "200", "--epochs", "2",
             "--dropout", "0.2"]
-CHECKSUM = re.compile(r"rank (\d+) world (\d+) steps \d+ step_ms [\d.]+ checksum ([0-9a-f]{8})")
+CHECKSUM = re.compile(r"rank (\d+) world (\d+) steps (\d+) step_ms [\d.]+ checksum ([0-9a-f]{8})")
 
 
 class Job:
@@ -71,7 +71,11 @@ class Job:
 
     def checksums(self):
         """{rank: (world, checksum)} of the processes that finished the training."""
-        return {int(r): (int(w), c) for r, w, c in CHECKSUM.findall(self.output)}
+        return {int(r): (int(w), c) for r, w, _s, c in CHECKSUM.findall(self.output)}
+
+    def steps(self):
+        """{rank: steps the process trained}."""
+        return {int(r): int(s) for r, _w, s, _c in CHECKSUM.findall(self.output)}
 
     def describe(self):
         return "exit %s\n%s" % (self.code, self.output[-6000:])
@@ -123,7 +127,7 @@ class Recovery(unittest.TestCase):
         for rank, (world, checksum) in sums.items():
             self.assertEqual((world, checksum), (3, expected), job.describe())
 
-    def check_shrink(self, point):
+    def check_shrink(self, point, steps):
         job = self.killed_job("shrink", point, 6)
         self.assertEqual(job.code, 0, job.describe())
         self.assert_killed(job, point)
@@ -134,6 +138,10 @@ class Recovery(unittest.TestCase):
         # The world the script sees followed the shrink; the survivors agree bit for bit.
         self.assertEqual({world for world, _c in sums.values()}, {2}, job.describe())
         self.assertEqual(len({c for _w, c in sums.values()}), 1, job.describe())
+        # The sampler's shard followed the new world from the step after the shrink: of the
+        # 960 samples of epoch 1, 96 a step went by before it, then 64 a step; epoch 2 is 15
+        # steps of 2 x 32. Without that, each survivor would go on with 10 steps an epoch.
+        self.assertEqual(job.steps(), {0: steps, 1: steps}, job.describe())
 
     def test_replace_kill_in_forward(self):
         """At the first step of the second epoch: the newcomer's loop passes the finished
@@ -147,13 +155,13 @@ class Recovery(unittest.TestCase):
         self.check_replace("optimizer")
 
     def test_shrink_kill_in_forward(self):
-        self.check_shrink("forward")
+        self.check_shrink("forward", 7 + 5 + 15)  # step 6 is the last in the old world
 
     def test_shrink_kill_in_backward(self):
-        self.check_shrink("backward")
+        self.check_shrink("backward", 7 + 5 + 15)
 
     def test_shrink_kill_in_optimizer(self):
-        self.check_shrink("optimizer")
+        self.check_shrink("optimizer", 8 + 3 + 15)  # the failure is seen in step 7
 
     def test_jit_restart_restores_the_registered_tensors(self):
         expected = self.reference_checksum()

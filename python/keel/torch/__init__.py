@@ -720,7 +720,7 @@ class _Runtime:
         class ResumableSampler(type(sampler)):
             def __iter__(self):
                 runtime._sampler_iteration_starts(self)
-                return iter(runtime._sampler_indices(self))
+                return runtime._sampler_stream(self)
 
             def __len__(self):
                 return len(runtime._sampler_indices(self))
@@ -757,6 +757,20 @@ class _Runtime:
         if self.iterated_epoch == sampler.epoch and not self._sampler_indices(sampler):
             self.consumed = 0
         self.iterated_epoch = sampler.epoch
+
+    def _sampler_stream(self, sampler):
+        """The pass's indices, one at a time: when a step commits in a world of another size
+        (a shrink), the rest of the epoch is sharded anew over the new world, from the next
+        batch on (the DataLoader draws a batch's indices when it needs the batch)."""
+        while True:
+            indices = self._sampler_indices(sampler)
+            world = self.iteration_world
+            for index in indices:
+                if self.size() != world and not self.step_open:
+                    break
+                yield index
+            else:
+                return
 
     def _sampler_indices(self, sampler):
         """DistributedSampler's shard of the samples of this epoch not yet consumed, over the
