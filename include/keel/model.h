@@ -151,6 +151,52 @@ keel_status keel_model_measure_restarts(const char *path, keel_model_measured *m
                                         keel_model_restart *restarts, size_t capacity,
                                         size_t *restart_count_p);
 
+/* ---- checkpoint placement (Gemini, Algorithm 1) and the odds of recovering from memory.
+ * Nodes 0..N-1 each have one snapshot, kept on k nodes (itself and k-1 peers). When k
+ * divides N the nodes form N/k groups of k consecutive nodes and every node of a group
+ * holds every snapshot of it ("group"). Otherwise the first floor(N/k)-1 groups are such
+ * groups and the last k + (N mod k) nodes form a ring in which each node's snapshot is on
+ * itself and the k-1 nodes before it ("mixed"). */
+#define KEEL_MODEL_PLACEMENT_MAX_NODES 4096
+#define KEEL_MODEL_PLACEMENT_MAX_REPLICAS 8
+
+typedef enum keel_placement_strategy {
+  KEEL_PLACEMENT_GROUP,
+  KEEL_PLACEMENT_MIXED,
+} keel_placement_strategy;
+
+typedef struct keel_model_placement {
+  uint32_t nodes;    /* N */
+  uint32_t replicas; /* k, each snapshot's copies, its own node's included */
+  keel_placement_strategy strategy;
+  uint32_t groups;   /* floor(N/k): with mixed, the last one is the ring */
+} keel_model_placement;
+
+/* KEEL_EINVAL unless 1 <= replicas <= KEEL_MODEL_PLACEMENT_MAX_REPLICAS and
+ * replicas <= nodes <= KEEL_MODEL_PLACEMENT_MAX_NODES. */
+keel_status keel_model_placement_make(uint32_t nodes, uint32_t replicas,
+                                      keel_model_placement *placement_p);
+/* Group g (< groups) is the nodes first .. first + count - 1. */
+void keel_model_placement_group(const keel_model_placement *placement, uint32_t group,
+                                uint32_t *first_p, uint32_t *count_p);
+/* The replicas nodes that hold node's snapshot, node itself first. */
+void keel_model_placement_holders(const keel_model_placement *placement, uint32_t node,
+                                  uint32_t *holders);
+/* The exact probability that, when failed nodes (0..N) chosen uniformly at random fail at
+ * once, every snapshot still has a live holder: counted, not sampled (disjoint groups by
+ * generating function, the ring by enumeration), in long double. */
+keel_status keel_model_placement_odds(const keel_model_placement *placement, uint32_t failed,
+                                      double *recover_p);
+/* Gemini's Corollary 1, the case it states exactly: group placement (k divides N) and
+ * failed < 2k: 1 when failed < k, else 1 - (N/k) C(N-k, f-k) / C(N, f). KEEL_ENOTSUP
+ * outside that case (for f >= 2k the paper gives this only as a bound). */
+keel_status keel_model_placement_corollary1(const keel_model_placement *placement,
+                                            uint32_t failed, double *recover_p);
+/* Monte Carlo: trials draws of failed nodes from the random stream of seed, each checked
+ * against every node's holders; the share in which every snapshot survived. */
+keel_status keel_model_placement_simulate(const keel_model_placement *placement, uint32_t failed,
+                                          uint64_t trials, uint64_t seed, double *recover_p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -247,6 +247,39 @@ static void test_model_measured_restart(void **state) {
   files_remove(&files);
 }
 
+/* keel model placement: the groups, the exact odds beside Corollary 1 and Monte Carlo, JSON,
+ * and refused flags (src/model/placement.c has the model's own tests). */
+static void test_model_placement_command(void **state) {
+  (void)state;
+  report_files files;
+  files_make(&files, restart_events);
+  char *output = keel_output(
+      &files, LIST("model", "placement", "--nodes", "16", "--replicas", "2", "--failed", "2",
+                   "--trials", "2000"));
+  assert_has(output, LIST("placement: 16 nodes, 2 replicas: group\n", "  group 7: nodes 14-15\n",
+                          "  exact         93.3333%\n", "  Corollary 1   93.3333%\n",
+                          "(2000 draws, one standard error)"));
+  free(output);
+  output = keel_output(&files, LIST("model", "placement", "--nodes", "5", "--replicas", "2",
+                                    "--failed", "2", "--trials", "0", "--json"));
+  assert_has(output, LIST("{\"nodes\":5,\"replicas\":2,\"strategy\":\"mixed\",\"groups\":2,"
+                          "\"failed\":2,\"recover_exact\":0.6}\n"));
+  free(output);
+  const char *const *refused[] = {
+      LIST("model", "placement", "--nodes", "3", "--replicas", "4", "--failed", "1"),
+      LIST("model", "placement", "--nodes", "8", "--replicas", "2", "--failed", "9"),
+      LIST("model", "placement", "--nodes", "8", "--replicas", "2"),
+      LIST("model", "placement", "--nodes", "eight", "--replicas", "2", "--failed", "1")};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    int code = 0;
+    output = keel_run(&files, refused[i], &code);
+    assert_int_equal(code, 2);
+    assert_has(output, LIST("keel model placement: "));
+    free(output);
+  }
+  files_remove(&files);
+}
+
 /* ---- keel report --svg */
 
 /* A small XML well-formedness check, since no XML library is a build dependency (xmllint
@@ -516,6 +549,7 @@ int main(void) {
       cmocka_unit_test(test_report_skips_negative_times),
       cmocka_unit_test(test_report_of_inprocess_redo),
       cmocka_unit_test(test_model_measured_restart),
+      cmocka_unit_test(test_model_placement_command),
       cmocka_unit_test(test_report_svg_of_two_nodes),
       cmocka_unit_test(test_report_svg_of_many_lanes),
       cmocka_unit_test(test_report_svg_bad_input),

@@ -18,6 +18,7 @@
 
 static const char usage_text[] =
     "usage: keel model [flags]\n"
+    "       keel model placement --nodes N --replicas K --failed F (Gemini's placement odds)\n"
     "\n"
     "The wasted-GPU-time model of the JIT checkpointing paper (section 5): periodic\n"
     "checkpoints at the optimal frequency c* = sqrt(N f / 2o) (eq. 3) or at --interval\n"
@@ -685,6 +686,8 @@ static void print_json(const model_options *options, const model_evaluation *row
 /* ---- the command */
 
 int keel__command_model(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "placement") == 0)
+    return keel__command_model_placement(argc - 1, argv + 1);
   model_options options = {0};
   int code = parse_options(argc, argv, &options);
   if (code != 0) return code;

@@ -9,4 +9,8 @@
  * object with --json. Returns 0, 1 when --measured FILE cannot be read, 2 for bad flags. */
 int keel__command_model(int argc, char **argv);
 
+/* `keel model placement [flags]`; argv[0] is "placement". Gemini's placement groups and the
+ * odds of recovering from memory (tools/keel/model_placement.c). 0, or 2 for bad flags. */
+int keel__command_model_placement(int argc, char **argv);
+
 #endif
