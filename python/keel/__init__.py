@@ -5,7 +5,6 @@ step transactions and collectives, as thin wrappers that turn every status into 
 value or an exception. keel.torch builds the PyTorch binding on top of this module.
 """
 import ctypes
-import os
 
 from keel import _library
 
@@ -231,8 +230,3 @@ class Context:
     def report_event(self, event, json_fields=None):
         _lib.keel_report_event(self._handle, event.encode(),
                                json_fields.encode() if json_fields is not None else None)
-
-
-def in_job():
-    """Whether `keel run` started this process (otherwise keel_init makes a world of one)."""
-    return "KEEL_STORE" in os.environ

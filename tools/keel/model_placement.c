@@ -52,7 +52,10 @@ static int parse_placement(int argc, char **argv, placement_options *options) {
     if (strcmp(flag, "--nodes") == 0) target = &options->nodes;
     if (strcmp(flag, "--replicas") == 0) target = &options->replicas;
     if (strcmp(flag, "--failed") == 0) target = &options->failed;
-    if (strcmp(flag, "--trials") == 0) target = &options->trials, maximum = MAXIMUM_TRIALS;
+    if (strcmp(flag, "--trials") == 0) {
+      target = &options->trials;
+      maximum = MAXIMUM_TRIALS;
+    }
     if (target == NULL) return usage_error("unknown flag", flag, "a flag of --help");
     if (value == NULL || keel_parse_int(value, 0, maximum, target) != KEEL_OK)
       return usage_error(flag, value, "a whole number in range");

@@ -219,15 +219,20 @@ class ProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts, "allreduce")
         if self._is_local():
             return _completed(tensors)
-        send = tensor.detach().contiguous().clone()
-        receive = torch.empty_like(send)
-        dtype = _DTYPES[tensor.dtype]
-        self._runtime.collective(_Collective(
-            "allreduce",
-            lambda in_step: self._runtime.context.allreduce(
-                in_step, send.data_ptr(), receive.data_ptr(), send.numel(), dtype, op),
-            lambda: tensor.copy_(receive.view_as(tensor))))
+        self._reduction("allreduce", self._runtime.context.allreduce,
+                        tensor.detach().contiguous().clone(), tensor.numel(), op, tensor)
         return _completed(tensors)
+
+    def _reduction(self, name, function, send, count, op, output):
+        """allreduce and reduce_scatter: send (a private copy) reduced into count elements
+        that end in output."""
+        receive = torch.empty(count, dtype=output.dtype)
+        dtype = _DTYPES[output.dtype]
+        self._runtime.collective(_Collective(
+            name,
+            lambda in_step: function(in_step, send.data_ptr(), receive.data_ptr(), count, dtype,
+                                     op),
+            lambda: output.copy_(receive.view_as(output))))
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -302,13 +307,8 @@ class ProcessGroup(dist.ProcessGroup):
             raise ValueError("keel.torch: reduce_scatter needs %d inputs shaped like the output"
                              % self.size())
         send = torch.cat([i.detach().reshape(-1) for i in inputs]).to(output.dtype)
-        receive = torch.empty(output.numel(), dtype=output.dtype)
-        dtype = _DTYPES[output.dtype]
-        self._runtime.collective(_Collective(
-            "reduce_scatter",
-            lambda in_step: self._runtime.context.reduce_scatter(
-                in_step, send.data_ptr(), receive.data_ptr(), output.numel(), dtype, op),
-            lambda: output.copy_(receive.view_as(output))))
+        self._reduction("reduce_scatter", self._runtime.context.reduce_scatter, send,
+                        output.numel(), op, output)
         return _completed(output_tensors)
 
     def barrier(self, opts=None):
