@@ -168,6 +168,65 @@ keel_status keel_ckpt_persist_enable(keel_ctx *ctx, const char *directory, uint6
 uint64_t keel_ckpt_persist_saves(const keel_ckpt_persist *persist);
 void keel_ckpt_persist_destroy(keel_ckpt_persist *persist);
 
+/* ---- in-memory checkpoints every iteration (Gemini, docs/MEMORY.md). Each worker copies
+ * its registered state into its node's shared memory at every `every`-th step commit (two
+ * slots per rank: the previous complete snapshot stays until the new one is sealed); the
+ * node's agent sends each new snapshot to the replicas - 1 peer nodes that Gemini's
+ * Algorithm 1 names, in chunks, with a few in flight; a rank that lacks its shard after a
+ * failure restores it from its node's memory or fetches it from a peer that holds a copy. */
+
+typedef struct keel_ckpt_mem_config {
+  uint32_t replicas;    /* copies of each snapshot, its own node's included (1..8) */
+  uint64_t every_steps; /* a snapshot at every N-th commit (>= 1) */
+  uint32_t buffers;     /* chunks in flight to a peer before the first is acknowledged */
+  uint64_t chunk_bytes; /* the pieces a snapshot travels in (and its crc32c granule) */
+  bool blocking;        /* the baseline: the commit waits until every peer holds the snapshot */
+} keel_ckpt_mem_config;
+
+/* Parses "replicas=2,every=1,buffers=4,chunk=4MiB,blocking" (each key optional, any order;
+ * defaults 2, 1, 4, 4 MiB, not blocking). KEEL_EINVAL with a message in error (capacity
+ * error_bytes) for anything else. */
+keel_status keel_ckpt_mem_config_parse(const char *text, keel_ckpt_mem_config *config_p,
+                                       char *error, size_t error_bytes);
+
+/* The worker's side. Call before keel_start (a spare admitted there restores through it),
+ * after every buffer is registered. Without KEEL_CKPT=mem in the environment (`keel run
+ * --ckpt mem:...` sets it, with KEEL_CKPT_MEM and the node's folder KEEL_CKPT_MEM_DIR),
+ * *mem_p is an engine that does nothing. Adds a commit hook (the snapshot) and the state
+ * source "memory". The caller frees *mem_p after keel_finalize. Events: mem_save (step,
+ * bytes, save_ms, wait_ms: how long the commit waited for the replicas of the slot it
+ * reuses), mem_restore (step, shard, from: "local" or "node-<i>"). */
+typedef struct keel_ckpt_mem keel_ckpt_mem;
+keel_status keel_ckpt_mem_enable(keel_ctx *ctx, keel_ckpt_mem **mem_p);
+/* Snapshots this process has taken. */
+uint64_t keel_ckpt_mem_saves(const keel_ckpt_mem *mem);
+void keel_ckpt_mem_destroy(keel_ckpt_mem *mem);
+
+/* The agent's side: the node's snapshot service. It listens on host (port 0: any), takes
+ * copies that peer agents send and keeps them in the node's folder, sends the snapshots of
+ * its node's workers to the peers that placement names (the store's node/<i> keys say where
+ * their services listen: `ckpt=<address>`), and serves a fetch of a shard to any member of
+ * the job. Runs two threads of its own plus one per open connection; stops in
+ * keel_ckpt_agent_stop. */
+typedef struct keel_ckpt_agent_options {
+  keel_auth auth;          /* the job's id and token */
+  const char *store;       /* the job's store endpoint (KEEL_STORE) */
+  const char *host;        /* the address to listen on, "127.0.0.1" or the node's */
+  const char *directory;   /* the node's folder of snapshots (made if missing) */
+  uint32_t node, nodes;    /* this node and how many the placement spreads over */
+  keel_ckpt_mem_config config;
+} keel_ckpt_agent_options;
+typedef struct keel_ckpt_agent keel_ckpt_agent;
+keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_ckpt_agent **agent_p);
+/* "host:port" the service listens on. */
+const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent);
+/* Complete copies this agent sent to peers, and received from them. */
+uint64_t keel_ckpt_agent_sent(const keel_ckpt_agent *agent);
+uint64_t keel_ckpt_agent_received(const keel_ckpt_agent *agent);
+/* Stops the threads and closes every connection; the folder's files stay (the launcher
+ * removes the folder when the job ends). NULL is a no-op. */
+void keel_ckpt_agent_stop(keel_ckpt_agent *agent);
+
 /* ---- just-in-time checkpoints (JIT paper §3, §4.2): nothing is saved in steady state.
  * When a collective of the job fails or passes its deadline, every healthy rank saves its
  * registered state, with no collective, into <directory>/<job_id>/step-<s>/rank-<r>/

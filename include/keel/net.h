@@ -35,6 +35,9 @@ typedef enum keel_frame_type {
   KEEL_FRAME_STORE_RESPONSE = 33,
   KEEL_FRAME_EC_REQUEST = 40, /* to a parameter server (payload defined by ec) */
   KEEL_FRAME_EC_REPLY = 41,   /* a parameter server's answer; tag echoes the request's */
+  KEEL_FRAME_CKPT_REQUEST = 44, /* to a node's snapshot service (payload defined by ckpt) */
+  KEEL_FRAME_CKPT_DATA = 45,    /* snapshot bytes; the tag is their offset in the snapshot */
+  KEEL_FRAME_CKPT_REPLY = 46,   /* a snapshot service's answer */
   KEEL_FRAME_GOODBYE = 48, /* orderly close: the sender is leaving on purpose */
 } keel_frame_type;
 

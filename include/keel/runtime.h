@@ -130,6 +130,13 @@ typedef struct keel_state_source_ops {
    * of step (exactly), or returns KEEL_ENOTFOUND leaving them as they were. */
   keel_status (*restore)(void *context, keel_registry *registry, uint32_t index, uint32_t count,
                          uint64_t step);
+  /* Optional (NULL: none). The newest step at or below max_step of which the tier can give
+   * shard index of count, or KEEL_ENOTFOUND. When no tier has a lost shard at the job's
+   * step, the member that needs it says so with this step, and the job rolls back to the
+   * lowest step so named: every member, survivors included, restores that step from the
+   * tiers (Gemini §6: a failure during a snapshot's transfer restores the one before). */
+  keel_status (*newest)(void *context, uint32_t index, uint32_t count, uint64_t max_step,
+                        uint64_t *step_p);
 } keel_state_source_ops;
 /* Adds a tier (KEEL_MAX_STATE_SOURCES at most, asked in the order added); ops is not
  * copied and must outlive ctx. */

@@ -57,6 +57,26 @@ typedef struct keel__ckpt_region_header {
   uint8_t padding[24];
 } keel__ckpt_region_header;
 
+/* Checks every chunk of buffer index of manifest, whose bytes are at data, against its
+ * crc32c: KEEL_OK, or KEEL_ECORRUPT with the chunk named in reason. */
+keel_status keel__ckpt_buffer_check(const keel_ckpt_manifest *manifest, uint32_t index,
+                                    const uint8_t *data, char *reason);
+
+/* ---- a region as a whole (the in-memory tier's unit of replication): whether it holds a
+ * sealed, well-formed snapshot whose every chunk passes its crc32c. On KEEL_OK *identity_p
+ * (may be NULL) is the snapshot's and *seal_p (may be NULL) the seal it was checked under;
+ * KEEL_ENOTFOUND when it is not sealed or was rewritten meanwhile, KEEL_ECORRUPT with the
+ * reason (KEEL__CKPT_REASON_BYTES) otherwise. Reads every byte. */
+keel_status keel__ckpt_region_check(const keel_ckpt_region *region, keel_ckpt_identity *identity_p,
+                                    uint64_t *seal_p, char *reason);
+/* The seal of a region: even and non-zero while it holds a complete snapshot. */
+uint64_t keel__ckpt_region_seal(const keel_ckpt_region *region);
+/* Seals a region whose bytes were written by someone else (a copy received from a peer):
+ * first made odd with keel__ckpt_region_unseal before the bytes change, then sealed here
+ * with an even value above any it held. */
+void keel__ckpt_region_unseal(const keel_ckpt_region *region);
+void keel__ckpt_region_seal_now(const keel_ckpt_region *region);
+
 /* ---- restore: a candidate is a snapshot whose manifest decoded; its tier reads the
  * buffers' bytes. Reasons for refusal are written into reason (not logged: the restore
  * logs once, where it decides to skip the candidate). */

@@ -29,7 +29,8 @@ struct keel_ckpt_jit {
 
 /* ---- configuration */
 
-/* KEEL_CKPT: a comma-separated list of policies; `jit` is the one this engine knows. */
+/* KEEL_CKPT: a comma-separated list of policies; `jit` is this engine's, `mem` the in-memory
+ * tier's (mem.c). */
 static keel_status policy_parse(const char *text, bool *jit_p) {
   *jit_p = false;
   if (text == NULL || *text == '\0' || strcmp(text, "none") == 0) return KEEL_OK;
@@ -38,8 +39,9 @@ static keel_status policy_parse(const char *text, bool *jit_p) {
   snprintf(copy, sizeof copy, "%s", text);
   char *cursor = copy, *policy;
   while ((policy = strsep(&cursor, ",")) != NULL) {
+    if (strcmp(policy, "mem") == 0) continue;
     if (strcmp(policy, "jit") != 0) {
-      KEEL_LOG_E(MODULE, "KEEL_CKPT=%s: unknown checkpoint policy '%s' (expected jit)", text,
+      KEEL_LOG_E(MODULE, "KEEL_CKPT=%s: unknown checkpoint policy '%s' (expected jit or mem)", text,
                  policy);
       return KEEL_EINVAL;
     }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt_internal.h"
+#include "ckpt/mem_internal.h"
 
 #define REGION_MAGIC 0x524b434bu /* "KCKR" in little-endian byte order */
 #define REGION_VERSION 1
@@ -229,4 +229,59 @@ keel_status keel_ckpt_memory_restore(keel_registry *registry, const keel_ckpt_re
   for (size_t i = 0; i < count; i++) keel_ckpt_manifest_free(&candidates[i].manifest);
   free(candidates);
   return status;
+}
+
+/* ---- a region as a whole: what a peer checks before it counts a copy */
+
+keel_status keel__ckpt_region_check(const keel_ckpt_region *region, keel_ckpt_identity *identity_p,
+                                    uint64_t *seal_p, char *reason) {
+  keel__ckpt_candidate candidate;
+  memset(&candidate, 0, sizeof candidate);
+  keel_status status = region_candidate(region, 0, &candidate);
+  if (status != KEEL_OK) {
+    snprintf(reason, KEEL__CKPT_REASON_BYTES, "%s",
+             status == KEEL_ENOTFOUND ? "it holds no complete snapshot" : "it is malformed");
+    return status;
+  }
+  const uint8_t *data = (const uint8_t *)region->base + candidate.data_offset;
+  const keel_ckpt_manifest *manifest = &candidate.manifest;
+  for (uint32_t b = 0; status == KEEL_OK && b < manifest->buffer_count; b++) {
+    status = keel__ckpt_buffer_check(manifest, b, data, reason);
+    data += manifest->buffers[b].bytes;
+  }
+  if (status == KEEL_OK && region_finish(&candidate, reason) != KEEL_OK) status = KEEL_ENOTFOUND;
+  if (status == KEEL_OK && identity_p != NULL) *identity_p = manifest->identity;
+  if (status == KEEL_OK && seal_p != NULL) *seal_p = candidate.seal;
+  keel_ckpt_manifest_free(&candidate.manifest);
+  return status;
+}
+
+uint64_t keel__ckpt_region_seal(const keel_ckpt_region *region) {
+  const region_header *header = region->base;
+  return atomic_load_explicit(&header->seal, memory_order_acquire);
+}
+
+void keel__ckpt_region_unseal(const keel_ckpt_region *region) {
+  region_header *header = region->base;
+  uint64_t seal = atomic_load_explicit(&header->seal, memory_order_relaxed);
+  atomic_store_explicit(&header->seal, seal % 2 == 0 ? seal + 1 : seal + 2, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+}
+
+void keel__ckpt_region_seal_now(const keel_ckpt_region *region) {
+  region_header *header = region->base;
+  uint64_t seal = atomic_load_explicit(&header->seal, memory_order_relaxed);
+  atomic_store_explicit(&header->seal, seal % 2 == 0 ? seal + 2 : seal + 1, memory_order_release);
+}
+
+keel_status keel__ckpt_region_identity(const keel_ckpt_region *region,
+                                       keel_ckpt_identity *identity_p, uint64_t *seal_p) {
+  keel__ckpt_candidate candidate;
+  memset(&candidate, 0, sizeof candidate);
+  keel_status status = region_candidate(region, 0, &candidate);
+  if (status != KEEL_OK) return status;
+  *identity_p = candidate.manifest.identity;
+  *seal_p = candidate.seal;
+  keel_ckpt_manifest_free(&candidate.manifest);
+  return KEEL_OK;
 }

@@ -48,6 +48,26 @@ static int candidate_compare(const void *left, const void *right) {
   return 0;
 }
 
+keel_status keel__ckpt_buffer_check(const keel_ckpt_manifest *manifest, uint32_t index,
+                                    const uint8_t *data, char *reason) {
+  const keel_ckpt_entry *entry = &manifest->buffers[index];
+  for (uint32_t c = 0; c < entry->chunk_count; c++) {
+    uint64_t start = (uint64_t)c * manifest->chunk_bytes;
+    uint64_t length = entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start
+                                                                   : manifest->chunk_bytes;
+    uint32_t stored = manifest->chunk_crc32c[entry->first_chunk + c];
+    uint32_t computed = keel_crc32c(0, data + start, length);
+    if (stored != computed) {
+      snprintf(reason, KEEL__CKPT_REASON_BYTES,
+               "buffer '%s' chunk %" PRIu32 " (bytes %" PRIu64 "..%" PRIu64
+               ") fails its crc32c (manifest %08" PRIx32 ", data %08" PRIx32 ")",
+               entry->name, c, start, start + length, stored, computed);
+      return KEEL_ECORRUPT;
+    }
+  }
+  return KEEL_OK;
+}
+
 /* Reads every buffer of the candidate into staging and checks every chunk. */
 static keel_status candidate_stage(const keel__ckpt_candidate *candidate, uint8_t *staging,
                                    char *reason) {
@@ -58,21 +78,14 @@ static keel_status candidate_stage(const keel__ckpt_candidate *candidate, uint8_
     keel_status status =
         candidate->ops->read_buffer(candidate, b, staging + offset, entry->bytes, reason);
     if (status != KEEL_OK) return status;
-    for (uint32_t c = 0; c < entry->chunk_count; c++) {
-      uint64_t start = (uint64_t)c * manifest->chunk_bytes;
-      uint64_t length = entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start
-                                                                     : manifest->chunk_bytes;
-      uint32_t stored = manifest->chunk_crc32c[entry->first_chunk + c];
-      uint32_t computed = keel_crc32c(0, staging + offset + start, length);
-      if (stored != computed) {
-        /* A source rewritten while it was read explains the mismatch better than damage. */
-        if (candidate->ops->finish(candidate, reason) != KEEL_OK) return KEEL_EAGAIN;
-        snprintf(reason, KEEL__CKPT_REASON_BYTES,
-                 "buffer '%s' chunk %" PRIu32 " (bytes %" PRIu64 "..%" PRIu64
-                 ") fails its crc32c (manifest %08" PRIx32 ", data %08" PRIx32 ")",
-                 entry->name, c, start, start + length, stored, computed);
-        return KEEL_ECORRUPT;
+    if (keel__ckpt_buffer_check(manifest, b, staging + offset, reason) != KEEL_OK) {
+      /* A source rewritten while it was read explains the mismatch better than damage. */
+      char rewritten[KEEL__CKPT_REASON_BYTES];
+      if (candidate->ops->finish(candidate, rewritten) != KEEL_OK) {
+        memcpy(reason, rewritten, KEEL__CKPT_REASON_BYTES);
+        return KEEL_EAGAIN;
       }
+      return KEEL_ECORRUPT;
     }
     offset += entry->bytes;
   }
@@ -95,6 +108,7 @@ static size_t candidates_select(const keel_registry *registry, const keel_ckpt_s
     } else if (identity->shard_index != selector->shard_index ||
                identity->step > selector->max_step || identity->step < selector->min_step) {
       /* Another shard's snapshot, or one of a step not asked for: not ours to use, not bad. */
+      KEEL_LOG_D(KEEL__CKPT_MODULE, "%s/%s holds shard %" PRIu32 " of step %" PRIu64 ": not asked for", where, candidate->label, identity->shard_index, identity->step);
       continue;
     } else if (selector->shard_count != 0 && identity->shard_count != selector->shard_count) {
       snprintf(reason, sizeof reason, "it is shard %" PRIu32 " of %" PRIu32 ", not of %" PRIu32,

@@ -35,6 +35,9 @@ bool keel__frame_type_known(uint16_t type) {
     case KEEL_FRAME_STORE_RESPONSE:
     case KEEL_FRAME_EC_REQUEST:
     case KEEL_FRAME_EC_REPLY:
+    case KEEL_FRAME_CKPT_REQUEST:
+    case KEEL_FRAME_CKPT_DATA:
+    case KEEL_FRAME_CKPT_REPLY:
     case KEEL_FRAME_GOODBYE:
       return true;
     default:

@@ -215,6 +215,8 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   info->state_transfer_ns += elapsed_since(&mark);
   if (transfer.receiver && !transfer.received) position->has_state = false;
   position->tier_failed = transfer.tier_failed;
+  position->has_fallback = transfer.has_fallback;
+  position->fallback = transfer.fallback;
   if (transfer.tier_failed) status = tier_failed_round(comm);
   if (status != KEEL_OK) return status;
   position->has_state = true;
@@ -405,7 +407,8 @@ static void preconnect(keel_ctx *ctx) {
 }
 
 /* Takes the state the admitting decision's plan gives this newcomer. */
-static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p, bool *tier_failed_p) {
+static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p,
+                            keel__transfer_result *failed_p) {
   keel_decision *decision = ctx->recovery->decision;
   keel__session_publish(ctx->session, KEEL__ROLE_WORKER, keel_comm_rank(comm),
                         keel_comm_epoch(comm), keel_endpoint_address(ctx->endpoint));
@@ -415,7 +418,7 @@ static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p, bo
   keel__transfer_result transfer = {0};
   if (status == KEEL_OK) status = keel__state_transfer(ctx, comm, decision, &plan, &transfer);
   *received_p = transfer.received;
-  *tier_failed_p = transfer.tier_failed;
+  *failed_p = transfer;
   if (transfer.tier_failed) status = tier_failed_round(comm);
   if (status == KEEL_OK) keel__step_state_set(ctx->step, plan.version, true);
   return status;
@@ -433,8 +436,9 @@ keel_status keel__admission(keel_ctx *ctx) {
         ctx->endpoint, keel_deadline_after_ns(ADMISSION_SLICE_NS), ctx->recovery->decision, &comm);
     if (status == KEEL_ETIMEDOUT) continue; /* a slice without news: the offer stands */
     if (status != KEEL_OK) return failure_cause(ctx, status);
-    bool received = false, tier_failed = false;
-    status = admitted(ctx, comm, &received, &tier_failed);
+    bool received = false;
+    keel__transfer_result transfer = {0};
+    status = admitted(ctx, comm, &received, &transfer);
     if (status == KEEL_OK) {
       ctx->newcomer = received;
       return KEEL_OK;
@@ -451,7 +455,9 @@ keel_status keel__admission(keel_ctx *ctx) {
                keel_strerror(status));
     keel__position position;
     keel__step_position(ctx, KEEL__REDO_NONE, &position);
-    position.tier_failed = tier_failed;
+    position.tier_failed = transfer.tier_failed;
+    position.has_fallback = transfer.has_fallback;
+    position.fallback = transfer.fallback;
     keel_rebuild_vote vote = {0};
     ctx->policy->vote(&vote);
     keel_recovery info = {0};

@@ -143,6 +143,8 @@ typedef struct keel__position {
   uint32_t collective; /* which collective of the step failed (0-based) */
   keel__redo_kind redo;
   bool tier_failed; /* a tier could not give this member its state last round */
+  bool has_fallback; /* with tier_failed: a tier has its shard at an older step, */
+  uint64_t fallback; /* this one, to which the job may roll back */
 } keel__position;
 
 keel_status keel__state_sources_create(keel__state_sources **sources_p);
@@ -160,6 +162,7 @@ typedef struct keel__state_plan {
   uint32_t lost_shard;
   uint64_t version; /* the state every member holds afterwards */
   uint32_t shards;
+  bool rolled_back; /* version is older than a member's: a tier could not give the newest */
 } keel__state_plan;
 /* Computes the plan from the decision (every member computes the same). */
 keel_status keel__state_plan_make(const keel_decision *decision, int old_size,
@@ -171,6 +174,8 @@ typedef struct keel__transfer_result {
   bool receiver;    /* it lacked the state */
   bool received;    /* and now holds it (from a survivor or a tier) */
   bool tier_failed; /* no survivor held its shard and no tier had it */
+  bool has_fallback; /* with tier_failed: a tier has the shard at an older step, */
+  uint64_t fallback;
 } keel__transfer_result;
 /* Carries out this process's part of the plan on comm (the new epoch): sends to its
  * receivers, receives from its sender, or restores from a tier. */

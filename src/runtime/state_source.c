@@ -45,26 +45,32 @@ keel_status keel__state_sources_add(keel__state_sources *sources, const keel_sta
   return KEEL_OK;
 }
 
-/* ---- notes: "h1:v17:s0/1:c0:rA:i1:t0" */
+/* ---- notes: "h1:v17:s0/1:c0:rA:i1:t0:b0" (b: 1 + the fallback step, 0 for none) */
 
 static const char redo_letters[] = {'0', 'S', 'A'};
 
 void keel__position_note(const keel__position *position, char *note, size_t capacity) {
-  snprintf(note, capacity, "h%d:v%" PRIu64 ":s%" PRIu32 "/%" PRIu32 ":c%" PRIu32 ":r%c:i%d:t%d",
+  snprintf(note, capacity,
+           "h%d:v%" PRIu64 ":s%" PRIu32 "/%" PRIu32 ":c%" PRIu32 ":r%c:i%d:t%d:b%" PRIu64,
            position->has_state, position->version, position->shard, position->shards,
            position->collective, redo_letters[position->redo], position->in_step,
-           position->tier_failed);
+           position->tier_failed, position->has_fallback ? position->fallback + 1 : 0);
 }
 
 keel_status keel__position_parse(const char *note, keel__position *position) {
   memset(position, 0, sizeof *position);
   int has = 0, in_step = 0, tier_failed = 0, consumed = 0;
-  unsigned long long version = 0;
+  unsigned long long version = 0, fallback = 0;
   unsigned shard = 0, shards = 0, collective = 0;
   char redo = '0';
   if (sscanf(note, "h%d:v%llu:s%u/%u:c%u:r%c:i%d:t%d%n", &has, &version, &shard, &shards,
-             &collective, &redo, &in_step, &tier_failed, &consumed) != 8 ||
-      note[consumed] != '\0' || shards == 0 || shard >= shards || shards > KEEL_MAX_WORLD)
+             &collective, &redo, &in_step, &tier_failed, &consumed) != 8)
+    return KEEL_ECORRUPT;
+  /* The fallback field is optional: a note without it has none. */
+  int tail = 0;
+  if (note[consumed] == ':' && sscanf(note + consumed, ":b%llu%n", &fallback, &tail) == 1)
+    consumed += tail;
+  if (note[consumed] != '\0' || shards == 0 || shard >= shards || shards > KEEL_MAX_WORLD)
     return KEEL_ECORRUPT;
   const char *letter = memchr(redo_letters, redo, sizeof redo_letters);
   if (letter == NULL) return KEEL_ECORRUPT;
@@ -76,6 +82,8 @@ keel_status keel__position_parse(const char *note, keel__position *position) {
   position->redo = (keel__redo_kind)(letter - redo_letters);
   position->in_step = in_step != 0;
   position->tier_failed = tier_failed != 0;
+  position->has_fallback = fallback != 0;
+  position->fallback = fallback != 0 ? (uint64_t)fallback - 1 : 0;
   return KEEL_OK;
 }
 
@@ -96,6 +104,7 @@ typedef struct plan_work {
   member_view *members;
   uint32_t shards;
   uint64_t version;
+  bool rolled_back;
 } plan_work;
 
 static keel_status views_read(plan_work *work) {
@@ -124,6 +133,14 @@ static keel_status views_read(plan_work *work) {
     any = true;
   }
   if (work->shards == 0) work->shards = 1;
+  /* A lost shard no tier has at the newest step, but at an older one: everyone goes back. */
+  for (int m = 0; m < decision->member_count; m++) {
+    const keel__position *position = &work->members[m].position;
+    if (!position->tier_failed || !position->has_fallback || position->fallback >= work->version)
+      continue;
+    work->version = position->fallback;
+    work->rolled_back = true;
+  }
   return KEEL_OK;
 }
 
@@ -183,13 +200,14 @@ static keel_status plan_compute(const keel_decision *decision, int old_size,
       continue;
     }
     view->from_tier = true;
-    if (view->position.tier_failed) {
+    if (view->position.tier_failed && !view->position.has_fallback) {
       plan->unrecoverable = true;
       plan->lost_shard = view->need;
     }
   }
   plan->version = work.version;
   plan->shards = work.shards;
+  plan->rolled_back = work.rolled_back;
   plan->forward = status == KEEL_OK && !plan->any_transfer && forward_possible(&work, old_size);
   if (status == KEEL_OK && views_p != NULL) {
     *views_p = work.members;
@@ -335,6 +353,22 @@ static keel_status receive_from(keel_ctx *ctx, keel_comm *comm, int rank, state_
   return status;
 }
 
+/* The newest step below version that some tier has of the shard. */
+static bool tier_fallback(keel_ctx *ctx, uint32_t shard, uint32_t shards, uint64_t version,
+                          uint64_t *fallback_p) {
+  keel__state_sources *sources = ctx->sources;
+  bool found = false;
+  for (int i = 0; version > 0 && i < sources->count; i++) {
+    uint64_t step = 0;
+    if (sources->ops[i]->newest == NULL ||
+        sources->ops[i]->newest(sources->contexts[i], shard, shards, version - 1, &step) != KEEL_OK)
+      continue;
+    if (!found || step > *fallback_p) *fallback_p = step;
+    found = true;
+  }
+  return found;
+}
+
 static keel_status restore_from_tier(keel_ctx *ctx, uint32_t shard, uint32_t shards,
                                      uint64_t version) {
   keel__state_sources *sources = ctx->sources;
@@ -376,6 +410,9 @@ keel_status keel__state_transfer(keel_ctx *ctx, keel_comm *comm, const keel_deci
     status = restore_from_tier(ctx, mine->need, again.shards, again.version);
     result->received = status == KEEL_OK;
     result->tier_failed = status == KEEL_ENOTFOUND;
+    if (result->tier_failed)
+      result->has_fallback =
+          tier_fallback(ctx, mine->need, again.shards, again.version, &result->fallback);
   } else {
     request_set set = {0};
     int64_t sent = 0;

@@ -230,6 +230,7 @@ int main(int argc, char **argv) {
   toy_state toy = {0};
   keel_ckpt_jit *jit = NULL;
   keel_ckpt_persist *persist = NULL;
+  keel_ckpt_mem *mem = NULL;
   int exit_code = 1;
   if (!toy_allocate(&toy, &opts)) goto done;
   for (size_t i = 0; i < toy.n; i++) toy.params[i] = (float)sin((double)i);
@@ -244,6 +245,8 @@ int main(int argc, char **argv) {
       keel_ckpt_persist_enable(ctx, opts.persist_directory, (uint64_t)opts.persist_every,
                                &persist) != KEEL_OK)
     goto done;
+  /* In-memory checkpoints when `keel run --ckpt mem` asks for them (a no-op otherwise). */
+  if (keel_ckpt_mem_enable(ctx, &mem) != KEEL_OK) goto done;
   keel_status status = keel_start(ctx);
   if (status != KEEL_OK) {
     exit_code = keel_exit_code(status); /* KEEL_EJOBDONE: a spare that was never needed */
@@ -265,6 +268,7 @@ int main(int argc, char **argv) {
 done:
   keel_finalize(ctx);
   keel_ckpt_persist_destroy(persist);
+  keel_ckpt_mem_destroy(mem);
   keel_ckpt_jit_destroy(jit);
   toy_release(&toy);
   return exit_code;

@@ -8,6 +8,7 @@
 
 #include <signal.h>
 
+#include "keel/ckpt.h"
 #include "metrics.h"
 #include "tool.h"
 
@@ -21,6 +22,7 @@ typedef enum keel__policy {
 typedef enum keel__ckpt_policy {
   KEEL__CKPT_NONE,
   KEEL__CKPT_JIT, /* just-in-time checkpoints, saved by the healthy workers on a failure */
+  KEEL__CKPT_MEM, /* in-memory checkpoints every iteration, copied to peer nodes (Gemini) */
 } keel__ckpt_policy;
 
 typedef struct keel__run_options {
@@ -34,6 +36,8 @@ typedef struct keel__run_options {
   bool node_failure_domain;
   keel__ckpt_policy ckpt;
   const char *ckpt_dir;   /* as given (relative or not); NULL: the default */
+  const char *ckpt_mem;   /* --ckpt mem:SETTINGS: the settings ("" for plain mem) */
+  keel_ckpt_mem_config mem_config; /* parsed from them */
   const char *resume_dir; /* --resume: the old job's checkpoint folder; NULL: none */
   int64_t max_restarts;
   int64_t min_world;
@@ -76,7 +80,7 @@ typedef enum keel__parse_result {
 keel__parse_result keel__run_options_parse(int argc, char **argv, keel__run_options *options_p);
 /* "shrink", "replace", "restart": KEEL_ON_FAILURE and the job_start event. */
 const char *keel__policy_name(keel__policy policy);
-/* "jit" or "none": KEEL_CKPT and the job_start event. */
+/* "jit", "mem" or "none": KEEL_CKPT and the job_start event. */
 const char *keel__ckpt_name(keel__ckpt_policy ckpt);
 /* "250ms", "2s": the shortest exact spelling of a duration, for KEEL_* variables. */
 void keel__duration_format(int64_t duration_ns, char *text, size_t capacity);
@@ -240,6 +244,8 @@ typedef struct keel__launcher {
   int events_fd;
   char job_file_path[PATH_MAX];
   char ckpt_dir[PATH_MAX];   /* absolute, made at the start; empty without --ckpt */
+  char mem_dir[PATH_MAX];    /* --ckpt mem: this node's folder of snapshots in /dev/shm */
+  keel_ckpt_agent *mem_agent; /* --ckpt mem: this node's snapshot service */
   char resume_dir[PATH_MAX]; /* absolute --resume folder; empty without it */
   int stop_signal;           /* the signal that began an orderly stop; 0: none */
   keel__child *children;
@@ -455,5 +461,11 @@ void keel__display_tick(keel__launcher *launcher, int64_t now_ns);
 int64_t keel__display_deadline(const keel__launcher *launcher);
 /* Draws the final status line and ends it with a newline. */
 void keel__display_finish(keel__launcher *launcher);
+
+/* ---- --ckpt mem (run_memory.c): the node's snapshot service, its folder in /dev/shm. */
+keel_status keel__mem_service_start(keel__launcher *launcher);
+void keel__mem_service_stop(keel__launcher *launcher);
+/* Removes the job's folder of every node (/dev/shm/keel-<job id>). */
+void keel__mem_folder_remove(const keel__launcher *launcher);
 
 #endif

@@ -656,8 +656,10 @@ static keel_status launcher_open(keel__launcher *launcher) {
     KEEL_LOG_E("launcher", "no memory for %zu processes", launcher->child_capacity);
     goto fail_close_report_pipe;
   }
-  if (launcher->agent.active) status = keel__root_init(launcher);
+  status = keel__mem_service_start(launcher);
   if (status != KEEL_OK) goto fail_free_children;
+  if (launcher->agent.active) status = keel__root_init(launcher);
+  if (status != KEEL_OK) goto fail_stop_memory;
   status = watchers_open(launcher);
   if (status != KEEL_OK) goto fail_free_root;
   if (launcher->agent.active) status = keel__agent_register(launcher);
@@ -672,6 +674,8 @@ fail_stop_watchers:
   keel__watcher_stop(launcher->proc_watcher);
 fail_free_root:
   keel__root_free(launcher);
+fail_stop_memory:
+  keel__mem_service_stop(launcher);
 fail_free_children:
   free(launcher->children);
 fail_close_report_pipe:
@@ -702,6 +706,7 @@ void keel__launcher_metrics_start(keel__launcher *launcher) {
 /* Undoes launcher_open once every child is reaped. */
 static void launcher_close(keel__launcher *launcher) {
   keel__metrics_stop(launcher->metrics);
+  keel__mem_service_stop(launcher);
   keel__agent_close(launcher);
   keel__watcher_stop(launcher->node_watcher);
   keel__watcher_stop(launcher->request_watcher);

@@ -160,12 +160,13 @@ keel_status keel__agent_register(keel__launcher *launcher) {
   keel__agent_state *agent = &launcher->agent;
   int64_t sent_ns = keel_now_ns();
   keel_status status = keel_store_lease_grant(launcher->store, agent->ttl_ns, &agent->lease);
-  char key[32], value[160];
+  char key[32], value[256];
   snprintf(key, sizeof key, "node/%lld", (long long)agent->node);
   const char *host = getenv("KEEL_HOST");
-  int length = snprintf(value, sizeof value, "pid=%ld pgid=%ld role=%s group=%d addr=%s",
+  int length = snprintf(value, sizeof value, "pid=%ld pgid=%ld role=%s group=%d addr=%s%s%s",
                         (long)getpid(), (long)getpgid(0), agent_role(agent), agent->supervised,
-                        host != NULL ? host : "127.0.0.1");
+                        host != NULL ? host : "127.0.0.1", launcher->mem_agent ? " ckpt=" : "",
+                        launcher->mem_agent ? keel_ckpt_agent_address(launcher->mem_agent) : "");
   if (status == KEEL_OK)
     status = keel_store_put(launcher->store, key, value, (size_t)length, agent->lease, NULL);
   if (status != KEEL_OK) {

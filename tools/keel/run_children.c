@@ -35,6 +35,8 @@ typedef enum own_variable {
   OWN_HEARTBEAT,
   OWN_CKPT,     /* unset without --ckpt */
   OWN_CKPT_DIR, /* unset without --ckpt */
+  OWN_CKPT_MEM,     /* unset without --ckpt mem */
+  OWN_CKPT_MEM_DIR, /* unset without --ckpt mem */
   OWN_RESTART,
   OWN_FIRST_UID,
   OWN_FIRST_EPOCH,
@@ -63,6 +65,8 @@ static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
     [OWN_HEARTBEAT] = "KEEL_HEARTBEAT",
     [OWN_CKPT] = "KEEL_CKPT",
     [OWN_CKPT_DIR] = "KEEL_CKPT_DIR",
+    [OWN_CKPT_MEM] = "KEEL_CKPT_MEM",
+    [OWN_CKPT_MEM_DIR] = "KEEL_CKPT_MEM_DIR",
     [OWN_RESTART] = "KEEL_RESTART",
     [OWN_FIRST_UID] = "KEEL_FIRST_UID",
     [OWN_FIRST_EPOCH] = "KEEL_FIRST_EPOCH",
@@ -133,6 +137,9 @@ static void own_ckpt_variables_fill(const keel__launcher *launcher,
   if (launcher->options.ckpt == KEEL__CKPT_NONE) return;
   own_variable_set(environment, OWN_CKPT, "%s", keel__ckpt_name(launcher->options.ckpt));
   own_variable_set(environment, OWN_CKPT_DIR, "%s", launcher->ckpt_dir);
+  if (launcher->options.ckpt != KEEL__CKPT_MEM) return;
+  own_variable_set(environment, OWN_CKPT_MEM, "%s", launcher->options.ckpt_mem);
+  own_variable_set(environment, OWN_CKPT_MEM_DIR, "%s", launcher->mem_dir);
 }
 
 /* The parameter servers' shape (keel_ec_config_from_env), set only with --servers; the

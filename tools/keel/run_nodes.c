@@ -367,6 +367,7 @@ int keel__nodes_run(const keel__run_options *options) {
   exit_code = base->exit_code;
   keel__event_emit(base, "job_end", "\"code\":%d,\"seconds\":%.3f", exit_code,
                    (double)(keel_now_ns() - base->start_ns) / 1e9);
+  keel__mem_folder_remove(base);
   keel__launcher_close_base(base);
 destroy_network:
   keel__netns_destroy(supervisor->net);

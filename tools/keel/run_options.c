@@ -39,6 +39,10 @@ static const char run_help_text[] =
     "                            and the job starts anew from its checkpoints (needs --ckpt)\n"
     "  --ckpt jit                just-in-time checkpoints: on a failure the healthy workers\n"
     "                            save; means --on-failure restart unless replace is given\n"
+    "  --ckpt mem[:SETTINGS]     in-memory checkpoints every iteration, each node's copied to\n"
+    "                            peer nodes (Gemini); SETTINGS: replicas=K (default 2, at\n"
+    "                            most the nodes), every=N steps, buffers=B chunks in flight,\n"
+    "                            chunk=SIZE, blocking; means --on-failure replace\n"
     "  --ckpt-dir DIR            where they save (default /tmp/keel-<uid>/ckpt, made if missing)\n"
     "  --resume DIR              start from the state a stopped or orphaned job saved in DIR\n"
     "                            (<ckpt-dir>/<job id>, as its workers said); means --ckpt jit\n"
@@ -248,7 +252,19 @@ const char *keel__policy_name(keel__policy policy) {
 }
 
 const char *keel__ckpt_name(keel__ckpt_policy ckpt) {
+  if (ckpt == KEEL__CKPT_MEM) return "mem";
   return ckpt == KEEL__CKPT_JIT ? "jit" : "none";
+}
+
+/* --ckpt mem or mem:SETTINGS (keel_ckpt_mem_config_parse). */
+static bool ckpt_mem_parse(const char *value, keel__run_options *options) {
+  const char *settings = value[3] == ':' ? value + 4 : "";
+  char error[256];
+  if (keel_ckpt_mem_config_parse(settings, &options->mem_config, error, sizeof error) != KEEL_OK)
+    return reject("--ckpt %s: %s", value, error);
+  options->ckpt = KEEL__CKPT_MEM;
+  options->ckpt_mem = settings;
+  return true;
 }
 
 /* Finds text among choices (NULL-terminated): *index_p gets its position. */
@@ -315,6 +331,8 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       options->on_failure = (keel__policy)choice;
       return true;
     case FLAG_CKPT:
+      if (strncmp(value, "mem", 3) == 0 && (value[3] == '\0' || value[3] == ':'))
+        return ckpt_mem_parse(value, options);
       if (!parse_choice(flag->name, value, ckpt_choices, &choice)) return false;
       options->ckpt = KEEL__CKPT_JIT;
       return true;
@@ -447,6 +465,18 @@ static bool options_resolve_recovery(keel__run_options *options, const bool *giv
   if (options->resume_dir != NULL) options->ckpt = KEEL__CKPT_JIT;
   if (options->ckpt == KEEL__CKPT_JIT && !given[FLAG_ON_FAILURE])
     options->on_failure = KEEL__ON_FAILURE_RESTART;
+  if (options->ckpt == KEEL__CKPT_MEM && !given[FLAG_ON_FAILURE])
+    options->on_failure = KEEL__ON_FAILURE_REPLACE;
+  if (options->ckpt == KEEL__CKPT_MEM && options->on_failure == KEEL__ON_FAILURE_RESTART)
+    return reject("--ckpt mem recovers in process: --on-failure replace or shrink");
+  if (options->ckpt == KEEL__CKPT_MEM && options->nnodes > 1 && !options->agents &&
+      options->node_rank < 0)
+    return reject("--ckpt mem on several nodes needs their agents: add --agents or --netns");
+  /* The default of 2 copies shrinks to what one node can hold; an explicit count cannot. */
+  if (options->ckpt == KEEL__CKPT_MEM && strstr(options->ckpt_mem, "replicas=") != NULL &&
+      options->mem_config.replicas > options->nnodes)
+    return reject("--ckpt mem: replicas=%u needs at least that many nodes (--nnodes)",
+                  options->mem_config.replicas);
   if (given[FLAG_CKPT_DIR] && options->ckpt == KEEL__CKPT_NONE)
     return reject("--ckpt-dir needs --ckpt jit");
   if (options->ckpt == KEEL__CKPT_JIT && options->on_failure == KEEL__ON_FAILURE_SHRINK)

@@ -1,0 +1,576 @@
+/* In-memory checkpoints, the agent's side (Gemini §4-§6): the node's snapshot service. One
+ * thread accepts connections (and moves the node's heartbeat), one thread per connection
+ * serves a peer's copies (checked, then sealed: a copy counts only when complete) and
+ * fetches, and one thread sends each new snapshot of the node's workers to the peers that
+ * Algorithm 1 names, a few chunks in flight, then tells the worker its slot is free. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt/mem_internal.h"
+#include "keel/model.h"
+
+#define MODULE "mem-agent"
+#define SECOND_NS INT64_C(1000000000)
+#define CALL_DEADLINE_NS (30 * SECOND_NS)
+#define CONNECT_DEADLINE_NS (SECOND_NS)
+#define POLL_MS 100
+#define RESCAN_EVERY_NS (50 * 1000 * 1000)
+#define PEERS_REFRESH_NS (SECOND_NS)
+#define MAX_RANKS 1024
+#define MAX_CONNECTIONS 64
+
+/* A worker rank whose slots this node holds. */
+typedef struct local_rank {
+  uint32_t rank;
+  keel__ckpt_slot slots[2];
+  keel__ckpt_slot control;
+  uint64_t pushed[2]; /* the seal of each slot last sent to every peer */
+} local_rank;
+
+typedef struct peer {
+  char address[128];
+  keel_link *link;
+} peer;
+
+typedef struct connection {
+  keel_ckpt_agent *agent;
+  keel_link *link;
+  pthread_t thread;
+  bool used;
+  _Atomic bool finished;
+} connection;
+
+struct keel_ckpt_agent {
+  keel_auth auth;
+  char store_endpoint[512];
+  char directory[PATH_MAX];
+  uint32_t node, nodes;
+  keel_ckpt_mem_config config;
+  keel_model_placement placement;
+  keel_listener *listener;
+  keel__ckpt_slot heartbeat;
+  pthread_t accept_thread, replicate_thread;
+  bool accept_started, replicate_started;
+  _Atomic bool stopping;
+  _Atomic uint64_t sent, received;
+  pthread_mutex_t connections_lock;
+  connection connections[MAX_CONNECTIONS];
+  /* The replicate thread's own. */
+  keel_store *store;
+  local_rank *ranks;
+  size_t rank_count;
+  peer peers[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  uint32_t peer_nodes[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  uint32_t peer_count;
+  int64_t peers_refreshed_ns, rescanned_ns;
+};
+
+static bool stopping(keel_ckpt_agent *agent) {
+  return atomic_load_explicit(&agent->stopping, memory_order_acquire);
+}
+
+/* ---- serving one connection: copies from peers, fetches */
+
+typedef struct copy_target {
+  keel__ckpt_slot slot;
+  bool open;
+  uint64_t next_offset;
+} copy_target;
+
+static void copy_target_close(copy_target *target) {
+  if (target->open) keel__ckpt_slot_close(&target->slot);
+  target->open = false;
+}
+
+/* Of the two slots of the origin's copies, the one that does not hold the newest complete
+ * copy: that one stays until the new one is sealed. */
+static int copy_slot_choose(keel_ckpt_agent *agent, uint32_t origin, size_t bytes) {
+  uint64_t newest_step[2] = {0, 0};
+  bool complete[2] = {false, false};
+  for (int i = 0; i < 2; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "peer-%" PRIu32 ".slot-%d", origin, i);
+    keel__ckpt_slot slot = {.file = -1};
+    if (keel__ckpt_slot_open(agent->directory, name, 0, &slot) != KEEL_OK) continue;
+    keel_ckpt_identity identity;
+    uint64_t seal = 0;
+    if (slot.region.bytes == bytes &&
+        keel__ckpt_region_identity(&slot.region, &identity, &seal) == KEEL_OK) {
+      complete[i] = true;
+      newest_step[i] = identity.step;
+    }
+    keel__ckpt_slot_close(&slot);
+  }
+  if (!complete[0]) return 0;
+  if (!complete[1]) return 1;
+  return newest_step[0] <= newest_step[1] ? 0 : 1;
+}
+
+static keel_status serve_offer(keel_ckpt_agent *agent, const keel__ckpt_request *request,
+                               copy_target *target) {
+  copy_target_close(target);
+  size_t bytes = (size_t)request->region_bytes;
+  int slot = copy_slot_choose(agent, request->origin_rank, bytes);
+  char name[64];
+  snprintf(name, sizeof name, "peer-%" PRIu32 ".slot-%d", request->origin_rank, slot);
+  target->slot.file = -1;
+  keel_status status = keel__ckpt_slot_open(agent->directory, name, bytes, &target->slot);
+  if (status != KEEL_OK) {
+    KEEL_LOG_W(MODULE, "cannot keep a copy of rank %" PRIu32 "'s snapshot: %s",
+               request->origin_rank, keel_strerror(status));
+    return status;
+  }
+  target->open = true;
+  keel__ckpt_region_unseal(&target->slot.region);
+  /* The header but its seal word (bytes 32..39), which stays odd until the copy is checked. */
+  uint8_t *base = target->slot.region.base;
+  memcpy(base, request->header, 32);
+  memcpy(base + 40, request->header + 40, KEEL__CKPT_HEADER_BYTES - 40);
+  target->next_offset = KEEL__CKPT_HEADER_BYTES;
+  return KEEL_OK;
+}
+
+static keel_status serve_data(keel_ckpt_agent *agent, keel_link *link, const keel_frame *frame,
+                              const void *payload, copy_target *target, int64_t deadline) {
+  if (!target->open || frame->tag != target->next_offset ||
+      frame->length > target->slot.region.bytes - target->next_offset)
+    return KEEL_EPROTO;
+  memcpy((uint8_t *)target->slot.region.base + frame->tag, payload, (size_t)frame->length);
+  target->next_offset += frame->length;
+  if (agent->config.buffers == 0) return KEEL_OK;
+  return keel__ckpt_send_reply(link, KEEL__CKPT_ACK, KEEL_OK, frame->tag, deadline);
+}
+
+static keel_status serve_commit(keel_ckpt_agent *agent, copy_target *target) {
+  if (!target->open || target->next_offset != target->slot.region.bytes) return KEEL_EPROTO;
+  keel__ckpt_region_seal_now(&target->slot.region);
+  char reason[KEEL__CKPT_REASON_BYTES];
+  keel_ckpt_identity identity;
+  keel_status status = keel__ckpt_region_check(&target->slot.region, &identity, NULL, reason);
+  if (status != KEEL_OK) {
+    keel__ckpt_region_unseal(&target->slot.region);
+    KEEL_LOG_W(MODULE, "refused a peer's copy: %s", reason);
+    copy_target_close(target);
+    return KEEL_ECORRUPT;
+  }
+  atomic_fetch_add(&agent->received, 1);
+  KEEL_LOG_D(MODULE, "holds a copy of rank %" PRIu32 " at step %" PRIu64, identity.rank,
+             identity.step);
+  copy_target_close(target);
+  return KEEL_OK;
+}
+
+/* The newest sealed snapshot here of the request's shard at or below its step: an index
+ * into slots, or -1. */
+static int fetch_choose(const keel__ckpt_request *request, keel__ckpt_slot *slots, size_t count,
+                        uint64_t *seal_p, uint64_t *step_p) {
+  int best = -1;
+  uint64_t best_step = 0;
+  for (size_t i = 0; i < count; i++) {
+    keel_ckpt_identity identity;
+    uint64_t seal = 0;
+    if (keel__ckpt_region_identity(&slots[i].region, &identity, &seal) != KEEL_OK) continue;
+    if (identity.shard_index != request->shard_index ||
+        identity.shard_count != request->shard_count)
+      continue;
+    if (identity.step > request->step) continue;
+    if (best >= 0 && identity.step <= best_step) continue;
+    best = (int)i;
+    best_step = identity.step;
+    *seal_p = seal;
+    *step_p = identity.step;
+  }
+  return best;
+}
+
+static keel_status serve_fetch(keel_ckpt_agent *agent, keel_link *link,
+                               const keel__ckpt_request *request, int64_t deadline) {
+  keel__ckpt_slot *slots = NULL;
+  size_t count = 0;
+  keel_status status = keel__ckpt_slots_list(agent->directory, "", &slots, &count);
+  if (status != KEEL_OK) return keel__ckpt_send_reply(link, KEEL__CKPT_FETCH, status, 0, deadline);
+  uint64_t seal = 0, step = 0;
+  int chosen = fetch_choose(request, slots, count, &seal, &step);
+  if (request->op == KEEL__CKPT_PROBE) {
+    keel__ckpt_slots_close(slots, count);
+    return keel__ckpt_send_reply(link, KEEL__CKPT_PROBE, chosen < 0 ? KEEL_ENOTFOUND : KEEL_OK,
+                                 step, deadline);
+  }
+  if (chosen < 0 || step != request->step) {
+    keel__ckpt_slots_close(slots, count);
+    return keel__ckpt_send_reply(link, KEEL__CKPT_FETCH, KEEL_ENOTFOUND, 0, deadline);
+  }
+  const keel_ckpt_region *region = &slots[chosen].region;
+  status = keel__ckpt_send_reply(link, KEEL__CKPT_FETCH, KEEL_OK, region->bytes, deadline);
+  if (status == KEEL_OK)
+    status = keel__ckpt_send_region(link, region, 0, agent->config.chunk_bytes, 0, deadline);
+  if (status == KEEL_OK) {
+    bool same = keel__ckpt_region_seal(region) == seal;
+    status = keel__ckpt_send_reply(link, KEEL__CKPT_FETCH, same ? KEEL_OK : KEEL_EAGAIN, 0,
+                                   deadline);
+  }
+  keel__ckpt_slots_close(slots, count);
+  return status;
+}
+
+static keel_status serve_frame(keel_ckpt_agent *agent, keel_link *link, const keel_frame *frame,
+                               const void *payload, copy_target *target) {
+  int64_t deadline = keel_deadline_after_ns(CALL_DEADLINE_NS);
+  if (frame->type == KEEL_FRAME_CKPT_DATA)
+    return serve_data(agent, link, frame, payload, target, deadline);
+  keel__ckpt_request request;
+  if (frame->type != KEEL_FRAME_CKPT_REQUEST ||
+      keel__ckpt_request_decode(payload, (size_t)frame->length, &request) != KEEL_OK)
+    return KEEL_EPROTO;
+  keel_status status;
+  switch (request.op) {
+    case KEEL__CKPT_OFFER:
+      status = serve_offer(agent, &request, target);
+      return keel__ckpt_send_reply(link, KEEL__CKPT_OFFER, status, 0, deadline);
+    case KEEL__CKPT_COMMIT:
+      status = serve_commit(agent, target);
+      if (status == KEEL_EPROTO) return status;
+      return keel__ckpt_send_reply(link, KEEL__CKPT_COMMIT, status, 0, deadline);
+    default:
+      return serve_fetch(agent, link, &request, deadline);
+  }
+}
+
+static void *connection_main(void *arg) {
+  connection *served = arg;
+  keel_ckpt_agent *agent = served->agent;
+  copy_target target = {.open = false};
+  while (!stopping(agent)) {
+    struct pollfd ready = {.fd = keel_link_fd(served->link), .events = POLLIN};
+    int polled = poll(&ready, 1, POLL_MS);
+    if (polled < 0 && errno != EINTR) break;
+    if (polled <= 0) continue;
+    keel_frame frame;
+    void *payload = NULL;
+    keel_status status =
+        keel_link_recv(served->link, &frame, &payload, keel_deadline_after_ns(CALL_DEADLINE_NS));
+    if (status == KEEL_OK) status = serve_frame(agent, served->link, &frame, payload, &target);
+    free(payload);
+    if (status != KEEL_OK) {
+      if (status != KEEL_ECLOSED)
+        KEEL_LOG_W(MODULE, "closed a connection from uid %" PRIu32 ": %s",
+                   keel_link_peer_id(served->link), keel_strerror(status));
+      break;
+    }
+  }
+  copy_target_close(&target);
+  atomic_store_explicit(&served->finished, true, memory_order_release);
+  return NULL;
+}
+
+/* ---- accepting, and the heartbeat */
+
+static void connections_reap(keel_ckpt_agent *agent, bool all) {
+  pthread_mutex_lock(&agent->connections_lock);
+  for (int i = 0; i < MAX_CONNECTIONS; i++) {
+    connection *served = &agent->connections[i];
+    if (!served->used) continue;
+    if (!all && !atomic_load_explicit(&served->finished, memory_order_acquire)) continue;
+    pthread_join(served->thread, NULL);
+    keel_link_close(served->link);
+    served->used = false;
+  }
+  pthread_mutex_unlock(&agent->connections_lock);
+}
+
+static void connection_start(keel_ckpt_agent *agent, keel_link *link) {
+  connections_reap(agent, false);
+  pthread_mutex_lock(&agent->connections_lock);
+  connection *free_one = NULL;
+  for (int i = 0; i < MAX_CONNECTIONS && free_one == NULL; i++)
+    if (!agent->connections[i].used) free_one = &agent->connections[i];
+  if (free_one != NULL) {
+    *free_one = (connection){.agent = agent, .link = link, .used = true};
+    keel_link_set_max_payload(link, KEEL_CKPT_MAX_CHUNK_BYTES);
+    if (pthread_create(&free_one->thread, NULL, connection_main, free_one) != 0) {
+      free_one->used = false;
+      free_one = NULL;
+    }
+  }
+  pthread_mutex_unlock(&agent->connections_lock);
+  if (free_one == NULL) {
+    KEEL_LOG_W(MODULE, "too many connections: one refused");
+    keel_link_close(link);
+  }
+}
+
+static void heartbeat_move(keel_ckpt_agent *agent) {
+  keel__ckpt_heartbeat *page = agent->heartbeat.region.base;
+  atomic_store_explicit(&page->agent_ns, keel_now_ns(), memory_order_release);
+}
+
+static void *accept_main(void *arg) {
+  keel_ckpt_agent *agent = arg;
+  while (!stopping(agent)) {
+    heartbeat_move(agent);
+    struct pollfd ready = {.fd = keel_listener_fd(agent->listener), .events = POLLIN};
+    int polled = poll(&ready, 1, POLL_MS);
+    if (polled <= 0) continue;
+    keel_link *link = NULL;
+    keel_status status = keel_listener_accept(agent->listener, &agent->auth,
+                                              keel_deadline_after_ns(2 * SECOND_NS), &link);
+    if (status == KEEL_OK) connection_start(agent, link);
+  }
+  return NULL;
+}
+
+/* ---- sending the node's snapshots to its peers */
+
+static void peer_drop(peer *to) {
+  keel_link_close(to->link);
+  to->link = NULL;
+}
+
+/* The peers' addresses from their node/<i> keys; a peer whose address changed (a node
+ * replaced) is reconnected. */
+static void peers_refresh(keel_ckpt_agent *agent) {
+  agent->peers_refreshed_ns = keel_now_ns();
+  if (agent->peer_count == 0) return;
+  if (agent->store == NULL &&
+      keel_store_connect(agent->store_endpoint, &agent->auth,
+                         keel_deadline_after_ns(CONNECT_DEADLINE_NS), &agent->store) != KEEL_OK)
+    return;
+  for (uint32_t i = 0; i < agent->peer_count; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "node/%" PRIu32, agent->peer_nodes[i]);
+    keel_store_entry *entry = NULL;
+    char address[128] = "";
+    if (keel_store_get(agent->store, key, &entry) == KEEL_OK) {
+      if (!keel__ckpt_agent_address_parse((const char *)entry->value, entry->value_length, address,
+                                          sizeof address))
+        address[0] = '\0';
+      keel_store_entry_free(entry);
+    }
+    if (strcmp(address, agent->peers[i].address) != 0) {
+      peer_drop(&agent->peers[i]);
+      snprintf(agent->peers[i].address, sizeof agent->peers[i].address, "%s", address);
+    }
+  }
+}
+
+/* Sends one sealed slot to one peer: offer, data, commit. */
+static keel_status push_to(keel_ckpt_agent *agent, peer *to, uint32_t rank,
+                           const keel_ckpt_region *region, const keel_ckpt_identity *identity) {
+  if (to->address[0] == '\0') return KEEL_ENOTFOUND;
+  int64_t deadline = keel_deadline_after_ns(CALL_DEADLINE_NS);
+  keel_status status = KEEL_OK;
+  if (to->link == NULL) {
+    status = keel_link_connect(to->address, &agent->auth,
+                               keel_deadline_after_ns(CONNECT_DEADLINE_NS), &to->link);
+    if (status != KEEL_OK) return status;
+    keel_link_set_max_payload(to->link, KEEL_CKPT_MAX_CHUNK_BYTES);
+  }
+  keel__ckpt_request offer = {.op = KEEL__CKPT_OFFER, .origin_rank = rank,
+                              .shard_index = identity->shard_index,
+                              .shard_count = identity->shard_count, .step = identity->step,
+                              .region_bytes = region->bytes};
+  memcpy(offer.header, region->base, KEEL__CKPT_HEADER_BYTES);
+  status = keel__ckpt_send_request(to->link, &offer, deadline);
+  if (status == KEEL_OK) status = keel__ckpt_await_reply(to->link, KEEL__CKPT_OFFER, NULL, deadline);
+  if (status == KEEL_OK)
+    status = keel__ckpt_send_region(to->link, region, KEEL__CKPT_HEADER_BYTES,
+                                    agent->config.chunk_bytes, agent->config.buffers, deadline);
+  keel__ckpt_request commit = {.op = KEEL__CKPT_COMMIT};
+  if (status == KEEL_OK) status = keel__ckpt_send_request(to->link, &commit, deadline);
+  if (status == KEEL_OK)
+    status = keel__ckpt_await_reply(to->link, KEEL__CKPT_COMMIT, NULL, deadline);
+  if (status != KEEL_OK && status != KEEL_ECORRUPT) peer_drop(to);
+  return status;
+}
+
+static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t seal) {
+  keel__ckpt_control *control = local->control.region.base;
+  keel_ckpt_identity identity;
+  uint64_t seen = 0;
+  if (keel__ckpt_region_identity(&local->slots[i].region, &identity, &seen) != KEEL_OK ||
+      seen != seal)
+    return; /* being rewritten: the next look sends the new one */
+  bool all = true;
+  for (uint32_t p = 0; p < agent->peer_count && !stopping(agent); p++) {
+    keel_status status = push_to(agent, &agent->peers[p], local->rank, &local->slots[i].region,
+                                 &identity);
+    if (status == KEEL_OK) {
+      atomic_fetch_add(&agent->sent, 1);
+      continue;
+    }
+    all = false;
+    KEEL_LOG_W(MODULE, "rank %" PRIu32 "'s snapshot of step %" PRIu64 " did not reach node %" PRIu32
+               ": %s", local->rank, identity.step, agent->peer_nodes[p], keel_strerror(status));
+  }
+  if (!all) peers_refresh(agent);
+  /* A peer that is down does not hold training back: the slot is free either way, and the
+   * copies that did land count. */
+  if (keel__ckpt_region_seal(&local->slots[i].region) != seal) return;
+  local->pushed[i] = seal;
+  atomic_store_explicit(&control->replicated[i], seal, memory_order_release);
+}
+
+static void local_rank_close(local_rank *local) {
+  for (int i = 0; i < 2; i++) keel__ckpt_slot_close(&local->slots[i]);
+  keel__ckpt_slot_close(&local->control);
+}
+
+/* Finds the ranks whose control page is in the folder and maps their slots. */
+static void ranks_rescan(keel_ckpt_agent *agent) {
+  agent->rescanned_ns = keel_now_ns();
+  DIR *folder = opendir(agent->directory);
+  if (folder == NULL) return;
+  struct dirent *entry;
+  while ((entry = readdir(folder)) != NULL && agent->rank_count < MAX_RANKS) {
+    unsigned rank = 0;
+    char tail[16];
+    if (sscanf(entry->d_name, "rank-%u.%15s", &rank, tail) != 2 || strcmp(tail, "control") != 0)
+      continue;
+    bool known = false;
+    for (size_t i = 0; i < agent->rank_count && !known; i++) known = agent->ranks[i].rank == rank;
+    if (known) continue;
+    local_rank local = {.rank = rank};
+    char name[64];
+    bool opened = keel__ckpt_slot_open(agent->directory, entry->d_name, 0, &local.control) == KEEL_OK;
+    for (int i = 0; opened && i < 2; i++) {
+      snprintf(name, sizeof name, "rank-%u.slot-%d", rank, i);
+      opened = keel__ckpt_slot_open(agent->directory, name, 0, &local.slots[i]) == KEEL_OK;
+      if (!opened) {
+        for (int j = 0; j < i; j++) keel__ckpt_slot_close(&local.slots[j]);
+        keel__ckpt_slot_close(&local.control);
+      }
+    }
+    if (opened && local.control.region.bytes >= sizeof(keel__ckpt_control))
+      agent->ranks[agent->rank_count++] = local;
+  }
+  closedir(folder);
+}
+
+static bool replicate_once(keel_ckpt_agent *agent) {
+  bool worked = false;
+  for (size_t r = 0; r < agent->rank_count && !stopping(agent); r++) {
+    local_rank *local = &agent->ranks[r];
+    for (int i = 0; i < 2; i++) {
+      uint64_t seal = keel__ckpt_region_seal(&local->slots[i].region);
+      if (seal == 0 || seal % 2 != 0 || seal == local->pushed[i]) continue;
+      push_slot(agent, local, i, seal);
+      worked = true;
+    }
+  }
+  return worked;
+}
+
+static void *replicate_main(void *arg) {
+  keel_ckpt_agent *agent = arg;
+  while (!stopping(agent)) {
+    int64_t now = keel_now_ns();
+    if (now - agent->rescanned_ns >= RESCAN_EVERY_NS) ranks_rescan(agent);
+    if (now - agent->peers_refreshed_ns >= PEERS_REFRESH_NS) peers_refresh(agent);
+    if (!replicate_once(agent)) {
+      struct timespec pause = {.tv_nsec = 200 * 1000};
+      nanosleep(&pause, NULL);
+    }
+  }
+  return NULL;
+}
+
+/* ---- the public face */
+
+static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent_options *options) {
+  agent->auth = options->auth;
+  agent->node = options->node;
+  agent->nodes = options->nodes;
+  agent->config = options->config;
+  if (options->directory == NULL || strlen(options->directory) >= sizeof agent->directory ||
+      options->store == NULL || strlen(options->store) >= sizeof agent->store_endpoint ||
+      options->host == NULL || options->nodes == 0)
+    return KEEL_EINVAL;
+  snprintf(agent->directory, sizeof agent->directory, "%s", options->directory);
+  snprintf(agent->store_endpoint, sizeof agent->store_endpoint, "%s", options->store);
+  uint32_t replicas = options->config.replicas < options->nodes ? options->config.replicas
+                                                                : options->nodes;
+  keel_status status = keel_model_placement_make(options->nodes, replicas, &agent->placement);
+  if (status != KEEL_OK) return status;
+  /* A spare node (index past the job's nodes) sends where the node of its index modulo the
+   * nodes would: it has no snapshots until one of its spares takes a rank. */
+  uint32_t holders[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  keel_model_placement_holders(&agent->placement, options->node % options->nodes, holders);
+  for (uint32_t i = 0; i < replicas; i++)
+    if (holders[i] != options->node) agent->peer_nodes[agent->peer_count++] = holders[i];
+  return KEEL_OK;
+}
+
+keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_ckpt_agent **agent_p) {
+  if (options == NULL || agent_p == NULL) return KEEL_EINVAL;
+  keel_ckpt_agent *agent = calloc(1, sizeof *agent);
+  if (agent == NULL) return KEEL_ENOMEM;
+  agent->ranks = calloc(MAX_RANKS, sizeof *agent->ranks);
+  keel_status status = agent->ranks == NULL ? KEEL_ENOMEM : agent_configure(agent, options);
+  if (status != KEEL_OK) goto fail_free;
+  pthread_mutex_init(&agent->connections_lock, NULL);
+  if ((status = keel_directory_make(agent->directory, 0700)) != KEEL_OK) goto fail_free;
+  agent->heartbeat.file = -1;
+  status = keel__ckpt_slot_open(agent->directory, KEEL__CKPT_HEARTBEAT_NAME,
+                                sizeof(keel__ckpt_heartbeat), &agent->heartbeat);
+  if (status != KEEL_OK) goto fail_free;
+  heartbeat_move(agent);
+  char address[160];
+  snprintf(address, sizeof address, "%s:0", options->host);
+  if ((status = keel_listener_open(address, &agent->listener)) != KEEL_OK) goto fail_close_heartbeat;
+  if (pthread_create(&agent->accept_thread, NULL, accept_main, agent) != 0) {
+    status = KEEL_ENOMEM;
+    goto fail_close_listener;
+  }
+  agent->accept_started = true;
+  if (pthread_create(&agent->replicate_thread, NULL, replicate_main, agent) != 0) {
+    status = KEEL_ENOMEM;
+    keel_ckpt_agent_stop(agent);
+    return status;
+  }
+  agent->replicate_started = true;
+  *agent_p = agent;
+  return KEEL_OK;
+
+fail_close_listener:
+  keel_listener_close(agent->listener);
+fail_close_heartbeat:
+  keel__ckpt_slot_close(&agent->heartbeat);
+fail_free:
+  KEEL_LOG_E(MODULE, "cannot start the snapshot service of node %" PRIu32 ": %s", options->node,
+             keel_strerror(status));
+  free(agent->ranks);
+  free(agent);
+  return status;
+}
+
+const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent) {
+  return keel_listener_address(agent->listener);
+}
+
+uint64_t keel_ckpt_agent_sent(const keel_ckpt_agent *agent) { return agent->sent; }
+uint64_t keel_ckpt_agent_received(const keel_ckpt_agent *agent) { return agent->received; }
+
+void keel_ckpt_agent_stop(keel_ckpt_agent *agent) {
+  if (agent == NULL) return;
+  atomic_store_explicit(&agent->stopping, true, memory_order_release);
+  if (agent->accept_started) pthread_join(agent->accept_thread, NULL);
+  if (agent->replicate_started) pthread_join(agent->replicate_thread, NULL);
+  connections_reap(agent, true);
+  for (uint32_t i = 0; i < agent->peer_count; i++) peer_drop(&agent->peers[i]);
+  for (size_t r = 0; r < agent->rank_count; r++) local_rank_close(&agent->ranks[r]);
+  keel_store_close(agent->store);
+  keel_listener_close(agent->listener);
+  keel__ckpt_slot_close(&agent->heartbeat);
+  pthread_mutex_destroy(&agent->connections_lock);
+  free(agent->ranks);
+  free(agent);
+}
