@@ -1,8 +1,11 @@
-/* Data-parallel Fashion-MNIST trainer on keel: every step is a transaction in which every
- * rank computes the gradient sum of its slice of the global batch, one allreduce adds them
- * (with the loss and sample count), and every rank applies the same optimizer step. Runs
- * alone or under `keel run`; a failure during a step is recovered by the runtime (the step
- * is redone when it says so), or, under `keel run --ckpt jit`, saved just in time and
+/* Fashion-MNIST trainer on keel. Data-parallel (default): every step is a transaction in
+ * which every rank computes the gradient sum of its slice of the global batch, one allreduce
+ * adds them (with the loss and sample count), and every rank applies the same optimizer step.
+ * ZeRO-sharded (--zero): rank r of the W it started with owns shard r of the parameters and
+ * of the optimizer state, and registers only that, so every rank's state is unique; a step
+ * gathers the full parameters, reduce-scatters the gradient and updates the owned shard.
+ * Runs alone or under `keel run`; a failure during a step is recovered by the runtime (the
+ * step is redone when it says so), or, under `keel run --ckpt jit`, saved just in time and
  * resumed by the restarted processes. */
 #include <getopt.h>
 #include <math.h>
@@ -32,6 +35,7 @@ typedef struct options {
   schedule rate_schedule;
   uint64_t seed;
   const char *data_directory;
+  bool zero; /* shard the parameters and optimizer state over the ranks */
   bool quiet;
 } options;
 
@@ -41,6 +45,18 @@ typedef struct trainer {
   nn_mlp *mlp;
   nn_optimizer *optimizer;
   nn_sampler *sampler;
+  /* What this rank's optimizer updates: the MLP's parameters (data-parallel) or `shard`
+   * (ZeRO), owned_count floats; `receive` starts with their reduced gradient. */
+  float *owned;
+  size_t owned_count;
+  /* ZeRO: the world the parameters were cut for, the floats of one shard (padded), and this
+   * rank's shard. */
+  bool sharded;
+  int shard_count;
+  size_t shard_length;
+  float *shard;
+  /* ZeRO: `send` takes the full parameters gathered from the shards (derived, so not
+   * registered) before it takes the step's gradient: one buffer of the model's size less. */
   float *send, *receive, *images;
   uint8_t *labels;
   uint32_t *indices;
@@ -60,6 +76,7 @@ static const options default_options = {
     .rate_schedule = SCHEDULE_LINEAR,
     .seed = 1,
     .data_directory = NN_FASHION_MNIST_DIRECTORY,
+    .zero = false,
     .quiet = false,
 };
 
@@ -75,9 +92,12 @@ static void print_usage(FILE *stream) {
           "  --optimizer NAME      adam (default) or sgd (momentum 0.9)\n"
           "  --seed S              seed of the weights and the data order (default 1)\n"
           "  --data-dir DIR        folder of the IDX .gz files (default %s)\n"
+          "  --zero                shard parameters and optimizer state over the ranks (ZeRO);\n"
+          "                        the world must keep its size: spares, or --ckpt jit\n"
           "  --quiet               no progress lines\n"
           "  --help                this text\n"
-          "Runs alone, or data-parallel under `keel run -n N -- " PROGRAM " ...`.\n",
+          "Runs alone, or data-parallel (or sharded, with --zero) under\n"
+          "`keel run -n N -- " PROGRAM " ...`.\n",
           NN_FASHION_MNIST_DIRECTORY);
 }
 
@@ -119,6 +139,7 @@ static int parse_options(int argc, char **argv, options *parsed) {
     OPTION_OPTIMIZER,
     OPTION_SEED,
     OPTION_DATA_DIRECTORY,
+    OPTION_ZERO,
     OPTION_QUIET,
     OPTION_HELP,
   };
@@ -131,6 +152,7 @@ static int parse_options(int argc, char **argv, options *parsed) {
       {"optimizer", required_argument, NULL, OPTION_OPTIMIZER},
       {"seed", required_argument, NULL, OPTION_SEED},
       {"data-dir", required_argument, NULL, OPTION_DATA_DIRECTORY},
+      {"zero", no_argument, NULL, OPTION_ZERO},
       {"quiet", no_argument, NULL, OPTION_QUIET},
       {"help", no_argument, NULL, OPTION_HELP},
       {NULL, 0, NULL, 0},
@@ -188,6 +210,9 @@ static int parse_options(int argc, char **argv, options *parsed) {
       case OPTION_DATA_DIRECTORY:
         parsed->data_directory = optarg;
         break;
+      case OPTION_ZERO:
+        parsed->zero = true;
+        break;
       case OPTION_QUIET:
         parsed->quiet = true;
         break;
@@ -215,6 +240,7 @@ static void trainer_release(trainer *run) {
   free(run->images);
   free(run->receive);
   free(run->send);
+  free(run->shard);
   nn_sampler_destroy(run->sampler);
   nn_optimizer_destroy(run->optimizer);
   nn_mlp_destroy(run->mlp);
@@ -222,9 +248,66 @@ static void trainer_release(trainer *run) {
   nn_dataset_free(&run->train);
 }
 
+/* Data-parallel: the optimizer updates the MLP's own parameters, and the gradient sum, then
+ * the loss sum and the sample count, are reduced in one message. */
+static keel_status replicated_setup(trainer *run) {
+  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
+  run->owned = nn_mlp_parameters(run->mlp);
+  run->owned_count = parameter_count;
+  run->send = calloc(parameter_count + 2, sizeof(float));
+  run->receive = calloc(parameter_count + 2, sizeof(float));
+  return run->send && run->receive ? KEEL_OK : KEEL_ENOMEM;
+}
+
+/* The world the parameters are cut for and this process's rank in it. A spare or a joiner
+ * has no world before keel_start: it takes the size the job started with (KEEL_WORLD, which
+ * `keel run` sets) and rank -1. */
+static keel_status starting_world(keel_ctx *ctx, int *size_p, int *rank_p) {
+  keel_comm *world = keel_world(ctx);
+  if (world != NULL) {
+    *size_p = keel_comm_size(world);
+    *rank_p = keel_comm_rank(world);
+    return KEEL_OK;
+  }
+  int64_t size = 1;
+  keel_status status = keel_env_int("KEEL_WORLD", 1, KEEL_MAX_WORLD, &size);
+  if (status != KEEL_OK) return status;
+  *size_p = (int)size;
+  *rank_p = -1;
+  return KEEL_OK;
+}
+
+/* ZeRO: the parameter vector, padded with zeros to shard_count * shard_length floats, is cut
+ * in shard_count shards; rank r owns shard r and the optimizer state of it. Every process
+ * built the same initial MLP (same seed), so a worker copies its shard from it; a process
+ * with no rank yet receives its shard in keel_start. */
+static keel_status sharded_setup(keel_ctx *ctx, trainer *run) {
+  int size = 0, rank = -1;
+  keel_status status = starting_world(ctx, &size, &rank);
+  if (status != KEEL_OK) return status;
+  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
+  size_t shard_length = (parameter_count + (size_t)size - 1) / (size_t)size;
+  size_t padded = shard_length * (size_t)size;
+  run->sharded = true;
+  run->shard_count = size;
+  run->shard_length = shard_length;
+  run->shard = calloc(shard_length, sizeof(float));
+  run->send = calloc(padded, sizeof(float));
+  run->receive = calloc(shard_length, sizeof(float));
+  if (!run->shard || !run->send || !run->receive) return KEEL_ENOMEM;
+  run->owned = run->shard;
+  run->owned_count = shard_length;
+  size_t first = rank < 0 ? parameter_count : (size_t)rank * shard_length;
+  if (first < parameter_count) {
+    size_t count = parameter_count - first < shard_length ? parameter_count - first : shard_length;
+    memcpy(run->shard, nn_mlp_parameters(run->mlp) + first, count * sizeof(float));
+  }
+  return KEEL_OK;
+}
+
 /* Loads the training set and builds the model, optimizer, sampler and buffers. The model's
  * workspaces take the whole global batch: a world that shrinks to one rank needs it. */
-static keel_status trainer_setup(trainer *run, const options *settings) {
+static keel_status trainer_setup(keel_ctx *ctx, trainer *run, const options *settings) {
   char message[512];
   keel_status status = nn_dataset_load_mnist(settings->data_directory, NN_TRAIN, &run->train,
                                              message, sizeof message);
@@ -247,22 +330,19 @@ static keel_status trainer_setup(trainer *run, const options *settings) {
     fprintf(stderr, PROGRAM ": cannot create the model: %s\n", keel_strerror(status));
     return status;
   }
-  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
+  status = settings->zero ? sharded_setup(ctx, run) : replicated_setup(run);
   nn_optimizer_config config = nn_optimizer_defaults(settings->optimizer, settings->learning_rate);
-  status = nn_optimizer_create(&config, parameter_count, &run->optimizer);
+  if (status == KEEL_OK) status = nn_optimizer_create(&config, run->owned_count, &run->optimizer);
   if (status == KEEL_OK)
     status = nn_sampler_create(run->train.count, settings->seed, &run->sampler);
   if (status != KEEL_OK) {
     fprintf(stderr, PROGRAM ": %s\n", keel_strerror(status));
     return status;
   }
-  /* Gradient sum, then the loss sum and the sample count, reduced in one message. */
-  run->send = calloc(parameter_count + 2, sizeof(float));
-  run->receive = calloc(parameter_count + 2, sizeof(float));
   run->images = calloc(settings->global_batch * MNIST_PIXELS, sizeof(float));
   run->labels = calloc(settings->global_batch, 1);
   run->indices = calloc(settings->global_batch, sizeof(uint32_t));
-  if (!run->send || !run->receive || !run->images || !run->labels || !run->indices) {
+  if (!run->images || !run->labels || !run->indices) {
     fprintf(stderr, PROGRAM ": out of memory\n");
     return KEEL_ENOMEM;
   }
@@ -270,11 +350,13 @@ static keel_status trainer_setup(trainer *run, const options *settings) {
 }
 
 /* Registers the state a newcomer must receive: everything the next step depends on. The
- * data position and the learning rate are functions of the step, so the step is enough. */
+ * data position and the learning rate are functions of the step, so the step is enough.
+ * Under ZeRO that is the rank's shard alone, so no two ranks hold the same state: the
+ * runtime is told, and asks a checkpoint tier for a shard whose rank is lost. */
 static keel_status register_state(keel_ctx *ctx, trainer *run, uint64_t *step) {
-  size_t parameter_bytes = nn_mlp_parameter_count(run->mlp) * sizeof(float);
+  const char *parameters_name = run->sharded ? "params.shard" : "params";
   keel_status status =
-      keel_state_register(ctx, "params", nn_mlp_parameters(run->mlp), parameter_bytes);
+      keel_state_register(ctx, parameters_name, run->owned, run->owned_count * sizeof(float));
   for (size_t i = 0; status == KEEL_OK && i < nn_optimizer_state_count(run->optimizer); i++) {
     nn_state_buffer buffer = nn_optimizer_state(run->optimizer, i);
     status = keel_state_register(ctx, buffer.name, buffer.data, buffer.bytes);
@@ -282,7 +364,10 @@ static keel_status register_state(keel_ctx *ctx, trainer *run, uint64_t *step) {
   if (status == KEEL_OK) status = keel_state_register(ctx, "step", step, sizeof *step);
   if (status != KEEL_OK) {
     fprintf(stderr, PROGRAM ": keel_state_register: %s\n", keel_strerror(status));
+    return status;
   }
+  if (run->sharded) status = keel_state_shard(ctx, (uint32_t)run->shard_count);
+  if (status != KEEL_OK) fprintf(stderr, PROGRAM ": keel_state_shard: %s\n", keel_strerror(status));
   return status;
 }
 
@@ -324,11 +409,131 @@ static int run_end(const char *what, uint64_t step, keel_status status) {
   return code;
 }
 
-static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const options *settings) {
-  if (trainer_setup(run, settings) != KEEL_OK) return 1;
+/* What a step's collective returned, named once if it ends the run; KEEL_EREDO (the step
+ * begins again) is no end. Returns status. */
+static keel_status collective_result(const char *what, uint64_t step, keel_status status) {
+  if (status != KEEL_OK && status != KEEL_EREDO) run_end(what, step, status);
+  return status;
+}
+
+/* ZeRO's shards are cut for the world it started with, so a world of another size (a
+ * shrink, a grow) cannot go on. KEEL_EINVAL, said here, when the size changed. */
+static keel_status world_check(keel_ctx *ctx, const trainer *run, uint64_t step) {
+  int size = keel_comm_size(keel_world(ctx));
+  if (!run->sharded || size == run->shard_count) return KEEL_OK;
+  fprintf(stderr,
+          PROGRAM
+          ": step %llu: the world has %d ranks, the state is sharded over %d: --zero "
+          "needs the world to keep its size: run with spares (keel run --spares S "
+          "--on-failure replace) or --ckpt jit\n",
+          (unsigned long long)step, size, run->shard_count);
+  return KEEL_EINVAL;
+}
+
+/* ZeRO: the full parameters from every rank's shard, through run->send into the MLP's own
+ * array. The padding is zeroed after, so that the gradient sent from there is 0 whatever a
+ * shard's padding holds. */
+static keel_status parameters_gather(keel_ctx *ctx, trainer *run, uint64_t step) {
+  keel_status status = world_check(ctx, run, step);
+  if (status != KEEL_OK) return status;
+  status = keel_step_allgather(ctx, run->shard, run->send, run->shard_length * sizeof(float));
+  if (status != KEEL_OK) return collective_result("allgather", step, status);
+  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
+  size_t padded = run->shard_length * (size_t)run->shard_count;
+  memcpy(nn_mlp_parameters(run->mlp), run->send, parameter_count * sizeof(float));
+  memset(run->send + parameter_count, 0, (padded - parameter_count) * sizeof(float));
+  return KEEL_OK;
+}
+
+/* Both modes: the gradient sum over this rank's slice of the step's global batch into
+ * gradient (the model's parameter count of floats), with totals[0] the slice's loss sum and
+ * totals[1] its sample count. Errors are said here. */
+static keel_status gradient_local(keel_ctx *ctx, trainer *run, const options *settings,
+                                  uint64_t step, int rank, int size, float *gradient,
+                                  float totals[2]) {
+  size_t count = 0;
+  keel_status status = nn_sampler_indices(run->sampler, step, rank, size, settings->global_batch,
+                                          run->indices, settings->global_batch, &count);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": data shard of step %llu: %s\n", (unsigned long long)step,
+            keel_strerror(status));
+    return status;
+  }
+  nn_dataset_gather(&run->train, run->indices, count, run->images, run->labels);
+  keel_fault_point(ctx, "forward");
+  double local_loss = 0.0;
+  status =
+      nn_mlp_gradient(run->mlp, run->images, run->labels, count, NN_SUM, gradient, &local_loss);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": gradient: %s\n", keel_strerror(status));
+    return status;
+  }
+  totals[0] = (float)(local_loss * (double)count);
+  totals[1] = (float)count;
+  return KEEL_OK;
+}
+
+/* Data-parallel: one allreduce of run->send, the gradient with the totals appended. */
+static keel_status replicated_reduce(keel_ctx *ctx, trainer *run, uint64_t step, float totals[2]) {
+  size_t parameter_count = run->owned_count;
+  run->send[parameter_count] = totals[0];
+  run->send[parameter_count + 1] = totals[1];
+  keel_status status =
+      keel_step_allreduce(ctx, run->send, run->receive, parameter_count + 2, KEEL_F32, KEEL_SUM);
+  if (status != KEEL_OK) return collective_result("allreduce", step, status);
+  totals[0] = run->receive[parameter_count];
+  totals[1] = run->receive[parameter_count + 1];
+  return KEEL_OK;
+}
+
+/* ZeRO: a reduce-scatter of the padded gradient gives each rank the sum of its shard; the
+ * totals, which every rank needs, go in an allreduce of their own. */
+static keel_status sharded_reduce(keel_ctx *ctx, trainer *run, uint64_t step, float totals[2]) {
+  keel_status status =
+      keel_step_reduce_scatter(ctx, run->send, run->receive, run->shard_length, KEEL_F32, KEEL_SUM);
+  if (status != KEEL_OK) return collective_result("reduce-scatter", step, status);
+  float sums[2];
+  status = keel_step_allreduce(ctx, totals, sums, 2, KEEL_F32, KEEL_SUM);
+  if (status != KEEL_OK) return collective_result("allreduce", step, status);
+  totals[0] = sums[0];
+  totals[1] = sums[1];
+  /* A shrink may have redone that allreduce in a smaller world (forward recovery): its
+   * totals would not be those of the gradient. */
+  return world_check(ctx, run, step);
+}
+
+/* The optimizer step on the parameters this rank updates, with run->receive's gradient sum
+ * made a mean: dividing by the global count makes the update independent of how the global
+ * batch was split over ranks. *loss_p: the step's mean loss. */
+static keel_status parameters_update(keel_ctx *ctx, trainer *run, const options *settings,
+                                     uint64_t step, const float totals[2], double *loss_p) {
+  float global_count = totals[1];
+  if (!(global_count > 0.0f)) {
+    fprintf(stderr, PROGRAM ": step %llu reduced no samples\n", (unsigned long long)step);
+    return KEEL_EINVAL;
+  }
+  float *gradient = run->receive;
+  for (size_t i = 0; i < run->owned_count; i++) gradient[i] /= global_count;
+  *loss_p = (double)totals[0] / (double)global_count;
+  keel_fault_point(ctx, "optimizer");
+  nn_optimizer_set_learning_rate(run->optimizer, learning_rate_at(settings, step));
+  nn_optimizer_step(run->optimizer, run->owned, gradient);
+  return KEEL_OK;
+}
+
+static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, keel_ckpt_mem **mem_p, trainer *run,
+                 const options *settings) {
+  if (trainer_setup(ctx, run, settings) != KEEL_OK) return 1;
   uint64_t step = 0;
   if (register_state(ctx, run, &step) != KEEL_OK) return 1;
-  keel_status status = keel_start(ctx);
+  /* In-memory checkpoints (`keel run --ckpt mem`), before keel_start: a spare admitted there
+   * may restore its shard from them. A no-op otherwise. */
+  keel_status status = keel_ckpt_mem_enable(ctx, mem_p);
+  if (status != KEEL_OK) {
+    fprintf(stderr, PROGRAM ": in-memory checkpoints: %s\n", keel_strerror(status));
+    return 1;
+  }
+  status = keel_start(ctx);
   if (status != KEEL_OK) return run_end("keel_start", step, status); /* EJOBDONE: an unused spare */
   /* Restores `step` and the rest in a restarted process. */
   status = keel_ckpt_jit_enable(ctx, NULL, jit_p);
@@ -337,53 +542,32 @@ static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, trainer *run, const optio
     return 1;
   }
 
-  size_t parameter_count = nn_mlp_parameter_count(run->mlp);
-  float *parameters = nn_mlp_parameters(run->mlp);
-  float *send = run->send, *receive = run->receive;
   int64_t started_ns = keel_now_ns();
   uint64_t steps_done = 0;
-  while (step < settings->steps) {
+  /* Under ZeRO one more transaction follows the last step: the gather of the trained
+   * parameters for the evaluation, which may fail (and go back to a step) like any. */
+  while (step < settings->steps || run->sharded) {
     status = keel_step_begin(ctx, step);
     if (status != KEEL_OK) return run_end("keel_step_begin", step, status);
     keel_comm *world = keel_world(ctx);
     int rank = keel_comm_rank(world), size = keel_comm_size(world);
-    size_t count = 0;
-    status = nn_sampler_indices(run->sampler, step, rank, size, settings->global_batch,
-                                run->indices, settings->global_batch, &count);
-    if (status != KEEL_OK) {
-      fprintf(stderr, PROGRAM ": data shard of step %llu: %s\n", (unsigned long long)step,
-              keel_strerror(status));
-      return 1;
+    if (run->sharded) {
+      status = parameters_gather(ctx, run, step);
+      /* Recovered: the registered state, `step` included, may now be an older step's. */
+      if (status == KEEL_EREDO) continue;
+      if (status != KEEL_OK) return keel_exit_code(status);
+      if (step >= settings->steps) break; /* nothing changes in the final gather: no commit */
     }
-    nn_dataset_gather(&run->train, run->indices, count, run->images, run->labels);
-    keel_fault_point(ctx, "forward");
-    double local_loss = 0.0;
-    status = nn_mlp_gradient(run->mlp, run->images, run->labels, count, NN_SUM, send, &local_loss);
-    if (status != KEEL_OK) {
-      fprintf(stderr, PROGRAM ": gradient: %s\n", keel_strerror(status));
-      return 1;
-    }
-    send[parameter_count] = (float)(local_loss * (double)count);
-    send[parameter_count + 1] = (float)count;
-
-    status = keel_step_allreduce(ctx, send, receive, parameter_count + 2, KEEL_F32, KEEL_SUM);
+    float totals[2];
+    status = gradient_local(ctx, run, settings, step, rank, size, run->send, totals);
+    if (status == KEEL_OK)
+      status = run->sharded ? sharded_reduce(ctx, run, step, totals)
+                            : replicated_reduce(ctx, run, step, totals);
     /* A failure was recovered and the step must be redone from the registered state. */
     if (status == KEEL_EREDO) continue;
-    if (status != KEEL_OK) return run_end("allreduce", step, status);
-
-    float global_count = receive[parameter_count + 1];
-    if (!(global_count > 0.0f)) {
-      fprintf(stderr, PROGRAM ": step %llu reduced no samples\n", (unsigned long long)step);
-      return 1;
-    }
-    /* Dividing the sum by the global count makes the update independent of how the global
-     * batch was split over ranks. */
-    for (size_t i = 0; i < parameter_count; i++) receive[i] /= global_count;
-    double loss = (double)receive[parameter_count] / (double)global_count;
-
-    keel_fault_point(ctx, "optimizer");
-    nn_optimizer_set_learning_rate(run->optimizer, learning_rate_at(settings, step));
-    nn_optimizer_step(run->optimizer, parameters, receive);
+    double loss = 0.0;
+    if (status == KEEL_OK) status = parameters_update(ctx, run, settings, step, totals, &loss);
+    if (status != KEEL_OK) return keel_exit_code(status);
     step++;
     status = keel_step_commit(ctx);
     if (status != KEEL_OK) return run_end("commit", step, status);
@@ -417,9 +601,11 @@ int main(int argc, char **argv) {
   trainer run;
   memset(&run, 0, sizeof run);
   keel_ckpt_jit *jit = NULL;
-  exit_code = train(ctx, &jit, &run, &settings);
+  keel_ckpt_mem *mem = NULL;
+  exit_code = train(ctx, &jit, &mem, &run, &settings);
   trainer_release(&run);
   keel_finalize(ctx);
   keel_ckpt_jit_destroy(jit);
+  keel_ckpt_mem_destroy(mem);
   return exit_code;
 }

@@ -39,6 +39,7 @@ typedef struct local_rank {
 typedef struct peer {
   char address[128];
   keel_link *link;
+  bool failing; /* the last send failed: said once, not at every snapshot */
 } peer;
 
 typedef struct connection {
@@ -405,11 +406,15 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
                                  &identity);
     if (status == KEEL_OK) {
       atomic_fetch_add(&agent->sent, 1);
+      agent->peers[p].failing = false;
       continue;
     }
     all = false;
-    KEEL_LOG_W(MODULE, "rank %" PRIu32 "'s snapshot of step %" PRIu64 " did not reach node %" PRIu32
-               ": %s", local->rank, identity.step, agent->peer_nodes[p], keel_strerror(status));
+    if (!agent->peers[p].failing)
+      KEEL_LOG_W(MODULE, "rank %" PRIu32 "'s snapshot of step %" PRIu64 " did not reach node %" PRIu32
+                 ": %s (said once until a copy reaches it again)", local->rank, identity.step,
+                 agent->peer_nodes[p], keel_strerror(status));
+    agent->peers[p].failing = true;
   }
   if (!all) peers_refresh(agent);
   /* A peer that is down does not hold training back: the slot is free either way, and the
