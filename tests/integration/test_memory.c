@@ -1,0 +1,205 @@
+/* In-memory checkpoints every iteration (`keel run --ckpt mem`, Gemini): a rank whose shard
+ * no survivor holds (toy_train --shards 4: every rank's state is its own) is restored from
+ * its node's memory, from a peer node's copy after a whole node is killed, or, when the lost
+ * rank died inside the step's allreduce (the survivors a step ahead), the whole job rolls
+ * back one step from memory; a corrupted snapshot is refused and the one before it used.
+ * Every case ends with the parameters of a run without failure, bit for bit. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "test_events.h"
+#include "test_job.h"
+#include "test_support.h"
+
+#define JOB_TIMEOUT "90s"
+#define JOB_TIMEOUT_MS 100000
+#define MAX_EVENTS 8192
+#define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static const char *const toy_args[] = {"--steps", "60", "--params", "40000", "--shards", "4", NULL};
+
+/* The crc of a run of toy_train with no failure and no checkpoints. */
+static unsigned clean_crc(void) {
+  static unsigned crc;
+  static bool known;
+  if (known) return crc;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  int code = keel_test_job_run(&job, JOB_TIMEOUT, JOB_TIMEOUT_MS, LIST("-n", "4"),
+                               keel_test_program("toy_train"), toy_args, NULL);
+  assert_int_equal(code, 0);
+  crc = keel_test_toy_assert_consistent(job.output, 4, 60);
+  known = true;
+  return crc;
+}
+
+/* Checks that every mem_restore event of the job restored `step` (any when -1: a node's loss
+ * may take two rounds, the first at the survivors' step, the second rolled back); returns how many there were, and in *from_count_p (may be NULL) how many came
+ * from `from` ("local", "node-0"). */
+static size_t restores_check(const keel_test_job *job, long long step, const char *from,
+                             size_t *from_count_p) {
+  keel_test_events log;
+  keel_test_events_read(job->events, MAX_EVENTS, &log);
+  size_t count = 0, from_count = 0;
+  for (size_t i = 0; i < log.count; i++) {
+    if (!keel_test_event_is(log.lines[i], "mem_restore")) continue;
+    count++;
+    long long restored = keel_test_event_long(log.lines[i], "step");
+    if (step >= 0 && restored != step) fail_msg("restored step %lld, not %lld: %s", restored, step, log.lines[i]);
+    const char *where = keel_test_event_field(log.lines[i], "from");
+    if (where != NULL && strncmp(where + 1, from, strlen(from)) == 0) from_count++;
+  }
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+  if (from_count_p != NULL) *from_count_p = from_count;
+  return count;
+}
+
+static void one_node_run(keel_test_job *job, const char *fault) {
+  assert_true(keel_test_job_prepare(job, "keel-mem"));
+  int code = keel_test_job_run(job, JOB_TIMEOUT, JOB_TIMEOUT_MS,
+                               LIST("-n", "4", "--spares", "1", "--ckpt", "mem"),
+                               keel_test_program("toy_train"), toy_args, fault);
+  if (code != 0) keel_test_print_file("job output", job->output);
+  assert_int_equal(code, 0);
+  assert_int_equal(keel_test_toy_assert_consistent(job->output, 4, 60), clean_crc());
+}
+
+/* Rank 2 dies before its step's allreduce: everyone is at step 30, and the spare takes rank 2's
+ * snapshot of step 30 from the node's memory. */
+static void test_worker_killed_restores_from_local_memory(void **state) {
+  (void)state;
+  keel_test_job job;
+  one_node_run(&job, "kill@rank=2,step=30,point=forward");
+  size_t local = 0;
+  assert_int_equal(restores_check(&job, 30, "local", &local), 1);
+  assert_int_equal(local, 1);
+}
+
+/* Rank 2 dies inside the allreduce after its data went out: the survivors commit step 30
+ * (state of step 31), rank 2's last snapshot is of step 30. Nobody has shard 2 at 31, so every
+ * rank goes back to 30 from memory. */
+static void test_kill_in_allreduce_rolls_every_rank_back(void **state) {
+  (void)state;
+  keel_test_job job;
+  one_node_run(&job, "kill@rank=2,step=30,point=allreduce,after=1");
+  /* Either the kill came before the others finished (one restore) or after (all four roll
+   * back): step 30 either way, and both end bit-identical, which one_node_run checked. */
+  size_t local = 0, restores = restores_check(&job, 30, "local", &local);
+  assert_true(restores == 1 || restores == 4);
+  assert_int_equal(local, restores);
+}
+
+/* Rank 1's snapshot of step 21 is damaged in memory after it is sealed, and rank 1 dies at
+ * step 21: the damaged snapshot is refused by its checksums and the job rolls back to 20. */
+static void test_corrupted_snapshot_is_never_restored(void **state) {
+  (void)state;
+  keel_test_job job;
+  one_node_run(&job, "corrupt@rank=1,step=20,point=mem_saved;kill@rank=1,step=21,point=forward");
+  size_t local = 0;
+  assert_int_equal(restores_check(&job, 20, "local", &local), 4);
+  assert_int_equal(local, 4);
+  char *output = keel_test_read_file(job.output, NULL);
+  assert_non_null(output);
+  assert_non_null(strstr(output, "fails its crc32c"));
+  free(output);
+}
+
+/* ---- a whole node killed */
+
+static bool saved_fifty(const keel_test_events *log, void *context) {
+  (void)context;
+  for (size_t i = 0; i < log->count; i++)
+    if (keel_test_event_is(log->lines[i], "mem_save") &&
+        keel_test_event_long(log->lines[i], "saves") >= 50)
+      return true;
+  return false;
+}
+
+/* Node 1 (agent and workers, ranks 2 and 3) is killed mid-run; the spare node's workers take
+ * ranks 2 and 3 and fetch their shards from node 0, which holds copies of them. */
+static void test_node_killed_restores_from_peer_copies(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  static const char *const long_toy[] = {"--steps",  "400", "--params", "40000",
+                                         "--shards", "4",   "--compute-ms", "5", NULL};
+  pid_t launcher = keel_test_job_start(
+      &job, JOB_TIMEOUT,
+      LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents", "--spare-nodes", "1",
+           "--failure-domain", "node", "--ckpt", "mem"),
+      keel_test_program("toy_train"), long_toy, NULL);
+  assert_true(launcher > 0);
+  assert_true(keel_test_events_wait(job.events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  char job_id[32];
+  assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
+  keel_test_events_free(&log);
+  assert_int_equal(keel_test_keel(LIST("inject", "kill-node", "1", "--job", job_id), job.output,
+                                  10000),
+                   0);
+  int status = 0;
+  assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) keel_test_print_file("job output", job.output);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  /* The reference: the same steps with no failure (bits do not depend on the node layout). */
+  keel_test_job clean;
+  assert_true(keel_test_job_prepare(&clean, "keel-mem"));
+  assert_int_equal(keel_test_job_run(&clean, JOB_TIMEOUT, JOB_TIMEOUT_MS, LIST("-n", "4"),
+                                     keel_test_program("toy_train"), long_toy, NULL),
+                   0);
+  unsigned expected = keel_test_toy_assert_consistent(clean.output, 4, 400);
+  assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, 400), expected);
+  /* Ranks 2 and 3 come from node 0's copies (the survivors, when they roll back, from their
+   * own node's memory). */
+  size_t from_peer = 0;
+  restores_check(&job, -1, "node-0", &from_peer);
+  assert_true(from_peer >= 2);
+}
+
+/* ---- the launcher's refusals */
+static void test_bad_settings_are_refused(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  assert_int_equal(keel_test_keel(LIST("run", "-n", "2", "--ckpt", "mem:replicas=9", "--", "true"),
+                                  job.output, 10000),
+                   2);
+  assert_int_equal(keel_test_keel(LIST("run", "-n", "2", "--ckpt", "mem:replicas=2", "--", "true"),
+                                  job.output, 10000),
+                   2);
+  assert_int_equal(keel_test_keel(LIST("run", "-n", "2", "--ckpt", "mem:every=0", "--", "true"),
+                                  job.output, 10000),
+                   2);
+  assert_int_equal(keel_test_keel(LIST("run", "--nnodes", "2", "--nproc-per-node", "1", "--ckpt",
+                                       "mem", "--", "true"),
+                                  job.output, 10000),
+                   2);
+  char *output = keel_test_read_file(job.output, NULL);
+  assert_non_null(output);
+  assert_non_null(strstr(output, "needs at least that many nodes"));
+  assert_non_null(strstr(output, "needs their agents"));
+  free(output);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bad_settings_are_refused),
+      cmocka_unit_test(test_worker_killed_restores_from_local_memory),
+      cmocka_unit_test(test_kill_in_allreduce_rolls_every_rank_back),
+      cmocka_unit_test(test_corrupted_snapshot_is_never_restored),
+      cmocka_unit_test(test_node_killed_restores_from_peer_copies),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  keel_test_kill_all();
+  return failed;
+}
