@@ -181,10 +181,12 @@ typedef struct keel_ckpt_mem_config {
   uint32_t buffers;     /* chunks in flight to a peer before the first is acknowledged */
   uint64_t chunk_bytes; /* the pieces a snapshot travels in (and its crc32c granule) */
   bool blocking;        /* the baseline: the commit waits until every peer holds the snapshot */
+  uint32_t profile_steps; /* steps whose collectives are timed to learn the idle windows
+                             (Gemini §5.4); 0: no windows, copies go out at once */
 } keel_ckpt_mem_config;
 
-/* Parses "replicas=2,every=1,buffers=4,chunk=4MiB,blocking" (each key optional, any order;
- * defaults 2, 1, 4, 4 MiB, not blocking). KEEL_EINVAL with a message in error (capacity
+/* Parses "replicas=2,every=1,buffers=4,chunk=4MiB,profile=10,blocking" (each key optional,
+ * any order; defaults 2, 1, 4, 4 MiB, 10, not blocking). KEEL_EINVAL with a message in error (capacity
  * error_bytes) for anything else. */
 keel_status keel_ckpt_mem_config_parse(const char *text, keel_ckpt_mem_config *config_p,
                                        char *error, size_t error_bytes);

@@ -121,6 +121,21 @@ void keel_note_saved(keel_ctx *ctx, const char *where);
 typedef keel_status (*keel_commit_hook)(void *arg, uint64_t step);
 keel_status keel_on_commit(keel_ctx *ctx, keel_commit_hook hook, void *arg);
 
+/* Where the time of a step goes, for a policy that schedules its own traffic around the
+ * job's (Gemini §5.4 profiles the collectives' timeline): called in the training thread at
+ * keel_step_begin and at the start and the successful end of each step collective, with
+ * the step, the collective's index in it (0 for the begin) and CLOCK_MONOTONIC. Must not
+ * block or call collectives. */
+typedef enum keel_step_mark {
+  KEEL_STEP_BEGIN,
+  KEEL_STEP_COLLECTIVE_BEGIN,
+  KEEL_STEP_COLLECTIVE_END,
+} keel_step_mark;
+typedef void (*keel_step_observer)(void *arg, keel_step_mark mark, uint64_t step, uint32_t index,
+                                   int64_t now_ns);
+/* Adds an observer (KEEL_MAX_HOOKS at most). */
+keel_status keel_on_step_mark(keel_ctx *ctx, keel_step_observer observer, void *arg);
+
 /* ---- state sources: where a rank that lacks the state gets it. Survivors come first (a
  * live replica sends it, chosen from what each reports it holds); a checkpoint tier is
  * asked when no survivor holds a shard; none (shrink) needs nothing. */

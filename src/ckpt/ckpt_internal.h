@@ -13,6 +13,9 @@
 
 /* KEEL_OK when the identity can be saved: non-zero job, shard_index < shard_count. */
 keel_status keel__ckpt_identity_check(const keel_ckpt_identity *identity);
+/* The identity of this rank's snapshot of the state at the start of step: its rank, shard
+ * and replica in the current world, sequenced by the world's epoch. */
+keel_ckpt_identity keel__ckpt_identity_now(keel_ctx *ctx, uint64_t step);
 /* chunk_bytes with 0 meaning the default; KEEL_ERANGE past KEEL_CKPT_MAX_CHUNK_BYTES. */
 keel_status keel__ckpt_chunk_bytes(uint64_t requested, uint64_t *chunk_bytes_p);
 

@@ -34,6 +34,13 @@ struct keel_ckpt_mem {
   uint64_t saves;
   int64_t save_ns_total, wait_ns_total;
   keel_store *store; /* opened at the first fetch from a peer */
+  /* Profiling the step's timeline (Gemini §5.4): this step's collectives (offsets from its
+   * begin), and the sums over the steps seen so far with the same number of collectives. */
+  bool observing, profiled;
+  int64_t step_begin_ns;
+  uint32_t collectives, profile_collectives, profile_samples;
+  int64_t begin_ns[KEEL__CKPT_MAX_WINDOWS - 1], end_ns[KEEL__CKPT_MAX_WINDOWS - 1];
+  int64_t begin_sum_ns[KEEL__CKPT_MAX_WINDOWS - 1], end_sum_ns[KEEL__CKPT_MAX_WINDOWS - 1];
 };
 
 /* KEEL_CKPT lists the policies: "mem" is this one's. */
@@ -49,19 +56,6 @@ static bool policy_wanted(void) {
 }
 
 /* ---- the snapshot */
-
-static keel_ckpt_identity identity_now(const keel_ckpt_mem *mem, uint64_t step) {
-  keel_comm *world = keel_world(mem->ctx);
-  uint32_t shards = keel_state_shards(mem->ctx);
-  uint32_t rank = (uint32_t)keel_comm_rank(world);
-  return (keel_ckpt_identity){.job_id = keel_job_id(mem->ctx),
-                              .rank = rank,
-                              .shard_index = rank % shards,
-                              .shard_count = shards,
-                              .replica = rank / shards,
-                              .step = step,
-                              .sequence = keel_comm_epoch(world)};
-}
 
 static void slots_close(keel_ckpt_mem *mem) {
   if (!mem->slots_open) return;
@@ -167,13 +161,82 @@ static void save_report(keel_ckpt_mem *mem, uint64_t step, int64_t save_ns, int6
   keel_report_event(mem->ctx, "mem_save", fields);
 }
 
+/* ---- the step's timeline, for the agent's schedule (Gemini §5.4) */
+
+/* Adds the step just observed to the profile, if it had the profile's collectives. */
+static void profile_add(keel_ckpt_mem *mem) {
+  uint32_t count = mem->collectives;
+  if (count == 0 || count > KEEL__CKPT_MAX_WINDOWS - 1) return;
+  if (mem->profile_samples == 0) mem->profile_collectives = count;
+  if (count != mem->profile_collectives) return; /* a redone step: not typical */
+  for (uint32_t i = 0; i < count; i++) {
+    mem->begin_sum_ns[i] += mem->begin_ns[i];
+    mem->end_sum_ns[i] += mem->end_ns[i];
+  }
+  mem->profile_samples++;
+}
+
+/* The idle windows from the mean timeline: before the first collective, between each two,
+ * and after the last (until the step ends: unbounded), published for the agent. */
+static void profile_publish(keel_ckpt_mem *mem) {
+  keel__ckpt_control *control = mem->control_slot.region.base;
+  uint32_t count = mem->profile_collectives, samples = mem->profile_samples;
+  int64_t previous_end = 0;
+  for (uint32_t i = 0; i < count; i++) {
+    int64_t begin = mem->begin_sum_ns[i] / samples, end = mem->end_sum_ns[i] / samples;
+    control->window_start_ns[i] = previous_end;
+    control->window_length_ns[i] = begin > previous_end ? begin - previous_end : 0;
+    previous_end = end;
+  }
+  control->window_start_ns[count] = previous_end;
+  control->window_length_ns[count] = INT64_MAX;
+  atomic_store_explicit(&control->window_count, count + 1, memory_order_release);
+  mem->profiled = true;
+  char fields[160];
+  snprintf(fields, sizeof fields, "\"steps\":%" PRIu32 ",\"collectives\":%" PRIu32
+           ",\"first_window_ms\":%.3f,\"last_window_start_ms\":%.3f",
+           samples, count, (double)control->window_length_ns[0] / 1e6,
+           (double)previous_end / 1e6);
+  keel_report_event(mem->ctx, "mem_profile", fields);
+}
+
+static void mem_on_step_mark(void *arg, keel_step_mark mark, uint64_t step, uint32_t index,
+                             int64_t now_ns) {
+  keel_ckpt_mem *mem = arg;
+  if (mark == KEEL_STEP_BEGIN) {
+    int rank = keel_comm_rank(keel_world(mem->ctx));
+    if (rank < 0 || slots_open(mem, (uint32_t)rank) != KEEL_OK) return;
+    keel__ckpt_control *control = mem->control_slot.region.base;
+    atomic_store_explicit(&control->step_begin_ns, now_ns, memory_order_relaxed);
+    atomic_store_explicit(&control->step, step, memory_order_release);
+    if (!mem->profiled && mem->config.profile_steps > 0) {
+      if (mem->observing) profile_add(mem);
+      if (mem->profile_samples >= mem->config.profile_steps) profile_publish(mem);
+    }
+    mem->observing = !mem->profiled && mem->config.profile_steps > 0;
+    mem->step_begin_ns = now_ns;
+    mem->collectives = 0;
+    return;
+  }
+  if (!mem->observing || index >= KEEL__CKPT_MAX_WINDOWS - 1) {
+    mem->observing = false; /* more collectives than windows: not profiled */
+    return;
+  }
+  if (mark == KEEL_STEP_COLLECTIVE_BEGIN) {
+    mem->begin_ns[index] = now_ns - mem->step_begin_ns;
+  } else {
+    mem->end_ns[index] = now_ns - mem->step_begin_ns;
+    mem->collectives = index + 1;
+  }
+}
+
 /* The commit of step s leaves the state at the start of step s + 1: saved under that name,
  * into slot (s + 1) / every % 2. */
 static keel_status mem_on_commit(void *arg, uint64_t step) {
   keel_ckpt_mem *mem = arg;
   uint64_t next = step + 1;
   if (next % mem->config.every_steps != 0) return KEEL_OK;
-  keel_ckpt_identity identity = identity_now(mem, next);
+  keel_ckpt_identity identity = keel__ckpt_identity_now(mem->ctx, next);
   keel_status status = slots_open(mem, identity.rank);
   if (status != KEEL_OK) return status;
   int slot = (int)(next / mem->config.every_steps % 2);
@@ -436,6 +499,7 @@ keel_status keel_ckpt_mem_enable(keel_ctx *ctx, keel_ckpt_mem **mem_p) {
   mem->enabled = true;
   keel_status status = mem_configure(mem);
   if (status == KEEL_OK) status = keel_on_commit(ctx, mem_on_commit, mem);
+  if (status == KEEL_OK) status = keel_on_step_mark(ctx, mem_on_step_mark, mem);
   if (status == KEEL_OK) status = keel_state_source_add(ctx, &mem_source, mem);
   if (status != KEEL_OK) {
     free(mem);

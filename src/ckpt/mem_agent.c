@@ -73,6 +73,9 @@ struct keel_ckpt_agent {
   uint32_t peer_nodes[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
   uint32_t peer_count;
   int64_t peers_refreshed_ns, rescanned_ns;
+  /* f(s) = alpha + s / beta of a send to a peer (Algorithm 2), learnt from whole copies. */
+  double alpha_ns, bytes_per_ns;
+  bool speed_known;
 };
 
 static bool stopping(keel_ckpt_agent *agent) {
@@ -363,11 +366,14 @@ static void peers_refresh(keel_ckpt_agent *agent) {
   }
 }
 
-/* Sends one sealed slot to one peer: offer, data, commit. */
-static keel_status push_to(keel_ckpt_agent *agent, peer *to, uint32_t rank,
-                           const keel_ckpt_region *region, const keel_ckpt_identity *identity) {
+/* ---- one snapshot to its peers: offer, data in chunks scheduled into the worker's idle
+ * windows (Gemini §5.3, Algorithm 2), commit */
+
+/* Opens the link if need be and offers the snapshot: the peer answers once it has a slot. */
+static keel_status push_offer(keel_ckpt_agent *agent, peer *to, uint32_t rank,
+                              const keel_ckpt_region *region, const keel_ckpt_identity *identity,
+                              int64_t deadline) {
   if (to->address[0] == '\0') return KEEL_ENOTFOUND;
-  int64_t deadline = keel_deadline_after_ns(CALL_DEADLINE_NS);
   keel_status status = KEEL_OK;
   if (to->link == NULL) {
     status = keel_link_connect(to->address, &agent->auth,
@@ -382,15 +388,154 @@ static keel_status push_to(keel_ckpt_agent *agent, peer *to, uint32_t rank,
   memcpy(offer.header, region->base, KEEL__CKPT_HEADER_BYTES);
   status = keel__ckpt_send_request(to->link, &offer, deadline);
   if (status == KEEL_OK) status = keel__ckpt_await_reply(to->link, KEEL__CKPT_OFFER, NULL, deadline);
-  if (status == KEEL_OK)
-    status = keel__ckpt_send_region(to->link, region, KEEL__CKPT_HEADER_BYTES,
-                                    agent->config.chunk_bytes, agent->config.buffers, deadline);
-  keel__ckpt_request commit = {.op = KEEL__CKPT_COMMIT};
-  if (status == KEEL_OK) status = keel__ckpt_send_request(to->link, &commit, deadline);
-  if (status == KEEL_OK)
-    status = keel__ckpt_await_reply(to->link, KEEL__CKPT_COMMIT, NULL, deadline);
-  if (status != KEEL_OK && status != KEEL_ECORRUPT) peer_drop(to);
   return status;
+}
+
+static keel_status push_commit(keel__ckpt_sender *sender, int64_t deadline) {
+  keel_status status = keel__ckpt_sender_drain(sender, deadline);
+  keel__ckpt_request commit = {.op = KEEL__CKPT_COMMIT};
+  if (status == KEEL_OK) status = keel__ckpt_send_request(sender->link, &commit, deadline);
+  if (status == KEEL_OK) status = keel__ckpt_await_reply(sender->link, KEEL__CKPT_COMMIT, NULL, deadline);
+  return status;
+}
+
+/* The windows of the step in which a snapshot travels: the worker's profile, each shortened
+ * by gamma for the spread between steps, the last unbounded. 0 without a profile. */
+#define WINDOW_GAMMA 0.9
+static uint32_t windows_read(const keel__ckpt_control *control, int64_t *start, int64_t *span) {
+  uint32_t count = atomic_load_explicit(&control->window_count, memory_order_acquire);
+  if (count > KEEL__CKPT_MAX_WINDOWS) return 0;
+  for (uint32_t w = 0; w < count; w++) {
+    start[w] = control->window_start_ns[w];
+    span[w] = w + 1 == count ? INT64_MAX : (int64_t)(WINDOW_GAMMA * (double)control->window_length_ns[w]);
+  }
+  return count;
+}
+
+/* Algorithm 2: how many bytes go in each window. A chunk of the largest size goes where its
+ * time f(s) = alpha + s / beta fits what is left of the window; else one of the size that
+ * fits; a window with no room for alpha takes nothing; the last takes the rest. */
+static void schedule_make(const keel_ckpt_agent *agent, uint64_t total, uint32_t count,
+                          const int64_t *span, uint64_t *bytes) {
+  uint64_t remaining = total, largest = agent->config.chunk_bytes;
+  for (uint32_t w = 0; w < count; w++) {
+    bytes[w] = 0;
+    if (w + 1 == count) {
+      bytes[w] = remaining;
+      break;
+    }
+    double left = (double)span[w];
+    while (remaining > 0) {
+      double room = (left - agent->alpha_ns) * agent->bytes_per_ns;
+      if (room < 4096.0) break;
+      uint64_t size = room >= (double)largest ? largest : (uint64_t)room;
+      if (size > remaining) size = remaining;
+      bytes[w] += size;
+      remaining -= size;
+      left -= agent->alpha_ns + (double)size / agent->bytes_per_ns;
+    }
+  }
+}
+
+/* Waits (briefly sleeping) until the worker's clock reaches the window, or its step moved on
+ * (then every window of that step is past: the snapshot goes now). */
+static void window_wait(keel_ckpt_agent *agent, const keel__ckpt_control *control, uint64_t step,
+                        int64_t start_ns) {
+  while (!stopping(agent)) {
+    if (atomic_load_explicit(&control->step, memory_order_acquire) != step) return;
+    int64_t begin = atomic_load_explicit(&control->step_begin_ns, memory_order_relaxed);
+    int64_t wait = begin + start_ns - keel_now_ns();
+    if (wait <= 0) return;
+    struct timespec pause = {.tv_nsec = wait < 200000 ? wait : 200000};
+    nanosleep(&pause, NULL);
+  }
+}
+
+/* A snapshot's copies to `count` peers as one stream of (copies x data) bytes, cut into the
+ * schedule's windows; copy c is peer c's. */
+typedef struct transfer {
+  keel_ckpt_agent *agent;
+  peer **peers;
+  keel_status *statuses;
+  keel__ckpt_sender *senders;
+  uint32_t count, copy;
+  uint64_t data_bytes, copy_left;
+  int64_t deadline;
+  int64_t sending_ns; /* time spent sending, window waits left out */
+} transfer;
+
+static void transfer_send(transfer *move, uint64_t bytes) {
+  keel_ckpt_agent *agent = move->agent;
+  int64_t started = keel_now_ns();
+  while (bytes > 0 && move->copy < move->count) {
+    uint32_t c = move->copy;
+    uint64_t piece = bytes < move->copy_left ? bytes : move->copy_left;
+    if (piece > agent->config.chunk_bytes) piece = agent->config.chunk_bytes;
+    if (move->statuses[c] == KEEL_OK)
+      move->statuses[c] = keel__ckpt_sender_send(&move->senders[c], piece, move->deadline);
+    bytes -= piece;
+    move->copy_left -= piece;
+    if (move->copy_left > 0) continue;
+    if (move->statuses[c] == KEEL_OK) move->statuses[c] = push_commit(&move->senders[c], move->deadline);
+    move->copy++;
+    move->copy_left = move->data_bytes;
+  }
+  move->sending_ns += keel_now_ns() - started;
+}
+
+/* Learns f(s) = alpha + s / beta from a copy that went out whole: beta from its bytes and
+ * time (a running mean), alpha stays at its floor. */
+static void speed_learn(keel_ckpt_agent *agent, uint64_t bytes, int64_t elapsed_ns) {
+  if (elapsed_ns <= 0 || bytes < agent->config.chunk_bytes) return;
+  double measured = (double)bytes / (double)elapsed_ns;
+  agent->bytes_per_ns = agent->speed_known ? 0.5 * agent->bytes_per_ns + 0.5 * measured : measured;
+  agent->speed_known = true;
+}
+
+static void push_scheduled(keel_ckpt_agent *agent, local_rank *local, int i,
+                           const keel_ckpt_identity *identity, keel_status *statuses) {
+  const keel_ckpt_region *region = &local->slots[i].region;
+  const keel__ckpt_control *control = local->control.region.base;
+  int64_t deadline = keel_deadline_after_ns(CALL_DEADLINE_NS);
+  peer *peers[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  keel_status *status_of[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  keel__ckpt_sender senders[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  keel_status active_status[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  uint32_t active = 0;
+  for (uint32_t p = 0; p < agent->peer_count && !stopping(agent); p++) {
+    statuses[p] = push_offer(agent, &agent->peers[p], local->rank, region, identity, deadline);
+    if (statuses[p] != KEEL_OK) continue;
+    peers[active] = &agent->peers[p];
+    status_of[active] = &statuses[p];
+    active_status[active] = KEEL_OK;
+    keel__ckpt_sender_init(&senders[active], agent->peers[p].link, region, KEEL__CKPT_HEADER_BYTES,
+                           agent->config.buffers);
+    active++;
+  }
+  if (active == 0) return;
+  transfer move = {.agent = agent, .peers = peers, .statuses = active_status, .senders = senders,
+                   .count = active, .data_bytes = region->bytes - KEEL__CKPT_HEADER_BYTES,
+                   .deadline = deadline};
+  move.copy_left = move.data_bytes;
+  int64_t start[KEEL__CKPT_MAX_WINDOWS], span[KEEL__CKPT_MAX_WINDOWS];
+  uint64_t bytes[KEEL__CKPT_MAX_WINDOWS];
+  uint32_t count = windows_read(control, start, span);
+  uint64_t total = move.data_bytes * active;
+  if (count == 0) {
+    transfer_send(&move, total);
+  } else {
+    schedule_make(agent, total, count, span, bytes);
+    for (uint32_t w = 0; w < count && !stopping(agent); w++) {
+      if (bytes[w] == 0) continue;
+      window_wait(agent, control, identity->step, start[w]);
+      transfer_send(&move, bytes[w]);
+    }
+  }
+  speed_learn(agent, total, move.sending_ns);
+  for (uint32_t a = 0; a < active; a++) {
+    *status_of[a] = active_status[a];
+    if (active_status[a] != KEEL_OK && active_status[a] != KEEL_ECORRUPT) peer_drop(peers[a]);
+  }
 }
 
 static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t seal) {
@@ -400,10 +545,11 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
   if (keel__ckpt_region_identity(&local->slots[i].region, &identity, &seen) != KEEL_OK ||
       seen != seal)
     return; /* being rewritten: the next look sends the new one */
+  keel_status statuses[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  push_scheduled(agent, local, i, &identity, statuses);
   bool all = true;
   for (uint32_t p = 0; p < agent->peer_count && !stopping(agent); p++) {
-    keel_status status = push_to(agent, &agent->peers[p], local->rank, &local->slots[i].region,
-                                 &identity);
+    keel_status status = statuses[p];
     if (status == KEEL_OK) {
       atomic_fetch_add(&agent->sent, 1);
       agent->peers[p].failing = false;
@@ -495,6 +641,8 @@ static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent
   agent->node = options->node;
   agent->nodes = options->nodes;
   agent->config = options->config;
+  agent->alpha_ns = 50e3;     /* a frame's round trip on a loaded host, about */
+  agent->bytes_per_ns = 1.0;  /* 1 GB/s until a copy has been timed */
   if (options->directory == NULL || strlen(options->directory) >= sizeof agent->directory ||
       options->store == NULL || strlen(options->store) >= sizeof agent->store_endpoint ||
       options->host == NULL || options->nodes == 0)

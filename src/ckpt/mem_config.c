@@ -13,6 +13,8 @@ static keel_status config_key(const char *key, const char *value, keel_ckpt_mem_
   } else if (strcmp(key, "every") == 0 &&
              keel_parse_int(value, 1, INT64_C(1) << 40, &number) == KEEL_OK) {
     config->every_steps = (uint64_t)number;
+  } else if (strcmp(key, "profile") == 0 && keel_parse_int(value, 0, 10000, &number) == KEEL_OK) {
+    config->profile_steps = (uint32_t)number;
   } else if (strcmp(key, "buffers") == 0 && keel_parse_int(value, 0, 64, &number) == KEEL_OK) {
     config->buffers = (uint32_t)number;
   } else if (strcmp(key, "chunk") == 0 && keel_parse_size(value, &config->chunk_bytes) == KEEL_OK &&
@@ -25,7 +27,7 @@ static keel_status config_key(const char *key, const char *value, keel_ckpt_mem_
 
 keel_status keel_ckpt_mem_config_parse(const char *text, keel_ckpt_mem_config *config_p,
                                        char *error, size_t error_bytes) {
-  keel_ckpt_mem_config config = {.replicas = 2, .every_steps = 1, .buffers = 4,
+  keel_ckpt_mem_config config = {.replicas = 2, .every_steps = 1, .buffers = 4, .profile_steps = 10,
                                  .chunk_bytes = KEEL_CKPT_DEFAULT_CHUNK_BYTES};
   char copy[256];
   if (text == NULL || strlen(text) >= sizeof copy) {
@@ -44,8 +46,8 @@ keel_status keel_ckpt_mem_config_parse(const char *text, keel_ckpt_mem_config *c
     if (equals != NULL) *equals = '\0';
     if (equals == NULL || config_key(item, equals + 1, &config) != KEEL_OK) {
       snprintf(error, error_bytes,
-               "'%s%s%s' is not one of replicas=1..8, every=N, buffers=0..64, chunk=SIZE "
-               "(4KiB..1GiB), blocking",
+               "'%s%s%s' is not one of replicas=1..8, every=N, buffers=0..64, "
+               "chunk=SIZE (4KiB..1GiB), profile=0..10000 steps, blocking",
                item, equals ? "=" : "", equals ? equals + 1 : "");
       return KEEL_EINVAL;
     }

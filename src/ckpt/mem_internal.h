@@ -43,11 +43,22 @@ keel_status keel__ckpt_region_identity(const keel_ckpt_region *region,
  * is replicated. And the node's heartbeat page ("agent.heartbeat"): the agent's clock, moved
  * on every 100 ms, so that a worker never waits for an agent that is gone. */
 #define KEEL__CKPT_CONTROL_MAGIC 0x4c52434bu /* "KCRL" */
+#define KEEL__CKPT_MAX_WINDOWS 16
 typedef struct keel__ckpt_control {
   uint32_t magic;
   uint32_t version;
   _Atomic uint64_t replicated[2]; /* the seal of slot i that every peer holds; 0: none */
-  uint8_t padding[4096 - 24];
+  /* The step the worker is in and when it began (CLOCK_MONOTONIC, one clock per host). */
+  _Atomic uint64_t step;
+  _Atomic int64_t step_begin_ns;
+  /* The communication-idle windows of a step, learnt by profiling its first steps (Gemini
+   * §5.4): window i starts window_start_ns[i] after the step's begin and lasts
+   * window_length_ns[i] (the last one INT64_MAX: until the step ends). window_count is stored
+   * last (release): 0 while there is no profile, and then the agent sends at once. */
+  int64_t window_start_ns[KEEL__CKPT_MAX_WINDOWS];
+  int64_t window_length_ns[KEEL__CKPT_MAX_WINDOWS];
+  _Atomic uint32_t window_count;
+  uint8_t padding[4096 - 44 - 16 * KEEL__CKPT_MAX_WINDOWS];
 } keel__ckpt_control;
 _Static_assert(sizeof(keel__ckpt_control) == 4096, "the control page is one page");
 
@@ -124,8 +135,25 @@ keel_status keel__ckpt_send_reply(keel_link *link, uint16_t op, keel_status stat
  * *value_p (may be NULL) gets its value. */
 keel_status keel__ckpt_await_reply(keel_link *link, uint16_t op, uint64_t *value_p,
                                    int64_t deadline_ns);
-/* Sends the region's bytes from offset first on, chunk_bytes per DATA frame. With window > 0
- * at most window frames go unacknowledged (ACKs read here); 0: no ACKs are expected. */
+/* DATA frames of one region to one link, in order, with at most `window` of them not yet
+ * acknowledged (the pipelined buffers; 0: no ACKs are expected). */
+#define KEEL__CKPT_MAX_IN_FLIGHT 64
+typedef struct keel__ckpt_sender {
+  keel_link *link;
+  const uint8_t *base;
+  uint64_t next;   /* the offset of the next frame */
+  uint32_t window; /* <= KEEL__CKPT_MAX_IN_FLIGHT */
+  uint32_t in_flight, oldest;
+  uint64_t pending[KEEL__CKPT_MAX_IN_FLIGHT]; /* offsets awaiting their ACK, a ring */
+} keel__ckpt_sender;
+void keel__ckpt_sender_init(keel__ckpt_sender *sender, keel_link *link,
+                            const keel_ckpt_region *region, uint64_t first, uint32_t window);
+/* Sends the next length bytes as one frame, first waiting for the oldest ACK when the window
+ * is full. */
+keel_status keel__ckpt_sender_send(keel__ckpt_sender *sender, uint64_t length, int64_t deadline_ns);
+/* Waits for every outstanding ACK. */
+keel_status keel__ckpt_sender_drain(keel__ckpt_sender *sender, int64_t deadline_ns);
+/* The whole region from offset first on, chunk_bytes per frame. */
 keel_status keel__ckpt_send_region(keel_link *link, const keel_ckpt_region *region,
                                    uint64_t first, uint64_t chunk_bytes, uint32_t window,
                                    int64_t deadline_ns);

@@ -115,30 +115,62 @@ keel_status keel__ckpt_await_reply(keel_link *link, uint16_t op, uint64_t *value
   return reply.status;
 }
 
+void keel__ckpt_sender_init(keel__ckpt_sender *sender, keel_link *link,
+                            const keel_ckpt_region *region, uint64_t first, uint32_t window) {
+  *sender = (keel__ckpt_sender){.link = link, .base = region->base, .next = first,
+                                .window = window < KEEL__CKPT_MAX_IN_FLIGHT
+                                              ? window
+                                              : KEEL__CKPT_MAX_IN_FLIGHT};
+}
+
+static keel_status sender_await_oldest(keel__ckpt_sender *sender, int64_t deadline_ns) {
+  uint64_t offset = 0;
+  keel_status status = keel__ckpt_await_reply(sender->link, KEEL__CKPT_ACK, &offset, deadline_ns);
+  if (status != KEEL_OK) return status;
+  if (offset != sender->pending[sender->oldest]) return KEEL_EPROTO; /* ACKs come in order */
+  sender->oldest = (sender->oldest + 1) % KEEL__CKPT_MAX_IN_FLIGHT;
+  sender->in_flight--;
+  return KEEL_OK;
+}
+
+keel_status keel__ckpt_sender_send(keel__ckpt_sender *sender, uint64_t length,
+                                   int64_t deadline_ns) {
+  if (sender->window > 0 && sender->in_flight == sender->window) {
+    keel_status status = sender_await_oldest(sender, deadline_ns);
+    if (status != KEEL_OK) return status;
+  }
+  keel_frame frame = {.type = KEEL_FRAME_CKPT_DATA, .tag = sender->next};
+  keel_status status =
+      keel_link_send(sender->link, &frame, sender->base + sender->next, (size_t)length, deadline_ns);
+  if (status != KEEL_OK) return status;
+  if (sender->window > 0) {
+    sender->pending[(sender->oldest + sender->in_flight) % KEEL__CKPT_MAX_IN_FLIGHT] = sender->next;
+    sender->in_flight++;
+  }
+  sender->next += length;
+  return KEEL_OK;
+}
+
+keel_status keel__ckpt_sender_drain(keel__ckpt_sender *sender, int64_t deadline_ns) {
+  while (sender->in_flight > 0) {
+    keel_status status = sender_await_oldest(sender, deadline_ns);
+    if (status != KEEL_OK) return status;
+  }
+  return KEEL_OK;
+}
+
 keel_status keel__ckpt_send_region(keel_link *link, const keel_ckpt_region *region,
                                    uint64_t first, uint64_t chunk_bytes, uint32_t window,
                                    int64_t deadline_ns) {
-  const uint8_t *base = region->base;
-  uint64_t total = region->bytes, sent = first, acked = sent;
-  uint32_t in_flight = 0;
-  while (sent < total || in_flight > 0) {
-    if (sent < total && (window == 0 || in_flight < window)) {
-      uint64_t length = total - sent < chunk_bytes ? total - sent : chunk_bytes;
-      keel_frame frame = {.type = KEEL_FRAME_CKPT_DATA, .tag = sent};
-      keel_status status = keel_link_send(link, &frame, base + sent, (size_t)length, deadline_ns);
-      if (status != KEEL_OK) return status;
-      sent += length;
-      if (window > 0) in_flight++;
-      continue;
-    }
-    uint64_t offset = 0;
-    keel_status status = keel__ckpt_await_reply(link, KEEL__CKPT_ACK, &offset, deadline_ns);
-    if (status != KEEL_OK) return status;
-    if (offset != acked) return KEEL_EPROTO; /* acknowledgments come in order */
-    acked += total - acked < chunk_bytes ? total - acked : chunk_bytes;
-    in_flight--;
+  keel__ckpt_sender sender;
+  keel__ckpt_sender_init(&sender, link, region, first, window);
+  keel_status status = KEEL_OK;
+  while (status == KEEL_OK && sender.next < region->bytes) {
+    uint64_t left = region->bytes - sender.next;
+    status = keel__ckpt_sender_send(&sender, left < chunk_bytes ? left : chunk_bytes, deadline_ns);
   }
-  return KEEL_OK;
+  if (status == KEEL_OK) status = keel__ckpt_sender_drain(&sender, deadline_ns);
+  return status;
 }
 
 bool keel__ckpt_agent_address_parse(const char *value, size_t length, char *address,

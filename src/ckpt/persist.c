@@ -18,11 +18,11 @@ struct keel_ckpt_persist {
   uint64_t saves;
 };
 
-static keel_ckpt_identity identity_now(const keel_ckpt_persist *persist, uint64_t step) {
-  keel_comm *world = keel_world(persist->ctx);
-  uint32_t shards = keel_state_shards(persist->ctx);
+keel_ckpt_identity keel__ckpt_identity_now(keel_ctx *ctx, uint64_t step) {
+  keel_comm *world = keel_world(ctx);
+  uint32_t shards = keel_state_shards(ctx);
   uint32_t rank = (uint32_t)keel_comm_rank(world);
-  return (keel_ckpt_identity){.job_id = keel_job_id(persist->ctx),
+  return (keel_ckpt_identity){.job_id = keel_job_id(ctx),
                               .rank = rank,
                               .shard_index = rank % shards,
                               .shard_count = shards,
@@ -36,7 +36,7 @@ static keel_ckpt_identity identity_now(const keel_ckpt_persist *persist, uint64_
 static keel_status persist_on_commit(void *arg, uint64_t step) {
   keel_ckpt_persist *persist = arg;
   if ((step + 1) % persist->every_steps != 0) return KEEL_OK;
-  keel_ckpt_identity identity = identity_now(persist, step + 1);
+  keel_ckpt_identity identity = keel__ckpt_identity_now(persist->ctx, step + 1);
   int64_t started = keel_now_ns();
   keel_status status = keel_ckpt_persistent_save(keel_state(persist->ctx), persist->directory,
                                                  &identity, 0);

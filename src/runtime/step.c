@@ -26,7 +26,27 @@ struct keel__step {
   keel_commit_hook hooks[KEEL_MAX_HOOKS];
   void *hook_args[KEEL_MAX_HOOKS];
   int hook_count;
+  keel_step_observer observers[KEEL_MAX_HOOKS];
+  void *observer_args[KEEL_MAX_HOOKS];
+  int observer_count;
 };
+
+static void marks_send(const keel__step *step, keel_step_mark mark) {
+  if (step->observer_count == 0) return;
+  int64_t now = keel_now_ns();
+  for (int i = 0; i < step->observer_count; i++)
+    step->observers[i](step->observer_args[i], mark, step->step, step->collectives_done, now);
+}
+
+keel_status keel_on_step_mark(keel_ctx *ctx, keel_step_observer observer, void *arg) {
+  keel__step *step = ctx->step;
+  if (observer == NULL) return KEEL_EINVAL;
+  if (step->observer_count == KEEL_MAX_HOOKS) return KEEL_ERANGE;
+  step->observers[step->observer_count] = observer;
+  step->observer_args[step->observer_count] = arg;
+  step->observer_count++;
+  return KEEL_OK;
+}
 
 keel_status keel__step_create(keel__step **step_p) {
   keel__step *step = calloc(1, sizeof *step);
@@ -150,6 +170,7 @@ keel_status keel_step_begin(keel_ctx *ctx, uint64_t step_number) {
   keel_fault_plan_set_step(ctx->faults, step_number);
   keel_fault_plan_fire(ctx->faults, "step", 0);
   if (step->undo_enabled) undo_copy(ctx, false);
+  marks_send(step, KEEL_STEP_BEGIN);
   return KEEL_OK;
 }
 
@@ -224,8 +245,10 @@ static keel_status step_collective(keel_ctx *ctx, const step_operation *operatio
     keel_comm *world = keel_world(ctx);
     keel__redo_kind redo = operation_redo(world, operation);
     int64_t started = keel_now_ns();
+    marks_send(step, KEEL_STEP_COLLECTIVE_BEGIN);
     keel_status status = operation_run(world, operation);
     if (status == KEEL_OK) {
+      marks_send(step, KEEL_STEP_COLLECTIVE_END);
       /* The first collective that succeeds in a new world ends the recovery before it. */
       keel__recovery_report(ctx, redo_started != 0 ? keel_now_ns() - redo_started : 0);
       step->collectives_done++;

@@ -565,7 +565,10 @@ static void test_restart_flag_errors(void **state) {
                        "--on-failure restart needs checkpoints: add --ckpt jit");
   expect_usage_message(LIST("run", "--ckpt", "jit", "--on-failure", "shrink", "--", "true"),
                        "shrink");
-  expect_usage_message(LIST("run", "--ckpt", "mem", "--", "true"), "--ckpt must be jit");
+  expect_usage_message(LIST("run", "--ckpt", "disk", "--", "true"), "--ckpt must be jit or mem");
+  expect_usage_message(LIST("run", "--ckpt", "mem:replicas=two", "--", "true"), "replicas=1..8");
+  expect_usage_message(LIST("run", "--ckpt", "mem", "--on-failure", "restart", "--", "true"),
+                       "--ckpt mem recovers in process");
   expect_usage_message(LIST("run", "--ckpt", "jit", "--spares", "1", "--", "true"), "--spares");
   expect_usage_message(LIST("run", "-n", "2", "--ckpt", "jit", "--max-world", "3", "--", "true"),
                        "--max-world");

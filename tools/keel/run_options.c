@@ -243,7 +243,8 @@ static bool parse_duration(const char *flag, const char *text, int64_t *value_p)
 
 /* Indexed by keel__policy; NULL-terminated for parse_choice. */
 static const char *const policy_names[] = {"shrink", "replace", "restart", NULL};
-static const char *const ckpt_choices[] = {"jit", NULL};
+/* "mem" is parsed before these (it takes settings); listed for the message. */
+static const char *const ckpt_choices[] = {"jit", "mem[:SETTINGS]", NULL};
 static const char *const domain_choices[] = {"process", "node", NULL};
 
 const char *keel__policy_name(keel__policy policy) {
@@ -334,6 +335,7 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       if (strncmp(value, "mem", 3) == 0 && (value[3] == '\0' || value[3] == ':'))
         return ckpt_mem_parse(value, options);
       if (!parse_choice(flag->name, value, ckpt_choices, &choice)) return false;
+      if (choice != 0) return reject("--ckpt mem[:SETTINGS] takes settings such as mem:replicas=2");
       options->ckpt = KEEL__CKPT_JIT;
       return true;
     case FLAG_CKPT_DIR:
