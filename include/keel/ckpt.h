@@ -128,6 +128,12 @@ keel_status keel_ckpt_persistent_restore(keel_registry *registry, const char *ro
                                          const keel_ckpt_selector *selector,
                                          keel_ckpt_identity *used_p);
 
+/* The newest step (within the selector's min and max) of which <root>/<job_id> holds a
+ * complete snapshot (a manifest) of the selector's shard; its chunks are not read, so a
+ * restore may still refuse it. KEEL_ENOTFOUND when there is none. */
+keel_status keel_ckpt_persistent_newest(const char *root, const keel_ckpt_selector *selector,
+                                        uint64_t *step_p);
+
 /* ---- the in-memory tier: a snapshot in a memory region the caller provides (later, the
  * agent's shared memory and its copies on peers). Layout: a 64-byte header whose seal word
  * is even and non-zero only while the region holds a complete snapshot, the encoded
@@ -217,14 +223,23 @@ typedef struct keel_ckpt_agent_options {
   const char *directory;   /* the node's folder of snapshots (made if missing) */
   uint32_t node, nodes;    /* this node and how many the placement spreads over */
   keel_ckpt_mem_config config;
+  /* The persistent tier behind memory (NULL: none): every persist_every_steps-th step, or
+   * once persist_every_ns passed (0: not by time), the agent writes its node's snapshots
+   * there, in the background from a copy of its memory, never holding training back (a
+   * write still going when the next is due makes that one wait for the next turn). */
+  const char *persist_directory;
+  uint64_t persist_every_steps;
+  int64_t persist_every_ns;
 } keel_ckpt_agent_options;
 typedef struct keel_ckpt_agent keel_ckpt_agent;
 keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_ckpt_agent **agent_p);
 /* "host:port" the service listens on. */
 const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent);
-/* Complete copies this agent sent to peers, and received from them. */
+/* Complete copies this agent sent to peers, received from them, and snapshots it wrote to
+ * the persistent tier. */
 uint64_t keel_ckpt_agent_sent(const keel_ckpt_agent *agent);
 uint64_t keel_ckpt_agent_received(const keel_ckpt_agent *agent);
+uint64_t keel_ckpt_agent_persisted(const keel_ckpt_agent *agent);
 /* Stops the threads and closes every connection; the folder's files stay (the launcher
  * removes the folder when the job ends). NULL is a no-op. */
 void keel_ckpt_agent_stop(keel_ckpt_agent *agent);

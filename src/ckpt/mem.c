@@ -25,6 +25,7 @@ struct keel_ckpt_mem {
   bool enabled;
   keel_ckpt_mem_config config;
   char directory[PATH_MAX];
+  char persist_directory[PATH_MAX]; /* the agents' persistent tier; "" without one */
   int node;
   keel__ckpt_slot slots[2];
   keel__ckpt_slot control_slot;
@@ -330,9 +331,8 @@ static keel_status peer_call(const char *address, const keel__ckpt_request *requ
   if (status != KEEL_OK) return status;
   int64_t deadline = keel_deadline_after_ns(FETCH_DEADLINE_NS);
   keel_link *link = NULL;
-  status = keel_link_connect(address, &auth, keel_deadline_after_ns(SECOND_NS), &link);
+  status = keel__ckpt_connect(address, &auth, keel_deadline_after_ns(SECOND_NS), &link);
   if (status != KEEL_OK) return status;
-  keel_link_set_max_payload(link, KEEL_CKPT_MAX_CHUNK_BYTES);
   uint64_t value = 0;
   status = keel__ckpt_send_request(link, request, deadline);
   if (status == KEEL_OK) status = keel__ckpt_await_reply(link, request->op, &value, deadline);
@@ -458,6 +458,38 @@ static const keel_state_source_ops mem_source = {
     .newest = mem_newest,
 };
 
+/* ---- the persistent tier the agents write: when no copy in memory has a shard */
+
+static keel_status persisted_restore(void *context, keel_registry *registry, uint32_t index,
+                                     uint32_t count, uint64_t step) {
+  keel_ckpt_mem *mem = context;
+  keel_ckpt_selector selector = {.job_id = keel_job_id(mem->ctx), .shard_index = index,
+                                 .shard_count = count, .max_step = step, .min_step = step};
+  keel_ckpt_identity used;
+  int64_t started = keel_now_ns();
+  keel_status status =
+      keel_ckpt_persistent_restore(registry, mem->persist_directory, &selector, &used);
+  if (status != KEEL_OK) return KEEL_ENOTFOUND;
+  KEEL_LOG_W(MODULE, "the job went back to step %" PRIu64 " of the persistent tier (%s): "
+             "no copy in memory had every shard", step, mem->persist_directory);
+  restore_report(mem, &used, "persistent", keel_now_ns() - started);
+  return KEEL_OK;
+}
+
+static keel_status persisted_newest(void *context, uint32_t index, uint32_t count,
+                                    uint64_t max_step, uint64_t *step_p) {
+  keel_ckpt_mem *mem = context;
+  keel_ckpt_selector selector = {.job_id = keel_job_id(mem->ctx), .shard_index = index,
+                                 .shard_count = count, .max_step = max_step};
+  return keel_ckpt_persistent_newest(mem->persist_directory, &selector, step_p);
+}
+
+static const keel_state_source_ops persisted_source = {
+    .name = "persistent",
+    .restore = persisted_restore,
+    .newest = persisted_newest,
+};
+
 /* ---- the public face */
 
 static keel_status mem_configure(keel_ckpt_mem *mem) {
@@ -479,6 +511,11 @@ static keel_status mem_configure(keel_ckpt_mem *mem) {
   int64_t value = 0;
   if (node != NULL && keel_parse_int(node, 0, 1 << 20, &value) != KEEL_OK) return KEEL_EINVAL;
   mem->node = (int)value;
+  /* KEEL_CKPT_PERSIST: the agents keep a persistent tier in KEEL_CKPT_DIR. */
+  const char *persist = getenv("KEEL_CKPT_DIR");
+  if (getenv("KEEL_CKPT_PERSIST") != NULL && persist != NULL &&
+      strlen(persist) < sizeof mem->persist_directory)
+    snprintf(mem->persist_directory, sizeof mem->persist_directory, "%s", persist);
   status = keel_directory_make(mem->directory, 0700);
   if (status != KEEL_OK)
     KEEL_LOG_E(MODULE, "cannot make %s: %s", mem->directory, keel_strerror(status));
@@ -501,6 +538,8 @@ keel_status keel_ckpt_mem_enable(keel_ctx *ctx, keel_ckpt_mem **mem_p) {
   if (status == KEEL_OK) status = keel_on_commit(ctx, mem_on_commit, mem);
   if (status == KEEL_OK) status = keel_on_step_mark(ctx, mem_on_step_mark, mem);
   if (status == KEEL_OK) status = keel_state_source_add(ctx, &mem_source, mem);
+  if (status == KEEL_OK && mem->persist_directory[0] != '\0')
+    status = keel_state_source_add(ctx, &persisted_source, mem);
   if (status != KEEL_OK) {
     free(mem);
     return status;

@@ -34,6 +34,11 @@ typedef struct local_rank {
   keel__ckpt_slot slots[2];
   keel__ckpt_slot control;
   uint64_t pushed[2]; /* the seal of each slot last sent to every peer */
+  /* A copy of a snapshot due for the persistent tier; staged (under the agent's persist
+   * lock) until the persist thread has written it. */
+  uint8_t *staging;
+  size_t staging_bytes;
+  bool staged;
 } local_rank;
 
 typedef struct peer {
@@ -73,6 +78,18 @@ struct keel_ckpt_agent {
   uint32_t peer_nodes[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
   uint32_t peer_count;
   int64_t peers_refreshed_ns, rescanned_ns;
+  /* The persistent tier: the replicate thread stages a due snapshot (a copy of its slot) and
+   * the persist thread checks and writes it. */
+  char persist_directory[PATH_MAX];
+  uint64_t persist_every_steps;
+  int64_t persist_every_ns;
+  uint64_t timed_first_step, timed_steps; /* timing the steps for the agreed count */
+  int64_t timed_first_ns;
+  pthread_t persist_thread;
+  bool persist_started;
+  pthread_mutex_t persist_lock;
+  pthread_cond_t persist_wake;
+  _Atomic uint64_t persisted;
   /* f(s) = alpha + s / beta of a send to a peer (Algorithm 2), learnt from whole copies. */
   double alpha_ns, bytes_per_ns;
   bool speed_known;
@@ -341,13 +358,16 @@ static void peer_drop(peer *to) {
 
 /* The peers' addresses from their node/<i> keys; a peer whose address changed (a node
  * replaced) is reconnected. */
+/* The replicate thread's connection to the job's store, opened on first use. */
+static bool store_ready(keel_ckpt_agent *agent) {
+  return agent->store != NULL ||
+         keel_store_connect(agent->store_endpoint, &agent->auth,
+                            keel_deadline_after_ns(CONNECT_DEADLINE_NS), &agent->store) == KEEL_OK;
+}
+
 static void peers_refresh(keel_ckpt_agent *agent) {
   agent->peers_refreshed_ns = keel_now_ns();
-  if (agent->peer_count == 0) return;
-  if (agent->store == NULL &&
-      keel_store_connect(agent->store_endpoint, &agent->auth,
-                         keel_deadline_after_ns(CONNECT_DEADLINE_NS), &agent->store) != KEEL_OK)
-    return;
+  if (agent->peer_count == 0 || !store_ready(agent)) return;
   for (uint32_t i = 0; i < agent->peer_count; i++) {
     char key[32];
     snprintf(key, sizeof key, "node/%" PRIu32, agent->peer_nodes[i]);
@@ -366,6 +386,148 @@ static void peers_refresh(keel_ckpt_agent *agent) {
   }
 }
 
+/* --ckpt-persist-every DURATION: the agents must persist the same steps, or the fall back
+ * finds no step of which every shard was written. So the duration becomes a step count once:
+ * the first agent that has timed 20 of its workers' steps writes `ckpt/persist_every_steps`
+ * (compare-and-swap on absent) and every agent then persists by that count. */
+#define PERSIST_KEY "ckpt/persist_every_steps"
+#define PERSIST_TIMED_STEPS 20
+static void persist_interval_agree(keel_ckpt_agent *agent) {
+  if (agent->persist_every_ns <= 0 || agent->persist_every_steps > 0 || !store_ready(agent)) return;
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(agent->store, PERSIST_KEY, &entry) == KEEL_OK) {
+    int64_t steps = 0;
+    char text[32] = "";
+    if (entry->value_length < sizeof text) memcpy(text, entry->value, entry->value_length);
+    keel_store_entry_free(entry);
+    if (keel_parse_int(text, 1, INT64_C(1) << 40, &steps) != KEEL_OK) return;
+    agent->persist_every_steps = (uint64_t)steps;
+    KEEL_LOG_I(MODULE, "persists every %" PRId64 " steps (about every %.0f s)", steps,
+               (double)agent->persist_every_ns / 1e9);
+    return;
+  }
+  if (agent->rank_count == 0) return;
+  const keel__ckpt_control *control = agent->ranks[0].control.region.base;
+  uint64_t step = atomic_load_explicit(&control->step, memory_order_acquire);
+  int64_t begin = atomic_load_explicit(&control->step_begin_ns, memory_order_relaxed);
+  if (agent->timed_steps == 0 || step < agent->timed_first_step) {
+    agent->timed_first_step = step;
+    agent->timed_first_ns = begin;
+    agent->timed_steps = 1;
+    return;
+  }
+  if (step - agent->timed_first_step < PERSIST_TIMED_STEPS || begin <= agent->timed_first_ns) return;
+  double step_ns = (double)(begin - agent->timed_first_ns) / (double)(step - agent->timed_first_step);
+  double steps = (double)agent->persist_every_ns / step_ns;
+  char value[32];
+  int length = snprintf(value, sizeof value, "%" PRIu64, steps < 1.0 ? UINT64_C(1) : (uint64_t)(steps + 0.5));
+  (void)keel_store_cas(agent->store, PERSIST_KEY, 0, value, (size_t)length, 0, NULL);
+}
+
+/* ---- the persistent tier, written from memory in the background */
+
+/* By steps only (a duration becomes a count every agent agrees on), so that every shard is
+ * written at the same steps. */
+static bool persist_due(const keel_ckpt_agent *agent, uint64_t step) {
+  return agent->persist_directory[0] != '\0' && agent->persist_every_steps > 0 &&
+         step % agent->persist_every_steps == 0;
+}
+
+/* Copies the slot into the rank's staging buffer when the persist thread is done with the
+ * last one (else this step is left out: training never waits for the disk). The copy is
+ * checked in the persist thread. */
+static void persist_stage(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t step) {
+  if (!persist_due(agent, step)) return;
+  pthread_mutex_lock(&agent->persist_lock);
+  bool busy = local->staged;
+  pthread_mutex_unlock(&agent->persist_lock);
+  if (busy) {
+    KEEL_LOG_I(MODULE, "rank %" PRIu32 "'s step %" PRIu64 " not persisted: the last write is still "
+               "going", local->rank, step);
+    return;
+  }
+  const keel_ckpt_region *region = &local->slots[i].region;
+  if (local->staging_bytes != region->bytes) {
+    free(local->staging);
+    local->staging = aligned_alloc(64, (region->bytes + 63) / 64 * 64);
+    local->staging_bytes = local->staging != NULL ? region->bytes : 0;
+    if (local->staging == NULL) return;
+  }
+  memcpy(local->staging, region->base, region->bytes);
+  pthread_mutex_lock(&agent->persist_lock);
+  local->staged = true;
+  pthread_cond_signal(&agent->persist_wake);
+  pthread_mutex_unlock(&agent->persist_lock);
+}
+
+/* Writes a staged snapshot through the persistent tier's own save (files, manifest last,
+ * atomic renames): a registry whose buffers point into the staged copy. A copy torn by a
+ * rewrite of the slot fails its checksums here and is not written. */
+static void persist_write(keel_ckpt_agent *agent, const local_rank *local) {
+  keel_ckpt_region staged = {.base = local->staging, .bytes = local->staging_bytes};
+  char reason[KEEL__CKPT_REASON_BYTES];
+  keel_ckpt_identity identity;
+  if (keel__ckpt_region_check(&staged, &identity, NULL, reason) != KEEL_OK) {
+    KEEL_LOG_I(MODULE, "rank %" PRIu32 "'s staged snapshot not persisted: %s", local->rank, reason);
+    return;
+  }
+  keel_ckpt_manifest manifest;
+  const keel__ckpt_region_header *header = staged.base;
+  if (keel_ckpt_manifest_decode((const uint8_t *)staged.base + KEEL__CKPT_HEADER_BYTES,
+                                header->manifest_bytes, &manifest) != KEEL_OK)
+    return;
+  keel_registry *view = NULL;
+  keel_status status = keel_registry_create(&view);
+  uint8_t *data = (uint8_t *)staged.base + header->data_offset;
+  for (uint32_t b = 0; status == KEEL_OK && b < manifest.buffer_count; b++) {
+    status = keel_registry_add(view, manifest.buffers[b].name, data, manifest.buffers[b].bytes);
+    data += manifest.buffers[b].bytes;
+  }
+  int64_t started = keel_now_ns();
+  if (status == KEEL_OK)
+    status = keel_ckpt_persistent_save(view, agent->persist_directory, &identity, manifest.chunk_bytes);
+  if (status == KEEL_OK) {
+    atomic_fetch_add(&agent->persisted, 1);
+    KEEL_LOG_I(MODULE, "persisted rank %" PRIu32 "'s step %" PRIu64 " (%" PRIu64 " bytes, %.1f ms)",
+               identity.rank, identity.step, manifest.total_bytes,
+               (double)(keel_now_ns() - started) / 1e6);
+  }
+  keel_registry_destroy(view);
+  keel_ckpt_manifest_free(&manifest);
+}
+
+/* A staged rank, or NULL; called with the persist lock held. */
+static local_rank *persist_next(keel_ckpt_agent *agent) {
+  for (size_t r = 0; r < agent->rank_count; r++)
+    if (agent->ranks[r].staged) return &agent->ranks[r];
+  return NULL;
+}
+
+static void *persist_main(void *arg) {
+  keel_ckpt_agent *agent = arg;
+  pthread_mutex_lock(&agent->persist_lock);
+  while (!stopping(agent)) {
+    local_rank *local = persist_next(agent);
+    if (local == NULL) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += 100 * 1000 * 1000;
+      if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&agent->persist_wake, &agent->persist_lock, &until);
+      continue;
+    }
+    pthread_mutex_unlock(&agent->persist_lock);
+    persist_write(agent, local);
+    pthread_mutex_lock(&agent->persist_lock);
+    local->staged = false;
+  }
+  pthread_mutex_unlock(&agent->persist_lock);
+  return NULL;
+}
+
 /* ---- one snapshot to its peers: offer, data in chunks scheduled into the worker's idle
  * windows (Gemini §5.3, Algorithm 2), commit */
 
@@ -376,10 +538,9 @@ static keel_status push_offer(keel_ckpt_agent *agent, peer *to, uint32_t rank,
   if (to->address[0] == '\0') return KEEL_ENOTFOUND;
   keel_status status = KEEL_OK;
   if (to->link == NULL) {
-    status = keel_link_connect(to->address, &agent->auth,
-                               keel_deadline_after_ns(CONNECT_DEADLINE_NS), &to->link);
+    status = keel__ckpt_connect(to->address, &agent->auth, keel_deadline_after_ns(CONNECT_DEADLINE_NS),
+                                &to->link);
     if (status != KEEL_OK) return status;
-    keel_link_set_max_payload(to->link, KEEL_CKPT_MAX_CHUNK_BYTES);
   }
   keel__ckpt_request offer = {.op = KEEL__CKPT_OFFER, .origin_rank = rank,
                               .shard_index = identity->shard_index,
@@ -547,6 +708,7 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
     return; /* being rewritten: the next look sends the new one */
   keel_status statuses[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
   push_scheduled(agent, local, i, &identity, statuses);
+  persist_stage(agent, local, i, identity.step);
   bool all = true;
   for (uint32_t p = 0; p < agent->peer_count && !stopping(agent); p++) {
     keel_status status = statuses[p];
@@ -573,6 +735,7 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
 static void local_rank_close(local_rank *local) {
   for (int i = 0; i < 2; i++) keel__ckpt_slot_close(&local->slots[i]);
   keel__ckpt_slot_close(&local->control);
+  free(local->staging);
 }
 
 /* Finds the ranks whose control page is in the folder and maps their slots. */
@@ -600,8 +763,11 @@ static void ranks_rescan(keel_ckpt_agent *agent) {
         keel__ckpt_slot_close(&local.control);
       }
     }
-    if (opened && local.control.region.bytes >= sizeof(keel__ckpt_control))
+    if (opened && local.control.region.bytes >= sizeof(keel__ckpt_control)) {
+      pthread_mutex_lock(&agent->persist_lock);
       agent->ranks[agent->rank_count++] = local;
+      pthread_mutex_unlock(&agent->persist_lock);
+    }
   }
   closedir(folder);
 }
@@ -625,7 +791,10 @@ static void *replicate_main(void *arg) {
   while (!stopping(agent)) {
     int64_t now = keel_now_ns();
     if (now - agent->rescanned_ns >= RESCAN_EVERY_NS) ranks_rescan(agent);
-    if (now - agent->peers_refreshed_ns >= PEERS_REFRESH_NS) peers_refresh(agent);
+    if (now - agent->peers_refreshed_ns >= PEERS_REFRESH_NS) {
+      peers_refresh(agent);
+      persist_interval_agree(agent);
+    }
     if (!replicate_once(agent)) {
       struct timespec pause = {.tv_nsec = 200 * 1000};
       nanosleep(&pause, NULL);
@@ -649,15 +818,23 @@ static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent
     return KEEL_EINVAL;
   snprintf(agent->directory, sizeof agent->directory, "%s", options->directory);
   snprintf(agent->store_endpoint, sizeof agent->store_endpoint, "%s", options->store);
+  if (options->persist_directory != NULL) {
+    if (strlen(options->persist_directory) >= sizeof agent->persist_directory) return KEEL_EINVAL;
+    snprintf(agent->persist_directory, sizeof agent->persist_directory, "%s",
+             options->persist_directory);
+    agent->persist_every_steps = options->persist_every_steps;
+    agent->persist_every_ns = options->persist_every_ns;
+  }
   uint32_t replicas = options->config.replicas < options->nodes ? options->config.replicas
                                                                 : options->nodes;
   keel_status status = keel_model_placement_make(options->nodes, replicas, &agent->placement);
   if (status != KEEL_OK) return status;
   /* A spare node (index past the job's nodes) sends where the node of its index modulo the
-   * nodes would: it has no snapshots until one of its spares takes a rank. */
+   * nodes sends (it has no snapshots until one of its spares takes a rank): the holders but
+   * the first, which is that node itself. */
   uint32_t holders[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
   keel_model_placement_holders(&agent->placement, options->node % options->nodes, holders);
-  for (uint32_t i = 0; i < replicas; i++)
+  for (uint32_t i = 1; i < replicas; i++)
     if (holders[i] != options->node) agent->peer_nodes[agent->peer_count++] = holders[i];
   return KEEL_OK;
 }
@@ -670,6 +847,8 @@ keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_c
   keel_status status = agent->ranks == NULL ? KEEL_ENOMEM : agent_configure(agent, options);
   if (status != KEEL_OK) goto fail_free;
   pthread_mutex_init(&agent->connections_lock, NULL);
+  pthread_mutex_init(&agent->persist_lock, NULL);
+  pthread_cond_init(&agent->persist_wake, NULL);
   if ((status = keel_directory_make(agent->directory, 0700)) != KEEL_OK) goto fail_free;
   agent->heartbeat.file = -1;
   status = keel__ckpt_slot_open(agent->directory, KEEL__CKPT_HEARTBEAT_NAME,
@@ -690,6 +869,13 @@ keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_c
     return status;
   }
   agent->replicate_started = true;
+  if (agent->persist_directory[0] != '\0') {
+    if (pthread_create(&agent->persist_thread, NULL, persist_main, agent) != 0) {
+      keel_ckpt_agent_stop(agent);
+      return KEEL_ENOMEM;
+    }
+    agent->persist_started = true;
+  }
   *agent_p = agent;
   return KEEL_OK;
 
@@ -711,12 +897,14 @@ const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent) {
 
 uint64_t keel_ckpt_agent_sent(const keel_ckpt_agent *agent) { return agent->sent; }
 uint64_t keel_ckpt_agent_received(const keel_ckpt_agent *agent) { return agent->received; }
+uint64_t keel_ckpt_agent_persisted(const keel_ckpt_agent *agent) { return agent->persisted; }
 
 void keel_ckpt_agent_stop(keel_ckpt_agent *agent) {
   if (agent == NULL) return;
   atomic_store_explicit(&agent->stopping, true, memory_order_release);
   if (agent->accept_started) pthread_join(agent->accept_thread, NULL);
   if (agent->replicate_started) pthread_join(agent->replicate_thread, NULL);
+  if (agent->persist_started) pthread_join(agent->persist_thread, NULL);
   connections_reap(agent, true);
   for (uint32_t i = 0; i < agent->peer_count; i++) peer_drop(&agent->peers[i]);
   for (size_t r = 0; r < agent->rank_count; r++) local_rank_close(&agent->ranks[r]);
@@ -724,6 +912,8 @@ void keel_ckpt_agent_stop(keel_ckpt_agent *agent) {
   keel_listener_close(agent->listener);
   keel__ckpt_slot_close(&agent->heartbeat);
   pthread_mutex_destroy(&agent->connections_lock);
+  pthread_mutex_destroy(&agent->persist_lock);
+  pthread_cond_destroy(&agent->persist_wake);
   free(agent->ranks);
   free(agent);
 }

@@ -126,6 +126,12 @@ keel_status keel__ckpt_request_decode(const uint8_t *data, size_t length,
 void keel__ckpt_reply_encode(const keel__ckpt_reply *reply, uint8_t out[KEEL__CKPT_REPLY_BYTES]);
 keel_status keel__ckpt_reply_decode(const uint8_t *data, size_t length, keel__ckpt_reply *reply_p);
 
+/* Connects to a snapshot service and authenticates, with frames up to a chunk's size. A
+ * refused connection is not retried: a service that refuses is gone (its node died), and
+ * nobody waits on it. */
+keel_status keel__ckpt_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
+                               keel_link **link_p);
+
 /* A link's calls, bounded by deadline_ns: one request, one answer. */
 keel_status keel__ckpt_send_request(keel_link *link, const keel__ckpt_request *request,
                                     int64_t deadline_ns);

@@ -81,6 +81,18 @@ keel_status keel__ckpt_reply_decode(const uint8_t *data, size_t length, keel__ck
   return KEEL_OK;
 }
 
+static bool never_retry(void *context) {
+  (void)context;
+  return false;
+}
+
+keel_status keel__ckpt_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
+                               keel_link **link_p) {
+  keel_status status = keel_link_connect_while(address, auth, deadline_ns, never_retry, NULL, link_p);
+  if (status == KEEL_OK) keel_link_set_max_payload(*link_p, KEEL_CKPT_MAX_CHUNK_BYTES);
+  return status;
+}
+
 keel_status keel__ckpt_send_request(keel_link *link, const keel__ckpt_request *request,
                                     int64_t deadline_ns) {
   uint8_t payload[KEEL__CKPT_REQUEST_BYTES];

@@ -515,13 +515,12 @@ static keel_status step_list(int job_directory, const char *where, const char *s
   return status;
 }
 
-keel_status keel_ckpt_persistent_restore(keel_registry *registry, const char *root,
-                                         const keel_ckpt_selector *selector,
-                                         keel_ckpt_identity *used_p) {
-  if (registry == NULL || root == NULL || selector == NULL || selector->job_id == 0)
-    return KEEL_EINVAL;
-  char where[PATH_MAX];
-  snprintf(where, sizeof where, "%s/%" PRIu64, root, selector->job_id);
+/* Lists every complete snapshot of the selector's steps under <root>/<job_id> into list;
+ * *job_directory_p is left open (candidates read through it) for the caller to close. */
+static keel_status candidates_collect(const char *root, const keel_ckpt_selector *selector,
+                                      char *where, size_t where_bytes, int *job_directory_p,
+                                      candidate_list *list) {
+  snprintf(where, where_bytes, "%s/%" PRIu64, root, selector->job_id);
   int job_directory = open(where, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (job_directory < 0) {
     int error_number = errno;
@@ -538,36 +537,75 @@ keel_status keel_ckpt_persistent_restore(keel_registry *registry, const char *ro
    * job_directory. */
   int listing_directory = dup(job_directory);
   DIR *steps = listing_directory < 0 ? NULL : fdopendir(listing_directory);
-  keel_status status = KEEL_OK;
   if (steps == NULL) {
     int error_number = errno;
     KEEL_LOG_E(KEEL__CKPT_MODULE, "restore: cannot list %s: %s", where, strerror(error_number));
-    status = keel_status_from_errno(error_number);
     if (listing_directory >= 0) close(listing_directory);
-    goto close_job_directory;
+    close(job_directory);
+    return keel_status_from_errno(error_number);
   }
-  candidate_list list = {0};
+  keel_status status = KEEL_OK;
   struct dirent *entry;
   for (errno = 0; status == KEEL_OK && (entry = readdir(steps)) != NULL; errno = 0) {
     uint64_t step;
     if (!name_number(entry->d_name, "step-", UINT64_MAX, &step)) continue;
     if (step > selector->max_step || step < selector->min_step) continue;
-    status = step_list(job_directory, where, entry->d_name, step, &list);
+    status = step_list(job_directory, where, entry->d_name, step, list);
   }
   if (status == KEEL_OK && errno != 0) {
     int error_number = errno;
     KEEL_LOG_E(KEEL__CKPT_MODULE, "restore: cannot list %s: %s", where, strerror(error_number));
     status = keel_status_from_errno(error_number);
   }
-  if (status == KEEL_OK) {
-    status = keel__ckpt_restore_best(registry, selector, list.items, list.count, list.refused,
-                                     where, used_p);
-  } else if (status == KEEL_ENOMEM) {
+  if (status == KEEL_ENOMEM)
     KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: out of memory while listing", where);
-  }
-  candidate_list_free(&list);
   closedir(steps);
-close_job_directory:
+  if (status != KEEL_OK) {
+    candidate_list_free(list);
+    *list = (candidate_list){0};
+    close(job_directory);
+    return status;
+  }
+  *job_directory_p = job_directory;
+  return KEEL_OK;
+}
+
+keel_status keel_ckpt_persistent_restore(keel_registry *registry, const char *root,
+                                         const keel_ckpt_selector *selector,
+                                         keel_ckpt_identity *used_p) {
+  if (registry == NULL || root == NULL || selector == NULL || selector->job_id == 0)
+    return KEEL_EINVAL;
+  char where[PATH_MAX];
+  candidate_list list = {0};
+  int job_directory = -1;
+  keel_status status = candidates_collect(root, selector, where, sizeof where, &job_directory, &list);
+  if (status != KEEL_OK) return status;
+  status = keel__ckpt_restore_best(registry, selector, list.items, list.count, list.refused, where,
+                                   used_p);
+  candidate_list_free(&list);
   close(job_directory);
   return status;
+}
+
+keel_status keel_ckpt_persistent_newest(const char *root, const keel_ckpt_selector *selector,
+                                        uint64_t *step_p) {
+  if (root == NULL || selector == NULL || selector->job_id == 0 || step_p == NULL)
+    return KEEL_EINVAL;
+  char where[PATH_MAX];
+  candidate_list list = {0};
+  int job_directory = -1;
+  keel_status status = candidates_collect(root, selector, where, sizeof where, &job_directory, &list);
+  if (status != KEEL_OK) return status;
+  bool found = false;
+  for (size_t i = 0; i < list.count; i++) {
+    const keel_ckpt_identity *identity = &list.items[i].manifest.identity;
+    if (identity->job_id != selector->job_id || identity->shard_index != selector->shard_index ||
+        (selector->shard_count != 0 && identity->shard_count != selector->shard_count))
+      continue;
+    if (!found || identity->step > *step_p) *step_p = identity->step;
+    found = true;
+  }
+  candidate_list_free(&list);
+  close(job_directory);
+  return found ? KEEL_OK : KEEL_ENOTFOUND;
 }

@@ -115,6 +115,24 @@ static void test_corrupted_snapshot_is_never_restored(void **state) {
 
 /* ---- a whole node killed */
 
+static const char *const long_toy_args[] = {"--steps",  "400", "--params",     "40000",
+                                            "--shards", "4",   "--compute-ms", "5",     NULL};
+
+/* The crc of the long run with no failure (bits do not depend on the node layout). */
+static unsigned long_clean_crc(void) {
+  static unsigned crc;
+  static bool known;
+  if (known) return crc;
+  keel_test_job clean;
+  assert_true(keel_test_job_prepare(&clean, "keel-mem"));
+  assert_int_equal(keel_test_job_run(&clean, JOB_TIMEOUT, JOB_TIMEOUT_MS, LIST("-n", "4"),
+                                     keel_test_program("toy_train"), long_toy_args, NULL),
+                   0);
+  crc = keel_test_toy_assert_consistent(clean.output, 4, 400);
+  known = true;
+  return crc;
+}
+
 static bool saved_fifty(const keel_test_events *log, void *context) {
   (void)context;
   for (size_t i = 0; i < log->count; i++)
@@ -124,46 +142,63 @@ static bool saved_fifty(const keel_test_events *log, void *context) {
   return false;
 }
 
-/* Node 1 (agent and workers, ranks 2 and 3) is killed mid-run; the spare node's workers take
- * ranks 2 and 3 and fetch their shards from node 0, which holds copies of them. */
-static void test_node_killed_restores_from_peer_copies(void **state) {
-  (void)state;
-  keel_test_job job;
-  assert_true(keel_test_job_prepare(&job, "keel-mem"));
-  static const char *const long_toy[] = {"--steps",  "400", "--params", "40000",
-                                         "--shards", "4",   "--compute-ms", "5", NULL};
-  pid_t launcher = keel_test_job_start(
-      &job, JOB_TIMEOUT,
-      LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents", "--spare-nodes", "1",
-           "--failure-domain", "node", "--ckpt", "mem"),
-      keel_test_program("toy_train"), long_toy, NULL);
+/* Runs the long toy job on 2 nodes of 2 (and a spare node) with flags, kills node 1 (its
+ * agent and its workers, ranks 2 and 3) once 50 snapshots were taken, and checks that the job
+ * ends with the bits of a run without failure. */
+static void node_killed_run(keel_test_job *job, const char *const *flags) {
+  pid_t launcher = keel_test_job_start(job, JOB_TIMEOUT, flags, keel_test_program("toy_train"),
+                                       long_toy_args, NULL);
   assert_true(launcher > 0);
-  assert_true(keel_test_events_wait(job.events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
+  assert_true(keel_test_events_wait(job->events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
   keel_test_events log;
-  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  keel_test_events_read(job->events, MAX_EVENTS, &log);
   char job_id[32];
   assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
   keel_test_events_free(&log);
-  assert_int_equal(keel_test_keel(LIST("inject", "kill-node", "1", "--job", job_id), job.output,
+  assert_int_equal(keel_test_keel(LIST("inject", "kill-node", "1", "--job", job_id), job->output,
                                   10000),
                    0);
   int status = 0;
   assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) keel_test_print_file("job output", job.output);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) keel_test_print_file("job output", job->output);
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  /* The reference: the same steps with no failure (bits do not depend on the node layout). */
-  keel_test_job clean;
-  assert_true(keel_test_job_prepare(&clean, "keel-mem"));
-  assert_int_equal(keel_test_job_run(&clean, JOB_TIMEOUT, JOB_TIMEOUT_MS, LIST("-n", "4"),
-                                     keel_test_program("toy_train"), long_toy, NULL),
-                   0);
-  unsigned expected = keel_test_toy_assert_consistent(clean.output, 4, 400);
-  assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, 400), expected);
-  /* Ranks 2 and 3 come from node 0's copies (the survivors, when they roll back, from their
-   * own node's memory). */
+  assert_int_equal(keel_test_toy_assert_consistent(job->output, 4, 400), long_clean_crc());
+}
+
+/* The spare node's workers take ranks 2 and 3 and fetch their shards from node 0, which holds
+ * copies of them (the survivors, when they roll back, restore from their own node). */
+static void test_node_killed_restores_from_peer_copies(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
+                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt", "mem"));
   size_t from_peer = 0;
   restores_check(&job, -1, "node-0", &from_peer);
   assert_true(from_peer >= 2);
+}
+
+/* One copy per snapshot (replicas=1): nothing in memory has shards 2 and 3 once node 1 is
+ * gone, so the job goes back to the newest step the agents wrote to the persistent tier
+ * (--ckpt-persist-every 10steps), every rank restoring it from there, and says so. */
+static void test_every_copy_lost_falls_back_to_the_persistent_tier(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  char persist_dir[320];
+  snprintf(persist_dir, sizeof persist_dir, "%s/persist", job.folder);
+  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
+                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
+                             "mem:replicas=1", "--ckpt-dir", persist_dir,
+                             "--ckpt-persist-every", "10steps"));
+  size_t from_disk = 0;
+  restores_check(&job, -1, "persistent", &from_disk);
+  /* Ranks 2 and 3 at least; every rank when the job had gone past the last persisted step. */
+  assert_true(from_disk >= 2);
+  char *output = keel_test_read_file(job.output, NULL);
+  assert_non_null(output);
+  assert_non_null(strstr(output, "of the persistent tier"));
+  free(output);
 }
 
 /* ---- the launcher's refusals */
@@ -198,6 +233,7 @@ int main(void) {
       cmocka_unit_test(test_kill_in_allreduce_rolls_every_rank_back),
       cmocka_unit_test(test_corrupted_snapshot_is_never_restored),
       cmocka_unit_test(test_node_killed_restores_from_peer_copies),
+      cmocka_unit_test(test_every_copy_lost_falls_back_to_the_persistent_tier),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();

@@ -38,6 +38,8 @@ typedef struct keel__run_options {
   const char *ckpt_dir;   /* as given (relative or not); NULL: the default */
   const char *ckpt_mem;   /* --ckpt mem:SETTINGS: the settings ("" for plain mem) */
   keel_ckpt_mem_config mem_config; /* parsed from them */
+  int64_t persist_every_steps;    /* --ckpt-persist-every N steps; 0: not by steps */
+  int64_t persist_every_ns;       /* --ckpt-persist-every DURATION; 0: not by time */
   const char *resume_dir; /* --resume: the old job's checkpoint folder; NULL: none */
   int64_t max_restarts;
   int64_t min_world;

@@ -37,6 +37,7 @@ typedef enum own_variable {
   OWN_CKPT_DIR, /* unset without --ckpt */
   OWN_CKPT_MEM,     /* unset without --ckpt mem */
   OWN_CKPT_MEM_DIR, /* unset without --ckpt mem */
+  OWN_CKPT_PERSIST, /* unset without --ckpt-persist-every */
   OWN_RESTART,
   OWN_FIRST_UID,
   OWN_FIRST_EPOCH,
@@ -67,6 +68,7 @@ static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
     [OWN_CKPT_DIR] = "KEEL_CKPT_DIR",
     [OWN_CKPT_MEM] = "KEEL_CKPT_MEM",
     [OWN_CKPT_MEM_DIR] = "KEEL_CKPT_MEM_DIR",
+    [OWN_CKPT_PERSIST] = "KEEL_CKPT_PERSIST",
     [OWN_RESTART] = "KEEL_RESTART",
     [OWN_FIRST_UID] = "KEEL_FIRST_UID",
     [OWN_FIRST_EPOCH] = "KEEL_FIRST_EPOCH",
@@ -140,6 +142,8 @@ static void own_ckpt_variables_fill(const keel__launcher *launcher,
   if (launcher->options.ckpt != KEEL__CKPT_MEM) return;
   own_variable_set(environment, OWN_CKPT_MEM, "%s", launcher->options.ckpt_mem);
   own_variable_set(environment, OWN_CKPT_MEM_DIR, "%s", launcher->mem_dir);
+  if (launcher->options.persist_every_steps > 0 || launcher->options.persist_every_ns > 0)
+    own_variable_set(environment, OWN_CKPT_PERSIST, "1");
 }
 
 /* The parameter servers' shape (keel_ec_config_from_env), set only with --servers; the

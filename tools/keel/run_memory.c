@@ -33,6 +33,11 @@ keel_status keel__mem_service_start(keel__launcher *launcher) {
       .nodes = (uint32_t)options->nnodes,
       .config = options->mem_config,
   };
+  if (options->persist_every_steps > 0 || options->persist_every_ns > 0) {
+    service.persist_directory = launcher->ckpt_dir;
+    service.persist_every_steps = (uint64_t)options->persist_every_steps;
+    service.persist_every_ns = options->persist_every_ns;
+  }
   keel_status status = keel_ckpt_agent_start(&service, &launcher->mem_agent);
   if (status != KEEL_OK) {
     fprintf(stderr, "keel run: cannot start the snapshot service of node %lld: %s\n",
@@ -61,9 +66,11 @@ void keel__mem_folder_remove(const keel__launcher *launcher) {
 
 void keel__mem_service_stop(keel__launcher *launcher) {
   if (launcher->mem_agent == NULL) return;
-  keel__event_emit(launcher, "mem_service_end", "\"sent\":%llu,\"received\":%llu",
+  keel__event_emit(launcher, "mem_service_end",
+                   "\"sent\":%llu,\"received\":%llu,\"persisted\":%llu",
                    (unsigned long long)keel_ckpt_agent_sent(launcher->mem_agent),
-                   (unsigned long long)keel_ckpt_agent_received(launcher->mem_agent));
+                   (unsigned long long)keel_ckpt_agent_received(launcher->mem_agent),
+                   (unsigned long long)keel_ckpt_agent_persisted(launcher->mem_agent));
   keel_ckpt_agent_stop(launcher->mem_agent);
   launcher->mem_agent = NULL;
   /* On one host the supervisor removes every node's folder at the end; an agent of a host of

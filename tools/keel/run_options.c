@@ -44,6 +44,10 @@ static const char run_help_text[] =
     "                            most the nodes), every=N steps, buffers=B chunks in flight,\n"
     "                            chunk=SIZE, blocking; means --on-failure replace\n"
     "  --ckpt-dir DIR            where they save (default /tmp/keel-<uid>/ckpt, made if missing)\n"
+    "  --ckpt-persist-every T    with --ckpt mem: the agents also write the snapshots to\n"
+    "                            --ckpt-dir every T (30m) or every N steps (500steps), in\n"
+    "                            the background; the job falls back to them when no copy\n"
+    "                            in memory is left\n"
     "  --resume DIR              start from the state a stopped or orphaned job saved in DIR\n"
     "                            (<ckpt-dir>/<job id>, as its workers said); means --ckpt jit\n"
     "  --failure-domain D        process (default) or node: a failure drops its whole node\n"
@@ -111,6 +115,7 @@ typedef enum flag_id {
   FLAG_ON_FAILURE,
   FLAG_CKPT,
   FLAG_CKPT_DIR,
+  FLAG_CKPT_PERSIST_EVERY,
   FLAG_RESUME,
   FLAG_FAILURE_DOMAIN,
   FLAG_MAX_RESTARTS,
@@ -157,6 +162,7 @@ static const flag_spec flag_table[] = {
     {"--on-failure", FLAG_ON_FAILURE, true},
     {"--ckpt", FLAG_CKPT, true},
     {"--ckpt-dir", FLAG_CKPT_DIR, true},
+    {"--ckpt-persist-every", FLAG_CKPT_PERSIST_EVERY, true},
     {"--resume", FLAG_RESUME, true},
     {"--failure-domain", FLAG_FAILURE_DOMAIN, true},
     {"--max-restarts", FLAG_MAX_RESTARTS, true},
@@ -257,6 +263,23 @@ const char *keel__ckpt_name(keel__ckpt_policy ckpt) {
   return ckpt == KEEL__CKPT_JIT ? "jit" : "none";
 }
 
+/* --ckpt-persist-every: "500steps" or a duration ("30m"). */
+static bool persist_every_parse(const char *value, keel__run_options *options) {
+  size_t length = strlen(value);
+  if (length > 5 && strcmp(value + length - 5, "steps") == 0) {
+    char count[32];
+    if (length - 5 >= sizeof count) return reject("--ckpt-persist-every: '%s' is too long", value);
+    memcpy(count, value, length - 5);
+    count[length - 5] = '\0';
+    return parse_count("--ckpt-persist-every", count, 1, INT64_C(1) << 40,
+                       &options->persist_every_steps);
+  }
+  if (!parse_duration("--ckpt-persist-every", value, &options->persist_every_ns)) return false;
+  if (options->persist_every_ns <= 0)
+    return reject("--ckpt-persist-every needs a positive duration or N steps, not '%s'", value);
+  return true;
+}
+
 /* --ckpt mem or mem:SETTINGS (keel_ckpt_mem_config_parse). */
 static bool ckpt_mem_parse(const char *value, keel__run_options *options) {
   const char *settings = value[3] == ':' ? value + 4 : "";
@@ -338,6 +361,8 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       if (choice != 0) return reject("--ckpt mem[:SETTINGS] takes settings such as mem:replicas=2");
       options->ckpt = KEEL__CKPT_JIT;
       return true;
+    case FLAG_CKPT_PERSIST_EVERY:
+      return persist_every_parse(value, options);
     case FLAG_CKPT_DIR:
       if (*value == '\0') return reject("--ckpt-dir needs a directory name");
       options->ckpt_dir = value;
@@ -471,6 +496,8 @@ static bool options_resolve_recovery(keel__run_options *options, const bool *giv
     options->on_failure = KEEL__ON_FAILURE_REPLACE;
   if (options->ckpt == KEEL__CKPT_MEM && options->on_failure == KEEL__ON_FAILURE_RESTART)
     return reject("--ckpt mem recovers in process: --on-failure replace or shrink");
+  if (given[FLAG_CKPT_PERSIST_EVERY] && options->ckpt != KEEL__CKPT_MEM)
+    return reject("--ckpt-persist-every goes with --ckpt mem");
   if (options->ckpt == KEEL__CKPT_MEM && options->nnodes > 1 && !options->agents &&
       options->node_rank < 0)
     return reject("--ckpt mem on several nodes needs their agents: add --agents or --netns");
