@@ -197,6 +197,9 @@ keel_status keel_fault_plan_create(const char *text, uint32_t uid, keel_fault_pl
 void keel_fault_plan_destroy(keel_fault_plan *plan);
 void keel_fault_plan_set_reporter(keel_fault_plan *plan, keel_fault_report_cb report,
                                   void *context);
+/* The node the process belongs to: rules with node=N fire only there (a node's agent and its
+ * workers). */
+void keel_fault_plan_set_node(keel_fault_plan *plan, int64_t node);
 /* The step in progress: rules with step=N fire at or after it. */
 void keel_fault_plan_set_step(keel_fault_plan *plan, uint64_t step);
 /* Fires the rules due at point (counter: the point's own count, e.g. chunk sends of an

@@ -65,6 +65,14 @@ typedef struct keel__ckpt_region_header {
 keel_status keel__ckpt_buffer_check(const keel_ckpt_manifest *manifest, uint32_t index,
                                     const uint8_t *data, char *reason);
 
+/* keel_ckpt_memory_save that calls copied(context, b) after buffer b is copied, before the
+ * seal (a fault point inside the copy). */
+keel_status keel__ckpt_memory_save_with(const keel_registry *registry,
+                                        const keel_ckpt_identity *identity, uint64_t chunk_bytes,
+                                        const keel_ckpt_region *region,
+                                        void (*copied)(void *context, size_t buffer),
+                                        void *context);
+
 /* ---- a region as a whole (the in-memory tier's unit of replication): whether it holds a
  * sealed, well-formed snapshot whose every chunk passes its crc32c. On KEEL_OK *identity_p
  * (may be NULL) is the snapshot's and *seal_p (may be NULL) the seal it was checked under;

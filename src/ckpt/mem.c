@@ -1,7 +1,7 @@
 /* In-memory checkpoints, the worker's side (Gemini §3, §6): at every N-th step commit the
- * registered state is copied into one of the rank's two slots in the node's shared memory
- * (the other keeps the previous complete snapshot); a slot is reused only once the agent
- * has sent its snapshot to every peer (or the agent stopped looking). As a state source it
+ * registered state is copied into one of the rank's three slots in the node's shared memory
+ * (the others keep the two snapshots before); a new one is written only once the agent has
+ * sent the one before it to every peer (or the agent stopped looking). As a state source it
  * restores a shard from the node's own slots first, then fetches it from a peer agent. */
 #include <inttypes.h>
 #include <limits.h>
@@ -27,7 +27,7 @@ struct keel_ckpt_mem {
   char directory[PATH_MAX];
   char persist_directory[PATH_MAX]; /* the agents' persistent tier; "" without one */
   int node;
-  keel__ckpt_slot slots[2];
+  keel__ckpt_slot slots[KEEL__CKPT_OWN_SLOTS];
   keel__ckpt_slot control_slot;
   keel__ckpt_slot heartbeat_slot; /* the agent's; file -1 until it is found */
   uint32_t slot_rank; /* the rank the slots are named for */
@@ -60,13 +60,13 @@ static bool policy_wanted(void) {
 
 static void slots_close(keel_ckpt_mem *mem) {
   if (!mem->slots_open) return;
-  for (int i = 0; i < 2; i++) keel__ckpt_slot_close(&mem->slots[i]);
+  for (int i = 0; i < KEEL__CKPT_OWN_SLOTS; i++) keel__ckpt_slot_close(&mem->slots[i]);
   keel__ckpt_slot_close(&mem->control_slot);
   mem->slots_open = false;
   if (mem->heartbeat_slot.file >= 0) keel__ckpt_slot_close(&mem->heartbeat_slot);
 }
 
-/* The rank's two slots and control page, made at the first save (the registry's size is
+/* The rank's slots and control page, made at the first step or save (the registry's size is
  * known by then) and again when the rank changes (a spare that took one). */
 static keel_status slots_open(keel_ckpt_mem *mem, uint32_t rank) {
   if (mem->slots_open && mem->slot_rank == rank) return KEEL_OK;
@@ -74,7 +74,7 @@ static keel_status slots_open(keel_ckpt_mem *mem, uint32_t rank) {
   size_t bytes = 0;
   keel_status status = keel_ckpt_memory_bytes(keel_state(mem->ctx), mem->config.chunk_bytes, &bytes);
   char name[64];
-  for (int i = 0; status == KEEL_OK && i < 2; i++) {
+  for (int i = 0; status == KEEL_OK && i < KEEL__CKPT_OWN_SLOTS; i++) {
     snprintf(name, sizeof name, "rank-%" PRIu32 ".slot-%d", rank, i);
     mem->slots[i].file = -1;
     status = keel__ckpt_slot_open(mem->directory, name, bytes, &mem->slots[i]);
@@ -87,7 +87,7 @@ static keel_status slots_open(keel_ckpt_mem *mem, uint32_t rank) {
   if (status != KEEL_OK) {
     KEEL_LOG_E(MODULE, "cannot make the snapshot slots of rank %" PRIu32 " in %s: %s", rank,
                mem->directory, keel_strerror(status));
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < KEEL__CKPT_OWN_SLOTS; i++)
       if (mem->slots[i].region.base != NULL) keel__ckpt_slot_close(&mem->slots[i]);
     return status;
   }
@@ -136,6 +136,13 @@ static void replicas_wait(keel_ckpt_mem *mem, int i) {
     struct timespec pause = {.tv_nsec = 100 * 1000};
     nanosleep(&pause, NULL);
   }
+}
+
+/* KEEL_FAULT point=mem_copy: after the first buffer is copied, the slot unsealed (a kill
+ * there leaves a torn slot that no restore may use). */
+static void copy_point(void *context, size_t buffer) {
+  keel_ckpt_mem *mem = context;
+  if (buffer == 0) keel_fault_point(mem->ctx, "mem_copy");
 }
 
 /* KEEL_FAULT corrupt@...,point=mem_saved: one byte of the last buffer flipped behind the
@@ -232,7 +239,8 @@ static void mem_on_step_mark(void *arg, keel_step_mark mark, uint64_t step, uint
 }
 
 /* The commit of step s leaves the state at the start of step s + 1: saved under that name,
- * into slot (s + 1) / every % 2. */
+ * into slot (s + 1) / every % 3, once the snapshot before it is on every peer (the idle
+ * windows of the step did not suffice when this waits: the iteration's end). */
 static keel_status mem_on_commit(void *arg, uint64_t step) {
   keel_ckpt_mem *mem = arg;
   uint64_t next = step + 1;
@@ -240,13 +248,15 @@ static keel_status mem_on_commit(void *arg, uint64_t step) {
   keel_ckpt_identity identity = keel__ckpt_identity_now(mem->ctx, next);
   keel_status status = slots_open(mem, identity.rank);
   if (status != KEEL_OK) return status;
-  int slot = (int)(next / mem->config.every_steps % 2);
+  uint64_t turn = next / mem->config.every_steps;
+  int slot = (int)(turn % KEEL__CKPT_OWN_SLOTS);
+  int previous = (int)((turn + KEEL__CKPT_OWN_SLOTS - 1) % KEEL__CKPT_OWN_SLOTS);
   int64_t started = keel_now_ns();
-  replicas_wait(mem, slot);
+  replicas_wait(mem, previous);
   int64_t copy_started = keel_now_ns();
   keel_fault_point(mem->ctx, "mem_save");
-  status = keel_ckpt_memory_save(keel_state(mem->ctx), &identity, mem->config.chunk_bytes,
-                                 &mem->slots[slot].region);
+  status = keel__ckpt_memory_save_with(keel_state(mem->ctx), &identity, mem->config.chunk_bytes,
+                                       &mem->slots[slot].region, copy_point, mem);
   if (status != KEEL_OK) return status;
   if (keel_fault_point(mem->ctx, "mem_saved")) slot_corrupt(mem, slot);
   int64_t wait_ns = copy_started - started;
@@ -527,7 +537,8 @@ keel_status keel_ckpt_mem_enable(keel_ctx *ctx, keel_ckpt_mem **mem_p) {
   keel_ckpt_mem *mem = calloc(1, sizeof *mem);
   if (mem == NULL) return KEEL_ENOMEM;
   mem->ctx = ctx;
-  mem->slots[0].file = mem->slots[1].file = mem->control_slot.file = -1;
+  for (int i = 0; i < KEEL__CKPT_OWN_SLOTS; i++) mem->slots[i].file = -1;
+  mem->control_slot.file = -1;
   mem->heartbeat_slot.file = -1;
   if (!policy_wanted()) {
     *mem_p = mem;

@@ -31,9 +31,9 @@
 /* A worker rank whose slots this node holds. */
 typedef struct local_rank {
   uint32_t rank;
-  keel__ckpt_slot slots[2];
+  keel__ckpt_slot slots[KEEL__CKPT_OWN_SLOTS];
   keel__ckpt_slot control;
-  uint64_t pushed[2]; /* the seal of each slot last sent to every peer */
+  uint64_t pushed[KEEL__CKPT_OWN_SLOTS]; /* the seal of each slot last sent to every peer */
   /* A copy of a snapshot due for the persistent tier; staged (under the agent's persist
    * lock) until the persist thread has written it. */
   uint8_t *staging;
@@ -90,6 +90,13 @@ struct keel_ckpt_agent {
   pthread_mutex_t persist_lock;
   pthread_cond_t persist_wake;
   _Atomic uint64_t persisted;
+  /* KEEL_FAULT rules with node= this node (docs/RUNTIME.md): mem_send (after=K: the K-th
+   * chunk this agent sent), mem_persist (after=K: its K-th persistent write, every file
+   * written, before the manifest). Two
+   * threads fire them: under the lock. */
+  keel_fault_plan *faults;
+  pthread_mutex_t fault_lock;
+  int64_t chunks_sent, persist_writes;
   /* f(s) = alpha + s / beta of a send to a peer (Algorithm 2), learnt from whole copies. */
   double alpha_ns, bytes_per_ns;
   bool speed_known;
@@ -97,6 +104,12 @@ struct keel_ckpt_agent {
 
 static bool stopping(keel_ckpt_agent *agent) {
   return atomic_load_explicit(&agent->stopping, memory_order_acquire);
+}
+
+static void fault_point(keel_ckpt_agent *agent, const char *point, int64_t counter) {
+  pthread_mutex_lock(&agent->fault_lock);
+  keel_fault_plan_fire(agent->faults, point, counter);
+  pthread_mutex_unlock(&agent->fault_lock);
 }
 
 /* ---- serving one connection: copies from peers, fetches */
@@ -115,9 +128,9 @@ static void copy_target_close(copy_target *target) {
 /* Of the two slots of the origin's copies, the one that does not hold the newest complete
  * copy: that one stays until the new one is sealed. */
 static int copy_slot_choose(keel_ckpt_agent *agent, uint32_t origin, size_t bytes) {
-  uint64_t newest_step[2] = {0, 0};
-  bool complete[2] = {false, false};
-  for (int i = 0; i < 2; i++) {
+  uint64_t newest_step[KEEL__CKPT_PEER_SLOTS] = {0, 0};
+  bool complete[KEEL__CKPT_PEER_SLOTS] = {false, false};
+  for (int i = 0; i < KEEL__CKPT_PEER_SLOTS; i++) {
     char name[64];
     snprintf(name, sizeof name, "peer-%" PRIu32 ".slot-%d", origin, i);
     keel__ckpt_slot slot = {.file = -1};
@@ -460,6 +473,14 @@ static void persist_stage(keel_ckpt_agent *agent, local_rank *local, int i, uint
   pthread_mutex_unlock(&agent->persist_lock);
 }
 
+/* The persistent save's file operations, with the mem_persist point just before the
+ * manifest is renamed into place: every buffer file written, no manifest yet. */
+static int persist_renameat(void *context, int directory, const char *from, const char *to) {
+  keel_ckpt_agent *agent = context;
+  if (strcmp(to, "manifest") == 0) fault_point(agent, "mem_persist", ++agent->persist_writes);
+  return keel__ckpt_posix_file_ops.renameat(context, directory, from, to);
+}
+
 /* Writes a staged snapshot through the persistent tier's own save (files, manifest last,
  * atomic renames): a registry whose buffers point into the staged copy. A copy torn by a
  * rewrite of the slot fails its checksums here and is not written. */
@@ -484,8 +505,11 @@ static void persist_write(keel_ckpt_agent *agent, const local_rank *local) {
     data += manifest.buffers[b].bytes;
   }
   int64_t started = keel_now_ns();
+  keel__ckpt_file_ops operations = keel__ckpt_posix_file_ops;
+  operations.renameat = persist_renameat;
   if (status == KEEL_OK)
-    status = keel_ckpt_persistent_save(view, agent->persist_directory, &identity, manifest.chunk_bytes);
+    status = keel__ckpt_persistent_save_with(&operations, agent, view, agent->persist_directory,
+                                             &identity, manifest.chunk_bytes);
   if (status == KEEL_OK) {
     atomic_fetch_add(&agent->persisted, 1);
     KEEL_LOG_I(MODULE, "persisted rank %" PRIu32 "'s step %" PRIu64 " (%" PRIu64 " bytes, %.1f ms)",
@@ -632,8 +656,10 @@ static void transfer_send(transfer *move, uint64_t bytes) {
     uint32_t c = move->copy;
     uint64_t piece = bytes < move->copy_left ? bytes : move->copy_left;
     if (piece > agent->config.chunk_bytes) piece = agent->config.chunk_bytes;
-    if (move->statuses[c] == KEEL_OK)
+    if (move->statuses[c] == KEEL_OK) {
       move->statuses[c] = keel__ckpt_sender_send(&move->senders[c], piece, move->deadline);
+      fault_point(agent, "mem_send", ++agent->chunks_sent);
+    }
     bytes -= piece;
     move->copy_left -= piece;
     if (move->copy_left > 0) continue;
@@ -733,7 +759,7 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
 }
 
 static void local_rank_close(local_rank *local) {
-  for (int i = 0; i < 2; i++) keel__ckpt_slot_close(&local->slots[i]);
+  for (int i = 0; i < KEEL__CKPT_OWN_SLOTS; i++) keel__ckpt_slot_close(&local->slots[i]);
   keel__ckpt_slot_close(&local->control);
   free(local->staging);
 }
@@ -755,7 +781,7 @@ static void ranks_rescan(keel_ckpt_agent *agent) {
     local_rank local = {.rank = rank};
     char name[64];
     bool opened = keel__ckpt_slot_open(agent->directory, entry->d_name, 0, &local.control) == KEEL_OK;
-    for (int i = 0; opened && i < 2; i++) {
+    for (int i = 0; opened && i < KEEL__CKPT_OWN_SLOTS; i++) {
       snprintf(name, sizeof name, "rank-%u.slot-%d", rank, i);
       opened = keel__ckpt_slot_open(agent->directory, name, 0, &local.slots[i]) == KEEL_OK;
       if (!opened) {
@@ -776,7 +802,7 @@ static bool replicate_once(keel_ckpt_agent *agent) {
   bool worked = false;
   for (size_t r = 0; r < agent->rank_count && !stopping(agent); r++) {
     local_rank *local = &agent->ranks[r];
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < KEEL__CKPT_OWN_SLOTS; i++) {
       uint64_t seal = keel__ckpt_region_seal(&local->slots[i].region);
       if (seal == 0 || seal % 2 != 0 || seal == local->pushed[i]) continue;
       push_slot(agent, local, i, seal);
@@ -848,6 +874,11 @@ keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_c
   if (status != KEEL_OK) goto fail_free;
   pthread_mutex_init(&agent->connections_lock, NULL);
   pthread_mutex_init(&agent->persist_lock, NULL);
+  pthread_mutex_init(&agent->fault_lock, NULL);
+  /* Rules for workers (rank=, uid=) never match the agent's uid. */
+  if ((status = keel_fault_plan_create(getenv("KEEL_FAULT"), UINT32_MAX, &agent->faults)) != KEEL_OK)
+    goto fail_free;
+  keel_fault_plan_set_node(agent->faults, options->node);
   pthread_cond_init(&agent->persist_wake, NULL);
   if ((status = keel_directory_make(agent->directory, 0700)) != KEEL_OK) goto fail_free;
   agent->heartbeat.file = -1;
@@ -886,6 +917,7 @@ fail_close_heartbeat:
 fail_free:
   KEEL_LOG_E(MODULE, "cannot start the snapshot service of node %" PRIu32 ": %s", options->node,
              keel_strerror(status));
+  keel_fault_plan_destroy(agent->faults);
   free(agent->ranks);
   free(agent);
   return status;
@@ -913,6 +945,8 @@ void keel_ckpt_agent_stop(keel_ckpt_agent *agent) {
   keel__ckpt_slot_close(&agent->heartbeat);
   pthread_mutex_destroy(&agent->connections_lock);
   pthread_mutex_destroy(&agent->persist_lock);
+  pthread_mutex_destroy(&agent->fault_lock);
+  keel_fault_plan_destroy(agent->faults);
   pthread_cond_destroy(&agent->persist_wake);
   free(agent->ranks);
   free(agent);

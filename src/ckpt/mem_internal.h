@@ -10,8 +10,18 @@
 #include "ckpt/ckpt_internal.h"
 
 /* ---- slots: one file of the node's folder mapped shared (a region of the memory tier).
- * Names: "rank-<r>.slot-<0|1>" (a worker's own snapshots), "peer-<r>.slot-<0|1>" (copies of
- * rank r's snapshots sent by a peer agent), "rank-<r>.control" (the control page). */
+ * Names: "rank-<r>.slot-<i>" (a worker's own snapshots, i < KEEL__CKPT_OWN_SLOTS),
+ * "peer-<r>.slot-<i>" (copies of rank r's snapshots sent by a peer agent, i <
+ * KEEL__CKPT_PEER_SLOTS), "rank-<r>.control" (the control page).
+ *
+ * Why three own slots: a worker writes snapshot s+1 only once snapshot s is on every peer
+ * (Gemini: a checkpoint completes within its iteration), so a peer's newest complete copy
+ * of any rank is at most one snapshot behind that rank's newest; and survivors may be one
+ * step ahead of a rank lost inside a collective. So the step the job may have to go back
+ * to is at most two snapshots behind a survivor's newest: three slots keep it. A peer keeps
+ * two: the newest complete copy, and the one being received. */
+#define KEEL__CKPT_OWN_SLOTS 3
+#define KEEL__CKPT_PEER_SLOTS 2
 typedef struct keel__ckpt_slot {
   int file;
   keel_ckpt_region region;
@@ -47,7 +57,8 @@ keel_status keel__ckpt_region_identity(const keel_ckpt_region *region,
 typedef struct keel__ckpt_control {
   uint32_t magic;
   uint32_t version;
-  _Atomic uint64_t replicated[2]; /* the seal of slot i that every peer holds; 0: none */
+  _Atomic uint64_t replicated[KEEL__CKPT_OWN_SLOTS]; /* the seal of slot i that every peer
+                                                        holds; 0: none */
   /* The step the worker is in and when it began (CLOCK_MONOTONIC, one clock per host). */
   _Atomic uint64_t step;
   _Atomic int64_t step_begin_ns;
@@ -58,7 +69,7 @@ typedef struct keel__ckpt_control {
   int64_t window_start_ns[KEEL__CKPT_MAX_WINDOWS];
   int64_t window_length_ns[KEEL__CKPT_MAX_WINDOWS];
   _Atomic uint32_t window_count;
-  uint8_t padding[4096 - 44 - 16 * KEEL__CKPT_MAX_WINDOWS];
+  uint8_t padding[4096 - 28 - 8 * KEEL__CKPT_OWN_SLOTS - 16 * KEEL__CKPT_MAX_WINDOWS];
 } keel__ckpt_control;
 _Static_assert(sizeof(keel__ckpt_control) == 4096, "the control page is one page");
 

@@ -62,7 +62,8 @@ void keel__ckpt_slot_close(keel__ckpt_slot *slot) {
 static bool is_slot_name(const char *name, const char *prefix) {
   if (strncmp(name, prefix, strlen(prefix)) != 0) return false;
   const char *dot = strrchr(name, '.');
-  return dot != NULL && (strcmp(dot, ".slot-0") == 0 || strcmp(dot, ".slot-1") == 0);
+  return dot != NULL && strncmp(dot, ".slot-", 6) == 0 && dot[6] >= '0' &&
+         dot[6] < '0' + KEEL__CKPT_OWN_SLOTS && dot[7] == '\0';
 }
 
 keel_status keel__ckpt_slots_list(const char *directory, const char *prefix,

@@ -49,6 +49,14 @@ keel_status keel_ckpt_memory_bytes(const keel_registry *registry, uint64_t chunk
 keel_status keel_ckpt_memory_save(const keel_registry *registry,
                                   const keel_ckpt_identity *identity, uint64_t chunk_bytes,
                                   const keel_ckpt_region *region) {
+  return keel__ckpt_memory_save_with(registry, identity, chunk_bytes, region, NULL, NULL);
+}
+
+keel_status keel__ckpt_memory_save_with(const keel_registry *registry,
+                                        const keel_ckpt_identity *identity, uint64_t chunk_bytes,
+                                        const keel_ckpt_region *region,
+                                        void (*copied)(void *context, size_t buffer),
+                                        void *context) {
   if (registry == NULL || !region_valid(region)) return KEEL_EINVAL;
   keel_ckpt_manifest manifest;
   keel_status status = keel_ckpt_manifest_build(registry, identity, chunk_bytes, &manifest);
@@ -91,6 +99,7 @@ keel_status keel_ckpt_memory_save(const keel_registry *registry,
     const keel_state_buffer *slot = keel_registry_entry(registry, b);
     if (slot->bytes > 0) memcpy(base + offset, slot->data, slot->bytes);
     offset += slot->bytes;
+    if (copied != NULL) copied(context, b);
   }
   /* The complete flag, last. */
   atomic_store_explicit(&header->seal, writing + 1, memory_order_release);

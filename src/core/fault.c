@@ -27,6 +27,7 @@ static const char *const action_names[] = {"kill", "stop", "delay", "exit", "cor
 typedef struct fault_rule {
   fault_action action;
   int64_t uid;  /* -1: any */
+  int64_t node; /* -1: any */
   int64_t step; /* -1: any */
   char point[32];
   int64_t after; /* allreduce: chunk sends before firing */
@@ -37,6 +38,7 @@ typedef struct fault_rule {
 
 struct keel_fault_plan {
   uint32_t uid;
+  int64_t node; /* -1: not known (rules with node= do not fire) */
   uint64_t step;
   bool step_known;
   fault_rule rules[KEEL_MAX_FAULT_RULES];
@@ -73,6 +75,8 @@ static keel_status parse_setting(fault_rule *rule, const char *setting) {
   if (keel_parse_int(value, 0, INT64_MAX / 2, &number) != KEEL_OK) return KEEL_EINVAL;
   if (name_is(setting, length, "rank") || name_is(setting, length, "uid"))
     rule->uid = number;
+  else if (name_is(setting, length, "node"))
+    rule->node = number;
   else if (name_is(setting, length, "step"))
     rule->step = number;
   else if (name_is(setting, length, "after"))
@@ -87,7 +91,7 @@ static keel_status parse_setting(fault_rule *rule, const char *setting) {
 }
 
 static keel_status parse_rule(fault_rule *rule, char *text) {
-  *rule = (fault_rule){.uid = -1, .step = -1, .after = 1, .code = 1};
+  *rule = (fault_rule){.uid = -1, .node = -1, .step = -1, .after = 1, .code = 1};
   snprintf(rule->point, sizeof rule->point, "step");
   char *at = strchr(text, '@');
   size_t action_length = at ? (size_t)(at - text) : strlen(text);
@@ -104,6 +108,7 @@ keel_status keel_fault_plan_create(const char *text, uint32_t uid, keel_fault_pl
   keel_fault_plan *plan = calloc(1, sizeof *plan);
   if (plan == NULL) return KEEL_ENOMEM;
   plan->uid = uid;
+  plan->node = -1;
   char copy[1024];
   if (text != NULL && strlen(text) >= sizeof copy) {
     KEEL_LOG_E(MODULE, "KEEL_FAULT is longer than %zu bytes", sizeof copy - 1);
@@ -141,6 +146,10 @@ void keel_fault_plan_set_reporter(keel_fault_plan *plan, keel_fault_report_cb re
   plan->report_context = context;
 }
 
+void keel_fault_plan_set_node(keel_fault_plan *plan, int64_t node) {
+  if (plan != NULL) plan->node = node;
+}
+
 void keel_fault_plan_set_step(keel_fault_plan *plan, uint64_t step) {
   if (plan == NULL) return;
   plan->step = step;
@@ -151,8 +160,13 @@ static bool rule_applies(const keel_fault_plan *plan, const fault_rule *rule, co
                          int64_t counter, bool last) {
   if (rule->fired || strcmp(rule->point, point) != 0) return false;
   if (rule->uid >= 0 && (uint64_t)rule->uid != plan->uid) return false;
+  if (rule->node >= 0 && rule->node != plan->node) return false;
   if (rule->step >= 0 && (!plan->step_known || plan->step < (uint64_t)rule->step)) return false;
-  return strcmp(point, "allreduce") != 0 || counter >= rule->after || last;
+  /* after= counts the point's own events: an allreduce's chunk sends (its last one fires a
+   * rule whose count it did not reach), or any point fired with a count (a snapshot
+   * service's chunks); a point fired without one (0) ignores it. */
+  if (strcmp(point, "allreduce") == 0) return counter >= rule->after || last;
+  return counter == 0 || counter >= rule->after;
 }
 
 /* Carries out a rule; true for a `corrupt` rule, which the point's caller carries out. */

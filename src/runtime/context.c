@@ -216,6 +216,7 @@ static keel_status parts_create(keel_ctx *ctx) {
   if (status == KEEL_OK)
     status = keel_fault_plan_create(getenv("KEEL_FAULT"), ctx->config.uid, &ctx->faults);
   if (status == KEEL_OK) keel_fault_plan_set_reporter(ctx->faults, fault_reported, ctx);
+  if (status == KEEL_OK) keel_fault_plan_set_node(ctx->faults, ctx->config.node);
   return status;
 }
 

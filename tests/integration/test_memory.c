@@ -113,6 +113,18 @@ static void test_corrupted_snapshot_is_never_restored(void **state) {
   free(output);
 }
 
+/* Rank 2 dies in the middle of its snapshot copy of step 31 (its first buffer written, the
+ * slot unsealed): that torn slot is never used; step 30, the other slot, is. */
+static void test_kill_during_snapshot_copy_uses_the_step_before(void **state) {
+  (void)state;
+  keel_test_job job;
+  one_node_run(&job, "kill@rank=2,step=30,point=mem_copy");
+  size_t local = 0;
+  size_t restores = restores_check(&job, 30, "local", &local);
+  assert_true(restores == 1 || restores == 4);
+  assert_int_equal(local, restores);
+}
+
 /* ---- a whole node killed */
 
 static const char *const long_toy_args[] = {"--steps",  "400", "--params",     "40000",
@@ -142,22 +154,24 @@ static bool saved_fifty(const keel_test_events *log, void *context) {
   return false;
 }
 
-/* Runs the long toy job on 2 nodes of 2 (and a spare node) with flags, kills node 1 (its
- * agent and its workers, ranks 2 and 3) once 50 snapshots were taken, and checks that the job
- * ends with the bits of a run without failure. */
-static void node_killed_run(keel_test_job *job, const char *const *flags) {
+/* Runs the long toy job on 2 nodes of 2 (and a spare node) with flags; without a fault kills
+ * node 1 (its agent and its workers, ranks 2 and 3) once 50 snapshots were taken, with one
+ * lets the fault do it; checks that the job ends with the bits of a run without failure. */
+static void node_killed_run(keel_test_job *job, const char *const *flags, const char *fault) {
   pid_t launcher = keel_test_job_start(job, JOB_TIMEOUT, flags, keel_test_program("toy_train"),
-                                       long_toy_args, NULL);
+                                       long_toy_args, fault);
   assert_true(launcher > 0);
-  assert_true(keel_test_events_wait(job->events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
-  keel_test_events log;
-  keel_test_events_read(job->events, MAX_EVENTS, &log);
-  char job_id[32];
-  assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
-  keel_test_events_free(&log);
-  assert_int_equal(keel_test_keel(LIST("inject", "kill-node", "1", "--job", job_id), job->output,
-                                  10000),
-                   0);
+  if (fault == NULL) {
+    assert_true(keel_test_events_wait(job->events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
+    keel_test_events log;
+    keel_test_events_read(job->events, MAX_EVENTS, &log);
+    char job_id[32];
+    assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
+    keel_test_events_free(&log);
+    assert_int_equal(keel_test_keel(LIST("inject", "kill-node", "1", "--job", job_id),
+                                    job->output, 10000),
+                     0);
+  }
   int status = 0;
   assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) keel_test_print_file("job output", job->output);
@@ -172,7 +186,8 @@ static void test_node_killed_restores_from_peer_copies(void **state) {
   keel_test_job job;
   assert_true(keel_test_job_prepare(&job, "keel-mem"));
   node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
-                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt", "mem"));
+                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt", "mem"),
+                  NULL);
   size_t from_peer = 0;
   restores_check(&job, -1, "node-0", &from_peer);
   assert_true(from_peer >= 2);
@@ -190,7 +205,8 @@ static void test_every_copy_lost_falls_back_to_the_persistent_tier(void **state)
   node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
                              "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
                              "mem:replicas=1", "--ckpt-dir", persist_dir,
-                             "--ckpt-persist-every", "10steps"));
+                             "--ckpt-persist-every", "10steps"),
+                  NULL);
   size_t from_disk = 0;
   restores_check(&job, -1, "persistent", &from_disk);
   /* Ranks 2 and 3 at least; every rank when the job had gone past the last persisted step. */
@@ -199,6 +215,40 @@ static void test_every_copy_lost_falls_back_to_the_persistent_tier(void **state)
   assert_non_null(output);
   assert_non_null(strstr(output, "of the persistent tier"));
   free(output);
+}
+
+/* Node 1's agent dies while it sends a copy (64 KiB chunks: its 203rd chunk is inside a copy):
+ * node 0 keeps the copy before, complete, and the job goes back to it if need be. */
+static void test_agent_killed_during_a_transfer_keeps_the_copy_before(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
+                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
+                             "mem:chunk=64KiB"),
+                  "kill@node=1,point=mem_send,after=203");
+  size_t from_peer = 0;
+  restores_check(&job, -1, "node-0", &from_peer);
+  assert_true(from_peer >= 2);
+}
+
+/* Node 1's agent dies in its 5th persistent write (step 30 of one of its ranks: files written,
+ * no manifest) and with it every copy of its shards: the job goes back to step 20, the newest
+ * step of which every shard was written whole. */
+static void test_agent_killed_during_a_persistent_write_uses_the_one_before(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  char persist_dir[320];
+  snprintf(persist_dir, sizeof persist_dir, "%s/persist", job.folder);
+  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
+                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
+                             "mem:replicas=1", "--ckpt-dir", persist_dir,
+                             "--ckpt-persist-every", "10steps"),
+                  "kill@node=1,point=mem_persist,after=5");
+  size_t from_disk = 0;
+  assert_int_equal(restores_check(&job, 20, "persistent", &from_disk), 4);
+  assert_int_equal(from_disk, 4);
 }
 
 /* ---- the launcher's refusals */
@@ -232,7 +282,10 @@ int main(void) {
       cmocka_unit_test(test_worker_killed_restores_from_local_memory),
       cmocka_unit_test(test_kill_in_allreduce_rolls_every_rank_back),
       cmocka_unit_test(test_corrupted_snapshot_is_never_restored),
+      cmocka_unit_test(test_kill_during_snapshot_copy_uses_the_step_before),
       cmocka_unit_test(test_node_killed_restores_from_peer_copies),
+      cmocka_unit_test(test_agent_killed_during_a_transfer_keeps_the_copy_before),
+      cmocka_unit_test(test_agent_killed_during_a_persistent_write_uses_the_one_before),
       cmocka_unit_test(test_every_copy_lost_falls_back_to_the_persistent_tier),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
