@@ -154,10 +154,11 @@ static bool saved_fifty(const keel_test_events *log, void *context) {
   return false;
 }
 
-/* Runs the long toy job on 2 nodes of 2 (and a spare node) with flags; without a fault kills
- * node 1 (its agent and its workers, ranks 2 and 3) once 50 snapshots were taken, with one
- * lets the fault do it; checks that the job ends with the bits of a run without failure. */
-static void node_killed_run(keel_test_job *job, const char *const *flags, const char *fault) {
+/* Runs the long toy job (4 ranks) with flags; without a fault kills the nodes named (their
+ * agents and workers) once 50 snapshots were taken, with one lets the fault do it; checks
+ * that the job ends with the bits of a run without failure. */
+static void nodes_killed_run(keel_test_job *job, const char *const *flags, const char *fault,
+                             const char *const *nodes) {
   pid_t launcher = keel_test_job_start(job, JOB_TIMEOUT, flags, keel_test_program("toy_train"),
                                        long_toy_args, fault);
   assert_true(launcher > 0);
@@ -168,9 +169,10 @@ static void node_killed_run(keel_test_job *job, const char *const *flags, const 
     char job_id[32];
     assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
     keel_test_events_free(&log);
-    assert_int_equal(keel_test_keel(LIST("inject", "kill-node", "1", "--job", job_id),
-                                    job->output, 10000),
-                     0);
+    for (size_t i = 0; nodes[i] != NULL; i++)
+      assert_int_equal(keel_test_keel(LIST("inject", "kill-node", nodes[i], "--job", job_id),
+                                      job->output, 10000),
+                       0);
   }
   int status = 0;
   assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
@@ -179,18 +181,44 @@ static void node_killed_run(keel_test_job *job, const char *const *flags, const 
   assert_int_equal(keel_test_toy_assert_consistent(job->output, 4, 400), long_clean_crc());
 }
 
+/* 2 nodes of 2 ranks and a spare node; node 1 (ranks 2 and 3) is the one that dies. */
+static void node_killed_run(keel_test_job *job, const char *mem, const char *const *more_flags,
+                            const char *fault) {
+  const char *flags[24] = {"--nnodes", "2", "--nproc-per-node", "2", "--agents", "--spare-nodes",
+                           "1", "--failure-domain", "node", "--ckpt", mem};
+  size_t count = 11;
+  for (size_t i = 0; more_flags != NULL && more_flags[i] != NULL && count < 23; i++)
+    flags[count++] = more_flags[i];
+  flags[count] = NULL;
+  nodes_killed_run(job, flags, fault, LIST("1"));
+}
+
 /* The spare node's workers take ranks 2 and 3 and fetch their shards from node 0, which holds
  * copies of them (the survivors, when they roll back, restore from their own node). */
 static void test_node_killed_restores_from_peer_copies(void **state) {
   (void)state;
   keel_test_job job;
   assert_true(keel_test_job_prepare(&job, "keel-mem"));
-  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
-                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt", "mem"),
-                  NULL);
+  node_killed_run(&job, "mem", NULL, NULL);
   size_t from_peer = 0;
   restores_check(&job, -1, "node-0", &from_peer);
   assert_true(from_peer >= 2);
+}
+
+/* 4 nodes of one rank, copies in the groups {0, 1} and {2, 3} (Algorithm 1, k = 2): nodes 1
+ * and 2, one of each group, die at once; ranks 1 and 2 come back from nodes 0 and 3. */
+static void test_two_nodes_of_different_groups_killed(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  nodes_killed_run(&job,
+                   LIST("--nnodes", "4", "--nproc-per-node", "1", "--agents", "--spare-nodes", "2",
+                        "--failure-domain", "node", "--ckpt", "mem"),
+                   NULL, LIST("1", "2"));
+  size_t from_node_0 = 0, from_node_3 = 0;
+  restores_check(&job, -1, "node-0", &from_node_0);
+  restores_check(&job, -1, "node-3", &from_node_3);
+  assert_true(from_node_0 >= 1 && from_node_3 >= 1);
 }
 
 /* One copy per snapshot (replicas=1): nothing in memory has shards 2 and 3 once node 1 is
@@ -202,11 +230,8 @@ static void test_every_copy_lost_falls_back_to_the_persistent_tier(void **state)
   assert_true(keel_test_job_prepare(&job, "keel-mem"));
   char persist_dir[320];
   snprintf(persist_dir, sizeof persist_dir, "%s/persist", job.folder);
-  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
-                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
-                             "mem:replicas=1", "--ckpt-dir", persist_dir,
-                             "--ckpt-persist-every", "10steps"),
-                  NULL);
+  node_killed_run(&job, "mem:replicas=1",
+                  LIST("--ckpt-dir", persist_dir, "--ckpt-persist-every", "10steps"), NULL);
   size_t from_disk = 0;
   restores_check(&job, -1, "persistent", &from_disk);
   /* Ranks 2 and 3 at least; every rank when the job had gone past the last persisted step. */
@@ -223,10 +248,7 @@ static void test_agent_killed_during_a_transfer_keeps_the_copy_before(void **sta
   (void)state;
   keel_test_job job;
   assert_true(keel_test_job_prepare(&job, "keel-mem"));
-  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
-                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
-                             "mem:chunk=64KiB"),
-                  "kill@node=1,point=mem_send,after=203");
+  node_killed_run(&job, "mem:chunk=64KiB", NULL, "kill@node=1,point=mem_send,after=203");
   size_t from_peer = 0;
   restores_check(&job, -1, "node-0", &from_peer);
   assert_true(from_peer >= 2);
@@ -241,10 +263,8 @@ static void test_agent_killed_during_a_persistent_write_uses_the_one_before(void
   assert_true(keel_test_job_prepare(&job, "keel-mem"));
   char persist_dir[320];
   snprintf(persist_dir, sizeof persist_dir, "%s/persist", job.folder);
-  node_killed_run(&job, LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
-                             "--spare-nodes", "1", "--failure-domain", "node", "--ckpt",
-                             "mem:replicas=1", "--ckpt-dir", persist_dir,
-                             "--ckpt-persist-every", "10steps"),
+  node_killed_run(&job, "mem:replicas=1",
+                  LIST("--ckpt-dir", persist_dir, "--ckpt-persist-every", "10steps"),
                   "kill@node=1,point=mem_persist,after=5");
   size_t from_disk = 0;
   assert_int_equal(restores_check(&job, 20, "persistent", &from_disk), 4);
@@ -284,6 +304,7 @@ int main(void) {
       cmocka_unit_test(test_corrupted_snapshot_is_never_restored),
       cmocka_unit_test(test_kill_during_snapshot_copy_uses_the_step_before),
       cmocka_unit_test(test_node_killed_restores_from_peer_copies),
+      cmocka_unit_test(test_two_nodes_of_different_groups_killed),
       cmocka_unit_test(test_agent_killed_during_a_transfer_keeps_the_copy_before),
       cmocka_unit_test(test_agent_killed_during_a_persistent_write_uses_the_one_before),
       cmocka_unit_test(test_every_copy_lost_falls_back_to_the_persistent_tier),
