@@ -235,11 +235,15 @@ typedef struct keel_ckpt_agent keel_ckpt_agent;
 keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_ckpt_agent **agent_p);
 /* "host:port" the service listens on. */
 const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent);
-/* Complete copies this agent sent to peers, received from them, and snapshots it wrote to
- * the persistent tier. */
-uint64_t keel_ckpt_agent_sent(const keel_ckpt_agent *agent);
-uint64_t keel_ckpt_agent_received(const keel_ckpt_agent *agent);
-uint64_t keel_ckpt_agent_persisted(const keel_ckpt_agent *agent);
+/* What the service did so far. */
+typedef struct keel_ckpt_agent_stats {
+  uint64_t sent;            /* complete copies sent to peers */
+  uint64_t received;        /* complete copies received from peers (checked, sealed) */
+  uint64_t persisted;       /* snapshots written to the persistent tier */
+  uint64_t persisted_bytes; /* their state bytes */
+  int64_t persist_ns;       /* the time those writes took (fsyncs included) */
+} keel_ckpt_agent_stats;
+void keel_ckpt_agent_stats_get(const keel_ckpt_agent *agent, keel_ckpt_agent_stats *stats_p);
 /* Stops the threads and closes every connection; the folder's files stay (the launcher
  * removes the folder when the job ends). NULL is a no-op. */
 void keel_ckpt_agent_stop(keel_ckpt_agent *agent);

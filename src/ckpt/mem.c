@@ -276,8 +276,10 @@ static void restore_report(keel_ckpt_mem *mem, const keel_ckpt_identity *used, c
                            int64_t elapsed_ns) {
   char fields[256];
   snprintf(fields, sizeof fields,
-           "\"step\":%" PRIu64 ",\"shard\":%" PRIu32 ",\"from\":\"%s\",\"restore_ms\":%.3f",
-           used->step, used->shard_index, from, (double)elapsed_ns / 1e6);
+           "\"step\":%" PRIu64 ",\"shard\":%" PRIu32 ",\"from\":\"%s\",\"bytes\":%" PRIu64
+           ",\"restore_ms\":%.3f",
+           used->step, used->shard_index, from, keel_registry_bytes(keel_state(mem->ctx)),
+           (double)elapsed_ns / 1e6);
   keel_report_event(mem->ctx, "mem_restore", fields);
   KEEL_LOG_I(MODULE, "shard %" PRIu32 " of step %" PRIu64 " restored from %s", used->shard_index,
              used->step, from);

@@ -89,7 +89,8 @@ struct keel_ckpt_agent {
   bool persist_started;
   pthread_mutex_t persist_lock;
   pthread_cond_t persist_wake;
-  _Atomic uint64_t persisted;
+  _Atomic uint64_t persisted, persisted_bytes;
+  _Atomic int64_t persist_ns;
   /* KEEL_FAULT rules with node= this node (docs/RUNTIME.md): mem_send (after=K: the K-th
    * chunk this agent sent), mem_persist (after=K: its K-th persistent write, every file
    * written, before the manifest). Two
@@ -512,6 +513,8 @@ static void persist_write(keel_ckpt_agent *agent, const local_rank *local) {
                                              &identity, manifest.chunk_bytes);
   if (status == KEEL_OK) {
     atomic_fetch_add(&agent->persisted, 1);
+    atomic_fetch_add(&agent->persisted_bytes, manifest.total_bytes);
+    atomic_fetch_add(&agent->persist_ns, keel_now_ns() - started);
     KEEL_LOG_I(MODULE, "persisted rank %" PRIu32 "'s step %" PRIu64 " (%" PRIu64 " bytes, %.1f ms)",
                identity.rank, identity.step, manifest.total_bytes,
                (double)(keel_now_ns() - started) / 1e6);
@@ -927,9 +930,13 @@ const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent) {
   return keel_listener_address(agent->listener);
 }
 
-uint64_t keel_ckpt_agent_sent(const keel_ckpt_agent *agent) { return agent->sent; }
-uint64_t keel_ckpt_agent_received(const keel_ckpt_agent *agent) { return agent->received; }
-uint64_t keel_ckpt_agent_persisted(const keel_ckpt_agent *agent) { return agent->persisted; }
+void keel_ckpt_agent_stats_get(const keel_ckpt_agent *agent, keel_ckpt_agent_stats *stats_p) {
+  *stats_p = (keel_ckpt_agent_stats){.sent = agent->sent,
+                                     .received = agent->received,
+                                     .persisted = agent->persisted,
+                                     .persisted_bytes = agent->persisted_bytes,
+                                     .persist_ns = agent->persist_ns};
+}
 
 void keel_ckpt_agent_stop(keel_ckpt_agent *agent) {
   if (agent == NULL) return;

@@ -66,11 +66,14 @@ void keel__mem_folder_remove(const keel__launcher *launcher) {
 
 void keel__mem_service_stop(keel__launcher *launcher) {
   if (launcher->mem_agent == NULL) return;
+  keel_ckpt_agent_stats stats;
+  keel_ckpt_agent_stats_get(launcher->mem_agent, &stats);
   keel__event_emit(launcher, "mem_service_end",
-                   "\"sent\":%llu,\"received\":%llu,\"persisted\":%llu",
-                   (unsigned long long)keel_ckpt_agent_sent(launcher->mem_agent),
-                   (unsigned long long)keel_ckpt_agent_received(launcher->mem_agent),
-                   (unsigned long long)keel_ckpt_agent_persisted(launcher->mem_agent));
+                   "\"sent\":%llu,\"received\":%llu,\"persisted\":%llu,"
+                   "\"persisted_bytes\":%llu,\"persist_ms\":%.3f",
+                   (unsigned long long)stats.sent, (unsigned long long)stats.received,
+                   (unsigned long long)stats.persisted, (unsigned long long)stats.persisted_bytes,
+                   (double)stats.persist_ns / 1e6);
   keel_ckpt_agent_stop(launcher->mem_agent);
   launcher->mem_agent = NULL;
   /* On one host the supervisor removes every node's folder at the end; an agent of a host of
