@@ -16,6 +16,9 @@ keel_status keel__ckpt_identity_check(const keel_ckpt_identity *identity);
 /* The identity of this rank's snapshot of the state at the start of step: its rank, shard
  * and replica in the current world, sequenced by the world's epoch. */
 keel_ckpt_identity keel__ckpt_identity_now(keel_ctx *ctx, uint64_t step);
+/* What a state source restores: shard index of count of the job, at exactly step. */
+keel_ckpt_selector keel__ckpt_selector_exact(uint64_t job_id, uint32_t index, uint32_t count,
+                                             uint64_t step);
 /* chunk_bytes with 0 meaning the default; KEEL_ERANGE past KEEL_CKPT_MAX_CHUNK_BYTES. */
 keel_status keel__ckpt_chunk_bytes(uint64_t requested, uint64_t *chunk_bytes_p);
 

@@ -416,8 +416,7 @@ static keel_status peers_ask(keel_ckpt_mem *mem, const keel__ckpt_request *reque
 static keel_status mem_restore(void *context, keel_registry *registry, uint32_t index,
                                uint32_t count, uint64_t step) {
   keel_ckpt_mem *mem = context;
-  keel_ckpt_selector selector = {.job_id = keel_job_id(mem->ctx), .shard_index = index,
-                                 .shard_count = count, .max_step = step, .min_step = step};
+  keel_ckpt_selector selector = keel__ckpt_selector_exact(keel_job_id(mem->ctx), index, count, step);
   keel_ckpt_identity used;
   int64_t started = keel_now_ns();
   keel_status status = restore_local(mem, registry, &selector, &used);
@@ -475,8 +474,7 @@ static const keel_state_source_ops mem_source = {
 static keel_status persisted_restore(void *context, keel_registry *registry, uint32_t index,
                                      uint32_t count, uint64_t step) {
   keel_ckpt_mem *mem = context;
-  keel_ckpt_selector selector = {.job_id = keel_job_id(mem->ctx), .shard_index = index,
-                                 .shard_count = count, .max_step = step, .min_step = step};
+  keel_ckpt_selector selector = keel__ckpt_selector_exact(keel_job_id(mem->ctx), index, count, step);
   keel_ckpt_identity used;
   int64_t started = keel_now_ns();
   keel_status status =

@@ -31,6 +31,12 @@ keel_ckpt_identity keel__ckpt_identity_now(keel_ctx *ctx, uint64_t step) {
                               .sequence = keel_comm_epoch(world)};
 }
 
+keel_ckpt_selector keel__ckpt_selector_exact(uint64_t job_id, uint32_t index, uint32_t count,
+                                             uint64_t step) {
+  return (keel_ckpt_selector){.job_id = job_id, .shard_index = index, .shard_count = count,
+                              .max_step = step, .min_step = step};
+}
+
 /* The commit of step s leaves the state at the start of step s + 1: that is what is saved,
  * under that step's name. */
 static keel_status persist_on_commit(void *arg, uint64_t step) {
@@ -53,8 +59,8 @@ static keel_status persist_on_commit(void *arg, uint64_t step) {
 static keel_status persist_restore(void *context, keel_registry *registry, uint32_t index,
                                    uint32_t count, uint64_t step) {
   keel_ckpt_persist *persist = context;
-  keel_ckpt_selector selector = {.job_id = keel_job_id(persist->ctx), .shard_index = index,
-                                 .shard_count = count, .max_step = step, .min_step = step};
+  keel_ckpt_selector selector =
+      keel__ckpt_selector_exact(keel_job_id(persist->ctx), index, count, step);
   return keel_ckpt_persistent_restore(registry, persist->directory, &selector, NULL);
 }
 
