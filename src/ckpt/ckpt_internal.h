@@ -22,6 +22,12 @@ keel_ckpt_selector keel__ckpt_selector_exact(uint64_t job_id, uint32_t index, ui
 /* chunk_bytes with 0 meaning the default; KEEL_ERANGE past KEEL_CKPT_MAX_CHUNK_BYTES. */
 keel_status keel__ckpt_chunk_bytes(uint64_t requested, uint64_t *chunk_bytes_p);
 
+/* keel_ckpt_manifest_build, with the chunks' crc32c left 0 unless checksums: for a caller
+ * that computes them while it copies the bytes. */
+keel_status keel__ckpt_manifest_layout(const keel_registry *registry,
+                                       const keel_ckpt_identity *identity, uint64_t chunk_bytes,
+                                       bool checksums, keel_ckpt_manifest *manifest_p);
+
 /* The encoded size of the manifest of the registry with this chunk size (0: default),
  * without reading the registered bytes. */
 keel_status keel__ckpt_manifest_bytes_for(const keel_registry *registry, uint64_t chunk_bytes,
@@ -76,6 +82,17 @@ keel_status keel__ckpt_memory_save_with(const keel_registry *registry,
                                         void (*copied)(void *context, size_t buffer),
                                         void *context);
 
+/* keel_ckpt_memory_restore without the staging copy: each candidate is checked where it lies
+ * and copied straight into the registered buffers (bench/mem_snapshot.c: staging 1 GiB
+ * cost ten times the copy, in page faults). The price: a region rewritten during that copy
+ * leaves the buffers torn (the next candidate is then tried, and a failed restore leaves
+ * them so). For regions nobody rewrites while they are read: a rank's own slots read by
+ * that rank, a private copy fetched from a peer. */
+keel_status keel__ckpt_memory_restore_in_place(keel_registry *registry,
+                                               const keel_ckpt_region *regions, size_t region_count,
+                                               const keel_ckpt_selector *selector,
+                                               keel_ckpt_identity *used_p);
+
 /* ---- a region as a whole (the in-memory tier's unit of replication): whether it holds a
  * sealed, well-formed snapshot whose every chunk passes its crc32c. On KEEL_OK *identity_p
  * (may be NULL) is the snapshot's and *seal_p (may be NULL) the seal it was checked under;
@@ -104,6 +121,11 @@ typedef struct keel__ckpt_source_ops {
   /* After the buffers were read: KEEL_OK if the source did not change meanwhile, else
    * KEEL_EAGAIN with the reason written. */
   keel_status (*finish)(const keel__ckpt_candidate *candidate, char *reason);
+  /* Optional: the bytes of buffer index where the tier holds them in memory. Such a
+   * candidate is checked in place and copied straight into the registered buffers, with no
+   * staging copy (a 1 GiB staging buffer costs more in page faults than the copy itself);
+   * finish then tells whether it was rewritten during the copy. */
+  const uint8_t *(*in_place)(const keel__ckpt_candidate *candidate, uint32_t index);
 } keel__ckpt_source_ops;
 
 struct keel__ckpt_candidate {

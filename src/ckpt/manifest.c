@@ -103,6 +103,12 @@ static keel_status manifest_check(const keel_ckpt_manifest *manifest) {
 keel_status keel_ckpt_manifest_build(const keel_registry *registry,
                                      const keel_ckpt_identity *identity, uint64_t chunk_bytes,
                                      keel_ckpt_manifest *manifest_p) {
+  return keel__ckpt_manifest_layout(registry, identity, chunk_bytes, true, manifest_p);
+}
+
+keel_status keel__ckpt_manifest_layout(const keel_registry *registry,
+                                       const keel_ckpt_identity *identity, uint64_t chunk_bytes,
+                                       bool checksums, keel_ckpt_manifest *manifest_p) {
   if (registry == NULL || manifest_p == NULL) return KEEL_EINVAL;
   keel_status status = keel__ckpt_identity_check(identity);
   if (status != KEEL_OK) return status;
@@ -124,7 +130,7 @@ keel_status keel_ckpt_manifest_build(const keel_registry *registry,
     if (manifest.buffers == NULL) return KEEL_ENOMEM;
   }
   if (chunk_total > 0) {
-    manifest.chunk_crc32c = malloc(chunk_total * sizeof *manifest.chunk_crc32c);
+    manifest.chunk_crc32c = calloc(chunk_total, sizeof *manifest.chunk_crc32c);
     if (manifest.chunk_crc32c == NULL) {
       free(manifest.buffers);
       return KEEL_ENOMEM;
@@ -139,7 +145,7 @@ keel_status keel_ckpt_manifest_build(const keel_registry *registry,
     entry->first_chunk = next_chunk;
     entry->chunk_count = (uint32_t)chunks_of(slot->bytes, chunk);
     const uint8_t *bytes = slot->data;
-    for (uint32_t c = 0; c < entry->chunk_count; c++) {
+    for (uint32_t c = 0; checksums && c < entry->chunk_count; c++) {
       uint64_t offset = (uint64_t)c * chunk;
       uint64_t length = slot->bytes - offset < chunk ? slot->bytes - offset : chunk;
       manifest.chunk_crc32c[next_chunk + c] = keel_crc32c(0, bytes + offset, length);

@@ -285,11 +285,14 @@ static void restore_report(keel_ckpt_mem *mem, const keel_ckpt_identity *used, c
              used->step, from);
 }
 
-static keel_status restore_local(keel_ckpt_mem *mem, keel_registry *registry,
+/* The node's slots whose names start with prefix. Workers' own slots ("rank-") are read in
+ * place: only their rank writes them, and it is in this recovery. Peers' copies ("peer-")
+ * are staged first: the agent may be receiving a newer copy into one of them. */
+static keel_status restore_slots(keel_ckpt_mem *mem, keel_registry *registry, const char *prefix,
                                  const keel_ckpt_selector *selector, keel_ckpt_identity *used) {
   keel__ckpt_slot *slots = NULL;
   size_t count = 0;
-  keel_status status = keel__ckpt_slots_list(mem->directory, "", &slots, &count);
+  keel_status status = keel__ckpt_slots_list(mem->directory, prefix, &slots, &count);
   if (status != KEEL_OK) return status;
   keel_ckpt_region *regions = calloc(count > 0 ? count : 1, sizeof *regions);
   if (regions == NULL) {
@@ -297,9 +300,18 @@ static keel_status restore_local(keel_ckpt_mem *mem, keel_registry *registry,
     return KEEL_ENOMEM;
   }
   for (size_t i = 0; i < count; i++) regions[i] = slots[i].region;
-  status = keel_ckpt_memory_restore(registry, regions, count, selector, used);
+  status = strcmp(prefix, "rank-") == 0
+               ? keel__ckpt_memory_restore_in_place(registry, regions, count, selector, used)
+               : keel_ckpt_memory_restore(registry, regions, count, selector, used);
   free(regions);
   keel__ckpt_slots_close(slots, count);
+  return status;
+}
+
+static keel_status restore_local(keel_ckpt_mem *mem, keel_registry *registry,
+                                 const keel_ckpt_selector *selector, keel_ckpt_identity *used) {
+  keel_status status = restore_slots(mem, registry, "rank-", selector, used);
+  if (status != KEEL_OK) status = restore_slots(mem, registry, "peer-", selector, used);
   return status;
 }
 
@@ -359,7 +371,8 @@ static keel_status peer_call(const char *address, const keel__ckpt_request *requ
   if (status == KEEL_OK) status = fetch_receive(link, value, deadline, &region);
   keel_link_close(link);
   if (status != KEEL_OK) return status;
-  status = keel_ckpt_memory_restore(registry, &region, 1, selector, used);
+  /* A private copy: nobody rewrites it. */
+  status = keel__ckpt_memory_restore_in_place(registry, &region, 1, selector, used);
   free(region.base);
   return status;
 }

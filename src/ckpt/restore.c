@@ -127,46 +127,90 @@ static size_t candidates_select(const keel_registry *registry, const keel_ckpt_s
   return usable;
 }
 
-/* Tries the candidates in order; loads the first that stages cleanly. KEEL_ECORRUPT when
+/* A candidate in memory: every chunk checked where it lies, then copied into the
+ * registered buffers, then the source asked whether it changed meanwhile (KEEL_EAGAIN: the
+ * buffers now hold a torn mix, which the next candidate or the caller's failure replaces). */
+static keel_status candidate_load_in_place(keel_registry *registry,
+                                           const keel__ckpt_candidate *candidate, char *reason) {
+  const keel_ckpt_manifest *manifest = &candidate->manifest;
+  for (uint32_t b = 0; b < manifest->buffer_count; b++) {
+    if (keel__ckpt_buffer_check(manifest, b, candidate->ops->in_place(candidate, b), reason) ==
+        KEEL_OK)
+      continue;
+    char rewritten[KEEL__CKPT_REASON_BYTES];
+    if (candidate->ops->finish(candidate, rewritten) != KEEL_OK) {
+      memcpy(reason, rewritten, KEEL__CKPT_REASON_BYTES);
+      return KEEL_EAGAIN;
+    }
+    return KEEL_ECORRUPT;
+  }
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
+    const keel_state_buffer *slot = keel_registry_entry(registry, b);
+    if (slot->bytes > 0) memcpy(slot->data, candidate->ops->in_place(candidate, (uint32_t)b), slot->bytes);
+  }
+  return candidate->ops->finish(candidate, reason);
+}
+
+/* A candidate read through its tier: staged whole and checked before any registered byte
+ * changes. The staging copy (as large as the registered state) is made at the first such
+ * candidate and reused. */
+static keel_status candidate_load_staged(keel_registry *registry,
+                                         const keel__ckpt_candidate *candidate, uint8_t **staging_p,
+                                         const char *where, char *reason) {
+  uint64_t total = keel_registry_bytes(registry);
+  if (*staging_p == NULL) {
+    *staging_p = total <= SIZE_MAX ? malloc(total > 0 ? (size_t)total : 1) : NULL;
+    if (*staging_p == NULL) {
+      KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: no memory to stage %" PRIu64 " bytes",
+                 where, total);
+      return KEEL_ENOMEM;
+    }
+  }
+  keel_status staged = candidate_stage(candidate, *staging_p, reason);
+  if (staged != KEEL_OK) return staged;
+  /* Every chunk passed: only now is the caller's state overwritten. */
+  uint64_t offset = 0;
+  for (size_t b = 0; b < keel_registry_count(registry); b++) {
+    const keel_state_buffer *slot = keel_registry_entry(registry, b);
+    if (slot->bytes > 0) memcpy(slot->data, *staging_p + offset, slot->bytes);
+    offset += slot->bytes;
+  }
+  return KEEL_OK;
+}
+
+/* Tries the candidates in order; loads the first that checks cleanly. KEEL_ECORRUPT when
  * none did (each logged and counted in *refused_p, except those rewritten while read),
  * KEEL_ENOMEM without a staging copy. */
 static keel_status candidates_load(keel_registry *registry, keel__ckpt_candidate *const *order,
                                    size_t usable, const char *where, size_t *refused_p,
                                    keel_ckpt_identity *used_p) {
-  /* One staging copy, reused for every candidate tried: as large as the registered state. */
-  uint64_t total = keel_registry_bytes(registry);
-  uint8_t *staging = total <= SIZE_MAX ? malloc(total > 0 ? (size_t)total : 1) : NULL;
-  if (staging == NULL) {
-    KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: no memory to stage %" PRIu64 " bytes", where,
-               total);
-    return KEEL_ENOMEM;
-  }
+  uint8_t *staging = NULL;
   char reason[KEEL__CKPT_REASON_BYTES];
   keel_status status = KEEL_ECORRUPT;
   for (size_t i = 0; i < usable && status != KEEL_OK; i++) {
     const keel__ckpt_candidate *candidate = order[i];
     const keel_ckpt_identity *identity = &candidate->manifest.identity;
     reason[0] = '\0';
-    keel_status staged = candidate_stage(candidate, staging, reason);
-    if (staged == KEEL_EAGAIN) {
+    keel_status loaded =
+        candidate->ops->in_place != NULL
+            ? candidate_load_in_place(registry, candidate, reason)
+            : candidate_load_staged(registry, candidate, &staging, where, reason);
+    if (loaded == KEEL_ENOMEM) {
+      status = KEEL_ENOMEM;
+      break;
+    }
+    if (loaded == KEEL_EAGAIN) {
       /* Rewritten under us (the memory tier's writer was saving): like a save in progress,
        * not a bad snapshot. */
       KEEL_LOG_I(KEEL__CKPT_MODULE, "passed over %s/%s: %s", where, candidate->label, reason);
       continue;
     }
-    if (staged != KEEL_OK) {
+    if (loaded != KEEL_OK) {
       KEEL_LOG_W(KEEL__CKPT_MODULE,
                  "skipped the snapshot in %s/%s (step %" PRIu64 ", replica %" PRIu32 "): %s", where,
                  candidate->label, identity->step, identity->replica, reason);
       (*refused_p)++;
       continue;
-    }
-    /* Every chunk passed: only now is the caller's state overwritten. */
-    uint64_t offset = 0;
-    for (size_t b = 0; b < keel_registry_count(registry); b++) {
-      const keel_state_buffer *slot = keel_registry_entry(registry, b);
-      if (slot->bytes > 0) memcpy(slot->data, staging + offset, slot->bytes);
-      offset += slot->bytes;
     }
     KEEL_LOG_I(KEEL__CKPT_MODULE,
                "restored shard %" PRIu32 " from %s/%s: step %" PRIu64 ", replica %" PRIu32
