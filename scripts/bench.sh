@@ -23,6 +23,9 @@
 #    bench/jit (Fashion-MNIST on 4 ranks: JIT's steady-state cost, recovery breakdown of
 #    user-level and in-process JIT, wasted minibatches, bit-exact parameters; about 1.5 min),
 #    then bench/ec_codec (encode, update, decode of the erasure codes against memcpy; 10 s),
+#    then bench/mem_snapshot (the in-memory checkpoint tier: save to and restore from a
+#    /dev/shm slot of BENCH_MEM_BYTES, default 256MiB, against memcpy, crc32c alone and
+#    torch.save of the same bytes to /dev/shm; 10-20 s),
 #    then bench/torch_ddp.py (examples/python/fashion_mnist_ddp.py: step time of the keel
 #    backend against gloo under torchrun with 2 and 4 ranks, and recovery from kill -9 of a
 #    rank, keel shrink and replace against a torchrun restart from a checkpoint; 4-8
@@ -45,9 +48,11 @@ allreduce="$build/bench/allreduce"
 recovery="$build/bench/recovery"
 jit="$build/bench/jit"
 ec_codec="$build/bench/ec_codec"
+mem_snapshot="$build/bench/mem_snapshot"
 peers="$build/bench/peers"
 json=${BENCH_JSON:-0}
 sizes=${BENCH_SIZES:-4KiB,256KiB,1MiB,16MiB,64MiB}
+mem_bytes=${BENCH_MEM_BYTES:-256MiB}
 limit=${BENCH_TIMEOUT_S:-300}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cores=$(nproc)
@@ -57,7 +62,7 @@ note() {
   if [ "$json" = 1 ]; then echo "$*" >&2; else echo "$*"; fi
 }
 
-for program in "$keel" "$allreduce" "$recovery" "$jit" "$ec_codec"; do
+for program in "$keel" "$allreduce" "$recovery" "$jit" "$ec_codec" "$mem_snapshot"; do
   if [ ! -x "$program" ]; then
     echo "bench: $program is missing (build first: make build, or cmake --build $build)" >&2
     exit 1
@@ -161,6 +166,13 @@ if [ "$json" = 1 ]; then
   "$ec_codec" --json || failed[ec_codec]="exit $?"
 else
   "$ec_codec" >"$work/ec_codec.txt" || failed[ec_codec]="exit $?"
+fi
+echo "bench: mem snapshot" >&2
+if [ "$json" = 1 ]; then
+  timeout -k 10 "$limit" "$mem_snapshot" --bytes "$mem_bytes" --json || failed[mem_snapshot]="exit $?"
+else
+  timeout -k 10 "$limit" "$mem_snapshot" --bytes "$mem_bytes" >"$work/mem_snapshot.txt" ||
+    failed[mem_snapshot]="exit $?"
 fi
 echo "bench: torch" >&2
 torch_missing=""
@@ -323,6 +335,10 @@ note ""
 note "## Erasure codes (ECRec's codec): $ec_codec"
 note ""
 cat "$work/ec_codec.txt"
+note ""
+note "## In-memory checkpoint tier (Gemini's snapshot): $mem_snapshot --bytes $mem_bytes"
+note ""
+cat "$work/mem_snapshot.txt"
 note ""
 note "## PyTorch: bench/torch_ddp.py --build $build (keel.torch against gloo and torchrun)"
 note ""

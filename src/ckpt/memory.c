@@ -84,13 +84,17 @@ static void stream_copy(uint8_t *destination, const uint8_t *source, size_t leng
 #endif
 }
 
-/* Copies one chunk and returns its crc32c. */
-static uint32_t chunk_copy(uint8_t *destination, const uint8_t *source, uint64_t length) {
+uint32_t keel__ckpt_copy_with_crc(uint8_t *destination, const uint8_t *source, uint64_t length,
+                                  bool streaming) {
   uint32_t crc = 0;
   for (uint64_t at = 0; at < length; at += PIECE_BYTES) {
     size_t piece = length - at < PIECE_BYTES ? (size_t)(length - at) : PIECE_BYTES;
     crc = keel_crc32c(crc, source + at, piece);
-    stream_copy(destination + at, source + at, piece);
+    if (streaming) {
+      stream_copy(destination + at, source + at, piece);
+    } else {
+      memcpy(destination + at, source + at, piece);
+    }
   }
   return crc;
 }
@@ -106,7 +110,7 @@ static void state_copy(const keel_registry *registry, keel_ckpt_manifest *manife
       uint64_t length = slot->bytes - start < manifest->chunk_bytes ? slot->bytes - start
                                                                     : manifest->chunk_bytes;
       manifest->chunk_crc32c[entry->first_chunk + c] =
-          chunk_copy(data + start, (const uint8_t *)slot->data + start, length);
+          keel__ckpt_copy_with_crc(data + start, (const uint8_t *)slot->data + start, length, true);
     }
     data += slot->bytes;
     if (copied != NULL) copied(context, b);

@@ -127,26 +127,36 @@ static size_t candidates_select(const keel_registry *registry, const keel_ckpt_s
   return usable;
 }
 
-/* A candidate in memory: every chunk checked where it lies, then copied into the
- * registered buffers, then the source asked whether it changed meanwhile (KEEL_EAGAIN: the
- * buffers now hold a torn mix, which the next candidate or the caller's failure replaces). */
+/* A candidate in memory: copied straight into the registered buffers, each chunk's crc32c
+ * taken on the way (one pass over the snapshot) and compared at the chunk's end; then the
+ * source asked whether it changed meanwhile. A failure leaves the buffers torn, which the
+ * next candidate or the caller's failure replaces (keel__ckpt_memory_restore_in_place). */
 static keel_status candidate_load_in_place(keel_registry *registry,
                                            const keel__ckpt_candidate *candidate, char *reason) {
   const keel_ckpt_manifest *manifest = &candidate->manifest;
   for (uint32_t b = 0; b < manifest->buffer_count; b++) {
-    if (keel__ckpt_buffer_check(manifest, b, candidate->ops->in_place(candidate, b), reason) ==
-        KEEL_OK)
-      continue;
-    char rewritten[KEEL__CKPT_REASON_BYTES];
-    if (candidate->ops->finish(candidate, rewritten) != KEEL_OK) {
-      memcpy(reason, rewritten, KEEL__CKPT_REASON_BYTES);
-      return KEEL_EAGAIN;
+    const keel_ckpt_entry *entry = &manifest->buffers[b];
+    const uint8_t *source = candidate->ops->in_place(candidate, b);
+    uint8_t *destination = keel_registry_entry(registry, b)->data;
+    for (uint32_t c = 0; c < entry->chunk_count; c++) {
+      uint64_t start = (uint64_t)c * manifest->chunk_bytes;
+      uint64_t length = entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start
+                                                                     : manifest->chunk_bytes;
+      uint32_t computed =
+          keel__ckpt_copy_with_crc(destination + start, source + start, length, true);
+      uint32_t stored = manifest->chunk_crc32c[entry->first_chunk + c];
+      if (computed == stored) continue;
+      char rewritten[KEEL__CKPT_REASON_BYTES];
+      if (candidate->ops->finish(candidate, rewritten) != KEEL_OK) {
+        memcpy(reason, rewritten, KEEL__CKPT_REASON_BYTES);
+        return KEEL_EAGAIN;
+      }
+      snprintf(reason, KEEL__CKPT_REASON_BYTES,
+               "buffer '%s' chunk %" PRIu32 " (bytes %" PRIu64 "..%" PRIu64
+               ") fails its crc32c (manifest %08" PRIx32 ", data %08" PRIx32 ")",
+               entry->name, c, start, start + length, stored, computed);
+      return KEEL_ECORRUPT;
     }
-    return KEEL_ECORRUPT;
-  }
-  for (size_t b = 0; b < keel_registry_count(registry); b++) {
-    const keel_state_buffer *slot = keel_registry_entry(registry, b);
-    if (slot->bytes > 0) memcpy(slot->data, candidate->ops->in_place(candidate, (uint32_t)b), slot->bytes);
   }
   return candidate->ops->finish(candidate, reason);
 }
