@@ -92,6 +92,23 @@ typedef struct keel_model_measured {
   size_t redo_restarts;            /* the ones whose redo_minibatches is known */
   double restart_redo_minibatches; /* its mean: minibatches redone per restart */
   size_t started_over;             /* restarts that restored no snapshot (the job began again) */
+  /* In-memory checkpoints (--ckpt mem, docs/MEMORY.md), for keel_model_wasted_per_failure: */
+  size_t mem_saves;             /* mem_save lines (a rank's first save and every 50th) */
+  uint64_t mem_state_bytes;     /* one rank's state: the largest bytes of mem_save and
+                                   mem_restore lines */
+  double mem_save_s;            /* mean save_ms over the mem_save lines: the copy */
+  double mem_wait_s;            /* mean wait_ms over them: the commit waiting for peers */
+  int64_t mem_every_steps;      /* E: steps per snapshot, from two mem_save lines of one
+                                   uid (steps over saves between them); 0: not told */
+  size_t memory_restores;       /* mem_restore lines from memory ("local", "node-<i>") */
+  double memory_restore_s;      /* their mean restore_ms */
+  double memory_restore_bytes;  /* their mean bytes */
+  size_t disk_restores;         /* mem_restore lines from "persistent" */
+  double disk_restore_s;        /* their mean restore_ms */
+  double disk_read_bytes_per_s; /* their bytes over their time; 0 when that time is 0 */
+  size_t mem_services;          /* mem_service_end lines (one per node's agent) */
+  uint64_t persisted_bytes;     /* bytes they wrote to the persistent tier, summed */
+  double persist_s;             /* the time those writes took, summed: the write speed */
 } keel_model_measured;
 
 /* One restart of the whole job (user-level JIT: the healthy ranks save, the launcher starts
@@ -131,7 +148,9 @@ typedef struct keel_model_restart {
 /* Reads the events file at path and fills *measured_p. Progress lines give m from pairs
  * of lines of one uid within one epoch (a recovery's pause is not a minibatch); recovery
  * lines give o and r of keel's in-process recovery, and job restarts (user-level JIT) give
- * them for a restart (jit_save_s, jit_restart_cost_s); a value whose count is 0 is left 0.
+ * them for a restart (jit_save_s, jit_restart_cost_s); mem_save, mem_restore and
+ * mem_service_end lines the in-memory tier's (mem_*, memory_*, disk_*, persist*: negative
+ * sizes, counts and times refuse the line); a value whose count is 0 is left 0.
  * Lines over 64 KiB, lines that do
  * not scan and lines with negative or non-finite times are skipped and counted. Blocks on
  * the file's reads; allocates bounded tables, freed before return. On error nothing is
@@ -150,6 +169,42 @@ keel_status keel_model_measure_file(const char *path, keel_model_measured *measu
 keel_status keel_model_measure_restarts(const char *path, keel_model_measured *measured_p,
                                         keel_model_restart *restarts, size_t capacity,
                                         size_t *restart_count_p);
+
+/* ---- wasted time per failure (Gemini, Figure 10): the work lost since the checkpoint
+ * that a recovery goes back to, plus the time to retrieve that checkpoint. In-memory
+ * snapshots every E iterations of m seconds against a periodic disk checkpoint every T. */
+typedef struct keel_model_wasted_params {
+  double iteration_s;           /* m: one training iteration, > 0 */
+  double every_steps;           /* E: an in-memory snapshot every E iterations, >= 1 */
+  double memory_retrieval_s;    /* one rank's restore from memory, >= 0 */
+  double disk_interval_s;       /* T: a disk checkpoint every T seconds, > 0 */
+  double state_bytes;           /* one rank's state, >= 0 */
+  double disk_read_bytes_per_s; /* the speed one rank reads it back from disk, > 0 */
+} keel_model_wasted_params;
+
+/* One policy's time wasted per failure, in seconds. total = lost + retrieval. */
+typedef struct keel_model_wasted_policy {
+  double interval_s;   /* between two checkpoints: E·m, or T */
+  double lost_mean_s;  /* work redone on average */
+  double lost_worst_s; /* work redone at worst */
+  double retrieval_s;  /* getting the checkpoint back */
+  double total_mean_s;
+  double total_worst_s;
+} keel_model_wasted_policy;
+
+typedef struct keel_model_wasted {
+  keel_model_wasted_policy memory; /* in-memory snapshots every E iterations */
+  keel_model_wasted_policy disk;   /* periodic disk checkpoints every T */
+  double ratio_mean;               /* disk.total_mean_s / memory.total_mean_s */
+  double ratio_worst;              /* disk.total_worst_s / memory.total_worst_s */
+} keel_model_wasted;
+
+/* Both policies' wasted time per failure (src/model/wasted.c gives the reasoning): memory
+ * loses E·m/2 on average and 2·E·m at worst and retrieves in memory_retrieval_s; disk loses
+ * T/2 on average and T at worst and retrieves in state_bytes / disk_read_bytes_per_s.
+ * KEEL_EINVAL, nothing written, for a value that is not finite or out of the ranges above. */
+keel_status keel_model_wasted_per_failure(const keel_model_wasted_params *params,
+                                          keel_model_wasted *wasted_p);
 
 /* ---- checkpoint placement (Gemini, Algorithm 1) and the odds of recovering from memory.
  * Nodes 0..N-1 each have one snapshot, kept on k nodes (itself and k-1 peers). When k

@@ -1,7 +1,9 @@
 /* Reads the model's inputs from a keel events file (docs/RUNTIME.md): recovery lines give
  * the checkpoint (state transfer) and fixed recovery costs, job restarts (restart.c puts them
- * together) the just-in-time save and restart costs, progress lines the minibatch time. Each
- * line is parsed with jansson; a line that is not one JSON object is skipped, never trusted. */
+ * together) the just-in-time save and restart costs, progress lines the minibatch time, the
+ * in-memory tier's lines (docs/MEMORY.md) its snapshot size, interval, save and restore
+ * times and the disk's speeds. Each line is parsed with jansson; a line that is not one JSON
+ * object is skipped, never trusted. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -27,6 +29,19 @@ typedef struct progress_mark {
   int64_t t_ns;
 } progress_mark;
 
+/* A uid's last mem_save line: the next one tells how many steps its saves between took. */
+typedef struct snapshot_mark {
+  bool seen;
+  int64_t step;
+  int64_t saves;
+} snapshot_mark;
+
+/* What the reader remembers of each uid until the job ends. */
+typedef struct uid_marks {
+  progress_mark progress;
+  snapshot_mark snapshot;
+} uid_marks;
+
 /* One recovery's split, in milliseconds, as the slowest rank reported it. */
 typedef struct recovery_mark {
   int64_t new_epoch;
@@ -37,7 +52,7 @@ typedef struct recovery_mark {
 } recovery_mark;
 
 typedef struct measure_context {
-  progress_mark *marks;      /* UID_MAXIMUM entries */
+  uid_marks *marks;          /* UID_MAXIMUM entries */
   recovery_mark *recoveries; /* RECOVERY_MAXIMUM entries */
   size_t recovery_count;     /* entries used */
   /* Recoveries no later line can merge with (an earlier job's, or past the table), summed. */
@@ -52,6 +67,11 @@ typedef struct measure_context {
   double restart_save_ms, restart_cost_ms, restart_redo_minibatches;
   double step_ns_sum;
   size_t step_count;
+  /* Sums of the in-memory tier's lines, for the means. */
+  double save_ms_sum, wait_ms_sum;
+  double memory_restore_ms_sum, memory_restore_bytes_sum;
+  double disk_restore_ms_sum, disk_restore_bytes_sum;
+  double persist_ms_sum;
   keel_model_measured measured; /* counts; the means are computed at the end */
 } measure_context;
 
@@ -188,12 +208,91 @@ static bool scan_progress(measure_context *context, const json_t *event) {
     return false;
   (void)member_int(event, "epoch", &epoch);
   if (uid < 0 || uid >= UID_MAXIMUM) return true;
-  progress_mark *mark = &context->marks[uid];
+  progress_mark *mark = &context->marks[uid].progress;
   if (mark->seen && mark->epoch == epoch && step > mark->step && t_ns > mark->t_ns) {
     context->step_ns_sum += (double)(t_ns - mark->t_ns);
     context->step_count += (size_t)(step - mark->step);
   }
   *mark = (progress_mark){.seen = true, .epoch = epoch, .step = step, .t_ns = t_ns};
+  return true;
+}
+
+/* ---- the in-memory tier (docs/MEMORY.md) */
+
+/* A count or a size: an integer, not negative. */
+static bool member_count(const json_t *event, const char *key, int64_t *value_p) {
+  return member_int(event, key, value_p) && *value_p >= 0;
+}
+
+static void state_bytes_keep(measure_context *context, int64_t bytes) {
+  if ((uint64_t)bytes > context->measured.mem_state_bytes)
+    context->measured.mem_state_bytes = (uint64_t)bytes;
+}
+
+/* E from two saves of one process: the steps between them over the saves between them, when
+ * they divide evenly (a rollback between them makes them not, and says nothing of E). */
+static void snapshot_interval_learn(measure_context *context, const json_t *event, int64_t step,
+                                    int64_t saves) {
+  int64_t uid;
+  if (!member_int(event, "uid", &uid) || uid < 0 || uid >= UID_MAXIMUM) return;
+  snapshot_mark *mark = &context->marks[uid].snapshot;
+  int64_t steps = step - mark->step, between = saves - mark->saves;
+  if (mark->seen && context->measured.mem_every_steps == 0 && steps > 0 && between > 0 &&
+      steps % between == 0)
+    context->measured.mem_every_steps = steps / between;
+  *mark = (snapshot_mark){.seen = true, .step = step, .saves = saves};
+}
+
+static bool scan_mem_save(measure_context *context, const json_t *event) {
+  int64_t step, bytes, saves;
+  double save_ms, wait_ms;
+  if (!member_count(event, "step", &step) || !member_count(event, "bytes", &bytes) ||
+      !member_int(event, "saves", &saves) || saves < 1 ||
+      !member_milliseconds(event, "save_ms", &save_ms) ||
+      !member_milliseconds(event, "wait_ms", &wait_ms))
+    return false;
+  context->measured.mem_saves++;
+  context->save_ms_sum += save_ms;
+  context->wait_ms_sum += wait_ms;
+  state_bytes_keep(context, bytes);
+  snapshot_interval_learn(context, event, step, saves);
+  return true;
+}
+
+/* A restore from the node's memory or a peer's ("local", "node-<i>") or from disk
+ * ("persistent"); a tier this reader does not know is a valid line it does not count. */
+static bool scan_mem_restore(measure_context *context, const json_t *event) {
+  int64_t step, bytes;
+  double restore_ms;
+  const char *from = json_string_value(json_object_get(event, "from"));
+  if (from == NULL || !member_count(event, "step", &step) ||
+      !member_count(event, "bytes", &bytes) ||
+      !member_milliseconds(event, "restore_ms", &restore_ms))
+    return false;
+  keel_model_measured *measured = &context->measured;
+  state_bytes_keep(context, bytes);
+  if (strcmp(from, "persistent") == 0) {
+    measured->disk_restores++;
+    context->disk_restore_ms_sum += restore_ms;
+    context->disk_restore_bytes_sum += (double)bytes;
+  } else if (strcmp(from, "local") == 0 || strncmp(from, "node-", 5) == 0) {
+    measured->memory_restores++;
+    context->memory_restore_ms_sum += restore_ms;
+    context->memory_restore_bytes_sum += (double)bytes;
+  }
+  return true;
+}
+
+/* One node's snapshot service at the end: what it wrote to the persistent tier, how long. */
+static bool scan_mem_service_end(measure_context *context, const json_t *event) {
+  int64_t bytes;
+  double persist_ms;
+  if (!member_count(event, "persisted_bytes", &bytes) ||
+      !member_milliseconds(event, "persist_ms", &persist_ms))
+    return false;
+  context->measured.mem_services++;
+  context->measured.persisted_bytes += (uint64_t)bytes;
+  context->persist_ms_sum += persist_ms;
   return true;
 }
 
@@ -298,10 +397,19 @@ static const struct {
   const char *event;
   bool (*scan)(measure_context *context, const json_t *event);
 } scanners[] = {
-    {"recovery", scan_recovery}, {"progress", scan_progress}, {"exit", scan_exit},
-    {"fault", scan_fault},       {"job_start", job_start},    {"restart_begin", scan_restart},
-    {"restart", scan_restart},   {"jit_save", scan_jit_save}, {"jit_restore", scan_jit_restore},
+    {"recovery", scan_recovery},
+    {"progress", scan_progress},
+    {"exit", scan_exit},
+    {"fault", scan_fault},
+    {"job_start", job_start},
+    {"restart_begin", scan_restart},
+    {"restart", scan_restart},
+    {"jit_save", scan_jit_save},
+    {"jit_restore", scan_jit_restore},
     {"resumed", scan_resumed},
+    {"mem_save", scan_mem_save},
+    {"mem_restore", scan_mem_restore},
+    {"mem_service_end", scan_mem_service_end},
 };
 
 /* One event; false when it has no "event" string or a scanner refuses it. Unknown events
@@ -325,6 +433,23 @@ static bool scan_line(measure_context *context, const char *line) {
 }
 
 static double mean(double sum, size_t count) { return count > 0 ? sum / (double)count : 0.0; }
+
+/* The in-memory tier's means; the disk's read speed is bytes over time, not a mean of
+ * speeds, so that a short restore does not weigh as much as a long one. */
+static void memory_tier_finish(measure_context *context) {
+  keel_model_measured *measured = &context->measured;
+  measured->mem_save_s = mean(context->save_ms_sum / 1e3, measured->mem_saves);
+  measured->mem_wait_s = mean(context->wait_ms_sum / 1e3, measured->mem_saves);
+  measured->memory_restore_s =
+      mean(context->memory_restore_ms_sum / 1e3, measured->memory_restores);
+  measured->memory_restore_bytes =
+      mean(context->memory_restore_bytes_sum, measured->memory_restores);
+  measured->disk_restore_s = mean(context->disk_restore_ms_sum / 1e3, measured->disk_restores);
+  if (context->disk_restore_ms_sum > 0.0)
+    measured->disk_read_bytes_per_s =
+        context->disk_restore_bytes_sum / (context->disk_restore_ms_sum / 1e3);
+  measured->persist_s = context->persist_ms_sum / 1e3;
+}
 
 /* Turns the sums into the means of keel_model_measured. */
 static void measure_finish(measure_context *context) {
@@ -351,6 +476,7 @@ static void measure_finish(measure_context *context) {
   measured->jit_restart_cost_s = mean(context->restart_cost_ms / 1e3, measured->costed_restarts);
   measured->restart_redo_minibatches =
       mean(context->restart_redo_minibatches, measured->redo_restarts);
+  memory_tier_finish(context);
 }
 
 /* Reads the rest of an overlong line so the next read starts at the next line. */

@@ -4,10 +4,9 @@
 #include <math.h>
 
 #include "keel/model.h"
+#include "model/model_internal.h"
 
 #define SECONDS_PER_HOUR 3600.0
-
-static int is_cost(double value) { return isfinite(value) && value >= 0.0; }
 
 keel_status keel_model_params_check(const keel_model_params *params) {
   if (params == NULL) return KEEL_EINVAL;
@@ -15,9 +14,11 @@ keel_status keel_model_params_check(const keel_model_params *params) {
    * no caller means that. `!(x >= 1)` also catches NaN. */
   if (!isfinite(params->failure_rate) || !(params->failure_rate > 0.0)) return KEEL_EINVAL;
   if (!isfinite(params->gpu_count) || !(params->gpu_count >= 1.0)) return KEEL_EINVAL;
-  if (!is_cost(params->checkpoint_cost_s) || !is_cost(params->restart_cost_s)) return KEEL_EINVAL;
-  if (!is_cost(params->minibatch_s) || !is_cost(params->jit_overhead)) return KEEL_EINVAL;
-  if (!is_cost(params->inprocess_recovery_s)) return KEEL_EINVAL;
+  if (!keel__model_is_cost(params->checkpoint_cost_s) ||
+      !keel__model_is_cost(params->restart_cost_s) || !keel__model_is_cost(params->minibatch_s) ||
+      !keel__model_is_cost(params->jit_overhead) ||
+      !keel__model_is_cost(params->inprocess_recovery_s))
+    return KEEL_EINVAL;
   return KEEL_OK;
 }
 

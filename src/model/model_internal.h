@@ -1,9 +1,11 @@
 /* Private to src/model: the events of one job's restarts (user-level JIT) that measured.c
  * scans and restart.c puts together into keel_model_restart records. Bounded tables, kept
- * until the job ends; a time of -1 means the line did not give it. */
+ * until the job ends; a time of -1 means the line did not give it. And the formulas' shared
+ * check of their inputs. */
 #ifndef KEEL_MODEL_INTERNAL_H
 #define KEEL_MODEL_INTERNAL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -14,6 +16,9 @@
 #define KEEL__MODEL_RESTART_MAXIMUM 1024
 /* jit_save and jit_restore lines: one per rank per restart. */
 #define KEEL__MODEL_RANK_EVENT_MAXIMUM 8192
+
+/* A time or a size a formula takes: finite and not negative (NaN is neither). */
+static inline bool keel__model_is_cost(double value) { return isfinite(value) && value >= 0.0; }
 
 /* A worker that leaves because the job restarts exits with this code (KEEL_EXIT_RESTART of
  * include/keel/comm.h, a layer above this one): it saved its state, it did not fail. */

@@ -1,7 +1,8 @@
 /* Tests of the tools that read an events file after the job: `keel report` on a job restart
  * (user-level JIT) and on an in-process recovery followed by its resumed line, text and
- * --json; `keel report --svg`, its drawing checked as XML, and its errors; and `keel model
- * --measured` taking o and r from the restart. The events files are written here from
+ * --json; `keel report --svg`, its drawing checked as XML, and its errors; `keel model
+ * --measured` taking o and r from the restart; `keel model placement`; and `keel model
+ * wasted` on a --ckpt mem run, and its refusals. The events files are written here from
  * docs/RUNTIME.md, so every figure is known to the nanosecond. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -280,6 +281,117 @@ static void test_model_placement_command(void **state) {
   files_remove(&files);
 }
 
+/* keel model wasted on a --ckpt mem run: m = 0.25 s (uid 0, steps 1 -> 3 in 0.5 s), a
+ * snapshot every step (49 steps over 49 saves), 1 MiB of state, restored from memory in
+ * 4 ms; the service wrote 100 MiB in 1 s. Memory: lost 125 ms mean, 500 ms worst, totals
+ * 129 and 504 ms. Disk every 30 min: retrieval 1 MiB at 100 MiB/s = 10 ms, totals 900.01 s
+ * and 1800.01 s: 6977x and 3571x. */
+static const char memory_events[] =
+    "{\"event\":\"job_start\",\"t_ns\":1000000000,\"job_id\":\"80\",\"ckpt\":\"mem\","
+    "\"world\":2,\"spares\":1}\n"
+    "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":1,\"t_ns\":1000000000}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":1,\"bytes\":1048576,"
+    "\"save_ms\":2.0,\"wait_ms\":0.0,\"saves\":1,\"mean_save_ms\":2.0,\"mean_wait_ms\":0.0,"
+    "\"t_ns\":1001000000}\n"
+    "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":3,\"t_ns\":1500000000}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"rank\":0,\"epoch\":0,\"step\":50,\"bytes\":1048576,"
+    "\"save_ms\":2.0,\"wait_ms\":0.0,\"saves\":50,\"mean_save_ms\":2.0,\"mean_wait_ms\":0.0,"
+    "\"t_ns\":2001000000}\n"
+    "{\"event\":\"mem_restore\",\"uid\":2,\"rank\":1,\"epoch\":1,\"step\":50,\"shard\":1,"
+    "\"from\":\"local\",\"bytes\":1048576,\"restore_ms\":4.000,\"t_ns\":2100000000}\n"
+    "{\"event\":\"job_end\",\"t_ns\":3000000000,\"code\":0,\"seconds\":2.0}\n"
+    "{\"event\":\"mem_service_end\",\"t_ns\":3000000001,\"sent\":0,\"received\":0,"
+    "\"persisted\":100,\"persisted_bytes\":104857600,\"persist_ms\":1000.000}\n";
+
+static void test_model_wasted_command(void **state) {
+  (void)state;
+  report_files files;
+  files_make(&files, memory_events);
+  char *output = keel_output(&files, LIST("model", "wasted", "--measured", files.events));
+  assert_has(output,
+             LIST("  iteration m = 250 ms (measured, 2 steps)\n",
+                  "  in-memory snapshot every E = 1 iteration (measured, 2 mem_save lines)\n",
+                  "  disk checkpoint every T = 30.0 min (default)\n",
+                  "in memory (every 250 ms): lost work 125 ms mean, 500 ms worst; retrieval 4 ms "
+                  "(measured, 1 restore); total 129 ms mean, 504 ms worst\n",
+                  "disk (every 30.0 min): lost work 15.0 min mean, 30.0 min worst; retrieval 10 ms "
+                  "(1.0 MiB at 100.0 MiB/s; size measured, 2 mem_save lines; speed from the write "
+                  "speed, 1 node); total 15.0 min mean, 30.0 min worst\n",
+                  "disk / memory: 6977x the wasted time per failure on average, 3571x at worst\n"));
+  free(output);
+  output = keel_output(&files, LIST("model", "wasted", "--measured", files.events, "--json"));
+  assert_has(output,
+             LIST("\"mem_saves\":2,\"mem_state_bytes\":1048576,\"mem_save_s\":0.002,"
+                  "\"mem_wait_s\":0,\"mem_every_steps\":1,\"memory_restores\":1,"
+                  "\"memory_restore_s\":0.004,\"memory_restore_bytes\":1048576,\"disk_restores\":0,"
+                  "\"disk_restore_s\":null,"
+                  "\"disk_read_bytes_per_s\":null,\"mem_services\":1,"
+                  "\"persisted_bytes\":104857600,\"persist_s\":1}",
+                  "\"sources\":{\"iteration_s\":\"measured\",\"every_steps\":\"measured\","
+                  "\"state_bytes\":\"measured\",\"memory_retrieval_s\":\"measured\","
+                  "\"disk_interval_s\":\"default\",\"disk_read_bytes_per_s\":\"write speed\"}",
+                  "\"memory\":{\"interval_s\":0.25,\"lost_mean_s\":0.125,\"lost_worst_s\":0.5,"
+                  "\"retrieval_s\":0.004,\"total_mean_s\":0.129,\"total_worst_s\":0.504}",
+                  "\"disk\":{\"interval_s\":1800,\"lost_mean_s\":900,\"lost_worst_s\":1800,"
+                  "\"retrieval_s\":0.01,\"total_mean_s\":900.01,\"total_worst_s\":1800.01}"));
+  free(output);
+  /* Flags override what the file measured. */
+  output = keel_output(&files, LIST("model", "wasted", "--measured", files.events, "--every", "4",
+                                    "--disk-interval", "1h", "--disk-read-speed", "1GiB/s"));
+  assert_has(output,
+             LIST("every E = 4 iterations (given)\n", "every T = 60.0 min (given)\n",
+                  "in memory (every 1 s): lost work 500 ms mean, 2 s worst;",
+                  "retrieval 0.977 ms (1.0 MiB at 1.0 GiB/s; size measured, 2 mem_save lines; "
+                  "speed given)"));
+  free(output);
+  files_remove(&files);
+}
+
+/* Refused: bad flags exit 2; a file that cannot be read, or lacks an input no flag gave,
+ * exits 1 saying what is missing and which flag gives it. */
+static void test_model_wasted_refusals(void **state) {
+  (void)state;
+  report_files files;
+  files_make(&files, restart_events);
+  const char *const *refused[] = {
+      LIST("model", "wasted"),
+      LIST("model", "wasted", "--measured", files.events, "--every", "0"),
+      LIST("model", "wasted", "--measured", files.events, "--disk-interval", "0s"),
+      LIST("model", "wasted", "--measured", files.events, "--disk-read-speed", "fast"),
+      LIST("model", "wasted", "--measured", files.events, "--iteration"),
+      LIST("model", "wasted", "--measured", files.events, "--sweep", "4")};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    int code = 0;
+    char *output = keel_run(&files, refused[i], &code);
+    assert_int_equal(code, 2);
+    assert_has(output, LIST("keel model wasted: ", "(try keel model wasted --help)"));
+    free(output);
+  }
+  char missing_file[450];
+  snprintf(missing_file, sizeof missing_file, "%s/no-such-events.jsonl", files.folder);
+  int code = 0;
+  char *output = keel_run(&files, LIST("model", "wasted", "--measured", missing_file), &code);
+  assert_int_equal(code, 1);
+  assert_has(output, LIST("keel model wasted: cannot read"));
+  free(output);
+  /* A run without --ckpt mem (and here without progress lines): every input is missing. */
+  output = keel_run(&files, LIST("model", "wasted", "--measured", files.events), &code);
+  assert_int_equal(code, 1);
+  assert_has(output, LIST("lacks the iteration time", "--iteration gives it",
+                          "lacks the state's size", "--state-bytes gives it",
+                          "--memory-restore gives it", "--disk-read-speed gives it"));
+  free(output);
+  /* Given by flags, the same file models. */
+  output = keel_output(&files, LIST("model", "wasted", "--measured", files.events, "--iteration",
+                                    "100ms", "--state-bytes", "1MiB", "--memory-restore", "1ms",
+                                    "--disk-read-speed", "1MiB"));
+  assert_has(output, LIST("retrieval 1 ms (given)",
+                          "retrieval 1 s (1.0 MiB at 1.0 MiB/s; size "
+                          "given; speed given)"));
+  free(output);
+  files_remove(&files);
+}
+
 /* ---- keel report --svg */
 
 /* A small XML well-formedness check, since no XML library is a build dependency (xmllint
@@ -550,6 +662,8 @@ int main(void) {
       cmocka_unit_test(test_report_of_inprocess_redo),
       cmocka_unit_test(test_model_measured_restart),
       cmocka_unit_test(test_model_placement_command),
+      cmocka_unit_test(test_model_wasted_command),
+      cmocka_unit_test(test_model_wasted_refusals),
       cmocka_unit_test(test_report_svg_of_two_nodes),
       cmocka_unit_test(test_report_svg_of_many_lanes),
       cmocka_unit_test(test_report_svg_bad_input),

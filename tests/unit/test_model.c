@@ -1,7 +1,8 @@
 /* Unit tests of the analytical model (JIT checkpointing paper, §5): each formula against an
  * independent computation on a grid of inputs, the optimum against a numerical search, the
- * paper's Table 8 and §6.5 figures, invalid inputs, and the events-file reader on a file
- * the test writes, garbage included. */
+ * paper's Table 8 and §6.5 figures, invalid inputs, Gemini's wasted time per failure against
+ * hand-computed values, and the events-file reader on files the test writes, garbage
+ * included. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -366,6 +367,91 @@ static void test_invalid_inputs(void **state) {
   assert_int_equal(keel_model_periodic_at(&good, 600.0, NULL), KEEL_EINVAL);
   assert_int_equal(keel_model_jit_user(&good, NULL), KEEL_EINVAL);
   assert_int_equal(keel_model_jit_inprocess(&good, NULL), KEEL_EINVAL);
+}
+
+/* ---- wasted time per failure (Gemini, Figure 10) */
+
+/* m = 0.5 s, a snapshot every E = 4 iterations restored in 0.25 s; a disk checkpoint every
+ * T = 30 min of 1 GB read at 200 MB/s. Memory: interval 2 s, lost 1 s on average and 4 s at
+ * worst, totals 1.25 s and 4.25 s. Disk: lost 900 s and 1800 s, retrieval 5 s, totals 905 s
+ * and 1805 s. Ratios 905 / 1.25 = 724 and 1805 / 4.25. */
+static const keel_model_wasted_params wasted_example = {.iteration_s = 0.5,
+                                                        .every_steps = 4.0,
+                                                        .memory_retrieval_s = 0.25,
+                                                        .disk_interval_s = 1800.0,
+                                                        .state_bytes = 1e9,
+                                                        .disk_read_bytes_per_s = 2e8};
+
+static void check_wasted_policy(const keel_model_wasted_policy *policy, const double expected[6],
+                                const char *what) {
+  const double actual[6] = {policy->interval_s,  policy->lost_mean_s,  policy->lost_worst_s,
+                            policy->retrieval_s, policy->total_mean_s, policy->total_worst_s};
+  static const char *const names[6] = {"interval",  "lost mean",  "lost worst",
+                                       "retrieval", "total mean", "total worst"};
+  char label[96];
+  for (size_t i = 0; i < 6; i++) {
+    snprintf(label, sizeof label, "%s %s", what, names[i]);
+    check_relative(actual[i], expected[i], label);
+  }
+}
+
+static void test_wasted_per_failure(void **state) {
+  (void)state;
+  keel_model_wasted wasted;
+  assert_int_equal(keel_model_wasted_per_failure(&wasted_example, &wasted), KEEL_OK);
+  check_wasted_policy(&wasted.memory, (const double[6]){2.0, 1.0, 4.0, 0.25, 1.25, 4.25}, "memory");
+  check_wasted_policy(&wasted.disk, (const double[6]){1800.0, 900.0, 1800.0, 5.0, 905.0, 1805.0},
+                      "disk");
+  check_relative(wasted.ratio_mean, 724.0, "ratio mean");
+  check_relative(wasted.ratio_worst, 1805.0 / 4.25, "ratio worst");
+  /* E = 1, a free restore and an empty state: only half an iteration lost, nothing read. */
+  keel_model_wasted_params p = wasted_example;
+  p.every_steps = 1.0;
+  p.memory_retrieval_s = 0.0;
+  p.state_bytes = 0.0;
+  assert_int_equal(keel_model_wasted_per_failure(&p, &wasted), KEEL_OK);
+  check_wasted_policy(&wasted.memory, (const double[6]){0.5, 0.25, 1.0, 0.0, 0.25, 1.0},
+                      "memory, E = 1");
+  check_relative(wasted.disk.retrieval_s, 0.0, "empty state");
+  check_relative(wasted.ratio_mean, 900.0 / 0.25, "ratio, E = 1");
+}
+
+/* Each field out of range, and NULL: refused, nothing written. */
+static void check_wasted_refused(const keel_model_wasted_params *p) {
+  keel_model_wasted wasted, untouched;
+  memset(&untouched, 0x5a, sizeof untouched);
+  wasted = untouched;
+  assert_int_equal(keel_model_wasted_per_failure(p, &wasted), KEEL_EINVAL);
+  assert_memory_equal(&wasted, &untouched, sizeof wasted);
+}
+
+static void test_wasted_invalid_inputs(void **state) {
+  (void)state;
+  const double bad_values[] = {-1.0, NAN, INFINITY, -INFINITY};
+  for (size_t field = 0; field < 6; field++) {
+    for (size_t i = 0; i < COUNT(bad_values); i++) {
+      keel_model_wasted_params p = wasted_example;
+      double *slots[6] = {&p.iteration_s,     &p.every_steps, &p.memory_retrieval_s,
+                          &p.disk_interval_s, &p.state_bytes, &p.disk_read_bytes_per_s};
+      *slots[field] = bad_values[i];
+      check_wasted_refused(&p);
+    }
+  }
+  /* Zero where the model divides by it or a policy would never lose work; E below 1. */
+  keel_model_wasted_params p = wasted_example;
+  p.iteration_s = 0.0;
+  check_wasted_refused(&p);
+  p = wasted_example;
+  p.disk_interval_s = 0.0;
+  check_wasted_refused(&p);
+  p = wasted_example;
+  p.disk_read_bytes_per_s = 0.0;
+  check_wasted_refused(&p);
+  p = wasted_example;
+  p.every_steps = 0.5;
+  check_wasted_refused(&p);
+  check_wasted_refused(NULL);
+  assert_int_equal(keel_model_wasted_per_failure(&wasted_example, NULL), KEEL_EINVAL);
 }
 
 /* ---- the events-file reader */
@@ -806,12 +892,115 @@ static void test_measured_empty_and_missing(void **state) {
   assert_int_equal(measured.lines, 0);
   assert_int_equal(measured.recoveries, 0);
   assert_true(measured.minibatch_s == 0.0 && measured.checkpoint_cost_s == 0.0);
+  assert_true(measured.mem_saves == 0 && measured.mem_every_steps == 0 &&
+              measured.mem_state_bytes == 0 && measured.disk_read_bytes_per_s == 0.0);
   keel_model_measured untouched = measured;
   assert_int_equal(keel_model_measure_file("/nonexistent/keel/events.jsonl", &measured),
                    KEEL_ENOTFOUND);
   assert_memory_equal(&measured, &untouched, sizeof measured);
   assert_int_equal(keel_model_measure_file(NULL, &measured), KEEL_EINVAL);
   assert_int_equal(keel_model_measure_file(path, NULL), KEEL_EINVAL);
+  remove_written(path);
+}
+
+/* The in-memory tier's lines. uid 1's saves step 2 -> 50 over 29 saves do not divide (a
+ * rollback between them): no E; uid 0's step 2 -> 100 over 49 saves give E = 2. Saves:
+ * save_ms 1, 3, 2, 4 (mean 2.5), wait_ms 0.5, 0, 1.5, 0 (mean 0.5). Restores from memory:
+ * 4 and 6 ms of 3000 bytes; from disk: 10 ms of 4000 and 10 ms of 2000 bytes (6000 bytes
+ * in 20 ms: 300000 B/s); the largest state 4000 bytes. Two services wrote 8 MB in 40 ms. */
+static const char memory_events_text[] =
+    "{\"event\":\"job_start\",\"t_ns\":1,\"world\":2,\"ckpt\":\"mem\"}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"rank\":0,\"step\":2,\"bytes\":1000,\"save_ms\":1,"
+    "\"wait_ms\":0.5,\"saves\":1,\"mean_save_ms\":1,\"mean_wait_ms\":0.5}\n"
+    "{\"event\":\"mem_save\",\"uid\":1,\"rank\":1,\"step\":2,\"bytes\":3000,\"save_ms\":3,"
+    "\"wait_ms\":0,\"saves\":1}\n"
+    "{\"event\":\"mem_save\",\"uid\":1,\"rank\":1,\"step\":50,\"bytes\":3000,\"save_ms\":4,"
+    "\"wait_ms\":0,\"saves\":30}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"rank\":0,\"step\":100,\"bytes\":1000,\"save_ms\":2,"
+    "\"wait_ms\":1.5,\"saves\":50}\n"
+    "{\"event\":\"mem_restore\",\"uid\":2,\"step\":100,\"shard\":1,\"from\":\"local\","
+    "\"bytes\":3000,\"restore_ms\":4}\n"
+    "{\"event\":\"mem_restore\",\"uid\":3,\"step\":100,\"shard\":1,\"from\":\"node-1\","
+    "\"bytes\":3000,\"restore_ms\":6.0}\n"
+    "{\"event\":\"mem_restore\",\"uid\":4,\"step\":90,\"shard\":0,\"from\":\"persistent\","
+    "\"bytes\":4000,\"restore_ms\":10}\n"
+    "{\"event\":\"mem_restore\",\"uid\":5,\"step\":90,\"shard\":1,\"from\":\"persistent\","
+    "\"bytes\":2000,\"restore_ms\":10}\n"
+    /* A tier this reader does not know: a valid line, counted in neither. */
+    "{\"event\":\"mem_restore\",\"uid\":6,\"step\":90,\"shard\":1,\"from\":\"nvme\","
+    "\"bytes\":2000,\"restore_ms\":1}\n"
+    "{\"event\":\"mem_service_end\",\"sent\":4,\"received\":4,\"persisted\":3,"
+    "\"persisted_bytes\":6000000,\"persist_ms\":20}\n"
+    "{\"event\":\"mem_service_end\",\"persisted_bytes\":2000000,\"persist_ms\":20.0}\n"
+    /* Malformed, each skipped: */
+    "{\"event\":\"mem_save\",\"uid\":0,\"step\":3,\"bytes\":-1,\"save_ms\":1,\"wait_ms\":0,"
+    "\"saves\":2}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"step\":3,\"bytes\":9999,\"save_ms\":\"fast\","
+    "\"wait_ms\":0,\"saves\":2}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"step\":3,\"bytes\":9999,\"save_ms\":1,\"wait_ms\":0,"
+    "\"saves\":0}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"step\":3.0,\"bytes\":9999,\"save_ms\":1,"
+    "\"wait_ms\":0,\"saves\":2}\n"
+    "{\"event\":\"mem_save\",\"uid\":0,\"step\":3,\"bytes\":9999,\"save_ms\":1,"
+    "\"wait_ms\":-0.5,\"saves\":2}\n"
+    "{\"event\":\"mem_restore\",\"step\":1,\"bytes\":9999,\"restore_ms\":1}\n"
+    "{\"event\":\"mem_restore\",\"step\":1,\"from\":7,\"bytes\":9999,\"restore_ms\":1}\n"
+    "{\"event\":\"mem_restore\",\"step\":1,\"from\":\"local\",\"bytes\":9999,"
+    "\"restore_ms\":-2}\n"
+    "{\"event\":\"mem_restore\",\"step\":1,\"from\":\"persistent\",\"bytes\":9999,"
+    "\"restore_ms\":nan}\n"
+    "{\"event\":\"mem_service_end\",\"persisted_bytes\":100}\n"
+    "{\"event\":\"mem_service_end\",\"persisted_bytes\":-5,\"persist_ms\":1}\n"
+    "{\"event\":\"mem_service_end\",\"persisted_bytes\":100,\"persist_ms\":1\n";
+
+static void test_measured_memory_tier(void **state) {
+  (void)state;
+  const char *path = write_file("memory.jsonl", memory_events_text);
+  keel_model_measured measured;
+  assert_int_equal(keel_model_measure_file(path, &measured), KEEL_OK);
+  assert_int_equal(measured.lines, 24);
+  assert_int_equal(measured.skipped_lines, 12);
+  assert_int_equal(measured.mem_saves, 4);
+  assert_int_equal(measured.mem_state_bytes, 4000);
+  check_near(measured.mem_save_s, 0.0025, 1e-15, "mean save_ms");
+  check_near(measured.mem_wait_s, 0.0005, 1e-15, "mean wait_ms");
+  assert_int_equal(measured.mem_every_steps, 2);
+  assert_int_equal(measured.memory_restores, 2);
+  check_near(measured.memory_restore_s, 0.005, 1e-15, "mean restore from memory");
+  check_near(measured.memory_restore_bytes, 3000.0, 1e-9, "mean bytes from memory");
+  assert_int_equal(measured.disk_restores, 2);
+  check_near(measured.disk_restore_s, 0.010, 1e-15, "mean restore from disk");
+  check_relative(measured.disk_read_bytes_per_s, 300000.0, "disk: bytes over time");
+  assert_int_equal(measured.mem_services, 2);
+  assert_int_equal(measured.persisted_bytes, 8000000);
+  check_near(measured.persist_s, 0.040, 1e-15, "persist time summed");
+  /* Nothing else is taken from these lines. */
+  assert_int_equal(measured.recoveries + measured.restarts + measured.minibatch_samples, 0);
+  remove_written(path);
+}
+
+/* E needs two saves of one process within one job: a job_start between them (runs appended
+ * to one file number their uids afresh) and a single save tell nothing. A restore that took
+ * no time gives no disk speed. */
+static void test_measured_memory_interval_unknown(void **state) {
+  (void)state;
+  const char *path =
+      write_file("memory.jsonl",
+                 "{\"event\":\"mem_save\",\"uid\":0,\"step\":1,\"bytes\":8,\"save_ms\":1,"
+                 "\"wait_ms\":0,\"saves\":1}\n"
+                 "{\"event\":\"job_start\",\"t_ns\":1}\n"
+                 "{\"event\":\"mem_save\",\"uid\":0,\"step\":50,\"bytes\":8,\"save_ms\":1,"
+                 "\"wait_ms\":0,\"saves\":50}\n"
+                 "{\"event\":\"mem_restore\",\"step\":1,\"from\":\"persistent\",\"bytes\":8,"
+                 "\"restore_ms\":0}\n");
+  keel_model_measured measured;
+  assert_int_equal(keel_model_measure_file(path, &measured), KEEL_OK);
+  assert_int_equal(measured.skipped_lines, 0);
+  assert_int_equal(measured.mem_saves, 2);
+  assert_int_equal(measured.mem_every_steps, 0);
+  assert_int_equal(measured.disk_restores, 1);
+  assert_true(measured.disk_read_bytes_per_s == 0.0);
+  assert_int_equal(measured.mem_services, 0);
   remove_written(path);
 }
 
@@ -827,6 +1016,8 @@ int main(void) {
       cmocka_unit_test(test_paper_table8_known_differences),
       cmocka_unit_test(test_inprocess_recovery_cost),
       cmocka_unit_test(test_invalid_inputs),
+      cmocka_unit_test(test_wasted_per_failure),
+      cmocka_unit_test(test_wasted_invalid_inputs),
       cmocka_unit_test(test_measured_events),
       cmocka_unit_test(test_measured_long_line),
       cmocka_unit_test(test_measured_two_jobs),
@@ -834,6 +1025,8 @@ int main(void) {
       cmocka_unit_test(test_measured_restart_garbage),
       cmocka_unit_test(test_measured_restart_named_healthy),
       cmocka_unit_test(test_measured_empty_and_missing),
+      cmocka_unit_test(test_measured_memory_tier),
+      cmocka_unit_test(test_measured_memory_interval_unknown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

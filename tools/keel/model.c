@@ -19,6 +19,7 @@
 static const char usage_text[] =
     "usage: keel model [flags]\n"
     "       keel model placement --nodes N --replicas K --failed F (Gemini's placement odds)\n"
+    "       keel model wasted --measured FILE (wasted time per failure, Gemini's Figure 10)\n"
     "\n"
     "The wasted-GPU-time model of the JIT checkpointing paper (section 5): periodic\n"
     "checkpoints at the optimal frequency c* = sqrt(N f / 2o) (eq. 3) or at --interval\n"
@@ -184,11 +185,9 @@ static const char *kind_expects(value_kind kind) {
   return "a value";
 }
 
-/* "--name value" or "--name=value" at argv[*index]; moves *index past a separate value.
- * Returns the value, NULL when argv[*index] is another flag; *missing_p when it is this
- * flag without a value. */
-static const char *flag_value(int argc, char **argv, int *index, const char *name,
-                              bool *missing_p) {
+/* model_command.h has its contract: model_wasted.c reads its flags with it too. */
+const char *keel__model_flag_value(int argc, char **argv, int *index, const char *name,
+                                   bool *missing_p) {
   const char *argument = argv[*index];
   size_t length = strlen(name);
   if (strncmp(argument, name, length) != 0) return NULL;
@@ -236,7 +235,7 @@ static int parse_numeric_flag(int argc, char **argv, int *index, model_options *
   for (size_t i = 0; i < sizeof flag_specs / sizeof flag_specs[0]; i++) {
     const flag_spec *spec = &flag_specs[i];
     bool missing = false;
-    const char *text = flag_value(argc, argv, index, spec->name, &missing);
+    const char *text = keel__model_flag_value(argc, argv, index, spec->name, &missing);
     if (missing) return -usage_error("%s needs a value: %s", spec->name, kind_expects(spec->kind));
     if (text == NULL) continue;
     double value;
@@ -262,13 +261,13 @@ static int parse_options(int argc, char **argv, model_options *options) {
       options->help = true;
     } else if (strcmp(argument, "--json") == 0) {
       options->json = true;
-    } else if ((text = flag_value(argc, argv, &index, "--sweep", &missing)) != NULL) {
+    } else if ((text = keel__model_flag_value(argc, argv, &index, "--sweep", &missing)) != NULL) {
       if (!parse_sweep(text, options))
         return usage_error(
             "--sweep: '%s' is not a list of GPU counts such as 4,1024,8192 (at most %d)", text,
             SWEEP_MAXIMUM);
-    } else if (!missing &&
-               (text = flag_value(argc, argv, &index, "--measured", &missing)) != NULL) {
+    } else if (!missing && (text = keel__model_flag_value(argc, argv, &index, "--measured",
+                                                          &missing)) != NULL) {
       options->measured_path = text;
     } else if (missing) {
       return usage_error("%s needs a value", argument);
@@ -526,27 +525,27 @@ static void print_text_sweep(const model_options *options, const model_evaluatio
 /* ---- JSON: one object on one line; numbers with 10 significant digits; null where a
  * value does not exist (no optimum, no checkpoint ever) since JSON has no infinity. */
 
-static void json_key(const char *key, bool *first) {
+void keel__model_json_key(const char *key, bool *first) {
   printf("%s\"%s\":", *first ? "" : ",", key);
   *first = false;
 }
 
-static void json_number(const char *key, double value, bool *first) {
-  json_key(key, first);
+void keel__model_json_number(const char *key, double value, bool *first) {
+  keel__model_json_key(key, first);
   if (isfinite(value))
     printf("%.10g", value);
   else
     printf("null");
 }
 
-static void json_count(const char *key, size_t value, bool *first) {
-  json_key(key, first);
+void keel__model_json_count(const char *key, size_t value, bool *first) {
+  keel__model_json_key(key, first);
   printf("%zu", value);
 }
 
 /* A string value, escaped: a path may hold quotes, backslashes or control characters. */
-static void json_string(const char *key, const char *text, bool *first) {
-  json_key(key, first);
+void keel__model_json_string(const char *key, const char *text, bool *first) {
+  keel__model_json_key(key, first);
   putchar('"');
   for (const unsigned char *c = (const unsigned char *)text; *c != '\0'; c++) {
     if (*c == '"' || *c == '\\')
@@ -564,21 +563,21 @@ static void json_string(const char *key, const char *text, bool *first) {
 static void json_policy(const char *key, const keel_model_result *result, double optimal_interval_s,
                         bool *first) {
   bool inner = true;
-  json_key(key, first);
+  keel__model_json_key(key, first);
   printf("{");
-  json_number("interval_s", result->interval_s, &inner);
-  json_number("optimal_interval_s", optimal_interval_s, &inner);
-  json_number("checkpoints_per_hour", result->checkpoints_per_hour, &inner);
-  json_number("wasted_per_time", result->wasted_per_time, &inner);
-  json_number("wasted_fraction", result->wasted_fraction, &inner);
-  json_number("wasted_percent", 100.0 * result->wasted_fraction, &inner);
-  json_key("terms", &inner);
+  keel__model_json_number("interval_s", result->interval_s, &inner);
+  keel__model_json_number("optimal_interval_s", optimal_interval_s, &inner);
+  keel__model_json_number("checkpoints_per_hour", result->checkpoints_per_hour, &inner);
+  keel__model_json_number("wasted_per_time", result->wasted_per_time, &inner);
+  keel__model_json_number("wasted_fraction", result->wasted_fraction, &inner);
+  keel__model_json_number("wasted_percent", 100.0 * result->wasted_fraction, &inner);
+  keel__model_json_key("terms", &inner);
   bool terms = true;
   printf("{");
-  json_number("checkpoint", result->checkpoint_term, &terms);
-  json_number("overhead", result->overhead_term, &terms);
-  json_number("restart", result->restart_term, &terms);
-  json_number("redo", result->redo_term, &terms);
+  keel__model_json_number("checkpoint", result->checkpoint_term, &terms);
+  keel__model_json_number("overhead", result->overhead_term, &terms);
+  keel__model_json_number("restart", result->restart_term, &terms);
+  keel__model_json_number("redo", result->redo_term, &terms);
   printf("}}");
 }
 
@@ -586,7 +585,7 @@ static void json_policies(const model_evaluation *e, bool *first) {
   if (e->periodic_status == KEEL_OK) {
     json_policy("periodic_optimal", &e->optimal, e->optimal.interval_s, first);
   } else {
-    json_key("periodic_optimal", first);
+    keel__model_json_key("periodic_optimal", first);
     printf("null");
   }
   if (e->has_interval) {
@@ -607,55 +606,57 @@ static void json_inputs(const model_options *options, bool *first) {
       {"inprocess_recovery_s", INPUT_INPROCESS},
   };
   bool inner = true, sources = true;
-  json_key("inputs", first);
+  keel__model_json_key("inputs", first);
   printf("{");
-  json_number("failure_rate_per_gpu_s", failure_rate(options), &inner);
-  json_number("failures_per_day", options->values[INPUT_FAILURES], &inner);
-  json_number("per_gpus", options->values[INPUT_PER], &inner);
+  keel__model_json_number("failure_rate_per_gpu_s", failure_rate(options), &inner);
+  keel__model_json_number("failures_per_day", options->values[INPUT_FAILURES], &inner);
+  keel__model_json_number("per_gpus", options->values[INPUT_PER], &inner);
   for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
-    json_number(named[i].key, options->values[named[i].input], &inner);
+    keel__model_json_number(named[i].key, options->values[named[i].input], &inner);
   double interval = options->values[INPUT_INTERVAL];
-  json_number("interval_s", interval > 0.0 ? interval : INFINITY, &inner);
-  json_key("sources", &inner);
+  keel__model_json_number("interval_s", interval > 0.0 ? interval : INFINITY, &inner);
+  keel__model_json_key("sources", &inner);
   printf("{");
   for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
-    json_string(named[i].key, source_name(options->sources[named[i].input]), &sources);
+    keel__model_json_string(named[i].key, source_name(options->sources[named[i].input]), &sources);
   printf("}}");
 }
 
 static void json_measured(const model_options *options, bool *first) {
   const keel_model_measured *m = &options->measured;
   bool inner = true;
-  json_key("measured", first);
+  keel__model_json_key("measured", first);
   printf("{");
-  json_string("path", options->measured_path, &inner);
-  json_count("lines", m->lines, &inner);
-  json_count("skipped_lines", m->skipped_lines, &inner);
-  json_count("recoveries", m->recoveries, &inner);
-  json_count("state_recoveries", m->state_recoveries, &inner);
-  json_number("checkpoint_cost_s", m->state_recoveries > 0 ? m->checkpoint_cost_s : INFINITY,
-              &inner);
-  json_number("restart_cost_s", m->recoveries > 0 ? m->restart_cost_s : INFINITY, &inner);
-  json_number("inprocess_recovery_s", m->recoveries > 0 ? m->inprocess_recovery_s : INFINITY,
-              &inner);
-  json_number("redo_s", m->recoveries > 0 ? m->redo_s : INFINITY, &inner);
-  json_count("minibatch_steps", m->minibatch_samples, &inner);
-  json_number("minibatch_s", m->minibatch_samples > 0 ? m->minibatch_s : INFINITY, &inner);
-  json_count("faults", m->faults, &inner);
-  json_count("failed_exits", m->failed_exits, &inner);
-  json_count("redo_recoveries", m->redo_recoveries, &inner);
-  json_number("recovery_redo_minibatches",
-              m->redo_recoveries > 0 ? m->recovery_redo_minibatches : INFINITY, &inner);
-  json_count("restarts", m->restarts, &inner);
-  json_count("saved_restarts", m->saved_restarts, &inner);
-  json_number("jit_save_s", m->saved_restarts > 0 ? m->jit_save_s : INFINITY, &inner);
-  json_count("costed_restarts", m->costed_restarts, &inner);
-  json_number("jit_restart_cost_s", m->costed_restarts > 0 ? m->jit_restart_cost_s : INFINITY,
-              &inner);
-  json_count("redo_restarts", m->redo_restarts, &inner);
-  json_number("restart_redo_minibatches",
-              m->redo_restarts > 0 ? m->restart_redo_minibatches : INFINITY, &inner);
-  json_count("started_over", m->started_over, &inner);
+  keel__model_json_string("path", options->measured_path, &inner);
+  keel__model_json_count("lines", m->lines, &inner);
+  keel__model_json_count("skipped_lines", m->skipped_lines, &inner);
+  keel__model_json_count("recoveries", m->recoveries, &inner);
+  keel__model_json_count("state_recoveries", m->state_recoveries, &inner);
+  keel__model_json_number("checkpoint_cost_s",
+                          m->state_recoveries > 0 ? m->checkpoint_cost_s : INFINITY, &inner);
+  keel__model_json_number("restart_cost_s", m->recoveries > 0 ? m->restart_cost_s : INFINITY,
+                          &inner);
+  keel__model_json_number("inprocess_recovery_s",
+                          m->recoveries > 0 ? m->inprocess_recovery_s : INFINITY, &inner);
+  keel__model_json_number("redo_s", m->recoveries > 0 ? m->redo_s : INFINITY, &inner);
+  keel__model_json_count("minibatch_steps", m->minibatch_samples, &inner);
+  keel__model_json_number("minibatch_s", m->minibatch_samples > 0 ? m->minibatch_s : INFINITY,
+                          &inner);
+  keel__model_json_count("faults", m->faults, &inner);
+  keel__model_json_count("failed_exits", m->failed_exits, &inner);
+  keel__model_json_count("redo_recoveries", m->redo_recoveries, &inner);
+  keel__model_json_number("recovery_redo_minibatches",
+                          m->redo_recoveries > 0 ? m->recovery_redo_minibatches : INFINITY, &inner);
+  keel__model_json_count("restarts", m->restarts, &inner);
+  keel__model_json_count("saved_restarts", m->saved_restarts, &inner);
+  keel__model_json_number("jit_save_s", m->saved_restarts > 0 ? m->jit_save_s : INFINITY, &inner);
+  keel__model_json_count("costed_restarts", m->costed_restarts, &inner);
+  keel__model_json_number("jit_restart_cost_s",
+                          m->costed_restarts > 0 ? m->jit_restart_cost_s : INFINITY, &inner);
+  keel__model_json_count("redo_restarts", m->redo_restarts, &inner);
+  keel__model_json_number("restart_redo_minibatches",
+                          m->redo_restarts > 0 ? m->restart_redo_minibatches : INFINITY, &inner);
+  keel__model_json_count("started_over", m->started_over, &inner);
   printf("}");
 }
 
@@ -666,15 +667,15 @@ static void print_json(const model_options *options, const model_evaluation *row
   json_inputs(options, &first);
   if (options->measured_path != NULL) json_measured(options, &first);
   if (!sweep) {
-    json_number("gpus", rows[0].gpus, &first);
+    keel__model_json_number("gpus", rows[0].gpus, &first);
     json_policies(&rows[0], &first);
   } else {
-    json_key("rows", &first);
+    keel__model_json_key("rows", &first);
     printf("[");
     for (size_t i = 0; i < count; i++) {
       bool row = true;
       printf("%s{", i == 0 ? "" : ",");
-      json_number("gpus", rows[i].gpus, &row);
+      keel__model_json_number("gpus", rows[i].gpus, &row);
       json_policies(&rows[i], &row);
       printf("}");
     }
@@ -688,6 +689,8 @@ static void print_json(const model_options *options, const model_evaluation *row
 int keel__command_model(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "placement") == 0)
     return keel__command_model_placement(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "wasted") == 0)
+    return keel__command_model_wasted(argc - 1, argv + 1);
   model_options options = {0};
   int code = parse_options(argc, argv, &options);
   if (code != 0) return code;
