@@ -755,6 +755,13 @@ void keel__launcher_init(keel__launcher *launcher, const keel__run_options *opti
 /* After an orderly stop, one line on where the state went and how to go on. */
 static void launcher_say_where_state_is(const keel__launcher *launcher) {
   if (launcher->stop_signal == 0) return;
+  const keel__run_options *options = &launcher->options;
+  bool persisted = options->persist_every_steps > 0 || options->persist_every_ns > 0;
+  if (options->ckpt == KEEL__CKPT_MEM && !persisted) {
+    fprintf(stderr, "keel run: stopped (in-memory checkpoints end with the job: nothing was "
+                    "kept; --ckpt-persist-every keeps some on disk)\n");
+    return;
+  }
   if (launcher->ckpt_dir[0] == '\0') {
     fprintf(stderr, "keel run: stopped (no checkpoint policy: nothing was saved)\n");
     return;
