@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-netns`: allreduce across 4 nodes that are network namespaces (keel run --netns),
 # each on a link shaped to 1 and to 10 Gbit/s, for keel and for Gloo and Open MPI over the
-# same namespaces. Needs root (namespaces); without it, says so and exits 0.
+# same namespaces; then the steady-state overhead of in-memory checkpoints on such nodes
+# (bench/mem_overhead). Needs root (namespaces); without it, says so and exits 0.
 # Usage: scripts/bench_netns.sh BUILD_DIR
 #
 #   keel-netns    keel run --netns --nnodes 4 --nproc-per-node 1 --link-rate R -- bench/allreduce
@@ -15,15 +16,24 @@
 # rate and size, each implementation's median time and bus bandwidth (2(n-1)/n bytes / time)
 # as a fraction of the link rate. BENCH_NETNS_SIZES (default 1MiB,16MiB,64MiB),
 # BENCH_NETNS_RATES (default 1gbit,10gbit), BENCH_TIMEOUT_S (default 300 per command).
+#
+#   mem-overhead  bench/mem_overhead: ZeRO Fashion-MNIST on 4 netns nodes with shaped links, a
+#                 checkpoint every step (--ckpt mem, 2 replicas) against none, and Gemini's
+#                 Figure 16 ablation (blocking, at once, idle windows with 1 and 4 buffers);
+#                 its own table, after the allreduce one. About 9 minutes; its own time limit,
+#                 BENCH_MEM_TIMEOUT_S (default 1200); BENCH_MEM_OVERHEAD=0 skips it, and
+#                 BENCH_MEM_FLAGS passes flags to it (e.g. "--trials 5 --link-rate 2gbit").
 set -euo pipefail
 
 build=${1:-build}
 keel="$build/bin/keel"
 allreduce="$build/bench/allreduce"
+mem_overhead="$build/bench/mem_overhead"
 peers="$build/bench/peers"
 sizes=${BENCH_NETNS_SIZES:-1MiB,16MiB,64MiB}
 rates=${BENCH_NETNS_RATES:-1gbit,10gbit}
 limit=${BENCH_TIMEOUT_S:-300}
+mem_limit=${BENCH_MEM_TIMEOUT_S:-1200}
 nodes=4
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -31,7 +41,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "bench-netns: skipped: network namespaces need root"
   exit 0
 fi
-for program in "$keel" "$allreduce"; do
+for program in "$keel" "$allreduce" "$mem_overhead"; do
   if [ ! -x "$program" ]; then
     echo "bench-netns: $program is missing (build first: make build)" >&2
     exit 1
@@ -95,6 +105,20 @@ joined() {
   echo "$*"
 }
 
+# The checkpoint overhead runs its own jobs, one after another: no holder job, and a limit of
+# its own (15 jobs of 20-40 s). Its table waits in $work/mem_overhead.txt for the end.
+mem_overhead_run() {
+  [ "${BENCH_MEM_OVERHEAD:-1}" != 0 ] || return 0
+  echo "bench-netns: mem-overhead" >&2
+  local flags=()
+  read -r -a flags <<<"${BENCH_MEM_FLAGS:-}"
+  if ! timeout -k 10 "$mem_limit" "$mem_overhead" --keel "$keel" "${flags[@]}" \
+    >"$work/mem_overhead.txt" 2>"$work/mem_overhead.err"; then
+    echo "# mem-overhead: FAILED: $(tail -n 3 "$work/mem_overhead.err" | tr '\n' ' ')" \
+      >>"$work/mem_overhead.txt"
+  fi
+}
+
 IFS=, read -r -a rate_list <<<"$rates"
 for rate in "${rate_list[@]}"; do
   if run "keel-netns@$rate" "$keel" run --netns --nnodes "$nodes" --nproc-per-node 1 \
@@ -126,6 +150,7 @@ for rate in "${rate_list[@]}"; do
   fi
   stop_holder
 done
+mem_overhead_run
 
 # ---- the table, from the JSON lines (our own fixed format: awk is enough)
 echo "# allreduce across $nodes netns nodes, f32 sum, $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -146,3 +171,9 @@ awk '
     printf "%-8s %-14s %10s %12.1f %12.3f %10.2f\n", rate, impl, bytes, value($0, "time_us"), \
       busbw, busbw / link_gbps
   }' "$results"
+
+if [ -s "$work/mem_overhead.txt" ]; then
+  echo
+  echo "# in-memory checkpoints every step across $nodes netns nodes: $mem_overhead"
+  cat "$work/mem_overhead.txt"
+fi
