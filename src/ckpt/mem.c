@@ -113,6 +113,13 @@ static bool agent_looking(keel_ckpt_mem *mem) {
   return seen != 0 && keel_now_ns() - seen < AGENT_SILENT_NS;
 }
 
+/* Tells the agent a snapshot was sealed (it sleeps until then). */
+static void doorbell_ring(keel_ckpt_mem *mem) {
+  if (!agent_looking(mem)) return;
+  keel__ckpt_heartbeat *heartbeat = mem->heartbeat_slot.region.base;
+  keel__ckpt_futex_ring(&heartbeat->doorbell);
+}
+
 /* Whether every peer holds what slot i holds (or the slot holds nothing yet). */
 static bool slot_replicated(const keel_ckpt_mem *mem, int i) {
   const keel__ckpt_control *control = mem->control_slot.region.base;
@@ -127,14 +134,17 @@ static void replicas_wait(keel_ckpt_mem *mem, int i) {
   if (mem->config.replicas <= 1) return;
   int64_t timeout = keel_comm_timeout(keel_world(mem->ctx));
   int64_t deadline = keel_deadline_after_ns(timeout > 0 ? timeout : 30 * SECOND_NS);
-  while (!slot_replicated(mem, i) && agent_looking(mem)) {
+  keel__ckpt_control *control = mem->control_slot.region.base;
+  for (;;) {
+    uint32_t seen = atomic_load_explicit(&control->replicated_sequence, memory_order_acquire);
+    if (slot_replicated(mem, i) || !agent_looking(mem)) return;
     if (keel_now_ns() >= deadline) {
       KEEL_LOG_W(MODULE, "slot %d of rank %" PRIu32 " was not replicated in time: reused", i,
                  mem->slot_rank);
       return;
     }
-    struct timespec pause = {.tv_nsec = 100 * 1000};
-    nanosleep(&pause, NULL);
+    /* Woken when the agent marks a copy done; the timeout looks at its heartbeat again. */
+    keel__ckpt_futex_wait(&control->replicated_sequence, seen, 100 * 1000 * 1000);
   }
 }
 
@@ -259,6 +269,7 @@ static keel_status mem_on_commit(void *arg, uint64_t step) {
                                        &mem->slots[slot].region, copy_point, mem);
   if (status != KEEL_OK) return status;
   if (keel_fault_point(mem->ctx, "mem_saved")) slot_corrupt(mem, slot);
+  doorbell_ring(mem);
   int64_t wait_ns = copy_started - started;
   int64_t save_ns = keel_now_ns() - copy_started;
   if (mem->config.blocking) {

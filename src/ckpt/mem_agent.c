@@ -590,6 +590,7 @@ static keel_status push_commit(keel__ckpt_sender *sender, int64_t deadline) {
 /* The windows of the step in which a snapshot travels: the worker's profile, each shortened
  * by gamma for the spread between steps, the last unbounded. 0 without a profile. */
 #define WINDOW_GAMMA 0.9
+#define WINDOW_SLICE_NS (5 * 1000 * 1000)
 static uint32_t windows_read(const keel__ckpt_control *control, int64_t *start, int64_t *span) {
   uint32_t count = atomic_load_explicit(&control->window_count, memory_order_acquire);
   if (count > KEEL__CKPT_MAX_WINDOWS) return 0;
@@ -634,7 +635,8 @@ static void window_wait(keel_ckpt_agent *agent, const keel__ckpt_control *contro
     int64_t begin = atomic_load_explicit(&control->step_begin_ns, memory_order_relaxed);
     int64_t wait = begin + start_ns - keel_now_ns();
     if (wait <= 0) return;
-    struct timespec pause = {.tv_nsec = wait < 200000 ? wait : 200000};
+    /* In slices, to see a step that ends early. */
+    struct timespec pause = {.tv_nsec = wait < WINDOW_SLICE_NS ? wait : WINDOW_SLICE_NS};
     nanosleep(&pause, NULL);
   }
 }
@@ -747,7 +749,12 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
       continue;
     }
     all = false;
-    if (!agent->peers[p].failing)
+    /* A peer not registered yet (the job's first steps) is no news; one that fails is. */
+    if (!agent->peers[p].failing && status == KEEL_ENOTFOUND)
+      KEEL_LOG_I(MODULE, "node %" PRIu32 " has no snapshot service yet: rank %" PRIu32
+                 "'s copy of step %" PRIu64 " waits for the next", agent->peer_nodes[p],
+                 local->rank, identity.step);
+    else if (!agent->peers[p].failing)
       KEEL_LOG_W(MODULE, "rank %" PRIu32 "'s snapshot of step %" PRIu64 " did not reach node %" PRIu32
                  ": %s (said once until a copy reaches it again)", local->rank, identity.step,
                  agent->peer_nodes[p], keel_strerror(status));
@@ -759,6 +766,7 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
   if (keel__ckpt_region_seal(&local->slots[i].region) != seal) return;
   local->pushed[i] = seal;
   atomic_store_explicit(&control->replicated[i], seal, memory_order_release);
+  keel__ckpt_futex_ring(&control->replicated_sequence);
 }
 
 static void local_rank_close(local_rank *local) {
@@ -817,17 +825,22 @@ static bool replicate_once(keel_ckpt_agent *agent) {
 
 static void *replicate_main(void *arg) {
   keel_ckpt_agent *agent = arg;
+  keel__ckpt_heartbeat *page = agent->heartbeat.region.base;
   while (!stopping(agent)) {
+    uint32_t rung = atomic_load_explicit(&page->doorbell, memory_order_acquire);
     int64_t now = keel_now_ns();
     if (now - agent->rescanned_ns >= RESCAN_EVERY_NS) ranks_rescan(agent);
     if (now - agent->peers_refreshed_ns >= PEERS_REFRESH_NS) {
       peers_refresh(agent);
       persist_interval_agree(agent);
     }
-    if (!replicate_once(agent)) {
-      struct timespec pause = {.tv_nsec = 200 * 1000};
-      nanosleep(&pause, NULL);
+    /* Asleep until a worker seals a snapshot (the doorbell), or the next rescan. */
+    if (replicate_once(agent)) continue;
+    if (atomic_load_explicit(&page->doorbell, memory_order_acquire) != rung) {
+      agent->rescanned_ns = 0; /* rung, yet nothing known to send: a new rank's slots */
+      continue;
     }
+    keel__ckpt_futex_wait(&page->doorbell, rung, RESCAN_EVERY_NS);
   }
   return NULL;
 }

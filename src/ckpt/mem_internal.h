@@ -42,6 +42,14 @@ keel_status keel__ckpt_slots_list(const char *directory, const char *prefix,
                                   keel__ckpt_slot **slots_p, size_t *count_p);
 void keel__ckpt_slots_close(keel__ckpt_slot *slots, size_t count);
 
+/* A futex on a word of a shared mapping (between processes): waits while *word == expected,
+ * at most timeout_ns (a wake, a signal or the timeout ends it; callers check again); wakes
+ * every waiter. */
+void keel__ckpt_futex_wait(_Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns);
+void keel__ckpt_futex_wake(_Atomic uint32_t *word);
+/* Raises the word and wakes its waiters. */
+void keel__ckpt_futex_ring(_Atomic uint32_t *word);
+
 /* The identity of the snapshot a sealed region holds (its manifest decoded, no chunk
  * checked) and the seal it was read under: KEEL_ENOTFOUND when unsealed or rewritten
  * meanwhile, KEEL_ECORRUPT when malformed. */
@@ -69,13 +77,19 @@ typedef struct keel__ckpt_control {
   int64_t window_start_ns[KEEL__CKPT_MAX_WINDOWS];
   int64_t window_length_ns[KEEL__CKPT_MAX_WINDOWS];
   _Atomic uint32_t window_count;
-  uint8_t padding[4096 - 28 - 8 * KEEL__CKPT_OWN_SLOTS - 16 * KEEL__CKPT_MAX_WINDOWS];
+  /* Raised by the agent (and woken, a futex shared between processes) whenever it updates
+   * replicated[]: a worker waiting for its slot sleeps on it instead of polling. */
+  _Atomic uint32_t replicated_sequence;
+  uint8_t padding[4096 - 32 - 8 * KEEL__CKPT_OWN_SLOTS - 16 * KEEL__CKPT_MAX_WINDOWS];
 } keel__ckpt_control;
 _Static_assert(sizeof(keel__ckpt_control) == 4096, "the control page is one page");
 
 typedef struct keel__ckpt_heartbeat {
   _Atomic int64_t agent_ns; /* CLOCK_MONOTONIC, which every process of the host shares */
-  uint8_t padding[4096 - 8];
+  /* Raised and woken by a worker each time it seals a snapshot: the agent sleeps on it
+   * (a futex) instead of polling the slots. */
+  _Atomic uint32_t doorbell;
+  uint8_t padding[4096 - 12];
 } keel__ckpt_heartbeat;
 _Static_assert(sizeof(keel__ckpt_heartbeat) == 4096, "the heartbeat page is one page");
 #define KEEL__CKPT_HEARTBEAT_NAME "agent.heartbeat"

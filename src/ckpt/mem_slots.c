@@ -9,6 +9,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/mem_internal.h"
@@ -104,4 +107,19 @@ keel_status keel__ckpt_slots_list(const char *directory, const char *prefix,
 void keel__ckpt_slots_close(keel__ckpt_slot *slots, size_t count) {
   for (size_t i = 0; i < count; i++) keel__ckpt_slot_close(&slots[i]);
   free(slots);
+}
+
+void keel__ckpt_futex_wait(_Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+  struct timespec timeout = {.tv_sec = (time_t)(timeout_ns / 1000000000),
+                             .tv_nsec = (long)(timeout_ns % 1000000000)};
+  (void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &timeout, NULL, 0);
+}
+
+void keel__ckpt_futex_wake(_Atomic uint32_t *word) {
+  (void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+void keel__ckpt_futex_ring(_Atomic uint32_t *word) {
+  atomic_fetch_add_explicit(word, 1, memory_order_release);
+  keel__ckpt_futex_wake(word);
 }
