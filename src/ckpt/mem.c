@@ -19,6 +19,9 @@
 /* Events: the first save and then one in this many (the rest are counted in them). */
 #define SAVE_EVENT_EVERY 50
 #define FETCH_DEADLINE_NS (30 * SECOND_NS)
+#define PROFILE_SAMPLES 32
+/* The job's first steps are slower (caches, connections): not profiled. */
+#define PROFILE_SKIPPED_STEPS 2
 
 struct keel_ckpt_mem {
   keel_ctx *ctx;
@@ -39,9 +42,12 @@ struct keel_ckpt_mem {
    * begin), and the sums over the steps seen so far with the same number of collectives. */
   bool observing, profiled;
   int64_t step_begin_ns;
-  uint32_t collectives, profile_collectives, profile_samples;
+  uint32_t collectives, profile_collectives, profile_samples, steps_seen;
   int64_t begin_ns[KEEL__CKPT_MAX_WINDOWS - 1], end_ns[KEEL__CKPT_MAX_WINDOWS - 1];
-  int64_t begin_sum_ns[KEEL__CKPT_MAX_WINDOWS - 1], end_sum_ns[KEEL__CKPT_MAX_WINDOWS - 1];
+  /* The last PROFILE_SAMPLES typical steps (a ring): their median is the profile, so that
+   * a slow first step or an outlier does not move the windows. */
+  int64_t begin_samples_ns[KEEL__CKPT_MAX_WINDOWS - 1][PROFILE_SAMPLES];
+  int64_t end_samples_ns[KEEL__CKPT_MAX_WINDOWS - 1][PROFILE_SAMPLES];
 };
 
 /* KEEL_CKPT lists the policies: "mem" is this one's. */
@@ -187,11 +193,23 @@ static void profile_add(keel_ckpt_mem *mem) {
   if (count == 0 || count > KEEL__CKPT_MAX_WINDOWS - 1) return;
   if (mem->profile_samples == 0) mem->profile_collectives = count;
   if (count != mem->profile_collectives) return; /* a redone step: not typical */
+  uint32_t at = mem->profile_samples % PROFILE_SAMPLES;
   for (uint32_t i = 0; i < count; i++) {
-    mem->begin_sum_ns[i] += mem->begin_ns[i];
-    mem->end_sum_ns[i] += mem->end_ns[i];
+    mem->begin_samples_ns[i][at] = mem->begin_ns[i];
+    mem->end_samples_ns[i][at] = mem->end_ns[i];
   }
   mem->profile_samples++;
+}
+
+static int time_compare(const void *left, const void *right) {
+  int64_t a = *(const int64_t *)left, b = *(const int64_t *)right;
+  return (a > b) - (a < b);
+}
+
+/* The median of the first count samples (sorted in place). */
+static int64_t samples_median(int64_t *samples, uint32_t count) {
+  qsort(samples, count, sizeof *samples, time_compare);
+  return samples[count / 2];
 }
 
 /* The idle windows from the mean timeline: before the first collective, between each two,
@@ -199,9 +217,11 @@ static void profile_add(keel_ckpt_mem *mem) {
 static void profile_publish(keel_ckpt_mem *mem) {
   keel__ckpt_control *control = mem->control_slot.region.base;
   uint32_t count = mem->profile_collectives, samples = mem->profile_samples;
+  uint32_t kept = samples < PROFILE_SAMPLES ? samples : PROFILE_SAMPLES;
   int64_t previous_end = 0;
   for (uint32_t i = 0; i < count; i++) {
-    int64_t begin = mem->begin_sum_ns[i] / samples, end = mem->end_sum_ns[i] / samples;
+    int64_t begin = samples_median(mem->begin_samples_ns[i], kept);
+    int64_t end = samples_median(mem->end_samples_ns[i], kept);
     control->window_start_ns[i] = previous_end;
     control->window_length_ns[i] = begin > previous_end ? begin - previous_end : 0;
     previous_end = end;
@@ -228,7 +248,7 @@ static void mem_on_step_mark(void *arg, keel_step_mark mark, uint64_t step, uint
     atomic_store_explicit(&control->step_begin_ns, now_ns, memory_order_relaxed);
     atomic_store_explicit(&control->step, step, memory_order_release);
     if (!mem->profiled && mem->config.profile_steps > 0) {
-      if (mem->observing) profile_add(mem);
+      if (mem->observing && mem->steps_seen++ >= PROFILE_SKIPPED_STEPS) profile_add(mem);
       if (mem->profile_samples >= mem->config.profile_steps) profile_publish(mem);
     }
     mem->observing = !mem->profiled && mem->config.profile_steps > 0;

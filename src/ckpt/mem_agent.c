@@ -626,12 +626,21 @@ static void schedule_make(const keel_ckpt_agent *agent, uint64_t total, uint32_t
   }
 }
 
-/* Waits (briefly sleeping) until the worker's clock reaches the window, or its step moved on
- * (then every window of that step is past: the snapshot goes now). */
+/* Waits (briefly sleeping) until the worker's clock reaches the window in the step the
+ * snapshot travels in (the one it is the start of: it may not have begun yet, the commit
+ * still running), or that step has ended (then every window of it is past: the snapshot
+ * goes now, the iteration's end being the last window). */
 static void window_wait(keel_ckpt_agent *agent, const keel__ckpt_control *control, uint64_t step,
                         int64_t start_ns) {
-  while (!stopping(agent)) {
-    if (atomic_load_explicit(&control->step, memory_order_acquire) != step) return;
+  int64_t give_up = keel_deadline_after_ns(SECOND_NS);
+  while (!stopping(agent) && keel_now_ns() < give_up) {
+    uint64_t now_step = atomic_load_explicit(&control->step, memory_order_acquire);
+    if (now_step > step) return;
+    if (now_step < step) {
+      struct timespec pause = {.tv_nsec = 100 * 1000};
+      nanosleep(&pause, NULL);
+      continue;
+    }
     int64_t begin = atomic_load_explicit(&control->step_begin_ns, memory_order_relaxed);
     int64_t wait = begin + start_ns - keel_now_ns();
     if (wait <= 0) return;
