@@ -218,15 +218,20 @@ static bool parse_sweep(const char *text, model_options *options) {
   return options->sweep_count > 0;
 }
 
+int keel__model_usage_error_v(const char *command, const char *format, va_list arguments) {
+  fprintf(stderr, "%s: ", command);
+  vfprintf(stderr, format, arguments);
+  fprintf(stderr, " (try %s --help)\n", command);
+  return KEEL__EXIT_USAGE;
+}
+
 /* Says what is wrong on stderr, once, and returns the usage exit code. */
 __attribute__((format(printf, 1, 2))) static int usage_error(const char *format, ...) {
   va_list arguments;
   va_start(arguments, format);
-  fputs("keel model: ", stderr);
-  vfprintf(stderr, format, arguments);
-  fputs(" (try keel model --help)\n", stderr);
+  int code = keel__model_usage_error_v("keel model", format, arguments);
   va_end(arguments);
-  return KEEL__EXIT_USAGE;
+  return code;
 }
 
 /* One of the table's numeric flags at argv[*index]: 1 when taken, 0 when argv[*index] is

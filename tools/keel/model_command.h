@@ -4,6 +4,8 @@
 #ifndef KEEL_MODEL_COMMAND_H
 #define KEEL_MODEL_COMMAND_H
 
+#include <stdarg.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -37,5 +39,8 @@ void keel__model_json_key(const char *key, bool *first);
 void keel__model_json_number(const char *key, double value, bool *first);
 void keel__model_json_count(const char *key, size_t value, bool *first);
 void keel__model_json_string(const char *key, const char *text, bool *first);
+
+/* Prints "COMMAND: <message> (try COMMAND --help)" on stderr; returns the usage exit code. */
+int keel__model_usage_error_v(const char *command, const char *format, va_list arguments);
 
 #endif

@@ -151,11 +151,9 @@ static const char *kind_expects(value_kind kind) {
 __attribute__((format(printf, 1, 2))) static int usage_error(const char *format, ...) {
   va_list arguments;
   va_start(arguments, format);
-  fputs("keel model wasted: ", stderr);
-  vfprintf(stderr, format, arguments);
-  fputs(" (try keel model wasted --help)\n", stderr);
+  int code = keel__model_usage_error_v("keel model wasted", format, arguments);
   va_end(arguments);
-  return KEEL__EXIT_USAGE;
+  return code;
 }
 
 /* One of the inputs' flags at argv[*index]: 1 when taken, 0 when it is none of them, or
