@@ -4,7 +4,8 @@
  * ablation: blocking copies, copies sent at once, copies in the idle windows with 1 and with
  * several buffers. Configurations run interleaved, one trial each in turn. Needs root.
  * Usage: mem_overhead [--json] [--trials N] [--link-rate RATE] [--hidden LIST] [--steps S]
- *        [--warm-steps W] [--only NAME,...] [--keel PATH] [--example PATH] [--keep] [--verbose] */
+ *        [--global-batch B] [--warm-steps W] [--only NAME,...] [--keel PATH] [--example PATH]
+ * [--keep] [--verbose] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 #define DEFAULT_LINK_RATE "1gbit"
 #define DEFAULT_HIDDEN "1024,1024"
 #define DEFAULT_STEPS 150
+#define DEFAULT_GLOBAL_BATCH "256"
 #define DEFAULT_WARM_STEPS 20
 /* The goal and hard limit for the default configuration's overhead. */
 #define GOAL_PERCENT 1.0
@@ -73,7 +75,7 @@ static const configuration configurations[CONFIG_COUNT] = {
 typedef struct options {
   bool json, keep, verbose;
   int64_t trials, steps, warm_steps;
-  const char *link_rate, *hidden;
+  const char *link_rate, *hidden, *global_batch;
   bool wanted[CONFIG_COUNT];
   const char *keel_path, *example_path;
 } options;
@@ -105,7 +107,8 @@ static int parse_options(int argc, char **argv, options *opts) {
                     .steps = DEFAULT_STEPS,
                     .warm_steps = DEFAULT_WARM_STEPS,
                     .link_rate = DEFAULT_LINK_RATE,
-                    .hidden = DEFAULT_HIDDEN};
+                    .hidden = DEFAULT_HIDDEN,
+                    .global_batch = DEFAULT_GLOBAL_BATCH};
   for (int i = 0; i < CONFIG_COUNT; i++) opts->wanted[i] = true;
   static const struct option long_options[] = {{"json", no_argument, 0, 'j'},
                                                {"keep", no_argument, 0, 'k'},
@@ -115,6 +118,7 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"warm-steps", required_argument, 0, 'w'},
                                                {"link-rate", required_argument, 0, 'r'},
                                                {"hidden", required_argument, 0, 'h'},
+                                               {"global-batch", required_argument, 0, 'b'},
                                                {"only", required_argument, 0, 'o'},
                                                {"keel", required_argument, 0, 'K'},
                                                {"example", required_argument, 0, 'E'},
@@ -129,6 +133,11 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'E') opts->example_path = optarg;
     if (option == 'r') ok = plain_word(opts->link_rate = optarg);
     if (option == 'h') ok = plain_word(opts->hidden = optarg);
+    if (option == 'b') {
+      int64_t batch; /* checked here: it goes into the JSON as a number */
+      ok = keel_parse_int(optarg, 1, 65536, &batch) == KEEL_OK;
+      opts->global_batch = optarg;
+    }
     if (option == 'o') ok = configurations_choose(optarg, opts->wanted);
     if (option == 't') ok = keel_parse_int(optarg, 1, MAX_TRIALS, &opts->trials) == KEEL_OK;
     if (option == 's') ok = keel_parse_int(optarg, 2, 100000, &opts->steps) == KEEL_OK;
@@ -307,8 +316,10 @@ static keel_status job_start(const driver *d, int which, bench_job *job) {
     argv[argc++] = "--ckpt";
     argv[argc++] = configurations[which].ckpt;
   }
-  const char *tail[] = {"--",      d->example, "--zero", "--hidden", d->opts->hidden,
-                        "--steps", steps,      "--quiet"};
+  const char *tail[] = {"--",       d->example,       "--zero",
+                        "--hidden", d->opts->hidden,  "--steps",
+                        steps,      "--global-batch", d->opts->global_batch,
+                        "--quiet"};
   for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[argc++] = tail[i];
   argv[argc] = NULL;
   return bench_job_spawn(job, argv, NULL);
@@ -506,12 +517,12 @@ static int64_t state_bytes_of(const summary *summaries, const bool *ran) {
 static void header_print(const options *opts, const summary *summaries, const bool *ran) {
   printf(
       "in-memory checkpoint every step, replicas=2: keel run --netns --nnodes %d "
-      "--nproc-per-node 1 --link-rate %s -- fashion_mnist --zero --hidden %s --steps %" PRId64
-      "; state per rank %" PRId64
+      "--nproc-per-node 1 --link-rate %s -- fashion_mnist --zero --hidden %s --global-batch %s "
+      "--steps %" PRId64 "; state per rank %" PRId64
       " bytes (mem_save); steady state: rank 0's progress from "
       "step %" PRId64 " on; medians over %" PRId64 " interleaved trials\n",
-      NODES, opts->link_rate, opts->hidden, opts->steps, state_bytes_of(summaries, ran),
-      opts->warm_steps, opts->trials);
+      NODES, opts->link_rate, opts->hidden, opts->global_batch, opts->steps,
+      state_bytes_of(summaries, ran), opts->warm_steps, opts->trials);
   printf("%-10s %6s %6s %8s %8s %8s %9s %8s %8s %7s %5s  %s\n", "config", "trials", "failed",
          "step_ms", "min", "max", "overhead", "wait_ms", "save_ms", "job_s", "cpu%", "--ckpt");
 }
@@ -612,12 +623,12 @@ static void json_row(const summary *summaries, int which, bool first) {
 static void json_print(const options *opts, const summary *summaries, const bool *ran) {
   printf(
       "{\"bench\":\"mem_overhead\",\"nodes\":%d,\"per_node\":1,\"link_rate\":\"%s\","
-      "\"hidden\":\"%s\",\"steps\":%" PRId64 ",\"warm_steps\":%" PRId64 ",\"trials\":%" PRId64
-      ",\"state_bytes\":%" PRId64
+      "\"hidden\":\"%s\",\"global_batch\":%s,\"steps\":%" PRId64 ",\"warm_steps\":%" PRId64
+      ",\"trials\":%" PRId64 ",\"state_bytes\":%" PRId64
       ",\"goal_percent\":%.1f,\"limit_percent\":%.1f,"
       "\"configs\":[",
-      NODES, opts->link_rate, opts->hidden, opts->steps, opts->warm_steps, opts->trials,
-      state_bytes_of(summaries, ran), GOAL_PERCENT, LIMIT_PERCENT);
+      NODES, opts->link_rate, opts->hidden, opts->global_batch, opts->steps, opts->warm_steps,
+      opts->trials, state_bytes_of(summaries, ran), GOAL_PERCENT, LIMIT_PERCENT);
   bool first = true;
   for (int i = 0; i < CONFIG_COUNT; i++) {
     if (!ran[i]) continue;

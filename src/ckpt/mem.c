@@ -33,7 +33,7 @@ struct keel_ckpt_mem {
   keel__ckpt_slot slots[KEEL__CKPT_OWN_SLOTS];
   keel__ckpt_slot control_slot;
   keel__ckpt_slot heartbeat_slot; /* the agent's; file -1 until it is found */
-  uint32_t slot_rank; /* the rank the slots are named for */
+  uint32_t slot_rank;             /* the rank the slots are named for */
   bool slots_open;
   uint64_t saves;
   int64_t save_ns_total, wait_ns_total;
@@ -78,7 +78,8 @@ static keel_status slots_open(keel_ckpt_mem *mem, uint32_t rank) {
   if (mem->slots_open && mem->slot_rank == rank) return KEEL_OK;
   slots_close(mem);
   size_t bytes = 0;
-  keel_status status = keel_ckpt_memory_bytes(keel_state(mem->ctx), mem->config.chunk_bytes, &bytes);
+  keel_status status =
+      keel_ckpt_memory_bytes(keel_state(mem->ctx), mem->config.chunk_bytes, &bytes);
   char name[64];
   for (int i = 0; status == KEEL_OK && i < KEEL__CKPT_OWN_SLOTS; i++) {
     snprintf(name, sizeof name, "rank-%" PRIu32 ".slot-%d", rank, i);
@@ -88,8 +89,8 @@ static keel_status slots_open(keel_ckpt_mem *mem, uint32_t rank) {
   snprintf(name, sizeof name, "rank-%" PRIu32 ".control", rank);
   mem->control_slot.file = -1;
   if (status == KEEL_OK)
-    status = keel__ckpt_slot_open(mem->directory, name, sizeof(keel__ckpt_control),
-                                  &mem->control_slot);
+    status =
+        keel__ckpt_slot_open(mem->directory, name, sizeof(keel__ckpt_control), &mem->control_slot);
   if (status != KEEL_OK) {
     KEEL_LOG_E(MODULE, "cannot make the snapshot slots of rank %" PRIu32 " in %s: %s", rank,
                mem->directory, keel_strerror(status));
@@ -177,7 +178,8 @@ static void save_report(keel_ckpt_mem *mem, uint64_t step, int64_t save_ns, int6
   if (mem->saves != 1 && mem->saves % SAVE_EVENT_EVERY != 0) return;
   char fields[320];
   snprintf(fields, sizeof fields,
-           "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"save_ms\":%.3f,\"wait_ms\":%.3f,"
+           "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"save_ms\":%.3f,\"wait_ms\":%.3f,"
            "\"saves\":%" PRIu64 ",\"mean_save_ms\":%.3f,\"mean_wait_ms\":%.3f",
            step, keel_registry_bytes(keel_state(mem->ctx)), (double)save_ns / 1e6,
            (double)wait_ns / 1e6, mem->saves, (double)mem->save_ns_total / 1e6 / (double)mem->saves,
@@ -230,11 +232,26 @@ static void profile_publish(keel_ckpt_mem *mem) {
   control->window_length_ns[count] = INT64_MAX;
   atomic_store_explicit(&control->window_count, count + 1, memory_order_release);
   mem->profiled = true;
-  char fields[160];
-  snprintf(fields, sizeof fields, "\"steps\":%" PRIu32 ",\"collectives\":%" PRIu32
-           ",\"first_window_ms\":%.3f,\"last_window_start_ms\":%.3f",
-           samples, count, (double)control->window_length_ns[0] / 1e6,
-           (double)previous_end / 1e6);
+  char fields[160 + 48 * KEEL__CKPT_MAX_WINDOWS];
+  int used = snprintf(fields, sizeof fields,
+                      "\"steps\":%" PRIu32 ",\"collectives\":%" PRIu32
+                      ",\"first_window_ms\":%.3f,\"last_window_start_ms\":%.3f,\"windows_ms\":[",
+                      samples, count, (double)control->window_length_ns[0] / 1e6,
+                      (double)previous_end / 1e6);
+  /* Every window as [start, length] (the last, unbounded, has none). */
+  for (uint32_t i = 0; i <= count && used > 0 && (size_t)used < sizeof fields; i++) {
+    if (i == count)
+      used += snprintf(fields + used, sizeof fields - (size_t)used, "%s[%.3f]", i ? "," : "",
+                       (double)control->window_start_ns[i] / 1e6);
+    else
+      used += snprintf(fields + used, sizeof fields - (size_t)used, "%s[%.3f,%.3f]", i ? "," : "",
+                       (double)control->window_start_ns[i] / 1e6,
+                       (double)control->window_length_ns[i] / 1e6);
+  }
+  if (used > 0 && (size_t)used + 2 <= sizeof fields) {
+    fields[used] = ']';
+    fields[used + 1] = '\0';
+  }
   keel_report_event(mem->ctx, "mem_profile", fields);
 }
 
@@ -396,7 +413,8 @@ static keel_status peer_call(const char *address, const keel__ckpt_request *requ
     if (status == KEEL_OK) *step_p = value;
     return status;
   }
-  if (status == KEEL_OK && (value <= KEEL__CKPT_HEADER_BYTES || value > KEEL__CKPT_MAX_REGION_BYTES))
+  if (status == KEEL_OK &&
+      (value <= KEEL__CKPT_HEADER_BYTES || value > KEEL__CKPT_MAX_REGION_BYTES))
     status = KEEL_EPROTO;
   keel_ckpt_region region = {0};
   if (status == KEEL_OK) status = fetch_receive(link, value, deadline, &region);
@@ -415,7 +433,8 @@ static keel_status store_open(keel_ckpt_mem *mem) {
   const char *endpoint = getenv("KEEL_STORE");
   if (status == KEEL_OK && endpoint == NULL) status = KEEL_ENOTFOUND;
   if (status == KEEL_OK)
-    status = keel_store_connect(endpoint, &auth, keel_deadline_after_ns(5 * SECOND_NS), &mem->store);
+    status =
+        keel_store_connect(endpoint, &auth, keel_deadline_after_ns(5 * SECOND_NS), &mem->store);
   if (status != KEEL_OK)
     KEEL_LOG_W(MODULE, "cannot ask the job's store where the peers are: %s", keel_strerror(status));
   return status;
@@ -460,7 +479,8 @@ static keel_status peers_ask(keel_ckpt_mem *mem, const keel__ckpt_request *reque
 static keel_status mem_restore(void *context, keel_registry *registry, uint32_t index,
                                uint32_t count, uint64_t step) {
   keel_ckpt_mem *mem = context;
-  keel_ckpt_selector selector = keel__ckpt_selector_exact(keel_job_id(mem->ctx), index, count, step);
+  keel_ckpt_selector selector =
+      keel__ckpt_selector_exact(keel_job_id(mem->ctx), index, count, step);
   keel_ckpt_identity used;
   int64_t started = keel_now_ns();
   keel_status status = restore_local(mem, registry, &selector, &used);
@@ -469,8 +489,8 @@ static keel_status mem_restore(void *context, keel_registry *registry, uint32_t 
     return KEEL_OK;
   }
   char from[32];
-  keel__ckpt_request fetch = {.op = KEEL__CKPT_FETCH, .shard_index = index, .shard_count = count,
-                              .step = step};
+  keel__ckpt_request fetch = {
+      .op = KEEL__CKPT_FETCH, .shard_index = index, .shard_count = count, .step = step};
   status = peers_ask(mem, &fetch, registry, &selector, &used, NULL, from, sizeof from);
   if (status == KEEL_OK) restore_report(mem, &used, from, keel_now_ns() - started);
   return status == KEEL_OK ? KEEL_OK : KEEL_ENOTFOUND;
@@ -496,8 +516,8 @@ static keel_status mem_newest(void *context, uint32_t index, uint32_t count, uin
     }
     keel__ckpt_slots_close(slots, slot_count);
   }
-  keel__ckpt_request probe = {.op = KEEL__CKPT_PROBE, .shard_index = index, .shard_count = count,
-                              .step = max_step};
+  keel__ckpt_request probe = {
+      .op = KEEL__CKPT_PROBE, .shard_index = index, .shard_count = count, .step = max_step};
   uint64_t remote = 0;
   if (peers_ask(mem, &probe, NULL, NULL, NULL, &remote, NULL, 0) == KEEL_OK &&
       (!found || remote > *step_p)) {
@@ -518,14 +538,18 @@ static const keel_state_source_ops mem_source = {
 static keel_status persisted_restore(void *context, keel_registry *registry, uint32_t index,
                                      uint32_t count, uint64_t step) {
   keel_ckpt_mem *mem = context;
-  keel_ckpt_selector selector = keel__ckpt_selector_exact(keel_job_id(mem->ctx), index, count, step);
+  keel_ckpt_selector selector =
+      keel__ckpt_selector_exact(keel_job_id(mem->ctx), index, count, step);
   keel_ckpt_identity used;
   int64_t started = keel_now_ns();
   keel_status status =
       keel_ckpt_persistent_restore(registry, mem->persist_directory, &selector, &used);
   if (status != KEEL_OK) return KEEL_ENOTFOUND;
-  KEEL_LOG_W(MODULE, "the job went back to step %" PRIu64 " of the persistent tier (%s): "
-             "no copy in memory had every shard", step, mem->persist_directory);
+  KEEL_LOG_W(MODULE,
+             "the job went back to step %" PRIu64
+             " of the persistent tier (%s): "
+             "no copy in memory had every shard",
+             step, mem->persist_directory);
   restore_report(mem, &used, "persistent", keel_now_ns() - started);
   return KEEL_OK;
 }
@@ -533,8 +557,10 @@ static keel_status persisted_restore(void *context, keel_registry *registry, uin
 static keel_status persisted_newest(void *context, uint32_t index, uint32_t count,
                                     uint64_t max_step, uint64_t *step_p) {
   keel_ckpt_mem *mem = context;
-  keel_ckpt_selector selector = {.job_id = keel_job_id(mem->ctx), .shard_index = index,
-                                 .shard_count = count, .max_step = max_step};
+  keel_ckpt_selector selector = {.job_id = keel_job_id(mem->ctx),
+                                 .shard_index = index,
+                                 .shard_count = count,
+                                 .max_step = max_step};
   return keel_ckpt_persistent_newest(mem->persist_directory, &selector, step_p);
 }
 
@@ -548,9 +574,8 @@ static const keel_state_source_ops persisted_source = {
 
 static keel_status mem_configure(keel_ckpt_mem *mem) {
   char error[256];
-  keel_status status =
-      keel_ckpt_mem_config_parse(getenv("KEEL_CKPT_MEM") ? getenv("KEEL_CKPT_MEM") : "",
-                                 &mem->config, error, sizeof error);
+  keel_status status = keel_ckpt_mem_config_parse(
+      getenv("KEEL_CKPT_MEM") ? getenv("KEEL_CKPT_MEM") : "", &mem->config, error, sizeof error);
   if (status != KEEL_OK) {
     KEEL_LOG_E(MODULE, "KEEL_CKPT_MEM: %s", error);
     return status;

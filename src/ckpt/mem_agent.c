@@ -115,15 +115,67 @@ static void fault_point(keel_ckpt_agent *agent, const char *point, int64_t count
 
 /* ---- serving one connection: copies from peers, fetches */
 
-typedef struct copy_target {
+/* The peer-copy slots a connection has mapped, kept from one copy to the next: mapping and
+ * pre-faulting the slot for every copy, then unmapping it, cost more CPU than receiving the
+ * copy (and that CPU is the training's). */
+#define MAPPED_SLOTS 8
+
+typedef struct mapped_slot {
+  uint32_t origin;
+  int index;
   keel__ckpt_slot slot;
-  bool open;
+} mapped_slot;
+
+typedef struct copy_target {
+  mapped_slot mapped[MAPPED_SLOTS];
+  uint32_t mapped_count, evict_next;
+  keel__ckpt_slot *slot; /* the copy being received; NULL: none */
   uint64_t next_offset;
 } copy_target;
 
-static void copy_target_close(copy_target *target) {
-  if (target->open) keel__ckpt_slot_close(&target->slot);
-  target->open = false;
+/* The copy being received is over (sealed, refused or abandoned); its slot stays mapped. */
+static void copy_target_end(copy_target *target) { target->slot = NULL; }
+
+static void copy_target_release(copy_target *target) {
+  copy_target_end(target);
+  for (uint32_t i = 0; i < target->mapped_count; i++)
+    keel__ckpt_slot_close(&target->mapped[i].slot);
+  target->mapped_count = 0;
+}
+
+/* Slot `index` of origin's copies, bytes long, from the mapped ones or newly mapped (sized,
+ * pre-faulted) in place of the one whose size is stale, or of the next one in turn. */
+static keel_status copy_target_map(keel_ckpt_agent *agent, copy_target *target, uint32_t origin,
+                                   int index, size_t bytes, keel__ckpt_slot **slot_p) {
+  mapped_slot *entry = NULL;
+  for (uint32_t i = 0; i < target->mapped_count && entry == NULL; i++) {
+    if (target->mapped[i].origin == origin && target->mapped[i].index == index)
+      entry = &target->mapped[i];
+  }
+  if (entry != NULL && entry->slot.region.bytes == bytes) {
+    *slot_p = &entry->slot;
+    return KEEL_OK;
+  }
+  if (entry != NULL) {
+    keel__ckpt_slot_close(&entry->slot);
+  } else if (target->mapped_count < MAPPED_SLOTS) {
+    entry = &target->mapped[target->mapped_count++];
+  } else {
+    entry = &target->mapped[target->evict_next];
+    target->evict_next = (target->evict_next + 1) % MAPPED_SLOTS;
+    keel__ckpt_slot_close(&entry->slot);
+  }
+  char name[64];
+  snprintf(name, sizeof name, "peer-%" PRIu32 ".slot-%d", origin, index);
+  *entry = (mapped_slot){.origin = origin, .index = index, .slot = {.file = -1}};
+  keel_status status = keel__ckpt_slot_open(agent->directory, name, bytes, &entry->slot);
+  if (status != KEEL_OK) {
+    /* Left in the table closed (and so never matched at this size). */
+    entry->slot = (keel__ckpt_slot){.file = -1};
+    return status;
+  }
+  *slot_p = &entry->slot;
+  return KEEL_OK;
 }
 
 /* Of the two slots of the origin's copies, the one that does not hold the newest complete
@@ -152,55 +204,62 @@ static int copy_slot_choose(keel_ckpt_agent *agent, uint32_t origin, size_t byte
 
 static keel_status serve_offer(keel_ckpt_agent *agent, const keel__ckpt_request *request,
                                copy_target *target) {
-  copy_target_close(target);
+  copy_target_end(target);
   size_t bytes = (size_t)request->region_bytes;
-  int slot = copy_slot_choose(agent, request->origin_rank, bytes);
-  char name[64];
-  snprintf(name, sizeof name, "peer-%" PRIu32 ".slot-%d", request->origin_rank, slot);
-  target->slot.file = -1;
-  keel_status status = keel__ckpt_slot_open(agent->directory, name, bytes, &target->slot);
+  int index = copy_slot_choose(agent, request->origin_rank, bytes);
+  keel__ckpt_slot *slot = NULL;
+  keel_status status = copy_target_map(agent, target, request->origin_rank, index, bytes, &slot);
   if (status != KEEL_OK) {
     KEEL_LOG_W(MODULE, "cannot keep a copy of rank %" PRIu32 "'s snapshot: %s",
                request->origin_rank, keel_strerror(status));
     return status;
   }
-  target->open = true;
-  keel__ckpt_region_unseal(&target->slot.region);
+  target->slot = slot;
+  keel__ckpt_region_unseal(&slot->region);
   /* The header but its seal word (bytes 32..39), which stays odd until the copy is checked. */
-  uint8_t *base = target->slot.region.base;
+  uint8_t *base = slot->region.base;
   memcpy(base, request->header, 32);
   memcpy(base + 40, request->header + 40, KEEL__CKPT_HEADER_BYTES - 40);
   target->next_offset = KEEL__CKPT_HEADER_BYTES;
   return KEEL_OK;
 }
 
+/* Where a DATA frame's payload goes: straight into the slot when it is the next piece of the
+ * copy (NULL otherwise: the link allocates it, and serve_data refuses it). */
+static uint8_t *copy_target_destination(const copy_target *target, const keel_frame *frame) {
+  if (target->slot == NULL || frame->type != KEEL_FRAME_CKPT_DATA ||
+      frame->tag != target->next_offset ||
+      frame->length > target->slot->region.bytes - target->next_offset)
+    return NULL;
+  return (uint8_t *)target->slot->region.base + frame->tag;
+}
+
 static keel_status serve_data(keel_ckpt_agent *agent, keel_link *link, const keel_frame *frame,
                               const void *payload, copy_target *target, int64_t deadline) {
-  if (!target->open || frame->tag != target->next_offset ||
-      frame->length > target->slot.region.bytes - target->next_offset)
-    return KEEL_EPROTO;
-  memcpy((uint8_t *)target->slot.region.base + frame->tag, payload, (size_t)frame->length);
+  uint8_t *destination = copy_target_destination(target, frame);
+  if (destination == NULL) return KEEL_EPROTO;
+  if (payload != destination) memcpy(destination, payload, (size_t)frame->length);
   target->next_offset += frame->length;
   if (agent->config.buffers == 0) return KEEL_OK;
   return keel__ckpt_send_reply(link, KEEL__CKPT_ACK, KEEL_OK, frame->tag, deadline);
 }
 
 static keel_status serve_commit(keel_ckpt_agent *agent, copy_target *target) {
-  if (!target->open || target->next_offset != target->slot.region.bytes) return KEEL_EPROTO;
-  keel__ckpt_region_seal_now(&target->slot.region);
+  if (target->slot == NULL || target->next_offset != target->slot->region.bytes) return KEEL_EPROTO;
+  keel__ckpt_region_seal_now(&target->slot->region);
   char reason[KEEL__CKPT_REASON_BYTES];
   keel_ckpt_identity identity;
-  keel_status status = keel__ckpt_region_check(&target->slot.region, &identity, NULL, reason);
+  keel_status status = keel__ckpt_region_check(&target->slot->region, &identity, NULL, reason);
   if (status != KEEL_OK) {
-    keel__ckpt_region_unseal(&target->slot.region);
+    keel__ckpt_region_unseal(&target->slot->region);
     KEEL_LOG_W(MODULE, "refused a peer's copy: %s", reason);
-    copy_target_close(target);
+    copy_target_end(target);
     return KEEL_ECORRUPT;
   }
   atomic_fetch_add(&agent->received, 1);
   KEEL_LOG_D(MODULE, "holds a copy of rank %" PRIu32 " at step %" PRIu64, identity.rank,
              identity.step);
-  copy_target_close(target);
+  copy_target_end(target);
   return KEEL_OK;
 }
 
@@ -250,8 +309,8 @@ static keel_status serve_fetch(keel_ckpt_agent *agent, keel_link *link,
     status = keel__ckpt_send_region(link, region, 0, agent->config.chunk_bytes, 0, deadline);
   if (status == KEEL_OK) {
     bool same = keel__ckpt_region_seal(region) == seal;
-    status = keel__ckpt_send_reply(link, KEEL__CKPT_FETCH, same ? KEEL_OK : KEEL_EAGAIN, 0,
-                                   deadline);
+    status =
+        keel__ckpt_send_reply(link, KEEL__CKPT_FETCH, same ? KEEL_OK : KEEL_EAGAIN, 0, deadline);
   }
   keel__ckpt_slots_close(slots, count);
   return status;
@@ -280,21 +339,77 @@ static keel_status serve_frame(keel_ckpt_agent *agent, keel_link *link, const ke
   }
 }
 
+/* A connection's frames as the link completes them. DATA frames are served at once (their
+ * payload lands in the slot itself); a request waits until the link has read what there is,
+ * since serving it may receive on the link (a fetch's ACKs). A peer sends nothing after a
+ * request until it has its answer, so one at a time. */
+typedef struct connection_reader {
+  keel_ckpt_agent *agent;
+  keel_link *link;
+  copy_target *target;
+  keel_status status;
+  bool request_pending;
+  keel_frame request;
+  void *request_payload;
+} connection_reader;
+
+static void *reader_destination(void *context, keel_link *link, const keel_frame *frame) {
+  (void)link;
+  connection_reader *reader = context;
+  return copy_target_destination(reader->target, frame);
+}
+
+static void reader_complete(void *context, keel_link *link, const keel_frame *frame, void *payload,
+                            keel_status status) {
+  connection_reader *reader = context;
+  bool ours = payload != NULL && payload == copy_target_destination(reader->target, frame);
+  if (status == KEEL_ECANCELED) return;
+  if (reader->status == KEEL_OK) reader->status = status;
+  if (reader->status == KEEL_OK && frame->type == KEEL_FRAME_CKPT_DATA) {
+    reader->status = serve_frame(reader->agent, link, frame, payload, reader->target);
+  } else if (reader->status == KEEL_OK && !reader->request_pending) {
+    reader->request_pending = true;
+    reader->request = *frame;
+    reader->request_payload = payload;
+    return;
+  } else if (reader->status == KEEL_OK) {
+    reader->status = KEEL_EPROTO; /* a second request before the first's answer */
+  }
+  if (!ours) free(payload);
+}
+
+/* Reads what the link has, then serves the request it completed, if any. */
+static keel_status connection_read(connection_reader *reader) {
+  keel_link_sink sink = {
+      .destination_cb = reader_destination, .complete_cb = reader_complete, .context = reader};
+  keel_status status;
+  do {
+    status = keel_link_recv_progress(reader->link, &sink);
+  } while (status == KEEL_OK && reader->status == KEEL_OK);
+  if (reader->request_pending) {
+    if (reader->status == KEEL_OK)
+      reader->status = serve_frame(reader->agent, reader->link, &reader->request,
+                                   reader->request_payload, reader->target);
+    free(reader->request_payload);
+    reader->request_pending = false;
+    reader->request_payload = NULL;
+  }
+  if (reader->status != KEEL_OK) return reader->status;
+  return status == KEEL_EAGAIN ? KEEL_OK : status;
+}
+
 static void *connection_main(void *arg) {
   connection *served = arg;
   keel_ckpt_agent *agent = served->agent;
-  copy_target target = {.open = false};
+  copy_target target = {.slot = NULL};
+  connection_reader reader = {
+      .agent = agent, .link = served->link, .target = &target, .status = KEEL_OK};
   while (!stopping(agent)) {
     struct pollfd ready = {.fd = keel_link_fd(served->link), .events = POLLIN};
     int polled = poll(&ready, 1, POLL_MS);
     if (polled < 0 && errno != EINTR) break;
     if (polled <= 0) continue;
-    keel_frame frame;
-    void *payload = NULL;
-    keel_status status =
-        keel_link_recv(served->link, &frame, &payload, keel_deadline_after_ns(CALL_DEADLINE_NS));
-    if (status == KEEL_OK) status = serve_frame(agent, served->link, &frame, payload, &target);
-    free(payload);
+    keel_status status = connection_read(&reader);
     if (status != KEEL_OK) {
       if (status != KEEL_ECLOSED)
         KEEL_LOG_W(MODULE, "closed a connection from uid %" PRIu32 ": %s",
@@ -302,7 +417,7 @@ static void *connection_main(void *arg) {
       break;
     }
   }
-  copy_target_close(&target);
+  copy_target_release(&target);
   atomic_store_explicit(&served->finished, true, memory_order_release);
   return NULL;
 }
@@ -430,11 +545,14 @@ static void persist_interval_agree(keel_ckpt_agent *agent) {
     agent->timed_steps = 1;
     return;
   }
-  if (step - agent->timed_first_step < PERSIST_TIMED_STEPS || begin <= agent->timed_first_ns) return;
-  double step_ns = (double)(begin - agent->timed_first_ns) / (double)(step - agent->timed_first_step);
+  if (step - agent->timed_first_step < PERSIST_TIMED_STEPS || begin <= agent->timed_first_ns)
+    return;
+  double step_ns =
+      (double)(begin - agent->timed_first_ns) / (double)(step - agent->timed_first_step);
   double steps = (double)agent->persist_every_ns / step_ns;
   char value[32];
-  int length = snprintf(value, sizeof value, "%" PRIu64, steps < 1.0 ? UINT64_C(1) : (uint64_t)(steps + 0.5));
+  int length = snprintf(value, sizeof value, "%" PRIu64,
+                        steps < 1.0 ? UINT64_C(1) : (uint64_t)(steps + 0.5));
   (void)keel_store_cas(agent->store, PERSIST_KEY, 0, value, (size_t)length, 0, NULL);
 }
 
@@ -456,8 +574,11 @@ static void persist_stage(keel_ckpt_agent *agent, local_rank *local, int i, uint
   bool busy = local->staged;
   pthread_mutex_unlock(&agent->persist_lock);
   if (busy) {
-    KEEL_LOG_I(MODULE, "rank %" PRIu32 "'s step %" PRIu64 " not persisted: the last write is still "
-               "going", local->rank, step);
+    KEEL_LOG_I(MODULE,
+               "rank %" PRIu32 "'s step %" PRIu64
+               " not persisted: the last write is still "
+               "going",
+               local->rank, step);
     return;
   }
   const keel_ckpt_region *region = &local->slots[i].region;
@@ -565,17 +686,20 @@ static keel_status push_offer(keel_ckpt_agent *agent, peer *to, uint32_t rank,
   if (to->address[0] == '\0') return KEEL_ENOTFOUND;
   keel_status status = KEEL_OK;
   if (to->link == NULL) {
-    status = keel__ckpt_connect(to->address, &agent->auth, keel_deadline_after_ns(CONNECT_DEADLINE_NS),
-                                &to->link);
+    status = keel__ckpt_connect(to->address, &agent->auth,
+                                keel_deadline_after_ns(CONNECT_DEADLINE_NS), &to->link);
     if (status != KEEL_OK) return status;
   }
-  keel__ckpt_request offer = {.op = KEEL__CKPT_OFFER, .origin_rank = rank,
+  keel__ckpt_request offer = {.op = KEEL__CKPT_OFFER,
+                              .origin_rank = rank,
                               .shard_index = identity->shard_index,
-                              .shard_count = identity->shard_count, .step = identity->step,
+                              .shard_count = identity->shard_count,
+                              .step = identity->step,
                               .region_bytes = region->bytes};
   memcpy(offer.header, region->base, KEEL__CKPT_HEADER_BYTES);
   status = keel__ckpt_send_request(to->link, &offer, deadline);
-  if (status == KEEL_OK) status = keel__ckpt_await_reply(to->link, KEEL__CKPT_OFFER, NULL, deadline);
+  if (status == KEEL_OK)
+    status = keel__ckpt_await_reply(to->link, KEEL__CKPT_OFFER, NULL, deadline);
   return status;
 }
 
@@ -583,7 +707,8 @@ static keel_status push_commit(keel__ckpt_sender *sender, int64_t deadline) {
   keel_status status = keel__ckpt_sender_drain(sender, deadline);
   keel__ckpt_request commit = {.op = KEEL__CKPT_COMMIT};
   if (status == KEEL_OK) status = keel__ckpt_send_request(sender->link, &commit, deadline);
-  if (status == KEEL_OK) status = keel__ckpt_await_reply(sender->link, KEEL__CKPT_COMMIT, NULL, deadline);
+  if (status == KEEL_OK)
+    status = keel__ckpt_await_reply(sender->link, KEEL__CKPT_COMMIT, NULL, deadline);
   return status;
 }
 
@@ -596,7 +721,8 @@ static uint32_t windows_read(const keel__ckpt_control *control, int64_t *start, 
   if (count > KEEL__CKPT_MAX_WINDOWS) return 0;
   for (uint32_t w = 0; w < count; w++) {
     start[w] = control->window_start_ns[w];
-    span[w] = w + 1 == count ? INT64_MAX : (int64_t)(WINDOW_GAMMA * (double)control->window_length_ns[w]);
+    span[w] =
+        w + 1 == count ? INT64_MAX : (int64_t)(WINDOW_GAMMA * (double)control->window_length_ns[w]);
   }
   return count;
 }
@@ -677,7 +803,8 @@ static void transfer_send(transfer *move, uint64_t bytes) {
     bytes -= piece;
     move->copy_left -= piece;
     if (move->copy_left > 0) continue;
-    if (move->statuses[c] == KEEL_OK) move->statuses[c] = push_commit(&move->senders[c], move->deadline);
+    if (move->statuses[c] == KEEL_OK)
+      move->statuses[c] = push_commit(&move->senders[c], move->deadline);
     move->copy++;
     move->copy_left = move->data_bytes;
   }
@@ -714,8 +841,12 @@ static void push_scheduled(keel_ckpt_agent *agent, local_rank *local, int i,
     active++;
   }
   if (active == 0) return;
-  transfer move = {.agent = agent, .peers = peers, .statuses = active_status, .senders = senders,
-                   .count = active, .data_bytes = region->bytes - KEEL__CKPT_HEADER_BYTES,
+  transfer move = {.agent = agent,
+                   .peers = peers,
+                   .statuses = active_status,
+                   .senders = senders,
+                   .count = active,
+                   .data_bytes = region->bytes - KEEL__CKPT_HEADER_BYTES,
                    .deadline = deadline};
   move.copy_left = move.data_bytes;
   int64_t start[KEEL__CKPT_MAX_WINDOWS], span[KEEL__CKPT_MAX_WINDOWS];
@@ -760,13 +891,15 @@ static void push_slot(keel_ckpt_agent *agent, local_rank *local, int i, uint64_t
     all = false;
     /* A peer not registered yet (the job's first steps) is no news; one that fails is. */
     if (!agent->peers[p].failing && status == KEEL_ENOTFOUND)
-      KEEL_LOG_I(MODULE, "node %" PRIu32 " has no snapshot service yet: rank %" PRIu32
-                 "'s copy of step %" PRIu64 " waits for the next", agent->peer_nodes[p],
-                 local->rank, identity.step);
+      KEEL_LOG_I(MODULE,
+                 "node %" PRIu32 " has no snapshot service yet: rank %" PRIu32
+                 "'s copy of step %" PRIu64 " waits for the next",
+                 agent->peer_nodes[p], local->rank, identity.step);
     else if (!agent->peers[p].failing)
-      KEEL_LOG_W(MODULE, "rank %" PRIu32 "'s snapshot of step %" PRIu64 " did not reach node %" PRIu32
-                 ": %s (said once until a copy reaches it again)", local->rank, identity.step,
-                 agent->peer_nodes[p], keel_strerror(status));
+      KEEL_LOG_W(MODULE,
+                 "rank %" PRIu32 "'s snapshot of step %" PRIu64 " did not reach node %" PRIu32
+                 ": %s (said once until a copy reaches it again)",
+                 local->rank, identity.step, agent->peer_nodes[p], keel_strerror(status));
     agent->peers[p].failing = true;
   }
   if (!all) peers_refresh(agent);
@@ -800,7 +933,8 @@ static void ranks_rescan(keel_ckpt_agent *agent) {
     if (known) continue;
     local_rank local = {.rank = rank};
     char name[64];
-    bool opened = keel__ckpt_slot_open(agent->directory, entry->d_name, 0, &local.control) == KEEL_OK;
+    bool opened =
+        keel__ckpt_slot_open(agent->directory, entry->d_name, 0, &local.control) == KEEL_OK;
     for (int i = 0; opened && i < KEEL__CKPT_OWN_SLOTS; i++) {
       snprintf(name, sizeof name, "rank-%u.slot-%d", rank, i);
       opened = keel__ckpt_slot_open(agent->directory, name, 0, &local.slots[i]) == KEEL_OK;
@@ -861,8 +995,8 @@ static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent
   agent->node = options->node;
   agent->nodes = options->nodes;
   agent->config = options->config;
-  agent->alpha_ns = 50e3;     /* a frame's round trip on a loaded host, about */
-  agent->bytes_per_ns = 1.0;  /* 1 GB/s until a copy has been timed */
+  agent->alpha_ns = 50e3;    /* a frame's round trip on a loaded host, about */
+  agent->bytes_per_ns = 1.0; /* 1 GB/s until a copy has been timed */
   if (options->directory == NULL || strlen(options->directory) >= sizeof agent->directory ||
       options->store == NULL || strlen(options->store) >= sizeof agent->store_endpoint ||
       options->host == NULL || options->nodes == 0)
@@ -876,8 +1010,8 @@ static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent
     agent->persist_every_steps = options->persist_every_steps;
     agent->persist_every_ns = options->persist_every_ns;
   }
-  uint32_t replicas = options->config.replicas < options->nodes ? options->config.replicas
-                                                                : options->nodes;
+  uint32_t replicas =
+      options->config.replicas < options->nodes ? options->config.replicas : options->nodes;
   keel_status status = keel_model_placement_make(options->nodes, replicas, &agent->placement);
   if (status != KEEL_OK) return status;
   /* A spare node (index past the job's nodes) sends where the node of its index modulo the
@@ -890,7 +1024,8 @@ static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent
   return KEEL_OK;
 }
 
-keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_ckpt_agent **agent_p) {
+keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options,
+                                  keel_ckpt_agent **agent_p) {
   if (options == NULL || agent_p == NULL) return KEEL_EINVAL;
   keel_ckpt_agent *agent = calloc(1, sizeof *agent);
   if (agent == NULL) return KEEL_ENOMEM;
@@ -901,7 +1036,8 @@ keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_c
   pthread_mutex_init(&agent->persist_lock, NULL);
   pthread_mutex_init(&agent->fault_lock, NULL);
   /* Rules for workers (rank=, uid=) never match the agent's uid. */
-  if ((status = keel_fault_plan_create(getenv("KEEL_FAULT"), UINT32_MAX, &agent->faults)) != KEEL_OK)
+  if ((status = keel_fault_plan_create(getenv("KEEL_FAULT"), UINT32_MAX, &agent->faults)) !=
+      KEEL_OK)
     goto fail_free;
   keel_fault_plan_set_node(agent->faults, options->node);
   pthread_cond_init(&agent->persist_wake, NULL);
@@ -913,7 +1049,8 @@ keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_c
   heartbeat_move(agent);
   char address[160];
   snprintf(address, sizeof address, "%s:0", options->host);
-  if ((status = keel_listener_open(address, &agent->listener)) != KEEL_OK) goto fail_close_heartbeat;
+  if ((status = keel_listener_open(address, &agent->listener)) != KEEL_OK)
+    goto fail_close_heartbeat;
   if (pthread_create(&agent->accept_thread, NULL, accept_main, agent) != 0) {
     status = KEEL_ENOMEM;
     goto fail_close_listener;

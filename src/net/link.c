@@ -185,12 +185,12 @@ keel_status keel_link_send_detach(keel_link *link) {
   size_t total = header_left + payload_left;
   uint8_t *copy = malloc(total > 0 ? total : 1);
   if (copy == NULL) {
-    KEEL_LOG_E(LOG_MODULE, "no memory to detach %zu unsent bytes to %s", total,
-               link->peer_address);
+    KEEL_LOG_E(LOG_MODULE, "no memory to detach %zu unsent bytes to %s", total, link->peer_address);
     return KEEL_ENOMEM;
   }
   memcpy(copy, link->send_header + link->send_header_sent, header_left);
-  if (payload_left > 0) memcpy(copy + header_left, link->send_payload + link->send_sent, payload_left);
+  if (payload_left > 0)
+    memcpy(copy + header_left, link->send_payload + link->send_sent, payload_left);
   link->send_detached = copy;
   link->send_header_sent = KEEL_FRAME_HEADER_BYTES;
   link->send_payload = copy;
@@ -341,6 +341,22 @@ static keel_status link_recv_complete(keel_link *link, const keel_link_sink *sin
   return link->broken;
 }
 
+/* Before the caller polls a drained socket: inside a payload, wake it only once a good part
+ * of the rest has come (SO_RCVLOWAT; a socket that refuses it keeps waking at every byte). */
+static void link_low_mark_update(keel_link *link) {
+  int wanted = 1;
+  if (link->recv_in_payload && !link->recv_discarding) {
+    uint64_t remaining = link->recv_frame.length - link->recv_received;
+    wanted = remaining >= KEEL__RECEIVE_LOW_MARK_BYTES ? KEEL__RECEIVE_LOW_MARK_BYTES
+             : remaining > 0                           ? (int)remaining
+                                                       : 1;
+  }
+  int current = link->receive_low_mark > 0 ? link->receive_low_mark : 1;
+  if (wanted == current) return;
+  if (setsockopt(link->fd, SOL_SOCKET, SO_RCVLOWAT, &wanted, sizeof wanted) == 0)
+    link->receive_low_mark = wanted;
+}
+
 /* Reads from the socket into the free end of the staging buffer, at most limit bytes, and,
  * when direct is not NULL, first up to direct_length bytes straight into direct. Returns
  * KEEL_OK with the counts, KEEL_EAGAIN, or the error that broke the link. */
@@ -375,7 +391,10 @@ static keel_status link_read(keel_link *link, uint8_t *direct, size_t direct_len
     if (got >= 0) break;
     int error = errno;
     if (error == EINTR) continue;
-    if (error == EAGAIN || error == EWOULDBLOCK) return KEEL_EAGAIN;
+    if (error == EAGAIN || error == EWOULDBLOCK) {
+      link_low_mark_update(link);
+      return KEEL_EAGAIN;
+    }
     return link_fail(link, keel_status_from_errno(error), "recv: %s", strerror(error));
   }
   if (got == 0) {
@@ -428,9 +447,9 @@ static keel_status link_recv_run(keel_link *link, const keel_link_sink *sink, bo
       continue;
     }
     if (link->recv_discarding) {
-      size_t limit = one_frame ? (size_t)(remaining < KEEL__STAGING_BYTES ? remaining
-                                                                          : KEEL__STAGING_BYTES)
-                               : KEEL__STAGING_BYTES;
+      size_t limit =
+          one_frame ? (size_t)(remaining < KEEL__STAGING_BYTES ? remaining : KEEL__STAGING_BYTES)
+                    : KEEL__STAGING_BYTES;
       status = link_read(link, NULL, 0, limit, &direct_read);
     } else {
       /* The payload goes straight into its destination; read-ahead of what follows it
@@ -482,8 +501,8 @@ static void *capture_destination(void *context, keel_link *link, const keel_fram
   return frame->length <= capture->capacity ? capture->buffer : NULL;
 }
 
-static void capture_complete(void *context, keel_link *link, const keel_frame *frame,
-                             void *payload, keel_status status) {
+static void capture_complete(void *context, keel_link *link, const keel_frame *frame, void *payload,
+                             keel_status status) {
   link_capture *capture = context;
   if (status == KEEL_ECANCELED) return;
   capture->done = true;
@@ -496,7 +515,8 @@ keel_status keel_link_recv(keel_link *link, keel_frame *frame_p, void **payload_
                            int64_t deadline_ns) {
   if (link->recv_in_payload && !link->recv_destination_owned && !link->recv_discarding) {
     /* Finishing it here would hand the caller's own buffer back as ours to free. */
-    KEEL_LOG_E(LOG_MODULE, "keel_link_recv while keel_link_recv_progress has a frame in a "
+    KEEL_LOG_E(LOG_MODULE,
+               "keel_link_recv while keel_link_recv_progress has a frame in a "
                "caller's buffer; finish or abandon it first");
     return KEEL_EINVAL;
   }

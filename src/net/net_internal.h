@@ -15,6 +15,10 @@
 /* Bytes read ahead from the socket in one recv: whole small frames arrive in one system
  * call, while large payloads are read straight into their destination. */
 #define KEEL__STAGING_BYTES 16384
+/* Inside a large payload, a poll for more wakes only once this much of it has come (or all
+ * that is left of it): one wake per few hundred kilobytes instead of one per few packets.
+ * The bytes are sure to come, the sender writing whole frames. */
+#define KEEL__RECEIVE_LOW_MARK_BYTES (128 * 1024)
 /* Room for "[ipv6]:port" and a NUL. */
 #define KEEL__ADDRESS_BYTES 64
 
@@ -51,6 +55,8 @@ struct keel_link {
   /* Bytes read from the socket and not yet consumed: [staged_start, staged_end). */
   size_t staged_start;
   size_t staged_end;
+  /* The socket's SO_RCVLOWAT as last set (0: the kernel's default, 1). */
+  int receive_low_mark;
   uint8_t staging[KEEL__STAGING_BYTES];
 };
 
