@@ -6,12 +6,12 @@
  * keel_ckpt_memory_restore does; beside memcpy of the same bytes into the same kind of
  * mapping (the goal: >= 0.8 of it). To show where the time goes: crc32c of the bytes alone,
  * memcpy into freshly allocated memory (the staging copy), and copy_crc (the save's loop
- * alone: the crc32c, then a streaming copy, of each piece). The peer is torch.save of
- * float32 tensors of the same sizes to /dev/shm by /usr/bin/python3.
- * Single thread. Each round runs every operation once, so that a noisy neighbour slows them
- * alike; one untimed round first, then --repeat timed rounds: best and median, in GB/s
- * (10^9 bytes) of the registered bytes. The state is checked after every restore.
- * Usage: mem_snapshot [--bytes SIZE] [--repeat R] [--chunk SIZE] [--json] */
+ * alone: keel_crc32c_copy, a streaming copy that checksums the same loads). The peer is torch.save
+ * of float32 tensors of the same sizes to /dev/shm by /usr/bin/python3. Single thread. Each round
+ * runs every operation once, so that a noisy neighbour slows them alike; one untimed round first,
+ * then --repeat timed rounds: best and median, in GB/s (10^9 bytes) of the registered bytes. The
+ * state is checked after every restore. Usage: mem_snapshot [--bytes SIZE] [--repeat R] [--chunk
+ * SIZE] [--json] */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -22,10 +22,6 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #include "bench_stats.h"
 #include "ckpt/mem_internal.h"
@@ -73,7 +69,7 @@ static const operation_info operations[OPERATION_COUNT] = {
     {"keel_restore_in_place",
      "what --ckpt mem does with a rank's own slot: every crc checked in place, one copy"},
     {"crc32c", "keel_crc32c of every chunk, alone"},
-    {"copy_crc", "a one-pass save: per 256 KiB piece, crc32c then a streaming copy"},
+    {"copy_crc", "keel_crc32c_copy of every chunk alone (the save's inner loop)"},
     {"memcpy_fresh", "malloc + memcpy into it + free (the restore's staging copy)"},
 };
 
@@ -221,55 +217,18 @@ static uint32_t crc_chunks(const bench *b) {
   return folded;
 }
 
-/* A copy with non-temporal stores, as glibc's memcpy makes of large blocks (past a
- * threshold set from the L3's size): without them the destination is read into the cache before it
- * is written, a third stream of memory traffic. For the pieces of copy_crc, which memcpy copies
- * through the cache. The caller fences (copy_crc_pieces, once at the end). */
-static void copy_streaming(uint8_t *out, const uint8_t *in, size_t bytes) {
-#ifdef __SSE2__
-  size_t head = (16 - ((uintptr_t)out & 15)) & 15;
-  if (head > bytes) head = bytes;
-  memcpy(out, in, head);
-  size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    __m128i v0 = _mm_loadu_si128((const __m128i *)(in + i));
-    __m128i v1 = _mm_loadu_si128((const __m128i *)(in + i + 16));
-    __m128i v2 = _mm_loadu_si128((const __m128i *)(in + i + 32));
-    __m128i v3 = _mm_loadu_si128((const __m128i *)(in + i + 48));
-    _mm_stream_si128((__m128i *)(out + i), v0);
-    _mm_stream_si128((__m128i *)(out + i + 16), v1);
-    _mm_stream_si128((__m128i *)(out + i + 32), v2);
-    _mm_stream_si128((__m128i *)(out + i + 48), v3);
-  }
-  memcpy(out + i, in + i, bytes - i);
-#else
-  memcpy(out, in, bytes);
-#endif
-}
-
-/* What a save in one pass over the source could reach: the crc of each piece, which brings
- * it into the cache, then its copy from there, instead of a crc pass and then a copy pass
- * over the whole state. The crcs are chained over each chunk: the same as crc_chunks's. */
-#define PIECE_BYTES ((size_t)256 << 10)
+/* The save's inner loop alone: keel_crc32c_copy of each chunk (a streaming copy that
+ * computes the crc from the same loads, three crc chains at once). */
 static uint32_t copy_crc_pieces(const bench *b, uint8_t *out) {
   uint32_t folded = 0;
   for (int i = 0; i < BUFFER_COUNT; i++) {
     for (size_t start = 0; start < b->sizes[i]; start += b->opts->chunk_bytes) {
       size_t left = b->sizes[i] - start;
       size_t length = left < b->opts->chunk_bytes ? left : (size_t)b->opts->chunk_bytes;
-      uint32_t crc = 0;
-      for (size_t piece = 0; piece < length; piece += PIECE_BYTES) {
-        size_t bytes = length - piece < PIECE_BYTES ? length - piece : PIECE_BYTES;
-        crc = keel_crc32c(crc, b->buffers[i] + start + piece, bytes);
-        copy_streaming(out + start + piece, b->buffers[i] + start + piece, bytes);
-      }
-      folded ^= crc;
+      folded ^= keel_crc32c_copy(0, out + start, b->buffers[i] + start, length);
     }
     out += b->sizes[i];
   }
-#ifdef __SSE2__
-  _mm_sfence(); /* the streaming stores are weakly ordered: a seal store would follow here */
-#endif
   return folded;
 }
 
@@ -532,14 +491,16 @@ static void table_print(const bench *b, const figure *figures, const torch_resul
   } else {
     printf("%-21s MISSING: %s\n", "torch.save", torch->why);
   }
-  printf("# save and the in-place restore are one pass (crc32c of a piece, then a streaming "
-         "copy); copy_crc is that loop alone\n");
-  printf("# the staged restore (public keel_ckpt_memory_restore) pays a fresh staging copy: "
-         "memcpy_fresh + crc32c + memcpy = %.2f GB/s expected, %.2f measured\n",
-         serial_gbps(serial_gbps(figures[OPERATION_MEMCPY_FRESH].median_gbps,
-                                 figures[OPERATION_CRC].median_gbps),
-                     memcpy_gbps),
-         figures[OPERATION_RESTORE].median_gbps);
+  printf(
+      "# save and the in-place restore are one pass (keel_crc32c_copy: a streaming copy "
+      "that checksums the same loads); copy_crc is that loop alone\n");
+  printf(
+      "# the staged restore (public keel_ckpt_memory_restore) pays a fresh staging copy: "
+      "memcpy_fresh + crc32c + memcpy = %.2f GB/s expected, %.2f measured\n",
+      serial_gbps(serial_gbps(figures[OPERATION_MEMCPY_FRESH].median_gbps,
+                              figures[OPERATION_CRC].median_gbps),
+                  memcpy_gbps),
+      figures[OPERATION_RESTORE].median_gbps);
   printf(
       "# huge pages: shmem_enabled [%s], enabled [%s]; mapped now: ShmemPmdMapped %ld kB,"
       " AnonHugePages %ld kB\n",

@@ -99,6 +99,11 @@ int keel_poll_timeout_ms(int64_t deadline_ns);
  * crc (0 to start). */
 uint32_t keel_crc32c(uint32_t crc, const void *data, size_t length);
 uint32_t keel_crc32c_reference(uint32_t crc, const void *data, size_t length);
+/* Copies length bytes from source to destination (not overlapping) and returns the crc32c
+ * of them chained on crc, in one pass: the destination is written with non-temporal stores
+ * (it is not read back soon: a snapshot, a restored state) and the crc is computed from the
+ * same loads. */
+uint32_t keel_crc32c_copy(uint32_t crc, void *destination, const void *source, size_t length);
 
 /* ---- parsing of flags and KEEL_* environment values. Each returns KEEL_EINVAL with no
  * output written when the text is not a valid value. */

@@ -74,12 +74,6 @@ typedef struct keel__ckpt_region_header {
 keel_status keel__ckpt_buffer_check(const keel_ckpt_manifest *manifest, uint32_t index,
                                     const uint8_t *data, char *reason);
 
-/* Copies length bytes and returns their crc32c, reading the source once: each 256 KiB piece
- * is checksummed (which brings it into the cache) and then copied, with non-temporal stores
- * when streaming (a destination nobody reads soon: a snapshot slot). */
-uint32_t keel__ckpt_copy_with_crc(uint8_t *destination, const uint8_t *source, uint64_t length,
-                                  bool streaming);
-
 /* keel_ckpt_memory_save that calls copied(context, b) after buffer b is copied, before the
  * seal (a fault point inside the copy). */
 keel_status keel__ckpt_memory_save_with(const keel_registry *registry,

@@ -8,10 +8,6 @@
 
 #include "ckpt/mem_internal.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #define REGION_MAGIC 0x524b434bu /* "KCKR" in little-endian byte order */
 #define REGION_VERSION 1
 #define REGION_ALIGNMENT 64
@@ -50,54 +46,15 @@ keel_status keel_ckpt_memory_bytes(const keel_registry *registry, uint64_t chunk
   return region_layout(manifest_bytes, keel_registry_bytes(registry), &data_offset, bytes_p);
 }
 
-keel_status keel_ckpt_memory_save(const keel_registry *registry,
-                                  const keel_ckpt_identity *identity, uint64_t chunk_bytes,
-                                  const keel_ckpt_region *region) {
+keel_status keel_ckpt_memory_save(const keel_registry *registry, const keel_ckpt_identity *identity,
+                                  uint64_t chunk_bytes, const keel_ckpt_region *region) {
   return keel__ckpt_memory_save_with(registry, identity, chunk_bytes, region, NULL, NULL);
 }
 
-/* ---- one pass over the state: each piece is checksummed from the source (which brings it
- * into the cache) and then streamed to the region with non-temporal stores, so the state is
- * read once from memory and the region written once, never read (bench/mem_snapshot.c: two
- * passes ran at about half of memcpy's speed, this at about three quarters). */
-#define PIECE_BYTES ((size_t)256 << 10)
-
-static void stream_copy(uint8_t *destination, const uint8_t *source, size_t length) {
-#if defined(__SSE2__)
-  size_t head = (16 - (uintptr_t)destination % 16) % 16;
-  if (head > length) head = length;
-  memcpy(destination, source, head);
-  size_t at = head;
-  for (; at + 64 <= length; at += 64) {
-    __m128i a = _mm_loadu_si128((const __m128i *)(source + at));
-    __m128i b = _mm_loadu_si128((const __m128i *)(source + at + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(source + at + 32));
-    __m128i d = _mm_loadu_si128((const __m128i *)(source + at + 48));
-    _mm_stream_si128((__m128i *)(destination + at), a);
-    _mm_stream_si128((__m128i *)(destination + at + 16), b);
-    _mm_stream_si128((__m128i *)(destination + at + 32), c);
-    _mm_stream_si128((__m128i *)(destination + at + 48), d);
-  }
-  memcpy(destination + at, source + at, length - at);
-#else
-  memcpy(destination, source, length);
-#endif
-}
-
-uint32_t keel__ckpt_copy_with_crc(uint8_t *destination, const uint8_t *source, uint64_t length,
-                                  bool streaming) {
-  uint32_t crc = 0;
-  for (uint64_t at = 0; at < length; at += PIECE_BYTES) {
-    size_t piece = length - at < PIECE_BYTES ? (size_t)(length - at) : PIECE_BYTES;
-    crc = keel_crc32c(crc, source + at, piece);
-    if (streaming) {
-      stream_copy(destination + at, source + at, piece);
-    } else {
-      memcpy(destination + at, source + at, piece);
-    }
-  }
-  return crc;
-}
+/* ---- one pass over the state: keel_crc32c_copy checksums each piece as it streams it to
+ * the region with non-temporal stores, so the state is read once from memory and the region
+ * written once, never read (bench/mem_snapshot.c: two passes ran at about half of memcpy's
+ * speed). */
 
 /* Copies every buffer into the region from data_offset on, filling the manifest's crcs. */
 static void state_copy(const keel_registry *registry, keel_ckpt_manifest *manifest, uint8_t *data,
@@ -107,17 +64,14 @@ static void state_copy(const keel_registry *registry, keel_ckpt_manifest *manife
     const keel_ckpt_entry *entry = &manifest->buffers[b];
     for (uint32_t c = 0; c < entry->chunk_count; c++) {
       uint64_t start = (uint64_t)c * manifest->chunk_bytes;
-      uint64_t length = slot->bytes - start < manifest->chunk_bytes ? slot->bytes - start
-                                                                    : manifest->chunk_bytes;
+      uint64_t length =
+          slot->bytes - start < manifest->chunk_bytes ? slot->bytes - start : manifest->chunk_bytes;
       manifest->chunk_crc32c[entry->first_chunk + c] =
-          keel__ckpt_copy_with_crc(data + start, (const uint8_t *)slot->data + start, length, true);
+          keel_crc32c_copy(0, data + start, (const uint8_t *)slot->data + start, length);
     }
     data += slot->bytes;
     if (copied != NULL) copied(context, b);
   }
-#if defined(__SSE2__)
-  _mm_sfence(); /* the streamed stores are visible before anything written after */
-#endif
 }
 
 keel_status keel__ckpt_memory_save_with(const keel_registry *registry,
@@ -127,7 +81,8 @@ keel_status keel__ckpt_memory_save_with(const keel_registry *registry,
                                         void *context) {
   if (registry == NULL || !region_valid(region)) return KEEL_EINVAL;
   keel_ckpt_manifest manifest;
-  keel_status status = keel__ckpt_manifest_layout(registry, identity, chunk_bytes, false, &manifest);
+  keel_status status =
+      keel__ckpt_manifest_layout(registry, identity, chunk_bytes, false, &manifest);
   if (status != KEEL_OK) return status;
   size_t manifest_bytes = keel_ckpt_manifest_encoded_bytes(&manifest);
   uint64_t data_offset = 0;

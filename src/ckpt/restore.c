@@ -53,8 +53,8 @@ keel_status keel__ckpt_buffer_check(const keel_ckpt_manifest *manifest, uint32_t
   const keel_ckpt_entry *entry = &manifest->buffers[index];
   for (uint32_t c = 0; c < entry->chunk_count; c++) {
     uint64_t start = (uint64_t)c * manifest->chunk_bytes;
-    uint64_t length = entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start
-                                                                   : manifest->chunk_bytes;
+    uint64_t length =
+        entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start : manifest->chunk_bytes;
     uint32_t stored = manifest->chunk_crc32c[entry->first_chunk + c];
     uint32_t computed = keel_crc32c(0, data + start, length);
     if (stored != computed) {
@@ -108,7 +108,9 @@ static size_t candidates_select(const keel_registry *registry, const keel_ckpt_s
     } else if (identity->shard_index != selector->shard_index ||
                identity->step > selector->max_step || identity->step < selector->min_step) {
       /* Another shard's snapshot, or one of a step not asked for: not ours to use, not bad. */
-      KEEL_LOG_D(KEEL__CKPT_MODULE, "%s/%s holds shard %" PRIu32 " of step %" PRIu64 ": not asked for", where, candidate->label, identity->shard_index, identity->step);
+      KEEL_LOG_D(KEEL__CKPT_MODULE,
+                 "%s/%s holds shard %" PRIu32 " of step %" PRIu64 ": not asked for", where,
+                 candidate->label, identity->shard_index, identity->step);
       continue;
     } else if (selector->shard_count != 0 && identity->shard_count != selector->shard_count) {
       snprintf(reason, sizeof reason, "it is shard %" PRIu32 " of %" PRIu32 ", not of %" PRIu32,
@@ -142,8 +144,7 @@ static keel_status candidate_load_in_place(keel_registry *registry,
       uint64_t start = (uint64_t)c * manifest->chunk_bytes;
       uint64_t length = entry->bytes - start < manifest->chunk_bytes ? entry->bytes - start
                                                                      : manifest->chunk_bytes;
-      uint32_t computed =
-          keel__ckpt_copy_with_crc(destination + start, source + start, length, true);
+      uint32_t computed = keel_crc32c_copy(0, destination + start, source + start, length);
       uint32_t stored = manifest->chunk_crc32c[entry->first_chunk + c];
       if (computed == stored) continue;
       char rewritten[KEEL__CKPT_REASON_BYTES];
@@ -171,8 +172,8 @@ static keel_status candidate_load_staged(keel_registry *registry,
   if (*staging_p == NULL) {
     *staging_p = total <= SIZE_MAX ? malloc(total > 0 ? (size_t)total : 1) : NULL;
     if (*staging_p == NULL) {
-      KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: no memory to stage %" PRIu64 " bytes",
-                 where, total);
+      KEEL_LOG_E(KEEL__CKPT_MODULE, "restore from %s: no memory to stage %" PRIu64 " bytes", where,
+                 total);
       return KEEL_ENOMEM;
     }
   }
@@ -201,10 +202,9 @@ static keel_status candidates_load(keel_registry *registry, keel__ckpt_candidate
     const keel__ckpt_candidate *candidate = order[i];
     const keel_ckpt_identity *identity = &candidate->manifest.identity;
     reason[0] = '\0';
-    keel_status loaded =
-        candidate->ops->in_place != NULL
-            ? candidate_load_in_place(registry, candidate, reason)
-            : candidate_load_staged(registry, candidate, &staging, where, reason);
+    keel_status loaded = candidate->ops->in_place != NULL
+                             ? candidate_load_in_place(registry, candidate, reason)
+                             : candidate_load_staged(registry, candidate, &staging, where, reason);
     if (loaded == KEEL_ENOMEM) {
       status = KEEL_ENOMEM;
       break;

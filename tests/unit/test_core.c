@@ -34,6 +34,47 @@ static void test_crc32c_check_value(void **state) {
   assert_int_equal(keel_crc32c(0, block, sizeof block), 0x62A8AB43u);
 }
 
+/* The one-pass copy: the same crc as the reference and the same bytes as the source, at
+ * every alignment of both ends, for lengths below, at and around its pieces (48 KiB). */
+static void test_crc32c_copy_matches_reference(void **state) {
+  (void)state;
+  size_t maximum = ((size_t)1 << 20) + 64;
+  uint8_t *source = malloc(maximum + 16), *destination = malloc(maximum + 16);
+  assert_non_null(source);
+  assert_non_null(destination);
+  keel_random random;
+  keel_random_seed(&random, 7);
+  for (size_t i = 0; i < maximum + 16; i++) source[i] = (uint8_t)keel_random_next(&random);
+  static const size_t lengths[] = {0,
+                                   1,
+                                   63,
+                                   64,
+                                   200,
+                                   4096,
+                                   49151,
+                                   49152,
+                                   49153,
+                                   49152 + 15,
+                                   98304,
+                                   147456 + 17,
+                                   300001,
+                                   999999,
+                                   (size_t)1 << 20,
+                                   ((size_t)1 << 20) + 64};
+  for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
+    for (size_t shift = 0; shift < 16; shift += 5) {
+      size_t from = shift, to = (shift * 3 + i) % 16;
+      uint32_t seed = (uint32_t)keel_random_next(&random);
+      memset(destination, 0, maximum + 16);
+      uint32_t crc = keel_crc32c_copy(seed, destination + to, source + from, lengths[i]);
+      assert_int_equal(crc, keel_crc32c_reference(seed, source + from, lengths[i]));
+      if (lengths[i] > 0) assert_memory_equal(destination + to, source + from, lengths[i]);
+    }
+  }
+  free(destination);
+  free(source);
+}
+
 static void test_crc32c_fast_matches_reference(void **state) {
   (void)state;
   size_t maximum = (size_t)1 << 20;
@@ -96,10 +137,17 @@ static void test_parse_duration(void **state) {
     const char *text;
     int64_t nanoseconds;
   } valid[] = {
-      {"250ms", 250000000},  {"2s", 2000000000},       {"1.5s", 1500000000},
-      {"100us", 100000},     {"3m", 180000000000},     {"7", 7000000000},
-      {"0", 0},              {"12ns", 12},             {"1h", 3600000000000},
-      {"2min", 120000000000}, {"0.25", 250000000},
+      {"250ms", 250000000},
+      {"2s", 2000000000},
+      {"1.5s", 1500000000},
+      {"100us", 100000},
+      {"3m", 180000000000},
+      {"7", 7000000000},
+      {"0", 0},
+      {"12ns", 12},
+      {"1h", 3600000000000},
+      {"2min", 120000000000},
+      {"0.25", 250000000},
   };
   for (size_t i = 0; i < sizeof valid / sizeof valid[0]; i++) {
     int64_t value = -1;
@@ -107,8 +155,8 @@ static void test_parse_duration(void **state) {
     assert_int_equal(value, valid[i].nanoseconds);
   }
   static const char *const invalid[] = {
-      "", "s", "5sx", "5 s", "-1s", "abc", "1e30s", "nan", "infs", "5x", " 5s", "5s ",
-      "1..5s", "9300000000s", "0x10s", "-0", ".s",
+      "",   "s",   "5sx", "5 s",   "-1s",         "abc",   "1e30s", "nan", "infs",
+      "5x", " 5s", "5s ", "1..5s", "9300000000s", "0x10s", "-0",    ".s",
   };
   for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
     int64_t value = 12345;
@@ -125,10 +173,8 @@ static void test_parse_size(void **state) {
     const char *text;
     uint64_t size;
   } valid[] = {
-      {"4096", 4096},           {"64KiB", 65536},         {"1MiB", 1048576},
-      {"2GiB", 2147483648ull},  {"1k", 1000},             {"1M", 1000000},
-      {"0", 0},                 {"1.5KiB", 1536},         {"3G", 3000000000ull},
-      {"10B", 10},
+      {"4096", 4096},  {"64KiB", 65536}, {"1MiB", 1048576}, {"2GiB", 2147483648ull}, {"1k", 1000},
+      {"1M", 1000000}, {"0", 0},         {"1.5KiB", 1536},  {"3G", 3000000000ull},   {"10B", 10},
   };
   for (size_t i = 0; i < sizeof valid / sizeof valid[0]; i++) {
     uint64_t size = 1;
@@ -136,7 +182,8 @@ static void test_parse_size(void **state) {
     assert_int_equal(size, valid[i].size);
   }
   static const char *const invalid[] = {
-      "", "KiB", "1.5", "-1", "4096x", "1 MiB", "1e30", "1mib", "0.3k1", " 1", "1.0001k", "0x10", "+1",
+      "",     "KiB",   "1.5", "-1",      "4096x", "1 MiB", "1e30",
+      "1mib", "0.3k1", " 1",  "1.0001k", "0x10",  "+1",
   };
   for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
     uint64_t size = 777;
@@ -158,8 +205,8 @@ static void test_parse_int(void **state) {
   assert_true(value == INT64_MAX);
   assert_int_equal(keel_parse_int("-9223372036854775808", INT64_MIN, INT64_MAX, &value), KEEL_OK);
   assert_true(value == INT64_MIN);
-  static const char *const invalid[] = {"", "x", "4x", "101", "-1", "9223372036854775808",
-                                        "1.5", " 4", "4 ", "0x10", "-", "+"};
+  static const char *const invalid[] = {"",    "x",  "4x", "101",  "-1", "9223372036854775808",
+                                        "1.5", " 4", "4 ", "0x10", "-",  "+"};
   for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
     value = 55;
     assert_int_equal(keel_parse_int(invalid[i], 0, 100, &value), KEEL_EINVAL);
@@ -319,13 +366,13 @@ static void test_random_determinism(void **state) {
 static void test_status_names(void **state) {
   (void)state;
   int count = 0;
-#define CHECK_STATUS(name, value, text)                                        \
-  do {                                                                         \
-    assert_string_equal(keel_status_name(KEEL_##name), "KEEL_" #name);         \
-    assert_string_equal(keel_strerror(KEEL_##name), text);                     \
-    assert_true(strlen(text) > 0);                                             \
-    assert_true((value) <= 0);                                                 \
-    count++;                                                                   \
+#define CHECK_STATUS(name, value, text)                                \
+  do {                                                                 \
+    assert_string_equal(keel_status_name(KEEL_##name), "KEEL_" #name); \
+    assert_string_equal(keel_strerror(KEEL_##name), text);             \
+    assert_true(strlen(text) > 0);                                     \
+    assert_true((value) <= 0);                                         \
+    count++;                                                           \
   } while (0);
   KEEL_STATUS_TABLE(CHECK_STATUS)
 #undef CHECK_STATUS
@@ -395,6 +442,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crc32c_check_value),
       cmocka_unit_test(test_crc32c_fast_matches_reference),
+      cmocka_unit_test(test_crc32c_copy_matches_reference),
       cmocka_unit_test(test_crc32c_chaining),
       cmocka_unit_test(test_parse_duration),
       cmocka_unit_test(test_parse_size),
