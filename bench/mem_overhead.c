@@ -26,14 +26,17 @@
 #define MAX_TRIALS 50
 #define MAX_RANKS 64 /* above the ranks of these jobs */
 /* The defaults. 784-1024-1024-10 with Adam is 5.6 MB of state per rank (parameters, two
- * moments, a quarter each); each step's allgather and reduce-scatter send about 11 MB per
- * node, about 90 ms of a 1 Gbit/s link in a step of about 150 ms, so the link is busy but not
- * full, and a copy (about 45 ms) could fit in the compute between them. Faster links leave
- * this 2-core machine CPU-bound; a run takes 20-40 s. */
+ * moments, a quarter each); each step's allgather and reduce-scatter keep a 1 Gbit/s link
+ * busy about 120 ms, and a copy to the peer needs about 45 ms more. With a global batch of
+ * 2048 the compute between them is about 160 ms, so the copy fits in the link's idle time, as
+ * in Gemini's setting; with 256 it is about 50 ms (training alone keeps the link 64% busy,
+ * copy and training need 96% of the step), and no schedule can hide the copy. The workers'
+ * compute is this 2-core machine's CPU, which the copies' own CPU (sending, receiving,
+ * checking) takes from it. A run takes 50-60 s. */
 #define DEFAULT_LINK_RATE "1gbit"
 #define DEFAULT_HIDDEN "1024,1024"
 #define DEFAULT_STEPS 150
-#define DEFAULT_GLOBAL_BATCH "256"
+#define DEFAULT_GLOBAL_BATCH "2048"
 #define DEFAULT_WARM_STEPS 20
 /* The goal and hard limit for the default configuration's overhead. */
 #define GOAL_PERCENT 1.0
