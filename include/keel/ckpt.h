@@ -182,18 +182,18 @@ void keel_ckpt_persist_destroy(keel_ckpt_persist *persist);
  * failure restores it from its node's memory or fetches it from a peer that holds a copy. */
 
 typedef struct keel_ckpt_mem_config {
-  uint32_t replicas;    /* copies of each snapshot, its own node's included (1..8) */
-  uint64_t every_steps; /* a snapshot at every N-th commit (>= 1) */
-  uint32_t buffers;     /* chunks in flight to a peer before the first is acknowledged */
-  uint64_t chunk_bytes; /* the pieces a snapshot travels in (and its crc32c granule) */
-  bool blocking;        /* the baseline: the commit waits until every peer holds the snapshot */
+  uint32_t replicas;      /* copies of each snapshot, its own node's included (1..8) */
+  uint64_t every_steps;   /* a snapshot at every N-th commit (>= 1) */
+  uint32_t buffers;       /* chunks in flight to a peer before the first is acknowledged */
+  uint64_t chunk_bytes;   /* the pieces a snapshot travels in (and its crc32c granule) */
+  bool blocking;          /* the baseline: the commit waits until every peer holds the snapshot */
   uint32_t profile_steps; /* steps whose collectives are timed to learn the idle windows
                              (Gemini §5.4); 0: no windows, copies go out at once */
 } keel_ckpt_mem_config;
 
 /* Parses "replicas=2,every=1,buffers=4,chunk=4MiB,profile=10,blocking" (each key optional,
- * any order; defaults 2, 1, 4, 4 MiB, 10, not blocking). KEEL_EINVAL with a message in error (capacity
- * error_bytes) for anything else. */
+ * any order; defaults 2, 1, 4, 4 MiB, 10, not blocking). KEEL_EINVAL with a message in error
+ * (capacity error_bytes) for anything else. */
 keel_status keel_ckpt_mem_config_parse(const char *text, keel_ckpt_mem_config *config_p,
                                        char *error, size_t error_bytes);
 
@@ -217,11 +217,16 @@ void keel_ckpt_mem_destroy(keel_ckpt_mem *mem);
  * the job. Runs two threads of its own plus one per open connection; stops in
  * keel_ckpt_agent_stop. */
 typedef struct keel_ckpt_agent_options {
-  keel_auth auth;          /* the job's id and token */
-  const char *store;       /* the job's store endpoint (KEEL_STORE) */
-  const char *host;        /* the address to listen on, "127.0.0.1" or the node's */
-  const char *directory;   /* the node's folder of snapshots (made if missing) */
-  uint32_t node, nodes;    /* this node and how many the placement spreads over */
+  keel_auth auth;        /* the job's id and token */
+  const char *store;     /* the job's store endpoint (KEEL_STORE) */
+  const char *host;      /* the address to listen on, "127.0.0.1" or the node's */
+  const char *directory; /* the node's folder of snapshots (made if missing) */
+  uint32_t node, nodes;  /* this node and how many the placement spreads over */
+  /* Ranks node i starts with: i * ranks_per_node and up. A spare node (node >= nodes) whose
+   * workers take a rank of node i takes node i's place in the placement: it sends where node
+   * i sent and says in the store (ckpt/holder/<i>) that node i's copies now go to it. 0: no
+   * spare node takes a place. */
+  uint32_t ranks_per_node;
   keel_ckpt_mem_config config;
   /* The persistent tier behind memory (NULL: none): every persist_every_steps-th step, or
    * once persist_every_ns passed (0: not by time), the agent writes its node's snapshots
@@ -232,7 +237,8 @@ typedef struct keel_ckpt_agent_options {
   int64_t persist_every_ns;
 } keel_ckpt_agent_options;
 typedef struct keel_ckpt_agent keel_ckpt_agent;
-keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options, keel_ckpt_agent **agent_p);
+keel_status keel_ckpt_agent_start(const keel_ckpt_agent_options *options,
+                                  keel_ckpt_agent **agent_p);
 /* "host:port" the service listens on. */
 const char *keel_ckpt_agent_address(const keel_ckpt_agent *agent);
 /* What the service did so far. */

@@ -59,7 +59,11 @@ struct keel_ckpt_agent {
   keel_auth auth;
   char store_endpoint[512];
   char directory[PATH_MAX];
-  uint32_t node, nodes;
+  uint32_t node, nodes, ranks_per_node;
+  /* The node whose place this one holds in the placement: itself, or, for a spare node whose
+   * workers took a node's ranks, that node (UINT32_MAX: a spare node not yet in a place). */
+  uint32_t acting_node;
+  bool holder_published;
   keel_ckpt_mem_config config;
   keel_model_placement placement;
   keel_listener *listener;
@@ -485,8 +489,6 @@ static void peer_drop(peer *to) {
   to->link = NULL;
 }
 
-/* The peers' addresses from their node/<i> keys; a peer whose address changed (a node
- * replaced) is reconnected. */
 /* The replicate thread's connection to the job's store, opened on first use. */
 static bool store_ready(keel_ckpt_agent *agent) {
   return agent->store != NULL ||
@@ -494,20 +496,76 @@ static bool store_ready(keel_ckpt_agent *agent) {
                             keel_deadline_after_ns(CONNECT_DEADLINE_NS), &agent->store) == KEEL_OK;
 }
 
+#define HOLDER_PREFIX "ckpt/holder/"
+
+/* The service address in the store's prefix<node> (" ckpt=host:port" in its value). */
+static bool peer_address_get(keel_ckpt_agent *agent, const char *prefix, uint32_t node,
+                             char *address, size_t capacity) {
+  char key[48];
+  snprintf(key, sizeof key, "%s%" PRIu32, prefix, node);
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(agent->store, key, &entry) != KEEL_OK) return false;
+  bool found = keel__ckpt_agent_address_parse((const char *)entry->value, entry->value_length,
+                                              address, capacity);
+  keel_store_entry_free(entry);
+  if (!found) address[0] = '\0';
+  return found;
+}
+
+/* The peers of `node` in the placement: its holders but itself. */
+static void peers_choose(keel_ckpt_agent *agent, uint32_t node) {
+  uint32_t holders[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
+  keel_model_placement_holders(&agent->placement, node, holders);
+  for (uint32_t p = 0; p < agent->peer_count; p++) peer_drop(&agent->peers[p]);
+  memset(agent->peers, 0, sizeof agent->peers);
+  agent->peer_count = 0;
+  for (uint32_t i = 0; i < agent->placement.replicas; i++)
+    if (holders[i] != node) agent->peer_nodes[agent->peer_count++] = holders[i];
+}
+
+/* A spare node whose worker took rank r of node i = r / ranks_per_node takes node i's place:
+ * its snapshots go where node i's went, and the nodes that sent copies to node i send them
+ * here once they read ckpt/holder/<i> (within their next refresh). Else a node that replaced
+ * a lost one would hold nobody's copies, and those nodes would keep one copy fewer. */
+static void place_take(keel_ckpt_agent *agent, uint32_t rank) {
+  if (agent->acting_node != UINT32_MAX || agent->ranks_per_node == 0) return;
+  uint32_t node = rank / agent->ranks_per_node;
+  if (node >= agent->nodes) return;
+  agent->acting_node = node;
+  peers_choose(agent, node);
+  KEEL_LOG_I(MODULE, "node %" PRIu32 " takes node %" PRIu32 "'s place among the holders of copies",
+             agent->node, node);
+}
+
+/* Says in the store that this node holds node acting_node's copies now (once). */
+static void holder_publish(keel_ckpt_agent *agent) {
+  if (agent->holder_published || agent->acting_node == UINT32_MAX ||
+      agent->acting_node == agent->node || !store_ready(agent))
+    return;
+  char key[48], value[160];
+  snprintf(key, sizeof key, HOLDER_PREFIX "%" PRIu32, agent->acting_node);
+  snprintf(value, sizeof value, "node=%" PRIu32 " ckpt=%s", agent->node,
+           keel_listener_address(agent->listener));
+  keel_status status = keel_store_put(agent->store, key, value, strlen(value), 0, NULL);
+  if (status == KEEL_OK)
+    agent->holder_published = true;
+  else
+    KEEL_LOG_W(MODULE,
+               "cannot say in the store that node %" PRIu32 " holds node %" PRIu32
+               "'s copies: %s (tried again)",
+               agent->node, agent->acting_node, keel_strerror(status));
+}
+
+/* The peers' addresses from their ckpt/holder/<i> or node/<i> keys; a peer whose address
+ * changed (a node replaced) is reconnected. */
 static void peers_refresh(keel_ckpt_agent *agent) {
   agent->peers_refreshed_ns = keel_now_ns();
   if (agent->peer_count == 0 || !store_ready(agent)) return;
   for (uint32_t i = 0; i < agent->peer_count; i++) {
-    char key[32];
-    snprintf(key, sizeof key, "node/%" PRIu32, agent->peer_nodes[i]);
-    keel_store_entry *entry = NULL;
     char address[128] = "";
-    if (keel_store_get(agent->store, key, &entry) == KEEL_OK) {
-      if (!keel__ckpt_agent_address_parse((const char *)entry->value, entry->value_length, address,
-                                          sizeof address))
-        address[0] = '\0';
-      keel_store_entry_free(entry);
-    }
+    /* A spare node that took the peer's place first, else the peer's own service. */
+    if (!peer_address_get(agent, HOLDER_PREFIX, agent->peer_nodes[i], address, sizeof address))
+      peer_address_get(agent, "node/", agent->peer_nodes[i], address, sizeof address);
     if (strcmp(address, agent->peers[i].address) != 0) {
       peer_drop(&agent->peers[i]);
       snprintf(agent->peers[i].address, sizeof agent->peers[i].address, "%s", address);
@@ -947,6 +1005,7 @@ static void ranks_rescan(keel_ckpt_agent *agent) {
       pthread_mutex_lock(&agent->persist_lock);
       agent->ranks[agent->rank_count++] = local;
       pthread_mutex_unlock(&agent->persist_lock);
+      place_take(agent, rank);
     }
   }
   closedir(folder);
@@ -974,6 +1033,7 @@ static void *replicate_main(void *arg) {
     int64_t now = keel_now_ns();
     if (now - agent->rescanned_ns >= RESCAN_EVERY_NS) ranks_rescan(agent);
     if (now - agent->peers_refreshed_ns >= PEERS_REFRESH_NS) {
+      holder_publish(agent);
       peers_refresh(agent);
       persist_interval_agree(agent);
     }
@@ -1014,13 +1074,11 @@ static keel_status agent_configure(keel_ckpt_agent *agent, const keel_ckpt_agent
       options->config.replicas < options->nodes ? options->config.replicas : options->nodes;
   keel_status status = keel_model_placement_make(options->nodes, replicas, &agent->placement);
   if (status != KEEL_OK) return status;
-  /* A spare node (index past the job's nodes) sends where the node of its index modulo the
-   * nodes sends (it has no snapshots until one of its spares takes a rank): the holders but
-   * the first, which is that node itself. */
-  uint32_t holders[KEEL_MODEL_PLACEMENT_MAX_REPLICAS];
-  keel_model_placement_holders(&agent->placement, options->node % options->nodes, holders);
-  for (uint32_t i = 1; i < replicas; i++)
-    if (holders[i] != options->node) agent->peer_nodes[agent->peer_count++] = holders[i];
+  agent->ranks_per_node = options->ranks_per_node;
+  /* A node past the job's nodes (a spare node, a late one) sends where the node of its index
+   * modulo the nodes sends, until a spare node takes a lost node's place. */
+  agent->acting_node = options->node < options->nodes ? options->node : UINT32_MAX;
+  peers_choose(agent, options->node % options->nodes);
   return KEEL_OK;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -41,25 +42,35 @@ static unsigned clean_crc(void) {
   return crc;
 }
 
+/* How many mem_restore events say their shard came from `from`. */
+static size_t restores_from(const keel_test_events *log, const char *from) {
+  size_t count = 0;
+  for (size_t i = 0; i < log->count; i++) {
+    if (!keel_test_event_is(log->lines[i], "mem_restore")) continue;
+    const char *where = keel_test_event_field(log->lines[i], "from");
+    if (where != NULL && strncmp(where + 1, from, strlen(from)) == 0) count++;
+  }
+  return count;
+}
+
 /* Checks that every mem_restore event of the job restored `step` (any when -1: a node's loss
- * may take two rounds, the first at the survivors' step, the second rolled back); returns how many there were, and in *from_count_p (may be NULL) how many came
- * from `from` ("local", "node-0"). */
+ * may take two rounds, the first at the survivors' step, the second rolled back); returns how many
+ * there were, and in *from_count_p (may be NULL) how many came from `from` ("local", "node-0"). */
 static size_t restores_check(const keel_test_job *job, long long step, const char *from,
                              size_t *from_count_p) {
   keel_test_events log;
   keel_test_events_read(job->events, MAX_EVENTS, &log);
-  size_t count = 0, from_count = 0;
+  size_t count = 0;
   for (size_t i = 0; i < log.count; i++) {
     if (!keel_test_event_is(log.lines[i], "mem_restore")) continue;
     count++;
     long long restored = keel_test_event_long(log.lines[i], "step");
-    if (step >= 0 && restored != step) fail_msg("restored step %lld, not %lld: %s", restored, step, log.lines[i]);
-    const char *where = keel_test_event_field(log.lines[i], "from");
-    if (where != NULL && strncmp(where + 1, from, strlen(from)) == 0) from_count++;
+    if (step >= 0 && restored != step)
+      fail_msg("restored step %lld, not %lld: %s", restored, step, log.lines[i]);
   }
   keel_test_events_assert_none_left(&log);
+  if (from_count_p != NULL) *from_count_p = restores_from(&log, from);
   keel_test_events_free(&log);
-  if (from_count_p != NULL) *from_count_p = from_count;
   return count;
 }
 
@@ -127,8 +138,8 @@ static void test_kill_during_snapshot_copy_uses_the_step_before(void **state) {
 
 /* ---- a whole node killed */
 
-static const char *const long_toy_args[] = {"--steps",  "400", "--params",     "40000",
-                                            "--shards", "4",   "--compute-ms", "5",     NULL};
+static const char *const long_toy_args[] = {
+    "--steps", "400", "--params", "40000", "--shards", "4", "--compute-ms", "5", NULL};
 
 /* The crc of the long run with no failure (bits do not depend on the node layout). */
 static unsigned long_clean_crc(void) {
@@ -157,6 +168,34 @@ static bool saved_fifty(const keel_test_events *log, void *context) {
 /* Runs the long toy job (4 ranks) with flags; without a fault kills the nodes named (their
  * agents and workers) once 50 snapshots were taken, with one lets the fault do it; checks
  * that the job ends with the bits of a run without failure. */
+/* The job's id, from its events (it has started). */
+static void job_id_get(const keel_test_job *job, char *job_id, size_t capacity) {
+  keel_test_events log;
+  keel_test_events_read(job->events, MAX_EVENTS, &log);
+  assert_true(keel_test_events_job_id(&log, job_id, capacity));
+  keel_test_events_free(&log);
+}
+
+/* `keel inject kill-node` of each node named: its agent and workers, with SIGKILL. */
+static void nodes_kill(const keel_test_job *job, const char *const *nodes) {
+  char job_id[32];
+  job_id_get(job, job_id, sizeof job_id);
+  for (size_t i = 0; nodes[i] != NULL; i++)
+    assert_int_equal(
+        keel_test_keel(LIST("inject", "kill-node", nodes[i], "--job", job_id), job->output, 10000),
+        0);
+}
+
+/* Waits for the job's end: exit 0 and the bits of the long run without failure. */
+static void long_job_end_check(keel_test_job *job, pid_t launcher) {
+  int status = 0;
+  assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    keel_test_print_file("job output", job->output);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_int_equal(keel_test_toy_assert_consistent(job->output, 4, 400), long_clean_crc());
+}
+
 static void nodes_killed_run(keel_test_job *job, const char *const *flags, const char *fault,
                              const char *const *nodes) {
   pid_t launcher = keel_test_job_start(job, JOB_TIMEOUT, flags, keel_test_program("toy_train"),
@@ -164,28 +203,17 @@ static void nodes_killed_run(keel_test_job *job, const char *const *flags, const
   assert_true(launcher > 0);
   if (fault == NULL) {
     assert_true(keel_test_events_wait(job->events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
-    keel_test_events log;
-    keel_test_events_read(job->events, MAX_EVENTS, &log);
-    char job_id[32];
-    assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
-    keel_test_events_free(&log);
-    for (size_t i = 0; nodes[i] != NULL; i++)
-      assert_int_equal(keel_test_keel(LIST("inject", "kill-node", nodes[i], "--job", job_id),
-                                      job->output, 10000),
-                       0);
+    nodes_kill(job, nodes);
   }
-  int status = 0;
-  assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) keel_test_print_file("job output", job->output);
-  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  assert_int_equal(keel_test_toy_assert_consistent(job->output, 4, 400), long_clean_crc());
+  long_job_end_check(job, launcher);
 }
 
 /* 2 nodes of 2 ranks and a spare node; node 1 (ranks 2 and 3) is the one that dies. */
 static void node_killed_run(keel_test_job *job, const char *mem, const char *const *more_flags,
                             const char *fault) {
-  const char *flags[24] = {"--nnodes", "2", "--nproc-per-node", "2", "--agents", "--spare-nodes",
-                           "1", "--failure-domain", "node", "--ckpt", mem};
+  const char *flags[24] = {
+      "--nnodes",         "2",    "--nproc-per-node", "2", "--agents", "--spare-nodes", "1",
+      "--failure-domain", "node", "--ckpt",           mem};
   size_t count = 11;
   for (size_t i = 0; more_flags != NULL && more_flags[i] != NULL && count < 23; i++)
     flags[count++] = more_flags[i];
@@ -219,6 +247,60 @@ static void test_two_nodes_of_different_groups_killed(void **state) {
   restores_check(&job, -1, "node-0", &from_node_0);
   restores_check(&job, -1, "node-3", &from_node_3);
   assert_true(from_node_0 >= 1 && from_node_3 >= 1);
+}
+
+static bool node_1_ranks_fetched(const keel_test_events *log, void *context) {
+  (void)context;
+  return restores_from(log, "node-0") >= 2;
+}
+
+/* Whether a spare node (2 or 3) of the job whose folder is context holds a complete copy of
+ * ranks 0 and 1: the second slot of a rank's copies is written only once the first holds a
+ * complete, checked one. */
+static bool spare_node_holds_node_0_copies(const keel_test_events *log, void *context) {
+  (void)log;
+  const char *folder = context;
+  for (int node = 2; node <= 3; node++) {
+    bool both = true;
+    for (int rank = 0; rank <= 1 && both; rank++) {
+      char path[512];
+      snprintf(path, sizeof path, "%s/node-%d/peer-%d.slot-1", folder, node, rank);
+      both = access(path, F_OK) == 0;
+    }
+    if (both) return true;
+  }
+  return false;
+}
+
+/* Node 1 dies and spare node 2 or 3 takes its ranks, and its place among the holders of
+ * copies: node 0's snapshots now go to it. Then node 0 dies too: the other spare node's
+ * workers fetch ranks 0 and 1 from the node that replaced node 1 (without that, no memory
+ * would hold them). */
+static void test_a_replacement_node_holds_the_copies_of_the_node_it_replaced(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  pid_t launcher =
+      keel_test_job_start(&job, JOB_TIMEOUT,
+                          LIST("--nnodes", "2", "--nproc-per-node", "2", "--agents",
+                               "--spare-nodes", "2", "--failure-domain", "node", "--ckpt", "mem"),
+                          keel_test_program("toy_train"), long_toy_args, NULL);
+  assert_true(launcher > 0);
+  assert_true(keel_test_events_wait(job.events, MAX_EVENTS, saved_fifty, NULL, 20, 60000));
+  nodes_kill(&job, LIST("1"));
+  assert_true(keel_test_events_wait(job.events, MAX_EVENTS, node_1_ranks_fetched, NULL, 20, 60000));
+  char job_id[32], folder[128];
+  job_id_get(&job, job_id, sizeof job_id);
+  snprintf(folder, sizeof folder, "/dev/shm/keel-%s", job_id);
+  assert_true(keel_test_events_wait(job.events, MAX_EVENTS, spare_node_holds_node_0_copies, folder,
+                                    20, 30000));
+  nodes_kill(&job, LIST("0"));
+  long_job_end_check(&job, launcher);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  size_t from_spares = restores_from(&log, "node-2") + restores_from(&log, "node-3");
+  keel_test_events_free(&log);
+  assert_true(from_spares >= 2);
 }
 
 /* One copy per snapshot (replicas=1): nothing in memory has shards 2 and 3 once node 1 is
@@ -305,6 +387,7 @@ int main(void) {
       cmocka_unit_test(test_kill_during_snapshot_copy_uses_the_step_before),
       cmocka_unit_test(test_node_killed_restores_from_peer_copies),
       cmocka_unit_test(test_two_nodes_of_different_groups_killed),
+      cmocka_unit_test(test_a_replacement_node_holds_the_copies_of_the_node_it_replaced),
       cmocka_unit_test(test_agent_killed_during_a_transfer_keeps_the_copy_before),
       cmocka_unit_test(test_agent_killed_during_a_persistent_write_uses_the_one_before),
       cmocka_unit_test(test_every_copy_lost_falls_back_to_the_persistent_tier),

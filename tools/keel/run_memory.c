@@ -31,6 +31,7 @@ keel_status keel__mem_service_start(keel__launcher *launcher) {
       .directory = launcher->mem_dir,
       .node = (uint32_t)node,
       .nodes = (uint32_t)options->nnodes,
+      .ranks_per_node = (uint32_t)options->nproc_per_node,
       .config = options->mem_config,
   };
   if (options->persist_every_steps > 0 || options->persist_every_ns > 0) {
