@@ -238,19 +238,13 @@ static void profile_publish(keel_ckpt_mem *mem) {
                       ",\"first_window_ms\":%.3f,\"last_window_start_ms\":%.3f,\"windows_ms\":[",
                       samples, count, (double)control->window_length_ns[0] / 1e6,
                       (double)previous_end / 1e6);
-  /* Every window as [start, length] (the last, unbounded, has none). */
-  for (uint32_t i = 0; i <= count && used > 0 && (size_t)used < sizeof fields; i++) {
-    if (i == count)
-      used += snprintf(fields + used, sizeof fields - (size_t)used, "%s[%.3f]", i ? "," : "",
-                       (double)control->window_start_ns[i] / 1e6);
-    else
-      used += snprintf(fields + used, sizeof fields - (size_t)used, "%s[%.3f,%.3f]", i ? "," : "",
-                       (double)control->window_start_ns[i] / 1e6,
-                       (double)control->window_length_ns[i] / 1e6);
-  }
-  if (used > 0 && (size_t)used + 2 <= sizeof fields) {
-    fields[used] = ']';
-    fields[used + 1] = '\0';
+  /* Every window as [start, length], the last (unbounded) as [start]; the buffer holds
+   * KEEL__CKPT_MAX_WINDOWS of them at 48 characters each. */
+  for (uint32_t i = 0; i <= count && (size_t)used < sizeof fields; i++) {
+    double start_ms = (double)control->window_start_ns[i] / 1e6;
+    used += i < count ? snprintf(fields + used, sizeof fields - (size_t)used, "[%.3f,%.3f],",
+                                 start_ms, (double)control->window_length_ns[i] / 1e6)
+                      : snprintf(fields + used, sizeof fields - (size_t)used, "[%.3f]]", start_ms);
   }
   keel_report_event(mem->ctx, "mem_profile", fields);
 }
@@ -547,8 +541,7 @@ static keel_status persisted_restore(void *context, keel_registry *registry, uin
   if (status != KEEL_OK) return KEEL_ENOTFOUND;
   KEEL_LOG_W(MODULE,
              "the job went back to step %" PRIu64
-             " of the persistent tier (%s): "
-             "no copy in memory had every shard",
+             " of the persistent tier (%s): no copy in memory had every shard",
              step, mem->persist_directory);
   restore_report(mem, &used, "persistent", keel_now_ns() - started);
   return KEEL_OK;

@@ -633,9 +633,7 @@ static void persist_stage(keel_ckpt_agent *agent, local_rank *local, int i, uint
   pthread_mutex_unlock(&agent->persist_lock);
   if (busy) {
     KEEL_LOG_I(MODULE,
-               "rank %" PRIu32 "'s step %" PRIu64
-               " not persisted: the last write is still "
-               "going",
+               "rank %" PRIu32 "'s step %" PRIu64 " not persisted: the last write is still going",
                local->rank, step);
     return;
   }
