@@ -22,6 +22,8 @@
 #define ETCD_ROUND_PAUSE_NS (50 * MS)
 /* The least time one member is given to answer a read before the next is asked. */
 #define ETCD_MIN_ATTEMPT_NS (200 * MS)
+/* How many times a wait reads the past before it leaves it to a watch's catch-up. */
+#define ETCD_WAIT_READS 4
 /* How long a watch that starts in the past stays open for its catch-up. */
 #define ETCD_WATCH_CATCH_UP_NS (250 * MS)
 #define ETCD_MAX_MEMBERS 16
@@ -387,6 +389,7 @@ typedef struct watch_state {
   bool answered;
   bool created;     /* the member confirmed the watch */
   bool catching_up; /* it started in the past: changes already made may still come */
+  bool recheck;     /* a caught-up read can answer for the past: end a watch that is behind */
   uint64_t start_revision;
   uint64_t revision;
   char message[256];
@@ -458,7 +461,7 @@ static CURLcode watch_run(etcd_client *client, watch_state *watch, int64_t slice
     int64_t quiet_until = slice_deadline_ns;
     if (watch->catching_up && created_ns + ETCD_WATCH_CATCH_UP_NS > quiet_until)
       quiet_until = created_ns + ETCD_WATCH_CATCH_UP_NS;
-    if (watch->created && now >= quiet_until) break;
+    if (watch->created && (now >= quiet_until || (watch->catching_up && watch->recheck))) break;
     if (now >= hard_deadline_ns) {
       code = CURLE_OPERATION_TIMEDOUT;
       break;
@@ -470,10 +473,13 @@ static CURLcode watch_run(etcd_client *client, watch_state *watch, int64_t slice
   return code;
 }
 
-/* One watch stream on the current member until slice_deadline_ns. */
+/* One watch stream on the current member until slice_deadline_ns. With recheck, a watch
+ * that turns out to start in the past ends at once with *behind_p (KEEL_EAGAIN). */
 static keel_status watch_slice(etcd_client *client, const char *body, uint64_t start_revision,
-                               int64_t slice_deadline_ns, uint64_t *revision_p) {
-  watch_state watch = {.status = KEEL_ETIMEDOUT, .start_revision = start_revision};
+                               int64_t slice_deadline_ns, bool recheck, uint64_t *revision_p,
+                               bool *behind_p) {
+  watch_state watch = {
+      .status = KEEL_ETIMEDOUT, .start_revision = start_revision, .recheck = recheck};
   keel_buffer_init(&watch.pending, ETCD_MAX_REPLY);
   /* The member must confirm the watch within the request timeout, past the slice if need be. */
   int64_t hard_deadline_ns = keel_deadline_after_ns(atomic_load(&client->timeout_ns));
@@ -485,6 +491,9 @@ static keel_status watch_slice(etcd_client *client, const char *body, uint64_t s
   if (watch.answered) {
     status = watch.status;
     if (status != KEEL_OK) reply_logged(client, status, watch.message, "a watch");
+  } else if (code == CURLE_OK && watch.created && watch.catching_up && recheck) {
+    *behind_p = true;
+    status = KEEL_EAGAIN;
   } else if (code == CURLE_OK && watch.created) {
     /* Confirmed, and quiet until the slice ended (or the member ended the stream early). */
     status = keel_now_ns() < slice_deadline_ns ? KEEL_EAGAIN : KEEL_ETIMEDOUT;
@@ -502,21 +511,58 @@ static keel_status watch_slice(etcd_client *client, const char *body, uint64_t s
   return status;
 }
 
-static keel_status etcd_wait(void *backend, const char *prefix, uint64_t after_revision,
-                             int64_t deadline_ns, uint64_t *revision_p) {
-  etcd_client *client = backend;
-  char full[KEEL__ETCD_MAX_KEY + 1];
-  keel_status status = full_key(client, prefix, full);
+typedef struct count_out {
+  int64_t count;
+  size_t listed;
+  uint64_t revision;
+} count_out;
+
+static keel_status read_count(etcd_client *client, void *out, char *message, size_t capacity) {
+  count_out *result = out;
+  return keel__etcd_range_count_reply((const char *)client->reply.data, client->reply.length,
+                                      &result->count, &result->listed, &result->revision, message,
+                                      capacity);
+}
+
+/* Whether a key under full (a scoped prefix) changed after after_revision, read without a
+ * watch: etcd serves a watch that starts in the past from its catch-up pass, which runs
+ * every 100 ms (3.4's syncWatchersLoop), but one that starts after its current revision at
+ * once. Keys changed since show as listed; a deletion since, as fewer keys now than then
+ * (every key now is unchanged, so it was there then). *now_p: the revision read. Any
+ * failure (a compacted past revision among them) leaves the wait to the watch alone. */
+static keel_status changed_since(etcd_client *client, const char *full, uint64_t after_revision,
+                                 bool *changed_p, uint64_t *now_p) {
+  count_out now = {0};
+  keel_status status =
+      etcd_call(client, "/v3/kv/range", keel__etcd_changed_since_request(full, after_revision),
+                REQUEST_READ, read_count, &now, "a wait's check");
   if (status != KEEL_OK) return status;
-  if (after_revision >= INT64_MAX) return KEEL_EINVAL;
-  char *body = keel__etcd_watch_request(full, after_revision + 1);
+  *now_p = now.revision;
+  *changed_p = now.listed > 0;
+  if (*changed_p || after_revision == 0 || now.revision <= after_revision) return KEEL_OK;
+  count_out then = {0};
+  status = etcd_call(client, "/v3/kv/range", keel__etcd_count_at_request(full, after_revision),
+                     REQUEST_READ, read_count, &then, "a wait's check");
+  if (status != KEEL_OK) return status;
+  *changed_p = then.count != now.count;
+  return KEEL_OK;
+}
+
+/* Watches from start_revision until a change, the deadline, or (with recheck) the finding
+ * that the watch starts in the past (*behind_p); moves to another member when one fails. */
+static keel_status watch_until(etcd_client *client, const char *full, uint64_t start_revision,
+                               int64_t deadline_ns, bool recheck, uint64_t *revision_p,
+                               bool *behind_p) {
+  char *body = keel__etcd_watch_request(full, start_revision);
   if (body == NULL) return KEEL_ENOMEM;
   pthread_mutex_lock(&client->lock);
-  uint64_t revision = 0;
+  keel_status status;
   do {
     int64_t slice_ns = keel_now_ns() + ETCD_WAIT_SLICE_NS;
-    status = watch_slice(client, body, after_revision + 1,
-                         slice_ns < deadline_ns ? slice_ns : deadline_ns, &revision);
+    status =
+        watch_slice(client, body, start_revision, slice_ns < deadline_ns ? slice_ns : deadline_ns,
+                    recheck, revision_p, behind_p);
+    if (*behind_p) break;
     /* A member that cannot be reached or ended the stream early: another one, in time. */
     if (status == KEEL_ECLOSED || status == KEEL_EAGAIN)
       pause_before(ETCD_ROUND_PAUSE_NS, deadline_ns);
@@ -524,6 +570,35 @@ static keel_status etcd_wait(void *backend, const char *prefix, uint64_t after_r
            keel_now_ns() < deadline_ns);
   pthread_mutex_unlock(&client->lock);
   free(body);
+  return status;
+}
+
+/* Reads whether the prefix changed after after_revision; if not, watches from the revision
+ * read on. A change elsewhere between that read and the watch's start puts the watch in
+ * the past, where etcd would answer from its catch-up pass; then the read is done again
+ * (a few of them, then the catch-up it is). */
+static keel_status etcd_wait(void *backend, const char *prefix, uint64_t after_revision,
+                             int64_t deadline_ns, uint64_t *revision_p) {
+  etcd_client *client = backend;
+  char full[KEEL__ETCD_MAX_KEY + 1];
+  keel_status status = full_key(client, prefix, full);
+  if (status != KEEL_OK) return status;
+  if (after_revision >= INT64_MAX) return KEEL_EINVAL;
+  uint64_t checked = after_revision, revision = 0;
+  for (int reads = 0;; reads++) {
+    bool changed = false, behind = false;
+    uint64_t now_revision = 0;
+    bool read = changed_since(client, full, checked, &changed, &now_revision) == KEEL_OK;
+    if (read && changed) {
+      revision = now_revision;
+      status = KEEL_OK;
+      break;
+    }
+    if (read && now_revision > checked) checked = now_revision;
+    status = watch_until(client, full, checked + 1, deadline_ns,
+                         read && reads + 1 < ETCD_WAIT_READS, &revision, &behind);
+    if (!behind) break;
+  }
   if (status == KEEL_EAGAIN || status == KEEL_ECLOSED) status = KEEL_ETIMEDOUT;
   if (status == KEEL_OK && revision_p != NULL) *revision_p = revision;
   return status;

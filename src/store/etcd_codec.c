@@ -246,6 +246,29 @@ char *keel__etcd_ranges_request(const char *const *prefixes, size_t count) {
   return NULL;
 }
 
+/* A prefix range with option (true) and a revision field set: what a wait reads. */
+static char *range_check_request(const char *prefix, const char *option, const char *field,
+                                 uint64_t revision) {
+  if (!key_valid(prefix, true) || revision == 0 || revision > INT64_MAX) return NULL;
+  json_t *body = range_object(prefix, true);
+  bool ok = body != NULL && member_set(body, option, json_true()) &&
+            member_set(body, field, int64_string((int64_t)revision));
+  if (ok) return body_of(body);
+  json_decref(body);
+  return NULL;
+}
+
+/* Keys only, those changed after after_revision; its "count" is still every key under the
+ * prefix (etcd counts before it filters). */
+char *keel__etcd_changed_since_request(const char *prefix, uint64_t after_revision) {
+  return range_check_request(prefix, "keys_only", "min_mod_revision", after_revision + 1);
+}
+
+/* Only how many keys the prefix held at revision (>= 1). */
+char *keel__etcd_count_at_request(const char *prefix, uint64_t revision) {
+  return range_check_request(prefix, "count_only", "revision", revision);
+}
+
 /* {"create_request": {"key", "range_end", "start_revision"}}: every change under prefix
  * from start_revision on, the ones already made included. */
 char *keel__etcd_watch_request(const char *prefix, uint64_t start_revision) {
@@ -449,6 +472,26 @@ keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_e
   status = kvs_append(reply, &entries, &count);
   json_decref(reply);
   return entries_finish(status, entries, count, revision, entries_p, count_p, revision_p);
+}
+
+keel_status keel__etcd_range_count_reply(const char *body, size_t length, int64_t *count_p,
+                                         size_t *listed_p, uint64_t *revision_p, char *message,
+                                         size_t capacity) {
+  json_t *reply = NULL;
+  uint64_t revision = 0;
+  keel_status status = reply_open_at_revision(body, length, &reply, &revision, message, capacity);
+  if (status != KEEL_OK) return status;
+  int64_t count = 0;
+  const json_t *kvs = json_object_get(reply, "kvs");
+  if (!int64_field(reply, "count", &count) || count < 0 || (kvs != NULL && !json_is_array(kvs)))
+    status = KEEL_ECORRUPT;
+  if (status == KEEL_OK) {
+    *count_p = count;
+    *listed_p = kvs != NULL ? json_array_size(kvs) : 0;
+    *revision_p = revision;
+  }
+  json_decref(reply);
+  return status;
 }
 
 keel_status keel__etcd_ranges_reply(const char *body, size_t length, size_t range_count,

@@ -217,6 +217,10 @@ char *keel__etcd_cas_request(const char *key, uint64_t expected_revision, const 
                              size_t length, int64_t lease);
 /* A txn of one prefix range per prefix (1 to KEEL_STORE_MAX_PREFIXES; "" is every key). */
 char *keel__etcd_ranges_request(const char *const *prefixes, size_t count);
+/* What a wait reads before it watches: the keys (no values) under prefix changed after
+ * after_revision; and how many keys prefix held at a past revision (>= 1). */
+char *keel__etcd_changed_since_request(const char *prefix, uint64_t after_revision);
+char *keel__etcd_count_at_request(const char *prefix, uint64_t revision);
 /* A watch of every key under prefix from start_revision (>= 1) on. */
 char *keel__etcd_watch_request(const char *prefix, uint64_t start_revision);
 char *keel__etcd_lease_grant_request(int64_t ttl_seconds);
@@ -230,6 +234,11 @@ keel_status keel__etcd_range_reply(const char *body, size_t length, keel_store_e
 keel_status keel__etcd_ranges_reply(const char *body, size_t length, size_t range_count,
                                     keel_store_entry **entries_p, size_t *count_p,
                                     uint64_t *revision_p, char *message, size_t capacity);
+/* The reply to either request above: "count", how many keys it listed, the header's
+ * revision. */
+keel_status keel__etcd_range_count_reply(const char *body, size_t length, int64_t *count_p,
+                                         size_t *listed_p, uint64_t *revision_p, char *message,
+                                         size_t capacity);
 /* A txn's reply: a failed one has no "succeeded". */
 keel_status keel__etcd_txn_reply(const char *body, size_t length, bool *succeeded_p,
                                  uint64_t *revision_p, char *message, size_t capacity);

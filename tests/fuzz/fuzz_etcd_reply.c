@@ -48,6 +48,7 @@ static void others_once(const char *body, size_t size) {
   bool succeeded = false;
   uint64_t revision = 0;
   int64_t number = 0, ttl = 0;
+  size_t listed = 0;
   keel__etcd_watch_message watch;
   keel_status statuses[] = {
       keel__etcd_txn_reply(body, size, &succeeded, &revision, NULL, 0),
@@ -56,6 +57,7 @@ static void others_once(const char *body, size_t size) {
       keel__etcd_keepalive_reply(body, size, &ttl, NULL, 0),
       keel__etcd_lease_ttl_reply(body, size, &number, &ttl, NULL, 0),
       keel__etcd_watch_reply(body, size, &watch, NULL, 0),
+      keel__etcd_range_count_reply(body, size, &number, &listed, &revision, NULL, 0),
   };
   for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
     if (statuses[i] != KEEL_OK && !refusal_known(statuses[i])) abort();

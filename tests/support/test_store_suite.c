@@ -307,6 +307,37 @@ static void test_wait_timeout_and_past_change(void **state) {
   keel_test_store_put_text(fixture->store, "t/b", "1", NULL);
 }
 
+/* Changes before the wait began, seen at once: a key deleted under the prefix (the etcd
+ * backend checks the past by reading, and a deletion leaves no key to read); changes only
+ * outside it are no change, and a wait from that older revision still wakes on the next
+ * change under the prefix. */
+static void test_wait_past_deletion_and_changes_elsewhere(void **state) {
+  suite_fixture *fixture = *state;
+  keel_store *store = fixture->store;
+  uint64_t created, elsewhere;
+  keel_test_store_put_text(store, "d/a", "1", &created);
+  keel_test_store_put_text(store, "d/b", "1", NULL);
+  keel_test_store_put_text(store, "e/x", "1", &elsewhere);
+  assert_int_equal(keel_store_wait(store, "d/", elsewhere - 1, 0, NULL), KEEL_ETIMEDOUT);
+  assert_int_equal(keel_store_delete(store, "d/a"), KEEL_OK);
+  keel_test_store_put_text(store, "e/y", "1", NULL);
+  uint64_t seen = 0;
+  assert_int_equal(keel_store_wait(store, "d/", elsewhere, keel_now_ns(), &seen), KEEL_OK);
+  assert_true(seen > elsewhere);
+  uint64_t now = keel_test_store_revision(store);
+
+  keel_test_store_put_text(store, "e/z", "1", NULL);
+  keel_test_waiter w;
+  keel_test_waiter_start(&w, fixture->endpoint, &fixture->auth, "d/", now, 5000 * MS);
+  sleep_ns(100 * MS);
+  keel_test_store_put_text(store, "e/z", "2", NULL);
+  uint64_t revision;
+  keel_test_store_put_text(store, "d/c", "1", &revision);
+  keel_test_waiter_finish(&w);
+  assert_int_equal(w.status, KEEL_OK);
+  assert_true(w.revision >= revision);
+}
+
 /* Two leases of the backend's shortest ttl: one kept alive, one left to expire with both
  * its keys at one revision; then the kept one expires too once the keepalives stop. */
 static void test_lease_expiry_and_keepalive(void **state) {
@@ -425,6 +456,7 @@ int keel_test_store_suite_run(const char *group_name, keel_test_store_backend *b
       SUITE_TEST(test_cas_race_one_winner),
       SUITE_TEST(test_wait_woken_by_put_and_delete),
       SUITE_TEST(test_wait_timeout_and_past_change),
+      SUITE_TEST(test_wait_past_deletion_and_changes_elsewhere),
       SUITE_TEST(test_lease_expiry_and_keepalive),
       SUITE_TEST(test_lease_ttl),
       SUITE_TEST(test_lease_revoke),

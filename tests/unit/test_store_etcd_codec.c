@@ -207,6 +207,43 @@ static void test_range_reply_reads_defaults(void **unused) {
   keel_store_entries_free(entries, count);
 }
 
+static keel_status count_reply(const char *body, int64_t *keys, size_t *listed,
+                               uint64_t *revision) {
+  return keel__etcd_range_count_reply(body, strlen(body), keys, listed, revision, NULL, 0);
+}
+
+/* A wait's checks: the keys changed after a revision (min_mod_revision is the next one), and
+ * a count at a past revision; the reply's count and how many keys it listed. */
+static void test_wait_check_requests_and_count_reply(void **unused) {
+  (void)unused;
+  json_t *changed = body_parse(keel__etcd_changed_since_request("decide/", 41));
+  assert_string_equal(member_text(changed, "range_end"), "ZGVjaWRlMA==");
+  assert_true(json_is_true(json_object_get(changed, "keys_only")));
+  assert_string_equal(member_text(changed, "min_mod_revision"), "42");
+  json_decref(changed);
+  json_t *count = body_parse(keel__etcd_count_at_request("decide/", 41));
+  assert_true(json_is_true(json_object_get(count, "count_only")));
+  assert_string_equal(member_text(count, "revision"), "41");
+  json_decref(count);
+  assert_null(keel__etcd_count_at_request("decide/", 0));
+  assert_null(keel__etcd_changed_since_request("decide/", (uint64_t)INT64_MAX));
+
+  /* The reply: its count, how many keys it listed (none: no "kvs"), its revision. */
+  int64_t keys = -1;
+  size_t listed = 99;
+  uint64_t revision = 0;
+  assert_int_equal(count_reply("{" HEADER("44") ",\"kvs\":[{\"key\":\"Zm9v\",\"mod_revision\":"
+                                                "\"43\"}],\"count\":\"3\"}",
+                               &keys, &listed, &revision),
+                   KEEL_OK);
+  assert_true(keys == 3 && listed == 1 && revision == 44);
+  assert_int_equal(count_reply("{" HEADER("45") "}", &keys, &listed, &revision), KEEL_OK);
+  assert_true(keys == 0 && listed == 0 && revision == 45);
+  assert_int_equal(count_reply("{" HEADER("46") ",\"count\":\"-1\"}", &keys, &listed, &revision),
+                   KEEL_ECORRUPT);
+  assert_int_equal(revision, 45);
+}
+
 static void test_txn_reply_without_succeeded_failed(void **unused) {
   (void)unused;
   const char *failed = "{" HEADER("9") ",\"responses\":[{\"response_range\":{" HEADER("9") "}}]}";
@@ -340,6 +377,7 @@ int main(void) {
       cmocka_unit_test(test_cas_request_compares_the_right_revision),
       cmocka_unit_test(test_lease_requests),
       cmocka_unit_test(test_range_reply_reads_defaults),
+      cmocka_unit_test(test_wait_check_requests_and_count_reply),
       cmocka_unit_test(test_txn_reply_without_succeeded_failed),
       cmocka_unit_test(test_write_reply),
       cmocka_unit_test(test_lease_replies),
