@@ -51,6 +51,12 @@ typedef struct keel__recv_slot {
   size_t length;
   bool done;
   keel_status status;
+  /* Where the payload is once done: destination, or, for a slot that adopts (posted with
+   * keel__op_post_recv_adopting), the buffer of a frame that came before the post, which
+   * the op then owns until it ends (no copy of a segment read only once). */
+  const void *data;
+  bool adopts;
+  void *adopted;
 } keel__recv_slot;
 
 /* An operation in the progress engine: its own receive slots and count of sends in flight,
@@ -173,6 +179,11 @@ void keel__op_begin(keel_endpoint *endpoint, keel__op *op);
  * may complete at once from a frame that arrived earlier. KEEL_ENOMEM. */
 keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uint64_t epoch,
                                uint64_t tag, void *destination, size_t length, size_t *index_p);
+/* The same, for a consumer that reads the payload at slots[index].data rather than at
+ * destination, so that a frame that came first is used where it lies. */
+keel_status keel__op_post_recv_adopting(keel__op *op, uint16_t type, uint32_t source,
+                                        uint64_t epoch, uint64_t tag, void *destination,
+                                        size_t length, size_t *index_p);
 /* Queues a frame to uid on behalf of op (payload stays the caller's until written). */
 keel_status keel__op_send(keel__op *op, uint32_t uid, uint16_t type, uint64_t epoch, uint64_t tag,
                           const void *payload, size_t length);

@@ -116,9 +116,11 @@ keel_status keel__send_control(keel_endpoint *endpoint, uint32_t uid, uint16_t t
 
 /* ---- operations */
 
+static void slots_release(keel__op *op);
+
 void keel__op_begin(keel_endpoint *endpoint, keel__op *op) {
   op->endpoint = endpoint;
-  op->slot_count = 0;
+  slots_release(op);
   op->sends_pending = 0;
   op->send_error = KEEL_OK;
   op->active = true;
@@ -140,6 +142,7 @@ static void op_unlink(keel__op *op) {
 }
 
 void keel__op_free(keel__op *op) {
+  slots_release(op);
   free(op->slots);
   op->slots = NULL;
   op->slot_capacity = op->slot_count = 0;
@@ -150,19 +153,39 @@ static bool slot_matches(const keel__recv_slot *slot, const keel_frame *frame) {
          slot->epoch == frame->epoch && slot->tag == frame->tag;
 }
 
-static void slot_fill(keel__recv_slot *slot, const keel_frame *frame, const void *payload) {
+/* Completes slot with frame's payload; true when the slot adopted payload (a buffer of the
+ * endpoint's, not the destination), which the caller must then not free. */
+static bool slot_fill(keel__recv_slot *slot, const keel_frame *frame, void *payload) {
+  bool adopted = false;
+  slot->data = slot->destination;
   if (frame->length != slot->length) {
     slot->status = KEEL_EPROTO;
   } else {
-    if (payload != slot->destination && slot->length > 0)
+    if (payload != slot->destination && slot->length > 0 && slot->adopts) {
+      slot->adopted = payload;
+      slot->data = payload;
+      adopted = true;
+    } else if (payload != slot->destination && slot->length > 0) {
       memcpy(slot->destination, payload, slot->length);
+    }
     slot->status = KEEL_OK;
   }
   slot->done = true;
+  return adopted;
 }
 
-keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uint64_t epoch,
-                               uint64_t tag, void *destination, size_t length, size_t *index_p) {
+/* The buffers the op's slots adopted go with it. */
+static void slots_release(keel__op *op) {
+  for (size_t i = 0; i < op->slot_count; i++) {
+    free(op->slots[i].adopted);
+    op->slots[i].adopted = NULL;
+  }
+  op->slot_count = 0;
+}
+
+static keel_status post_recv(keel__op *op, uint16_t type, uint32_t source, uint64_t epoch,
+                             uint64_t tag, void *destination, size_t length, bool adopts,
+                             size_t *index_p) {
   if (op->slot_count == op->slot_capacity) {
     size_t grown = op->slot_capacity ? op->slot_capacity * 2 : 64;
     keel__recv_slot *slots = realloc(op->slots, grown * sizeof *slots);
@@ -177,20 +200,31 @@ keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uin
                             .epoch = epoch,
                             .tag = tag,
                             .destination = destination,
-                            .length = length};
+                            .length = length,
+                            .adopts = adopts};
   /* It may have arrived already. */
   keel_endpoint *endpoint = op->endpoint;
   for (keel__unexpected **link = &endpoint->unexpected_head; *link != NULL; link = &(*link)->next) {
     keel__unexpected *waiting = *link;
     if (!slot_matches(slot, &waiting->frame)) continue;
-    slot_fill(slot, &waiting->frame, waiting->payload);
+    if (!slot_fill(slot, &waiting->frame, waiting->payload)) free(waiting->payload);
     *link = waiting->next;
-    free(waiting->payload);
     free(waiting);
     break;
   }
   if (index_p != NULL) *index_p = index;
   return KEEL_OK;
+}
+
+keel_status keel__op_post_recv(keel__op *op, uint16_t type, uint32_t source, uint64_t epoch,
+                               uint64_t tag, void *destination, size_t length, size_t *index_p) {
+  return post_recv(op, type, source, epoch, tag, destination, length, false, index_p);
+}
+
+keel_status keel__op_post_recv_adopting(keel__op *op, uint16_t type, uint32_t source,
+                                        uint64_t epoch, uint64_t tag, void *destination,
+                                        size_t length, size_t *index_p) {
+  return post_recv(op, type, source, epoch, tag, destination, length, true, index_p);
 }
 
 bool keel__op_complete(const keel__op *op) {
@@ -211,7 +245,7 @@ keel_status keel__op_slot_error(const keel__op *op) {
 void keel__op_end(keel__op *op) {
   if (!op->active) return;
   op_unlink(op);
-  op->slot_count = 0;
+  slots_release(op);
 }
 
 /* Lets go of the op's sends on one peer: a frame half written is finished from a copy (the
@@ -256,7 +290,7 @@ void keel__op_abandon(keel__op *op) {
     peer_abandon_sends(endpoint, endpoint->linked[i], op);
   op->sends_pending = 0;
   op_unlink(op);
-  op->slot_count = 0;
+  slots_release(op);
 }
 
 /* ---- receiving */
@@ -367,8 +401,7 @@ static void on_frame_complete(void *context, keel_link *link, const keel_frame *
   keel__op *op = NULL;
   size_t index = 0;
   if (find_slot(endpoint, frame, &op, &index)) {
-    slot_fill(&op->slots[index], frame, payload);
-    free(payload);
+    if (!slot_fill(&op->slots[index], frame, payload)) free(payload);
     return;
   }
   stash_unexpected(endpoint, frame, payload);

@@ -85,8 +85,9 @@ static keel_status ring_send(ring_run *run, int step, int segment, const uint8_t
   return status;
 }
 
-/* Reduces a received segment (reduce steps) and passes it on to the next step. */
-static void ring_process(ring_run *run, int step, int segment) {
+/* Reduces a received segment (reduce steps; it lies at received) and passes it on to the
+ * next step. */
+static void ring_process(ring_run *run, int step, int segment, const uint8_t *received) {
   ring_plan *plan = run->plan;
   int chunk = chunk_at(plan, step, -1);
   size_t first, count;
@@ -95,7 +96,7 @@ static void ring_process(ring_run *run, int step, int segment) {
   if (step < plan->reduce_steps) {
     /* The partial that arrived, then this rank's contribution: chunk c's fold starts at the
      * rank that sent it first, c (c + 1 with offset -1), the canonical order of reduce.c. */
-    keel__reduce(plan->dtype, plan->op, plan->work + bytes_offset, plan->scratch + bytes_offset,
+    keel__reduce(plan->dtype, plan->op, plan->work + bytes_offset, received,
                  plan->input + bytes_offset, count);
     if (step == plan->reduce_steps - 1 && plan->op == KEEL_AVG)
       keel__divide(plan->dtype, plan->work + bytes_offset, count, plan->comm->size);
@@ -111,7 +112,7 @@ static bool ring_ready(void *state) {
     if (run->done[i] || !slot->done || slot->status != KEEL_OK) continue;
     run->done[i] = true;
     run->processed++;
-    ring_process(run, (int)((slot->tag >> 16) & 0xffff), (int)(slot->tag & 0xffff));
+    ring_process(run, (int)((slot->tag >> 16) & 0xffff), (int)(slot->tag & 0xffff), slot->data);
   }
   return run->processed == run->slot_count || run->error != KEEL_OK;
 }
@@ -129,10 +130,17 @@ static keel_status ring_execute(ring_plan *plan) {
     for (int segment = 0; segment < segment_total(plan, chunk); segment++) {
       size_t first, count;
       segment_range(plan, chunk, segment, &first, &count);
-      uint8_t *base = step < plan->reduce_steps ? plan->scratch : plan->work;
-      if (keel__op_post_recv(op, KEEL_FRAME_DATA, left, comm->epoch,
-                             KEEL__TAG(op_seq, step, segment), base + first * plan->element_size,
-                             count * plan->element_size, NULL) != KEEL_OK) {
+      /* A reduce step's segment is read once, by ring_process: wherever it arrived. */
+      bool reduce = step < plan->reduce_steps;
+      uint8_t *destination = (reduce ? plan->scratch : plan->work) + first * plan->element_size;
+      keel_status posted =
+          reduce ? keel__op_post_recv_adopting(op, KEEL_FRAME_DATA, left, comm->epoch,
+                                               KEEL__TAG(op_seq, step, segment), destination,
+                                               count * plan->element_size, NULL)
+                 : keel__op_post_recv(op, KEEL_FRAME_DATA, left, comm->epoch,
+                                      KEEL__TAG(op_seq, step, segment), destination,
+                                      count * plan->element_size, NULL);
+      if (posted != KEEL_OK) {
         keel__op_abandon(op);
         return KEEL_ENOMEM;
       }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "keel/keel.h"
 
@@ -107,6 +108,30 @@ static void check_allreduce(keel_comm *comm, keel_dtype dtype, keel_reduce_op op
     fill(dtype, again, count, rank);
     EXPECT(memcmp(again, send, bytes) == 0, "allreduce wrote into its send buffer");
     free(again);
+  }
+  free(send);
+  free(recv);
+}
+
+/* Ring-sized allreduces back to back while rank 0 lags before every other one: the others'
+ * first segments of the next operation reach it before it posts its receives, and are
+ * reduced from where they arrived (progress.c's adopted buffers) rather than copied. */
+static void check_allreduce_behind_a_lagging_rank(keel_comm *comm) {
+  int rank = keel_comm_rank(comm), size = keel_comm_size(comm);
+  size_t count = (size_t)1 << 20;
+  float *send = malloc(count * sizeof *send), *recv = malloc(count * sizeof *recv);
+  fill(KEEL_F32, send, count, rank);
+  for (int round = 0; round < 6; round++) {
+    if (rank == 0 && round % 2 == 1) nanosleep(&(struct timespec){0, 5000000}, NULL);
+    keel_status status = keel_comm_allreduce(comm, send, recv, count, KEEL_F32, KEEL_SUM);
+    EXPECT(status == KEEL_OK, "lagging allreduce %d: %s", round, keel_strerror(status));
+    for (size_t i = 0; i < count && status == KEEL_OK; i++) {
+      double want = expected(KEEL_F32, KEEL_SUM, size, i);
+      if ((double)recv[i] != want) {
+        EXPECT(false, "lagging allreduce %d: [%zu] = %g, want %g", round, i, recv[i], want);
+        break;
+      }
+    }
   }
   free(send);
   free(recv);
@@ -250,6 +275,7 @@ int main(void) {
       for (size_t o = 0; o < 3; o++)
         for (int in_place = 0; in_place < 2; in_place++)
           check_allreduce(comm, dtypes[d], ops[o], counts[c], in_place);
+  check_allreduce_behind_a_lagging_rank(comm);
   check_same_bits_everywhere(comm, 1001);
   check_same_bits_everywhere(comm, 3 << 20);
   check_broadcast(comm, 0);
