@@ -6,7 +6,7 @@
  * throughput), and memory per server and a checkpoint's write and reload times are reported.
  * Usage: ec_servers [--rows N] [--dim D] [--workers W] [--batch B] [--servers S] [--seed X]
  *        [--seconds T | --steps N] [--rounds R] [--checkpoint-every T] [--lose I]
- *        [--mode sync|async|both] [--json FILE] */
+ *        [--mode sync|async|both] [--rebuild-pause-ms MS] [--json FILE] */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -47,6 +47,7 @@ typedef enum run_mode { MODE_SYNC = 1, MODE_ASYNC = 2, MODE_BOTH = 3 } run_mode;
 typedef struct options {
   uint64_t rows;
   int64_t dim, workers, batch, servers, rounds, lose, steps;
+  int64_t rebuild_pause_ms; /* keel_ec_config's: the replacement's pause between rounds */
   uint64_t seed;
   double seconds;          /* measured training time per configuration (when steps is 0) */
   double checkpoint_every; /* seconds of training time; 0: a quarter of `seconds` */
@@ -476,6 +477,7 @@ static keel_status job_config(job *j) {
                                .init_scale = 0.1f,
                                .workers = j->synchronous ? (int)opts->workers : 0,
                                .two_phase_commit = j->variant->two_phase_commit,
+                               .rebuild_pause_ms = (uint32_t)opts->rebuild_pause_ms,
                                /* ECRec replicates the dense block; the others keep one. */
                                .replicate_dense = j->variant->parity,
                                .without_parity = !j->variant->parity};
@@ -640,8 +642,8 @@ static keel_status job_replace_server(job *j) {
   size_t block = 0;
   uint64_t k = (uint64_t)j->config.data_blocks, data_rows = 0, parity_rows = 0;
   if (status == KEEL_OK)
-    status = keel_ec_layout_init(j->config.servers, j->config.data_blocks,
-                                 j->config.parity_blocks, &layout);
+    status = keel_ec_layout_init(j->config.servers, j->config.data_blocks, j->config.parity_blocks,
+                                 &layout);
   if (status == KEEL_OK)
     status = keel_ec_layout_count(&layout, lose, (j->config.total_rows + k - 1) / k, &data_rows,
                                   &parity_rows);
@@ -1012,6 +1014,8 @@ static bool parse_one(int option, const char *text, options *opts) {
     case 'j':
       opts->json_path = text;
       return true;
+    case 'P':
+      return keel_parse_int(text, 0, 60000, &opts->rebuild_pause_ms) == KEEL_OK;
     case 's':
       if (keel_parse_int(text, 0, INT64_MAX, &seed) != KEEL_OK) return false;
       opts->seed = (uint64_t)seed;
@@ -1032,14 +1036,21 @@ static int parse_options(int argc, char **argv, options *opts) {
                     .seed = 42,
                     .seconds = 5.0,
                     .mode = MODE_SYNC};
-  static const struct option long_options[] = {
-      {"rows", required_argument, 0, 'r'},    {"dim", required_argument, 0, 'd'},
-      {"workers", required_argument, 0, 'w'}, {"batch", required_argument, 0, 'b'},
-      {"servers", required_argument, 0, 'S'}, {"rounds", required_argument, 0, 'R'},
-      {"lose", required_argument, 0, 'l'},    {"steps", required_argument, 0, 'n'},
-      {"seconds", required_argument, 0, 't'}, {"checkpoint-every", required_argument, 0, 'c'},
-      {"mode", required_argument, 0, 'm'},    {"json", required_argument, 0, 'j'},
-      {"seed", required_argument, 0, 's'},    {0, 0, 0, 0}};
+  static const struct option long_options[] = {{"rows", required_argument, 0, 'r'},
+                                               {"dim", required_argument, 0, 'd'},
+                                               {"workers", required_argument, 0, 'w'},
+                                               {"batch", required_argument, 0, 'b'},
+                                               {"servers", required_argument, 0, 'S'},
+                                               {"rounds", required_argument, 0, 'R'},
+                                               {"lose", required_argument, 0, 'l'},
+                                               {"steps", required_argument, 0, 'n'},
+                                               {"seconds", required_argument, 0, 't'},
+                                               {"checkpoint-every", required_argument, 0, 'c'},
+                                               {"mode", required_argument, 0, 'm'},
+                                               {"json", required_argument, 0, 'j'},
+                                               {"seed", required_argument, 0, 's'},
+                                               {"rebuild-pause-ms", required_argument, 0, 'P'},
+                                               {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     if (!parse_one(option, optarg, opts)) {
