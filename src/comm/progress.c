@@ -161,13 +161,12 @@ static bool slot_fill(keel__recv_slot *slot, const keel_frame *frame, void *payl
   if (frame->length != slot->length) {
     slot->status = KEEL_EPROTO;
   } else {
-    if (payload != slot->destination && slot->length > 0 && slot->adopts) {
-      slot->adopted = payload;
-      slot->data = payload;
-      adopted = true;
-    } else if (payload != slot->destination && slot->length > 0) {
+    bool elsewhere = payload != slot->destination && slot->length > 0;
+    adopted = elsewhere && slot->adopts;
+    if (adopted)
+      slot->data = slot->adopted = payload;
+    else if (elsewhere)
       memcpy(slot->destination, payload, slot->length);
-    }
     slot->status = KEEL_OK;
   }
   slot->done = true;

@@ -133,13 +133,11 @@ static keel_status ring_execute(ring_plan *plan) {
       /* A reduce step's segment is read once, by ring_process: wherever it arrived. */
       bool reduce = step < plan->reduce_steps;
       uint8_t *destination = (reduce ? plan->scratch : plan->work) + first * plan->element_size;
+      keel_status (*post)(keel__op *, uint16_t, uint32_t, uint64_t, uint64_t, void *, size_t,
+                          size_t *) = reduce ? keel__op_post_recv_adopting : keel__op_post_recv;
       keel_status posted =
-          reduce ? keel__op_post_recv_adopting(op, KEEL_FRAME_DATA, left, comm->epoch,
-                                               KEEL__TAG(op_seq, step, segment), destination,
-                                               count * plan->element_size, NULL)
-                 : keel__op_post_recv(op, KEEL_FRAME_DATA, left, comm->epoch,
-                                      KEEL__TAG(op_seq, step, segment), destination,
-                                      count * plan->element_size, NULL);
+          post(op, KEEL_FRAME_DATA, left, comm->epoch, KEEL__TAG(op_seq, step, segment),
+               destination, count * plan->element_size, NULL);
       if (posted != KEEL_OK) {
         keel__op_abandon(op);
         return KEEL_ENOMEM;
