@@ -550,57 +550,138 @@ keel_status keel_ec_client_init_dense(keel_ec_client *client, const float *value
 
 /* ---- checksum: every block read from the servers, lost ones decoded here */
 
-/* Reads up to `wanted` blocks of group (data first) from servers not lost into blocks, and
- * marks them in present. */
-static keel_status group_fetch(keel_ec_client *client, uint64_t group, int wanted, uint8_t *space,
-                               uint8_t **blocks, bool *present) {
+/* Groups read in one round: every server's part of them in one request, all sent at once. */
+#define SWEEP_BYTES ((size_t)8 << 20)
+
+/* A round over consecutive groups: for each, `wanted` blocks (data first) from servers not
+ * lost, the others to be decoded. */
+typedef struct sweep {
+  uint64_t first, count, capacity; /* groups */
+  int wanted;
+  uint8_t *space;     /* capacity * (k + r) blocks, group after group */
+  bool *present;      /* capacity * (k + r) */
+  keel__ec_ref *refs; /* capacity * (k + r), each server's stretch apart */
+  uint8_t **targets;  /* where each ref's block goes */
+  uint8_t *body;      /* the replies, in the refs' order */
+} sweep;
+
+static keel_status sweep_make(keel_ec_client *client, int wanted, sweep *round) {
+  size_t n = (size_t)client->layout.data_blocks + (size_t)client->layout.parity_blocks;
+  uint64_t capacity = SWEEP_BYTES / (n * client->block_bytes);
+  if (capacity > KEEL__EC_MAX_COUNT / n) capacity = KEEL__EC_MAX_COUNT / n;
+  if (capacity == 0) capacity = 1;
+  *round = (sweep){.capacity = capacity, .wanted = wanted};
+  size_t blocks = (size_t)capacity * n;
+  round->space = malloc(blocks * client->block_bytes);
+  round->body = malloc(blocks * client->block_bytes);
+  round->present = malloc(blocks * sizeof *round->present);
+  round->refs = malloc(blocks * sizeof *round->refs);
+  round->targets = malloc(blocks * sizeof *round->targets);
+  return round->space && round->body && round->present && round->refs && round->targets
+             ? KEEL_OK
+             : KEEL_ENOMEM;
+}
+
+static void sweep_free(sweep *round) {
+  free(round->space), free(round->body), free(round->present);
+  free(round->refs), free(round->targets);
+}
+
+static uint8_t *sweep_block(const keel_ec_client *client, const sweep *round, uint64_t g,
+                            int member) {
+  size_t n = (size_t)client->layout.data_blocks + (size_t)client->layout.parity_blocks;
+  return round->space + ((size_t)g * n + (size_t)member) * client->block_bytes;
+}
+
+/* Chooses the blocks of the round's groups to read: of each, the first `wanted` members on
+ * servers not lost. KEEL_EIO when a group has fewer than k (more than r lost). */
+static keel_status sweep_choose(keel_ec_client *client, sweep *round) {
   int n = client->layout.data_blocks + client->layout.parity_blocks;
-  int chosen = 0;
-  for (int member = 0; member < n; member++) {
-    blocks[member] = space + (size_t)member * client->block_bytes;
-    present[member] = false;
-    keel_ec_location at;
-    keel_ec_layout_locate(&client->layout, group, member, &at);
-    if (chosen == wanted || client->lost[at.server]) continue;
-    keel__ec_ref ref = {.group = group, .member = (uint32_t)member};
-    keel__ec_request request = {.op = KEEL__EC_OP_READ_BLOCKS, .count = 1, .refs = &ref};
-    keel_status status = call(client, at.server, &request, blocks[member]);
-    if (status != KEEL_OK) return status;
-    present[member] = true;
-    chosen++;
+  for (uint64_t g = 0; g < round->count; g++) {
+    int chosen = 0;
+    for (int member = 0; member < n; member++) {
+      keel_ec_location at;
+      keel_ec_layout_locate(&client->layout, round->first + g, member, &at);
+      bool take = chosen < round->wanted && !client->lost[at.server];
+      chosen += take;
+      round->present[(size_t)g * (size_t)n + (size_t)member] = take;
+    }
+    if (chosen < client->layout.data_blocks) return KEEL_EIO;
   }
   return KEEL_OK;
 }
 
-/* Reads k blocks of group from servers not lost into blocks and decodes the rest. */
-static keel_status group_read(keel_ec_client *client, uint64_t group, uint8_t *space,
-                              uint8_t **blocks) {
-  bool present[KEEL_EC_MAX_BLOCKS];
-  keel_status status =
-      group_fetch(client, group, client->layout.data_blocks, space, blocks, present);
+/* Reads the round's groups from `first` on: the chosen blocks of every group, one request to
+ * each server holding some, all at once. */
+static keel_status sweep_read(keel_ec_client *client, sweep *round, uint64_t first) {
+  int n = client->layout.data_blocks + client->layout.parity_blocks;
+  round->first = first;
+  round->count = client->limits.groups - first;
+  if (round->count > round->capacity) round->count = round->capacity;
+  keel_status status = sweep_choose(client, round);
   if (status != KEEL_OK) return status;
+  size_t wanted = 0;
+  for (int server = 0; server < client->servers; server++) {
+    size_t begin = wanted;
+    client->sending[server] = false;
+    for (uint64_t g = 0; g < round->count; g++) {
+      for (int member = 0; member < n; member++) {
+        keel_ec_location at;
+        keel_ec_layout_locate(&client->layout, first + g, member, &at);
+        if (!round->present[(size_t)g * (size_t)n + (size_t)member] || at.server != server)
+          continue;
+        round->refs[wanted] = (keel__ec_ref){.group = first + g, .member = (uint32_t)member};
+        round->targets[wanted++] = sweep_block(client, round, g, member);
+      }
+    }
+    if (wanted == begin) continue;
+    client->requests[server] = (keel__ec_request){.op = KEEL__EC_OP_READ_BLOCKS,
+                                                  .count = (uint32_t)(wanted - begin),
+                                                  .refs = round->refs + begin};
+    client->bodies[server] = round->body + begin * client->block_bytes;
+    client->offsets[server] = begin;
+    client->sending[server] = true;
+  }
+  call_each(client, client->bodies);
+  for (int server = 0; server < client->servers; server++) {
+    if (!client->sending[server]) continue;
+    if (client->statuses[server] != KEEL_OK) return client->statuses[server];
+    size_t end = client->offsets[server] + client->requests[server].count;
+    for (size_t i = client->offsets[server]; i < end; i++)
+      memcpy(round->targets[i], round->body + i * client->block_bytes, client->block_bytes);
+  }
+  return KEEL_OK;
+}
+
+/* The blocks of group g of the round, with the lost data blocks decoded. */
+static keel_status sweep_decode(keel_ec_client *client, sweep *round, uint64_t g, uint8_t **blocks,
+                                bool *present) {
+  int n = client->layout.data_blocks + client->layout.parity_blocks;
+  for (int member = 0; member < n; member++) {
+    blocks[member] = sweep_block(client, round, g, member);
+    present[member] = round->present[(size_t)g * (size_t)n + (size_t)member];
+  }
   return keel_ec_decode(client->decoder, client->block_bytes, blocks, present);
 }
 
-/* Whether every parity block of group held by a server not lost is the code of its rows. */
-static keel_status group_verify(keel_ec_client *client, uint64_t group, uint8_t *space,
-                                uint8_t *fresh, bool *consistent_p) {
+/* Whether every parity block of group g held by a server not lost is the code of its rows
+ * (the round read every member it could). */
+static keel_status group_verify(keel_ec_client *client, sweep *round, uint64_t g, uint8_t *fresh,
+                                bool *consistent_p) {
   int k = client->layout.data_blocks, r = client->layout.parity_blocks;
   uint8_t *blocks[KEEL_EC_MAX_BLOCKS], *work[KEEL_EC_MAX_BLOCKS];
   bool present[KEEL_EC_MAX_BLOCKS], some[KEEL_EC_MAX_BLOCKS];
-  keel_status status = group_fetch(client, group, k + r, space, blocks, present);
-  if (status != KEEL_OK) return status;
   /* The rows: the data held, the lost ones decoded from the first parity blocks held. */
-  for (int member = 0; member < k + r; member++) {
-    work[member] = fresh + (size_t)member * client->block_bytes;
-    memcpy(work[member], blocks[member], client->block_bytes);
-  }
   int sources = 0;
   for (int member = 0; member < k + r; member++) {
+    blocks[member] = sweep_block(client, round, g, member);
+    present[member] = round->present[(size_t)g * (size_t)(k + r) + (size_t)member];
+    work[member] = fresh + (size_t)member * client->block_bytes;
+    memcpy(work[member], blocks[member], client->block_bytes);
     some[member] = present[member] && sources < k;
     sources += some[member];
   }
-  status = keel_ec_decode(client->decoder, client->block_bytes, work, some);
+  keel_status status = keel_ec_decode(client->decoder, client->block_bytes, work, some);
   /* Now the code of those rows, against every parity block held. */
   if (status == KEEL_OK)
     status =
@@ -615,34 +696,44 @@ keel_status keel_ec_client_verify(keel_ec_client *client, uint64_t *inconsistent
   if (client == NULL || inconsistent_p == NULL)
     return keel__ec_invalid("keel_ec_client_verify: NULL argument");
   size_t n = (size_t)client->layout.data_blocks + (size_t)client->layout.parity_blocks;
-  uint8_t *space = malloc(client->block_bytes * n * 2);
-  if (space == NULL) return KEEL_ENOMEM;
+  uint8_t *fresh = malloc(client->block_bytes * n);
+  sweep round;
+  keel_status status = sweep_make(client, (int)n, &round);
+  if (status == KEEL_OK && fresh == NULL) status = KEEL_ENOMEM;
   uint64_t inconsistent = 0;
-  keel_status status = KEEL_OK;
-  for (uint64_t group = 0; group < client->limits.groups && status == KEEL_OK; group++) {
-    bool consistent = true;
-    status = group_verify(client, group, space, space + client->block_bytes * n, &consistent);
-    inconsistent += !consistent;
+  for (uint64_t first = 0; first < client->limits.groups && status == KEEL_OK;
+       first += round.count) {
+    status = sweep_read(client, &round, first);
+    for (uint64_t g = 0; g < round.count && status == KEEL_OK; g++) {
+      bool consistent = true;
+      status = group_verify(client, &round, g, fresh, &consistent);
+      inconsistent += !consistent;
+    }
   }
-  free(space);
+  sweep_free(&round);
+  free(fresh);
   if (status == KEEL_OK) *inconsistent_p = inconsistent;
   return status;
 }
 
 static keel_status checksum_rows(keel_ec_client *client, uint32_t *crc) {
-  int k = client->layout.data_blocks, n = k + client->layout.parity_blocks;
-  uint8_t *space = malloc(client->block_bytes * (size_t)n);
-  if (space == NULL) return KEEL_ENOMEM;
+  int k = client->layout.data_blocks;
+  sweep round;
+  keel_status status = sweep_make(client, k, &round);
   uint8_t *blocks[KEEL_EC_MAX_BLOCKS];
-  uint64_t groups = client->limits.groups;
-  keel_status status = KEEL_OK;
-  for (uint64_t group = 0; group < groups && status == KEEL_OK; group++) {
-    status = group_read(client, group, space, blocks);
-    for (int member = 0; member < k && status == KEEL_OK; member++)
-      if (group * (uint64_t)k + (uint64_t)member < client->wire.total_rows)
-        *crc = keel_crc32c(*crc, blocks[member], client->block_bytes);
+  bool present[KEEL_EC_MAX_BLOCKS];
+  for (uint64_t first = 0; first < client->limits.groups && status == KEEL_OK;
+       first += round.count) {
+    status = sweep_read(client, &round, first);
+    for (uint64_t g = 0; g < round.count && status == KEEL_OK; g++) {
+      status = sweep_decode(client, &round, g, blocks, present);
+      uint64_t group = first + g;
+      for (int member = 0; member < k && status == KEEL_OK; member++)
+        if (group * (uint64_t)k + (uint64_t)member < client->wire.total_rows)
+          *crc = keel_crc32c(*crc, blocks[member], client->block_bytes);
+    }
   }
-  free(space);
+  sweep_free(&round);
   return status;
 }
 
