@@ -33,7 +33,10 @@ struct keel__ec_rebuild {
   pthread_t thread;
   atomic_bool stop, complete;
   uint8_t *ready;     /* per group; under the group's stripe lock */
-  kept_change **kept; /* per stripe, under the stripe lock */
+  /* Per group, oldest stamp first, under the group's stripe lock. One list per group, not per
+   * stripe: with training going on, a long rebuild keeps hundreds of thousands of changes,
+   * and each install walks only its own group's. */
+  kept_change **kept;
   keel_status status;
   uint64_t rounds; /* read rounds, first reads and rereads of groups found in flight alike */
 };
@@ -57,7 +60,10 @@ bool keel__ec_rebuild_keep(keel_ec_server *server, const keel__ec_ref *ref, cons
   }
   memcpy(copy, delta, server->shard.block_bytes);
   *change = (kept_change){.ref = *ref, .stamp = stamp, .delta = copy};
-  kept_change **list = &rebuild->kept[ref->group % KEEL__EC_STRIPES];
+  /* In stamp order, since a fold leaves out a change older than the block's stamp: two steps'
+   * changes to one row, kept while a round was read, must be folded oldest first. */
+  kept_change **list = &rebuild->kept[ref->group];
+  while (*list != NULL && (*list)->stamp <= stamp) list = &(*list)->next;
   change->next = *list;
   *list = change;
   return true;
@@ -95,13 +101,9 @@ static bool stamps_agree(const keel__ec_shard *shard, const group_read *read, ui
 /* Folds the changes kept for group that are newer than what was installed. Caller holds the
  * group's lock. */
 static void fold_kept(keel_ec_server *server, uint64_t group) {
-  kept_change **list = &server->rebuild->kept[group % KEEL__EC_STRIPES];
+  kept_change **list = &server->rebuild->kept[group];
   while (*list != NULL) {
     kept_change *change = *list;
-    if (change->ref.group != group) {
-      list = &change->next;
-      continue;
-    }
     *list = change->next;
     keel__ec_shard_fold(&server->shard, group, (int)change->ref.member, (int)change->ref.other,
                         change->delta, change->stamp);
@@ -374,7 +376,8 @@ keel_status keel__ec_rebuild_start(keel_ec_server *server) {
   atomic_init(&rebuild->stop, false);
   atomic_init(&rebuild->complete, false);
   rebuild->ready = calloc(server->shard.groups > 0 ? server->shard.groups : 1, 1);
-  rebuild->kept = calloc(KEEL__EC_STRIPES, sizeof *rebuild->kept);
+  rebuild->kept =
+      calloc(server->shard.groups > 0 ? server->shard.groups : 1, sizeof *rebuild->kept);
   if (rebuild->ready == NULL || rebuild->kept == NULL) {
     free(rebuild->ready);
     free(rebuild->kept);
@@ -397,10 +400,10 @@ void keel__ec_rebuild_stop(keel_ec_server *server) {
   if (rebuild == NULL) return;
   atomic_store(&rebuild->stop, true);
   pthread_join(rebuild->thread, NULL);
-  for (size_t stripe = 0; stripe < KEEL__EC_STRIPES; stripe++) {
-    while (rebuild->kept[stripe] != NULL) {
-      kept_change *change = rebuild->kept[stripe];
-      rebuild->kept[stripe] = change->next;
+  for (uint64_t group = 0; group < server->shard.groups; group++) {
+    while (rebuild->kept[group] != NULL) {
+      kept_change *change = rebuild->kept[group];
+      rebuild->kept[group] = change->next;
       free(change->delta);
       free(change);
     }

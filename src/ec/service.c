@@ -31,18 +31,29 @@ bool keel__ec_unreachable(keel_status status) {
 }
 
 /* Opens the link on first use: the address from the directory, each time, since a
- * replacement server may listen elsewhere. */
+ * replacement server may listen elsewhere. A server that cannot be reached at the address
+ * read may have been replaced while it was tried: then the replacement's address is tried
+ * too, so that the failure of the one it replaced is not taken for its own. */
 static keel_status peer_connect(keel__ec_peer *peer, keel__ec_directory *directory,
                                 const keel_auth *auth, int64_t deadline_ns) {
   if (peer->link != NULL) return KEEL_OK;
   keel_status status = keel__ec_directory_lookup(directory, peer->index, peer->address,
                                                  sizeof peer->address, deadline_ns);
   if (status != KEEL_OK) return status;
-  /* The address was published by a server that listened there: a refused connection means
-   * it is gone, not that it has yet to start, so refusals are retried only briefly. */
-  int64_t connect_deadline = keel_deadline_after_ns(KEEL__EC_CONNECT_TIMEOUT_NS);
-  if (connect_deadline > deadline_ns) connect_deadline = deadline_ns;
-  return keel_link_connect(peer->address, auth, connect_deadline, &peer->link);
+  for (int attempt = 0;; attempt++) {
+    /* The address was published by a server that listened there: a refused connection means
+     * it is gone, not that it has yet to start, so refusals are retried only briefly. */
+    int64_t connect_deadline = keel_deadline_after_ns(KEEL__EC_CONNECT_TIMEOUT_NS);
+    if (connect_deadline > deadline_ns) connect_deadline = deadline_ns;
+    status = keel_link_connect(peer->address, auth, connect_deadline, &peer->link);
+    if (!keel__ec_unreachable(status) || attempt == 1) return status;
+    char address_now[sizeof peer->address];
+    if (keel__ec_directory_lookup(directory, peer->index, address_now, sizeof address_now,
+                                  deadline_ns) != KEEL_OK ||
+        strcmp(address_now, peer->address) == 0)
+      return status;
+    memcpy(peer->address, address_now, sizeof peer->address);
+  }
 }
 
 static void peer_drop(keel__ec_peer *peer) {

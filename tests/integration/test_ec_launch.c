@@ -151,7 +151,9 @@ static int inject(const keel_test_job *run, const char *action, const char *targ
                   const char *job_id) {
   char path[400];
   snprintf(path, sizeof path, "%s/inject.txt", run->folder);
-  return keel_test_keel(LIST("inject", action, target, "--job", job_id), path, 5000);
+  int status = keel_test_keel(LIST("inject", action, target, "--job", job_id), path, 5000);
+  if (status != 0) keel_test_print_file("keel inject's output", path);
+  return status;
 }
 
 /* Starts a slow synchronous job and waits until it is under way; the servers' pids from
