@@ -33,9 +33,9 @@ struct keel__ec_rebuild {
   pthread_t thread;
   atomic_bool stop, complete;
   uint8_t *ready;     /* per group; under the group's stripe lock */
-  /* Per group, oldest stamp first, under the group's stripe lock. One list per group, not per
-   * stripe: with training going on, a long rebuild keeps hundreds of thousands of changes,
-   * and each install walks only its own group's. */
+  /* Per group, newest first, under the group's stripe lock. One list per group, not per
+   * stripe: with training going on, a long rebuild keeps hundreds of thousands of changes (a
+   * hot row's group thousands), and each install walks only its own group's. */
   kept_change **kept;
   keel_status status;
   uint64_t rounds; /* read rounds, first reads and rereads of groups found in flight alike */
@@ -60,10 +60,7 @@ bool keel__ec_rebuild_keep(keel_ec_server *server, const keel__ec_ref *ref, cons
   }
   memcpy(copy, delta, server->shard.block_bytes);
   *change = (kept_change){.ref = *ref, .stamp = stamp, .delta = copy};
-  /* In stamp order, since a fold leaves out a change older than the block's stamp: two steps'
-   * changes to one row, kept while a round was read, must be folded oldest first. */
   kept_change **list = &rebuild->kept[ref->group];
-  while (*list != NULL && (*list)->stamp <= stamp) list = &(*list)->next;
   change->next = *list;
   *list = change;
   return true;
@@ -98,15 +95,48 @@ static bool stamps_agree(const keel__ec_shard *shard, const group_read *read, ui
   return true;
 }
 
-/* Folds the changes kept for group that are newer than what was installed. Caller holds the
- * group's lock. */
+/* A kept change and its place in arrival order, for a stable sort by stamp. */
+typedef struct kept_order {
+  kept_change *change;
+  size_t arrival;
+} kept_order;
+
+static int kept_order_compare(const void *a, const void *b) {
+  const kept_order *x = a, *y = b;
+  if (x->change->stamp != y->change->stamp) return x->change->stamp < y->change->stamp ? -1 : 1;
+  return x->arrival < y->arrival ? -1 : x->arrival > y->arrival;
+}
+
+/* Folds the changes kept for group that are newer than what was installed, oldest stamp
+ * first: a fold leaves out a change older than the block's stamp, so two steps' changes to
+ * one row kept while a round was read must not go newest first. Caller holds the group's
+ * lock. */
 static void fold_kept(keel_ec_server *server, uint64_t group) {
-  kept_change **list = &server->rebuild->kept[group];
-  while (*list != NULL) {
-    kept_change *change = *list;
-    *list = change->next;
+  kept_change *list = server->rebuild->kept[group];
+  server->rebuild->kept[group] = NULL;
+  size_t count = 0;
+  for (kept_change *change = list; change != NULL; change = change->next) count++;
+  kept_order *order = malloc(sizeof *order * (count > 0 ? count : 1));
+  if (order == NULL) {
+    /* The group cannot be made whole here: the rebuild fails and its rows stay decoded. */
+    server->rebuild->status = KEEL_ENOMEM;
+    count = 0;
+  }
+  size_t arrival = count;
+  for (kept_change *change = list; change != NULL && order != NULL; change = change->next) {
+    arrival--; /* the list is newest first */
+    order[arrival] = (kept_order){.change = change, .arrival = arrival};
+  }
+  qsort(order, count, sizeof *order, kept_order_compare);
+  for (size_t i = 0; i < count; i++) {
+    kept_change *change = order[i].change;
     keel__ec_shard_fold(&server->shard, group, (int)change->ref.member, (int)change->ref.other,
                         change->delta, change->stamp);
+  }
+  free(order);
+  while (list != NULL) {
+    kept_change *change = list;
+    list = change->next;
     free(change->delta);
     free(change);
   }

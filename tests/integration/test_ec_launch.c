@@ -151,9 +151,7 @@ static int inject(const keel_test_job *run, const char *action, const char *targ
                   const char *job_id) {
   char path[400];
   snprintf(path, sizeof path, "%s/inject.txt", run->folder);
-  int status = keel_test_keel(LIST("inject", action, target, "--job", job_id), path, 5000);
-  if (status != 0) keel_test_print_file("keel inject's output", path);
-  return status;
+  return keel_test_keel(LIST("inject", action, target, "--job", job_id), path, 5000);
 }
 
 /* Starts a slow synchronous job and waits until it is under way; the servers' pids from
@@ -171,13 +169,17 @@ static pid_t slow_job_start(keel_test_job *run, const char *const *flags, char *
   return launcher;
 }
 
-static int launcher_wait(const keel_test_job *run, pid_t launcher) {
+/* The launcher's exit code (128 + the signal that ended it); the job's output is printed when
+ * it is not the one expected. */
+static int launcher_wait(const keel_test_job *run, pid_t launcher, int expected) {
   int status = 0;
   if (!keel_test_wait(launcher, JOB_TIMEOUT_MS, &status)) {
     keel_test_print_file("job output", run->output);
     fail_msg("the launcher did not end");
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code != expected) keel_test_print_file("job output", run->output);
+  return code;
 }
 
 static void pids_gone(const pid_t *pids, int count) {
@@ -242,9 +244,7 @@ static void test_server_killed(void **state) {
   assert_int_equal(inject(&run, "kill", "server:1", job_id), 1);
   pid_t alive[SERVERS];
   assert_int_equal(ps_server_pids(&run, job_id, alive), SERVERS - 1);
-  int code = launcher_wait(&run, launcher);
-  if (code != 0) keel_test_print_file("job output", run.output);
-  assert_int_equal(code, 0);
+  assert_int_equal(launcher_wait(&run, launcher, 0), 0);
   unsigned crc = 0;
   unsigned long long lost = 0;
   assert_true(final_read(run.output, &crc, &lost));
@@ -278,7 +278,7 @@ static void test_two_servers_killed(void **state) {
   assert_int_equal(inject(&run, "kill", "server:1", job_id), 0);
   server_exit_wait(&run, 1);
   assert_int_equal(inject(&run, "kill", "server:2", job_id), 0);
-  assert_int_equal(launcher_wait(&run, launcher), 1);
+  assert_int_equal(launcher_wait(&run, launcher, 1), 1);
   char *text = keel_test_read_file(run.output, NULL);
   assert_non_null(text);
   if (strstr(text, "2 parameter servers are dead, more than the parity of --ec r=1") == NULL) {
@@ -346,7 +346,7 @@ static void test_server_replaced(void **state) {
   assert_true(now[2] != pids[2] && keel_test_pid_exists(now[2]));
   assert_int_equal(inject(&run, "kill", "server:2", job_id), 0);
   replacements_wait(&run, 2, 2);
-  assert_int_equal(launcher_wait(&run, launcher), 0);
+  assert_int_equal(launcher_wait(&run, launcher, 0), 0);
   unsigned crc = 0;
   unsigned long long lost = 1;
   assert_true(final_read(run.output, &crc, &lost));
@@ -417,7 +417,7 @@ static void test_interrupt_stops_servers(void **state) {
   pid_t pids[SERVERS];
   pid_t launcher = slow_job_start(&run, LIST(SYNC_FLAGS), job_id, sizeof job_id, pids);
   kill(launcher, SIGINT);
-  assert_int_equal(launcher_wait(&run, launcher), 130);
+  assert_int_equal(launcher_wait(&run, launcher, 130), 130);
   keel_test_events log;
   keel_test_events_read(run.events, MAX_EVENTS, &log);
   for (long uid = 0; uid < 2; uid++)
@@ -481,7 +481,7 @@ static void test_launcher_killed(void **state) {
   size_t count = spawned_pids(&run, pids, 16);
   assert_int_equal(count, SERVERS + 2);
   kill(launcher, SIGKILL);
-  assert_int_equal(launcher_wait(&run, launcher), 128 + SIGKILL);
+  assert_int_equal(launcher_wait(&run, launcher, 128 + SIGKILL), 128 + SIGKILL);
   bool running = true;
   for (int tries = 0; running && tries < 200 * keel_test_slowdown(); tries++) {
     running = false;
