@@ -307,12 +307,36 @@ keel_status keel_start(keel_ctx *ctx) {
   return status;
 }
 
+/* The `finish` event of a member that leaves in order: the steps it committed and a crc32c
+ * over its registered state, so that a tool outside the job (`keel chaos`) can compare the
+ * ranks' final state with each other and with a run without failures. */
+static void finish_event(keel_ctx *ctx) {
+  keel_comm *world = keel_world(ctx);
+  if (world == NULL || keel_comm_rank(world) < 0) return;
+  keel__position position;
+  keel__step_position(ctx, KEEL__REDO_NONE, &position);
+  if (!position.has_state) return;
+  uint32_t crc = 0;
+  for (size_t i = 0; i < keel_registry_count(ctx->registry); i++) {
+    const keel_state_buffer *buffer = keel_registry_entry(ctx->registry, i);
+    crc = keel_crc32c(crc, buffer->data, buffer->bytes);
+  }
+  char fields[192];
+  snprintf(fields, sizeof fields,
+           "\"world\":%d,\"step\":%" PRIu64 ",\"shard\":%" PRIu32 ",\"state_bytes\":%" PRIu64
+           ",\"state_crc32c\":\"%08" PRIx32 "\"",
+           keel_comm_size(world), position.version, position.shard,
+           keel_registry_bytes(ctx->registry), crc);
+  keel__report_line(ctx, "finish", fields);
+}
+
 void keel_finalize(keel_ctx *ctx) {
   if (ctx == NULL) return;
   keel_status interruption = keel__session_interrupted(ctx->session);
   /* After the launcher is gone (its store with it) or a failed init, nothing is said to
    * anyone: the peers learn from their links. */
   bool orderly = !ctx->abandon && interruption != KEEL_EORPHANED;
+  if (orderly) finish_event(ctx);
   keel__session_detach(ctx->session);
   keel_endpoint_close(ctx->endpoint, orderly ? LINGER_NS : 0);
   keel__session_close(ctx->session, orderly);

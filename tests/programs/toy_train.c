@@ -3,7 +3,7 @@
  * that state, so a replacement that got the wrong state, or a redo with the wrong
  * contributions, changes the final checksum. Every process that finishes prints
  *   toy-final rank=R uid=U step=N world=W crc=XXXXXXXX
- * Flags: --steps N --params P --global-batch B --compute-ms M --seed S --shards K
+ * Flags: --steps N --params P --global-batch B --compute-ms M --seed S|job --shards K
  *        --persist-every N --persist-dir DIR --second-allreduce --undo
  * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
  * the parameters and momentum, replicated by every group of K ranks: each step allgathers
@@ -53,6 +53,12 @@ static int parse_options(int argc, char **argv, options *opts) {
       if (option == 'D') opts->persist_directory = optarg;
       if (option == 'A') opts->second_allreduce = true;
       if (option == 'U') opts->undo = true;
+      continue;
+    }
+    /* --seed job: a seed of the job's id, the same in every rank and different in every
+     * run; a run that keel chaos compares with another must then differ from it. */
+    if (option == 'e' && strcmp(optarg, "job") == 0 && getenv("KEEL_JOB_ID") != NULL) {
+      opts->seed = strtoull(getenv("KEEL_JOB_ID"), NULL, 10);
       continue;
     }
     if (option == '?' || keel_parse_int(optarg, 0, 1 << 30, &value) != KEEL_OK) {

@@ -161,6 +161,27 @@ static keel_status job_file_newest(const char *directory, keel__job_info *info_p
   return status;
 }
 
+keel_status keel__job_file_of_launcher(pid_t launcher_pid, keel__job_info *info_p) {
+  char directory[64];
+  job_directory(directory, sizeof directory);
+  if (job_directory_check(directory) != KEEL_OK) return KEEL_ENOTFOUND;
+  DIR *folder = opendir(directory);
+  if (folder == NULL) return KEEL_ENOTFOUND;
+  keel_status status = KEEL_ENOTFOUND;
+  for (struct dirent *entry = readdir(folder); entry != NULL; entry = readdir(folder)) {
+    char path[PATH_MAX];
+    int length = snprintf(path, sizeof path, "%s/%s", directory, entry->d_name);
+    if (!is_job_file_name(entry->d_name) || length < 0 || (size_t)length >= sizeof path) continue;
+    keel__job_info job;
+    if (job_file_read(path, &job) != KEEL_OK || job.launcher_pid != launcher_pid) continue;
+    *info_p = job;
+    status = KEEL_OK;
+    break;
+  }
+  closedir(folder);
+  return status;
+}
+
 keel_status keel__job_file_find(const char *job_id, keel__job_info *info_p) {
   char directory[64];
   job_directory(directory, sizeof directory);

@@ -136,6 +136,7 @@ typedef struct keel__child {
   int64_t rank;           /* the last rank it held; -1: none yet */
   int64_t epoch;          /* the latest epoch its proc/ value showed */
   int64_t lease_lost_ns;  /* when its proc/ key vanished while it lived; 0: never */
+  int64_t stopped_ns;     /* when waitpid said it stopped (SIGSTOP); 0: running */
   char fence_reason[128]; /* why the launcher fenced it; empty: not fenced */
   int wait_status;
   uint64_t exit_order;  /* 1 for the first process to exit, ...; 0 while alive */

@@ -21,6 +21,8 @@ static const char usage_text[] =
     "  report  summarise a job's events file: keel report [--json] [--svg F] EVENTS\n"
     "  model   checkpointing costs (JIT paper, section 5): keel model --gpus 1024 ...\n"
     "  server  one erasure-coded parameter server (ECRec): keel server --help\n"
+    "  chaos   run a job through failures drawn from a seed and check it survived them:\n"
+    "          keel chaos --failures 50 -- -n 4 --spares 2 -- ./train ARGS...\n"
     "\n"
     "keel run --help lists the launcher's flags.\n";
 
@@ -34,7 +36,7 @@ static const command_entry commands[] = {
     {"inject", keel__command_inject}, {"ps", keel__command_ps},
     {"status", keel__command_status}, {"join", keel__command_join},
     {"report", keel__command_report}, {"model", keel__command_model},
-    {"server", keel__command_server},
+    {"server", keel__command_server}, {"chaos", keel__command_chaos},
 };
 
 int main(int argc, char **argv) {

@@ -355,6 +355,23 @@ static bool child_left_in_order(keel__launcher *launcher, const keel__child *chi
   return keel__store_has(launcher->store, key);
 }
 
+/* A child its parent saw stop, and that is still stopped a stopped grace later, is hung:
+ * a process stopped as a whole renews no lease and answers no peer. */
+static void launcher_fence_stopped(keel__launcher *launcher, int64_t now_ns) {
+  if (launcher->phase != KEEL__PHASE_RUNNING) return;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    keel__child *child = &launcher->children[i];
+    if (!child->alive || child->stopped_ns == 0) continue;
+    if (now_ns - child->stopped_ns < launcher->stopped_grace_ns) continue;
+    int64_t stopped_ms = (now_ns - child->stopped_ns) / 1000000;
+    child->stopped_ns = 0;
+    if (!keel__child_stopped(child)) continue; /* continued, its SIGCHLD not read yet */
+    char reason[64];
+    snprintf(reason, sizeof reason, "stopped for %lld ms", (long long)stopped_ms);
+    keel__child_fence(launcher, child, reason);
+  }
+}
+
 static void launcher_fence_lapsed(keel__launcher *launcher, int64_t now_ns) {
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   bool reaped = false;
@@ -392,6 +409,7 @@ static void launcher_handle_deadlines(keel__launcher *launcher, int64_t now_ns) 
     keel__event_emit(launcher, "timeout", NULL);
     keel__launcher_terminate(launcher, KEEL__EXIT_TIMEOUT, SIGKILL);
   }
+  launcher_fence_stopped(launcher, now_ns);
   launcher_fence_lapsed(launcher, now_ns);
   keel__agent_tick(launcher, now_ns);
   keel__restart_round_tick(launcher, now_ns);
@@ -427,6 +445,9 @@ static int64_t launcher_next_deadline(const keel__launcher *launcher) {
   int64_t now_ns = keel_now_ns();
   for (size_t i = 0; launcher->phase == KEEL__PHASE_RUNNING && i < launcher->child_count; i++) {
     const keel__child *child = &launcher->children[i];
+    if (child->alive && child->stopped_ns != 0 &&
+        child->stopped_ns + launcher->stopped_grace_ns < next)
+      next = child->stopped_ns + launcher->stopped_grace_ns;
     if (!child->alive || child->lease_lost_ns == 0) continue;
     int64_t check_at = lapse_next_check(launcher, child, now_ns);
     if (check_at < next) next = check_at;

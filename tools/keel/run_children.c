@@ -367,13 +367,19 @@ static void child_record_exit(keel__launcher *launcher, const keel__child *child
                    outcome, child->fenced ? "true" : "false");
 }
 
+/* The parent learns of a child's stop at once (WUNTRACED): a stopped process is fenced
+ * after the stopped grace (run.c), long before its lease could lapse. */
 void keel__children_reap(keel__launcher *launcher) {
   for (;;) {
     int wait_status;
-    pid_t pid = waitpid(-1, &wait_status, WNOHANG);
+    pid_t pid = waitpid(-1, &wait_status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid <= 0) return;
     keel__child *child = child_by_pid(launcher, pid);
     if (child == NULL) continue;
+    if (WIFSTOPPED(wait_status) || WIFCONTINUED(wait_status)) {
+      child->stopped_ns = WIFSTOPPED(wait_status) ? keel_now_ns() : 0;
+      continue;
+    }
     child->alive = false;
     child->wait_status = wait_status;
     child->exit_order = ++launcher->exits_seen;

@@ -31,6 +31,7 @@ int keel__command_status(int argc, char **argv);
 int keel__command_join(int argc, char **argv);
 int keel__command_report(int argc, char **argv);
 int keel__command_server(int argc, char **argv);
+int keel__command_chaos(int argc, char **argv);
 
 /* ---- job files: /tmp/keel-<unix uid>/<job id>.job (directory 0700, file 0600), one per
  * running launcher, holding what a tool needs to join the job's store. */
@@ -46,6 +47,9 @@ keel_status keel__job_file_write(const keel__job_info *info, char *path, size_t 
 /* Reads the job file of job_id (decimal text), or with job_id NULL the newest one whose
  * launcher is still alive. KEEL_ENOTFOUND (with a message on stderr) when there is none. */
 keel_status keel__job_file_find(const char *job_id, keel__job_info *info_p);
+/* Reads the job file written by the launcher of pid launcher_pid (`keel chaos` knows the
+ * launcher it started, not its job id). KEEL_ENOTFOUND, silently, while there is none. */
+keel_status keel__job_file_of_launcher(pid_t launcher_pid, keel__job_info *info_p);
 /* Finds the job (job_id NULL: the newest running one) and connects to its store as the
  * tool; says why on stderr when it cannot. The caller closes *store_p. */
 keel_status keel__job_connect(const char *job_id, keel__job_info *job_p, keel_store **store_p);

@@ -1,0 +1,213 @@
+/* `keel chaos` end to end: a toy_train job of 4 ranks through 50 failures (kills, stops and
+ * launcher stops) drawn from a fixed seed must pass every invariant, each kind having hit;
+ * a job that cannot match its failure-free run, and one where a process dies that chaos
+ * did not hit, must each fail the invariant that says so; and jobs whose flags cannot
+ * survive the failures asked for are refused before anything starts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "test_job.h"
+#include "test_support.h"
+
+#define REFUSAL_TIMEOUT_MS 10000
+/* Two whole jobs (the failure-free run, then the run with failures). */
+#define CHAOS_TIMEOUT_MS 240000
+
+/* A toy job long enough to outlast 50 failures at 100-400 ms gaps (launcher stops hold
+ * the schedule up to 2 s each): about 30 s without failures. */
+#define TOY_ARGS "--steps", "6000", "--compute-ms", "2", "--params", "20000"
+
+typedef struct chaos_result {
+  int code;
+  char *output; /* keel chaos's stdout and stderr */
+  char *json;   /* its --json file; NULL when it wrote none */
+} chaos_result;
+
+/* Runs `keel chaos CHAOS_ARGS --json F -- RUN_FLAGS -- toy_train PROGRAM_ARGS`, with
+ * fault (may be NULL) as KEEL_FAULT in its environment. */
+static void chaos_run(const char *const *chaos_args, const char *const *run_flags,
+                      const char *const *program_args, const char *fault, int timeout_ms,
+                      chaos_result *result) {
+  const char *folder = keel_test_tempdir("keel-test-chaos");
+  assert_non_null(folder);
+  char output[300], json[300], fault_env[200];
+  snprintf(output, sizeof output, "%s/output.txt", folder);
+  snprintf(json, sizeof json, "%s/chaos.json", folder);
+  char *argv[64];
+  size_t used = 0;
+  argv[used++] = (char *)keel_test_bin("keel");
+  char *keel_path = strdup(argv[0]);
+  argv[0] = keel_path;
+  argv[used++] = "chaos";
+  for (size_t i = 0; chaos_args[i] != NULL; i++) argv[used++] = (char *)chaos_args[i];
+  argv[used++] = "--json";
+  argv[used++] = json;
+  argv[used++] = "--";
+  for (size_t i = 0; run_flags[i] != NULL; i++) argv[used++] = (char *)run_flags[i];
+  argv[used++] = "--";
+  argv[used++] = (char *)keel_test_program("toy_train");
+  char *program = strdup(argv[used - 1]);
+  argv[used - 1] = program;
+  for (size_t i = 0; program_args[i] != NULL; i++) argv[used++] = (char *)program_args[i];
+  argv[used] = NULL;
+  char *env[2] = {NULL, NULL};
+  if (fault != NULL) {
+    snprintf(fault_env, sizeof fault_env, "KEEL_FAULT=%s", fault);
+    env[0] = fault_env;
+  }
+  unlink(json);
+  result->code = keel_test_run(argv, env, output, timeout_ms);
+  result->output = keel_test_read_file(output, NULL);
+  result->json = keel_test_read_file(json, NULL);
+  free(keel_path);
+  free(program);
+  if (result->output == NULL) result->output = strdup("");
+}
+
+static void chaos_result_free(chaos_result *result) {
+  free(result->output);
+  free(result->json);
+}
+
+/* The integer after "\"key\":" inside the object of kind in the JSON's "kinds"; -1. */
+static long kind_field(const char *json, const char *kind, const char *key) {
+  char name[64], field[64];
+  snprintf(name, sizeof name, "\"%s\":{", kind);
+  snprintf(field, sizeof field, "\"%s\":", key);
+  const char *object = strstr(json, name);
+  const char *at = object ? strstr(object, field) : NULL;
+  const char *end = object ? strchr(object, '}') : NULL;
+  if (at == NULL || at > end) return -1;
+  return strtol(at + strlen(field), NULL, 10);
+}
+
+/* Whether the check name is in the JSON with held as given. */
+static bool check_is(const char *json, const char *name, bool held) {
+  char text[96];
+  snprintf(text, sizeof text, "{\"name\":\"%s\",\"held\":%s", name, held ? "true" : "false");
+  return strstr(json, text) != NULL;
+}
+
+static void show(const chaos_result *result) {
+  fprintf(stderr, "--- keel chaos (exit %d):\n%s\n--- json: %s\n", result->code, result->output,
+          result->json ? result->json : "(none)");
+}
+
+static void test_chaos_fifty_failures(void **state) {
+  (void)state;
+  chaos_result result;
+  chaos_run((const char *const[]){"--failures", "50", "--every", "100ms..400ms", "--seed", "11",
+                                  "--mix", "kill=4,stop=2,launcher-stop=1", NULL},
+            (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2",
+                                  "--max-restarts", "60", NULL},
+            (const char *const[]){TOY_ARGS, NULL}, NULL, CHAOS_TIMEOUT_MS, &result);
+  if (result.code != 0 || result.json == NULL) show(&result);
+  assert_int_equal(result.code, 0);
+  assert_non_null(result.json);
+  assert_non_null(strstr(result.json, "\"injected\":50,"));
+  assert_non_null(strstr(result.json, "\"verdict\":\"pass\""));
+  /* Every kind hit, and the kills and stops were each seen recovered from. */
+  static const char *const kinds[] = {"kill", "stop", "launcher-stop"};
+  for (size_t i = 0; i < 3; i++) {
+    if (kind_field(result.json, kinds[i], "injected") < 1) show(&result);
+    assert_true(kind_field(result.json, kinds[i], "injected") >= 1);
+  }
+  assert_true(kind_field(result.json, "kill", "recovered") >= 1);
+  assert_true(kind_field(result.json, "stop", "recovered") >= 1);
+  assert_true(check_is(result.json, "final-state", true));
+  assert_true(check_is(result.json, "nothing-left", true));
+  chaos_result_free(&result);
+}
+
+/* --seed job makes every run of toy_train compute something else: the run with failures
+ * cannot match the failure-free one, and chaos must say so. */
+static void test_chaos_catches_a_different_result(void **state) {
+  (void)state;
+  chaos_result result;
+  chaos_run((const char *const[]){"--failures", "2", "--every", "100ms", "--mix", "kill=1", NULL},
+            (const char *const[]){"-n", "2", "--on-failure", "replace", NULL},
+            (const char *const[]){"--steps", "400", "--seed", "job", NULL}, NULL, CHAOS_TIMEOUT_MS,
+            &result);
+  if (result.code != 1 || result.json == NULL) show(&result);
+  assert_int_equal(result.code, 1);
+  assert_non_null(result.json);
+  assert_true(check_is(result.json, "final-state", false));
+  assert_non_null(strstr(result.json, "\"verdict\":\"fail\""));
+  chaos_result_free(&result);
+}
+
+/* A KEEL_FAULT rule kills rank 1 at step 30 in both runs; chaos itself only stops the
+ * launcher, so that death is one no failure of its own explains. */
+static void test_chaos_catches_a_death_it_did_not_cause(void **state) {
+  (void)state;
+  chaos_result result;
+  chaos_run((const char *const[]){"--failures", "1", "--every", "100ms", "--mix", "launcher-stop=1",
+                                  NULL},
+            (const char *const[]){"-n", "2", "--on-failure", "replace", NULL},
+            (const char *const[]){"--steps", "400", NULL}, "kill@rank=1,step=30", CHAOS_TIMEOUT_MS,
+            &result);
+  if (result.code != 1 || result.json == NULL) show(&result);
+  assert_int_equal(result.code, 1);
+  assert_non_null(result.json);
+  assert_true(check_is(result.json, "no-false-death", false));
+  chaos_result_free(&result);
+}
+
+/* Refused with exit 2 and the reason, before any job starts (no --json written). */
+static void expect_refusal(const char *const *chaos_args, const char *const *run_flags,
+                           const char *reason) {
+  chaos_result result;
+  chaos_run(chaos_args, run_flags, (const char *const[]){"--steps", "10", NULL}, NULL,
+            REFUSAL_TIMEOUT_MS, &result);
+  if (result.code != 2 || strstr(result.output, reason) == NULL || result.json != NULL)
+    show(&result);
+  assert_int_equal(result.code, 2);
+  assert_non_null(strstr(result.output, reason));
+  assert_null(result.json);
+  chaos_result_free(&result);
+}
+
+static void test_chaos_refusals(void **state) {
+  (void)state;
+  const char *const replace[] = {"-n", "2", "--on-failure", "replace", NULL};
+  expect_refusal((const char *const[]){"--mix", "kill-node=1", NULL}, replace,
+                 "kill-node needs --failure-domain node");
+  expect_refusal((const char *const[]){"--mix", "etcd-kill=1", NULL}, replace,
+                 "this job runs on the embedded store");
+  expect_refusal((const char *const[]){"--mix", "server-kill=1", NULL}, replace,
+                 "server-kill needs parameter servers");
+  expect_refusal((const char *const[]){"--mix", "kill=1", NULL},
+                 (const char *const[]){"--servers", "4", "--ec", "k=3,r=1", "-n", "2", NULL},
+                 "jobs on parameter servers are not supported");
+  expect_refusal((const char *const[]){"--mix", "bitflip=1", NULL}, replace,
+                 "not supported by keel chaos yet");
+  expect_refusal((const char *const[]){"--failures", "10", "--mix", "kill=1", NULL}, replace,
+                 "raise --max-restarts");
+  expect_refusal((const char *const[]){"--failures", "2", "--mix", "kill=1", NULL},
+                 (const char *const[]){"-n", "2", NULL}, "would shrink a world of 2 below 1");
+  expect_refusal((const char *const[]){"--mix", "kill=x", NULL}, replace, "bad value for --mix");
+  expect_refusal((const char *const[]){"--every", "5ms", NULL}, replace, "bad value for --every");
+  expect_refusal((const char *const[]){"--failures", "1", NULL},
+                 (const char *const[]){"-n", "2", "--on-failure", "replace", "--events", "x", NULL},
+                 "--events is keel chaos's own");
+  expect_refusal((const char *const[]){"--failures", "1", NULL},
+                 (const char *const[]){"-n", "0", NULL}, "keel run");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_chaos_refusals),
+      cmocka_unit_test(test_chaos_catches_a_different_result),
+      cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
+      cmocka_unit_test(test_chaos_fifty_failures),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,901 @@
+/* `keel chaos`: runs a job under `keel run` while failures drawn from a seed are injected
+ * into it through `keel inject` (and by signal to the launcher), then checks from outside
+ * the job -- its events file, /proc, /dev/shm, its job file -- that it survived them: the
+ * same final state as a run without failures, no death that was not injected, nothing left
+ * behind, nothing growing with the number of recoveries. docs/CHAOS.md says what it checks. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chaos.h"
+#include "keel/core.h"
+#include "launcher.h"
+#include "tool.h"
+
+#define MS_NS INT64_C(1000000)
+#define SECOND_NS INT64_C(1000000000)
+#define DEFAULT_FAILURES 20
+#define MAX_FAILURES 100000
+#define INJECT_DEADLINE_NS (10 * SECOND_NS)
+/* A rank between holders (its process dead, the spare not yet admitted) cannot be hit:
+ * the failure is tried again this much later, at most this often. */
+#define RETRY_NS (100 * MS_NS)
+#define MAX_ATTEMPTS 50
+#define TICK_NS (5 * MS_NS)
+/* Without the job's own --timeout, the most one run may take. */
+#define DEFAULT_RUN_DEADLINE_NS (60 * 60 * SECOND_NS)
+#define LAUNCHER_STOP_MIN_NS (200 * MS_NS)
+#define LAUNCHER_STOP_MAX_NS (2 * SECOND_NS)
+
+static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
+    "kill",      "stop",  "launcher-stop", "server-kill", "kill-node", "hang",
+    "partition", "delay", "etcd-kill",     "etcd-stop",   "bitflip",
+};
+
+const char *keel__chaos_kind_name(keel__chaos_kind kind) { return kind_names[kind]; }
+
+typedef struct chaos_options {
+  int64_t failures;    /* --failures; 0 with --duration */
+  int64_t duration_ns; /* --duration; 0: by count */
+  int64_t weights[KEEL__CHAOS_KIND_COUNT];
+  int64_t every_min_ns, every_max_ns;
+  uint64_t seed;
+  const char *json_path;
+  bool keep, no_reference;
+  char **run_argv; /* "run" then RUN-FLAGS -- PROGRAM ARGS */
+  int run_argc;
+  keel__run_options run;
+} chaos_options;
+
+static int chaos_usage(const char *message) {
+  fprintf(stderr,
+          "keel chaos: %s (usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...]"
+          " [--every MIN..MAX] [--seed S] [--json FILE] [--keep] [--no-reference]"
+          " -- RUN-FLAGS -- PROGRAM ARGS)\n",
+          message);
+  return KEEL__EXIT_USAGE;
+}
+
+/* ---- flags */
+
+static bool kind_parse(const char *text, size_t length, keel__chaos_kind *kind_p) {
+  for (int kind = 0; kind < KEEL__CHAOS_KIND_COUNT; kind++) {
+    if (strlen(kind_names[kind]) != length || strncmp(text, kind_names[kind], length) != 0)
+      continue;
+    *kind_p = (keel__chaos_kind)kind;
+    return true;
+  }
+  return false;
+}
+
+/* "kill=4,stop=2": every kind named once at most, weights 0..1000. */
+static bool mix_parse(const char *text, int64_t *weights) {
+  memset(weights, 0, sizeof(int64_t) * KEEL__CHAOS_KIND_COUNT);
+  bool named[KEEL__CHAOS_KIND_COUNT] = {0};
+  while (*text != '\0') {
+    size_t length = strcspn(text, ",");
+    const char *equals = memchr(text, '=', length);
+    keel__chaos_kind kind;
+    if (equals == NULL || !kind_parse(text, (size_t)(equals - text), &kind) || named[kind])
+      return false;
+    char number[24];
+    size_t digits = length - (size_t)(equals + 1 - text);
+    if (digits == 0 || digits >= sizeof number) return false;
+    memcpy(number, equals + 1, digits);
+    number[digits] = '\0';
+    if (keel_parse_int(number, 0, 1000, &weights[kind]) != KEEL_OK) return false;
+    named[kind] = true;
+    text += length + (text[length] == ',');
+  }
+  int64_t total = 0;
+  for (int kind = 0; kind < KEEL__CHAOS_KIND_COUNT; kind++) total += weights[kind];
+  return total > 0;
+}
+
+/* "1s..6s", or one duration for a fixed gap. */
+static bool every_parse(const char *text, chaos_options *options) {
+  const char *dots = strstr(text, "..");
+  char first[32];
+  size_t length = dots ? (size_t)(dots - text) : strlen(text);
+  if (length == 0 || length >= sizeof first) return false;
+  memcpy(first, text, length);
+  first[length] = '\0';
+  if (keel_parse_duration_ns(first, &options->every_min_ns) != KEEL_OK) return false;
+  options->every_max_ns = options->every_min_ns;
+  if (dots != NULL && keel_parse_duration_ns(dots + 2, &options->every_max_ns) != KEEL_OK)
+    return false;
+  return options->every_min_ns >= 10 * MS_NS && options->every_max_ns >= options->every_min_ns;
+}
+
+/* The value of flag at argv[*index] ("--flag V" or "--flag=V"), or NULL when arg is not
+ * that flag; *missing_p when it is, without a value. */
+static const char *flag_value(int argc, char **argv, int *index, const char *flag,
+                              bool *missing_p) {
+  const char *arg = argv[*index];
+  size_t length = strlen(flag);
+  if (strncmp(arg, flag, length) != 0) return NULL;
+  if (arg[length] == '=') return arg + length + 1;
+  if (arg[length] != '\0') return NULL;
+  if (*index + 1 >= argc) {
+    *missing_p = true;
+    return NULL;
+  }
+  return argv[++*index];
+}
+
+typedef enum flag_result { FLAG_NOT_MINE, FLAG_TAKEN, FLAG_BAD } flag_result;
+
+static flag_result value_flag_parse(int argc, char **argv, int *index, chaos_options *options,
+                                    const char **bad_p) {
+  bool missing = false;
+  const char *value;
+  *bad_p = argv[*index];
+  if ((value = flag_value(argc, argv, index, "--failures", &missing)) != NULL)
+    return keel_parse_int(value, 1, MAX_FAILURES, &options->failures) == KEEL_OK ? FLAG_TAKEN
+                                                                                 : FLAG_BAD;
+  if ((value = flag_value(argc, argv, index, "--duration", &missing)) != NULL) {
+    options->failures = 0;
+    return keel_parse_duration_ns(value, &options->duration_ns) == KEEL_OK &&
+                   options->duration_ns > 0
+               ? FLAG_TAKEN
+               : FLAG_BAD;
+  }
+  if ((value = flag_value(argc, argv, index, "--mix", &missing)) != NULL)
+    return mix_parse(value, options->weights) ? FLAG_TAKEN : FLAG_BAD;
+  if ((value = flag_value(argc, argv, index, "--every", &missing)) != NULL)
+    return every_parse(value, options) ? FLAG_TAKEN : FLAG_BAD;
+  if ((value = flag_value(argc, argv, index, "--seed", &missing)) != NULL) {
+    int64_t seed;
+    if (keel_parse_int(value, 0, INT64_MAX, &seed) != KEEL_OK) return FLAG_BAD;
+    options->seed = (uint64_t)seed;
+    return FLAG_TAKEN;
+  }
+  if ((value = flag_value(argc, argv, index, "--json", &missing)) != NULL) {
+    options->json_path = value;
+    return FLAG_TAKEN;
+  }
+  return missing ? FLAG_BAD : FLAG_NOT_MINE;
+}
+
+static int options_parse(int argc, char **argv, chaos_options *options, bool *mix_given_p) {
+  *options = (chaos_options){.failures = DEFAULT_FAILURES,
+                             .every_min_ns = SECOND_NS,
+                             .every_max_ns = 6 * SECOND_NS,
+                             .seed = 1};
+  *mix_given_p = false;
+  int index = 1;
+  for (; index < argc && strcmp(argv[index], "--") != 0; index++) {
+    const char *arg = argv[index];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return -1;
+    if (strcmp(arg, "--keep") == 0) {
+      options->keep = true;
+      continue;
+    }
+    if (strcmp(arg, "--no-reference") == 0) {
+      options->no_reference = true;
+      continue;
+    }
+    const char *bad = NULL;
+    flag_result result = value_flag_parse(argc, argv, &index, options, &bad);
+    if (result == FLAG_BAD) {
+      char message[160];
+      snprintf(message, sizeof message, "bad value for %s", bad);
+      return chaos_usage(message);
+    }
+    if (result == FLAG_NOT_MINE) {
+      char message[160];
+      snprintf(message, sizeof message, "unknown flag '%s'", arg);
+      return chaos_usage(message);
+    }
+    if (strncmp(bad, "--mix", 5) == 0) *mix_given_p = true;
+  }
+  if (index >= argc) return chaos_usage("no '-- RUN-FLAGS -- PROGRAM' given");
+  /* keel run's parser sees its own argv: "run" in place of the "--". */
+  options->run_argv = argv + index;
+  options->run_argc = argc - index;
+  return 0;
+}
+
+/* ---- which kinds the job can survive, and how many of them */
+
+/* Kinds that cost the job a rank's process. */
+static bool kind_takes_rank(keel__chaos_kind kind) {
+  return kind == KEEL__CHAOS_KILL || kind == KEEL__CHAOS_STOP;
+}
+
+/* Why the job as its flags start it cannot take kind at all; NULL when it can. */
+static const char *kind_refusal(const chaos_options *options, keel__chaos_kind kind) {
+  const keel__run_options *run = &options->run;
+  switch (kind) {
+    case KEEL__CHAOS_KILL:
+    case KEEL__CHAOS_STOP:
+    case KEEL__CHAOS_LAUNCHER_STOP:
+      return NULL;
+    case KEEL__CHAOS_SERVER_KILL:
+      if (run->servers == 0) return "server-kill needs parameter servers (--servers)";
+      return "server-kill is not supported by keel chaos yet";
+    case KEEL__CHAOS_ETCD_KILL:
+    case KEEL__CHAOS_ETCD_STOP:
+      if (run->rdzv_endpoint == NULL)
+        return "etcd-kill and etcd-stop need an etcd store (--rdzv-endpoint etcd://...); this job"
+               " runs on the embedded store";
+      return "etcd-kill and etcd-stop are not supported by keel chaos yet";
+    case KEEL__CHAOS_KILL_NODE:
+      if (!run->node_failure_domain) return "kill-node needs --failure-domain node";
+      return "kill-node is not supported by keel chaos yet";
+    default:
+      return "this kind is not supported by keel chaos yet (hang, partition, delay, bitflip)";
+  }
+}
+
+/* Why count failures that take a rank would end the job or change what it computes; NULL
+ * when it survives them all. */
+static const char *count_refusal(const keel__run_options *run, int64_t rank_count, char *why,
+                                 size_t capacity) {
+  if (run->on_failure == KEEL__ON_FAILURE_REPLACE && rank_count > run->spares + run->max_restarts) {
+    snprintf(why, capacity,
+             "%" PRId64 " failures of ranks need as many spares, but --spares %" PRId64
+             " and --max-restarts %" PRId64 " give %" PRId64 " (raise --max-restarts)",
+             rank_count, run->spares, run->max_restarts, run->spares + run->max_restarts);
+    return why;
+  }
+  int64_t floor = run->min_world > 1 ? run->min_world : 1;
+  if (run->on_failure == KEEL__ON_FAILURE_SHRINK && rank_count > run->world - floor) {
+    snprintf(why, capacity,
+             "%" PRId64 " failures of ranks would shrink a world of %" PRId64 " below %" PRId64,
+             rank_count, run->world, floor);
+    return why;
+  }
+  if (run->on_failure == KEEL__ON_FAILURE_RESTART && rank_count > run->max_restarts) {
+    snprintf(why, capacity, "%" PRId64 " failures of ranks need --max-restarts %" PRId64,
+             rank_count, rank_count);
+    return why;
+  }
+  return NULL;
+}
+
+static void default_mix(const chaos_options *options, int64_t *weights) {
+  memset(weights, 0, sizeof(int64_t) * KEEL__CHAOS_KIND_COUNT);
+  weights[KEEL__CHAOS_KILL] = 4;
+  weights[KEEL__CHAOS_STOP] = 2;
+  weights[KEEL__CHAOS_LAUNCHER_STOP] = 1;
+}
+
+/* ---- the schedule: failure i is a function of (seed, i) alone */
+
+static int64_t uniform_ns(keel_random *random, int64_t low, int64_t high) {
+  return low + (int64_t)keel_random_below(random, (uint64_t)(high - low) + 1);
+}
+
+static void failure_draw(const chaos_options *options, uint64_t index,
+                         keel__chaos_failure *failure) {
+  keel_random random;
+  keel_random_seed(&random, keel_random_seed_for(options->seed, index, 0));
+  int64_t total = 0;
+  for (int kind = 0; kind < KEEL__CHAOS_KIND_COUNT; kind++) total += options->weights[kind];
+  int64_t pick = (int64_t)keel_random_below(&random, (uint64_t)total);
+  int kind = 0;
+  while (pick >= options->weights[kind]) pick -= options->weights[kind++];
+  *failure = (keel__chaos_failure){
+      .kind = (keel__chaos_kind)kind, .victim_uid = UINT32_MAX, .detect_ns = -1, .recover_ns = -1};
+  failure->gap_ns = uniform_ns(&random, options->every_min_ns, options->every_max_ns);
+  failure->target = (int64_t)keel_random_below(&random, (uint64_t)options->run.world);
+  failure->hold_ns = uniform_ns(&random, LAUNCHER_STOP_MIN_NS, LAUNCHER_STOP_MAX_NS);
+}
+
+/* The most failures the run may inject: --failures, or what --duration holds at the
+ * shortest gap. */
+static int64_t failure_capacity(const chaos_options *options) {
+  if (options->failures > 0) return options->failures;
+  int64_t most = options->duration_ns / options->every_min_ns + 1;
+  return most < MAX_FAILURES ? most : MAX_FAILURES;
+}
+
+static int schedule_check(const chaos_options *options, const keel__chaos_failure *failures,
+                          int64_t count) {
+  int64_t rank_count = 0;
+  for (int64_t i = 0; i < count; i++) rank_count += kind_takes_rank(failures[i].kind);
+  char why[256];
+  if (count_refusal(&options->run, rank_count, why, sizeof why) == NULL) return 0;
+  fprintf(stderr, "keel chaos: refused before starting anything: %s\n", why);
+  return KEEL__EXIT_USAGE;
+}
+
+/* ---- processes: keel run itself, and keel inject */
+
+static void self_path(char *path, size_t capacity) {
+  ssize_t length = readlink("/proc/self/exe", path, capacity - 1);
+  path[length > 0 ? length : 0] = '\0';
+}
+
+/* Starts argv (argv[0] a path) in its own process group, stdout and stderr to output_path
+ * (NULL: a pipe whose read end is *pipe_p). */
+static pid_t start(char **argv, const char *output_path, int *pipe_p) {
+  int fds[2] = {-1, -1};
+  int output = -1;
+  if (output_path != NULL)
+    output = open(output_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  else if (pipe2(fds, O_CLOEXEC) == 0)
+    output = fds[1];
+  if (output < 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(output, STDOUT_FILENO);
+    dup2(output, STDERR_FILENO);
+    execv(argv[0], argv);
+    _exit(KEEL__EXIT_NOT_FOUND);
+  }
+  close(output);
+  if (pipe_p != NULL) *pipe_p = fds[0];
+  if (pid < 0 && fds[0] >= 0) close(fds[0]);
+  return pid;
+}
+
+/* Waits up to deadline for pid; its exit code, 128+signal, or -1 (killed at the deadline). */
+static int wait_until(pid_t pid, int64_t deadline) {
+  int status;
+  for (;;) {
+    pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) return keel__wait_status_code(status);
+    if (done < 0) return -1;
+    if (keel_now_ns() >= deadline) {
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    struct timespec pause = {0, TICK_NS};
+    nanosleep(&pause, NULL);
+  }
+}
+
+/* Runs `keel inject ARGS --job ID`; its exit code and first output line. */
+static int inject_run(const char *self, const char *const *args, uint64_t job_id, char *output,
+                      size_t capacity) {
+  char job[24];
+  snprintf(job, sizeof job, "%" PRIu64, job_id);
+  char *argv[10] = {(char *)self, "inject"};
+  size_t used = 2;
+  for (size_t i = 0; args[i] != NULL && used < 7; i++) argv[used++] = (char *)args[i];
+  argv[used++] = "--job";
+  argv[used++] = job;
+  argv[used] = NULL;
+  int read_end = -1;
+  pid_t pid = start(argv, NULL, &read_end);
+  if (pid < 0) return -1;
+  ssize_t length = read(read_end, output, capacity - 1);
+  output[length > 0 ? length : 0] = '\0';
+  output[strcspn(output, "\n")] = '\0';
+  close(read_end);
+  return wait_until(pid, keel_now_ns() + INJECT_DEADLINE_NS);
+}
+
+/* ---- one run of the job */
+
+typedef struct chaos_job {
+  const chaos_options *options;
+  char self[PATH_MAX];
+  char directory[64]; /* the run's working folder */
+  keel__chaos_run *run;
+  pid_t launcher;
+  uint64_t job_id;
+  int exit_code; /* -1: killed at the deadline */
+  int64_t deadline;
+  /* injection */
+  keel__chaos_failure *failures;
+  int64_t capacity, next, injected;
+  int64_t due_ns;           /* when failures[next] is due; 0 until training began */
+  int64_t launcher_cont_ns; /* the launcher is stopped until then; 0: it runs */
+  int64_t started_ns;
+} chaos_job;
+
+static int64_t run_deadline_ns(const chaos_options *options) {
+  if (options->run.timeout_ns > 0) return options->run.timeout_ns + 60 * SECOND_NS;
+  return DEFAULT_RUN_DEADLINE_NS;
+}
+
+static bool job_start(chaos_job *job, const char *name) {
+  char events[PATH_MAX], output[PATH_MAX];
+  snprintf(events, sizeof events, "%s/%s-events.jsonl", job->directory, name);
+  snprintf(output, sizeof output, "%s/%s-output.txt", job->directory, name);
+  const chaos_options *options = job->options;
+  char **argv = calloc((size_t)options->run_argc + 4, sizeof *argv);
+  if (argv == NULL) return false;
+  argv[0] = job->self;
+  argv[1] = "run";
+  argv[2] = "--events";
+  argv[3] = events;
+  for (int i = 1; i < options->run_argc; i++) argv[3 + i] = options->run_argv[i];
+  job->launcher = start(argv, output, NULL);
+  free(argv);
+  if (job->launcher < 0) return false;
+  job->started_ns = keel_now_ns();
+  job->deadline = job->started_ns + run_deadline_ns(options);
+  int64_t wait_until_ns = job->started_ns + 5 * SECOND_NS;
+  while ((job->run->events = fopen(events, "r")) == NULL && keel_now_ns() < wait_until_ns) {
+    struct timespec pause = {0, TICK_NS};
+    nanosleep(&pause, NULL);
+  }
+  return true;
+}
+
+/* The job id, from the job file of the launcher (written once its store runs). */
+static void job_id_learn(chaos_job *job) {
+  keel__job_info info;
+  if (job->job_id == 0 && keel__job_file_of_launcher(job->launcher, &info) == KEEL_OK)
+    job->job_id = info.auth.job_id;
+}
+
+static void launcher_continue(chaos_job *job) {
+  if (job->launcher_cont_ns == 0) return;
+  kill(job->launcher, SIGCONT);
+  job->launcher_cont_ns = 0;
+}
+
+/* "killed rank 1 (uid 5, pid 1234)": the victim's uid and pid. */
+static void victim_parse(const char *output, keel__chaos_failure *failure) {
+  const char *open = strstr(output, "(uid ");
+  unsigned uid;
+  long pid;
+  if (open != NULL && sscanf(open, "(uid %u, pid %ld)", &uid, &pid) == 2) {
+    failure->victim_uid = uid;
+    failure->victim_pid = (pid_t)pid;
+  }
+}
+
+/* One try at the failure; true once it is done (injected, or given up). */
+static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
+  failure->attempts++;
+  int64_t now = keel_now_ns();
+  if (failure->kind == KEEL__CHAOS_LAUNCHER_STOP) {
+    if (kill(job->launcher, SIGSTOP) != 0) return failure->attempts >= MAX_ATTEMPTS;
+    failure->injected = true;
+    failure->injected_ns = now;
+    job->launcher_cont_ns = now + failure->hold_ns;
+    return true;
+  }
+  char target[32], output[256];
+  const char *args[4] = {failure->kind == KEEL__CHAOS_STOP ? "stop" : "kill", target, NULL};
+  snprintf(target, sizeof target, "%" PRId64, failure->target);
+  if (job->job_id == 0 || inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
+    return failure->attempts >= MAX_ATTEMPTS;
+  failure->injected = true;
+  /* keel inject signals just before it prints and exits; its start (store connection and
+   * lookup, tens of ms) would count as detection. */
+  failure->injected_ns = keel_now_ns();
+  victim_parse(output, failure);
+  return true;
+}
+
+/* Injects what is due; the next failure is due its gap after this one was done. */
+static void failures_tick(chaos_job *job, int64_t now) {
+  if (job->launcher_cont_ns != 0 && now >= job->launcher_cont_ns) launcher_continue(job);
+  if (!job->run->training || job->launcher_cont_ns != 0 || job->next >= job->capacity) return;
+  const chaos_options *options = job->options;
+  if (options->duration_ns > 0 && now - job->run->training_ns >= options->duration_ns) return;
+  keel__chaos_failure *failure = &job->failures[job->next];
+  if (job->due_ns == 0) job->due_ns = job->run->training_ns + failure->gap_ns;
+  if (now < job->due_ns) return;
+  if (!failure_try(job, failure)) {
+    job->due_ns = now + RETRY_NS;
+    return;
+  }
+  job->injected += failure->injected;
+  job->next++;
+  if (job->next < job->capacity) job->due_ns = keel_now_ns() + job->failures[job->next].gap_ns;
+}
+
+/* Runs the job to its end (or the deadline), injecting when failures is not NULL. */
+static void job_run(chaos_job *job) {
+  for (;;) {
+    int64_t now = keel_now_ns();
+    job_id_learn(job);
+    keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
+    if (job->failures != NULL) failures_tick(job, now);
+    int status;
+    pid_t done = waitpid(job->launcher, &status, WNOHANG);
+    if (done == job->launcher) {
+      job->exit_code = keel__wait_status_code(status);
+      break;
+    }
+    if (now >= job->deadline) {
+      launcher_continue(job);
+      kill(-job->launcher, SIGKILL);
+      kill(job->launcher, SIGKILL);
+      waitpid(job->launcher, &status, 0);
+      job->exit_code = -1;
+      break;
+    }
+    struct timespec pause = {0, TICK_NS};
+    nanosleep(&pause, NULL);
+  }
+  keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
+}
+
+/* ---- checks and the report */
+
+typedef struct chaos_verdict {
+  int failed; /* invariants that did not hold */
+  FILE *json;
+  bool json_first;
+} chaos_verdict;
+
+/* One invariant: printed as a line, and into the JSON's "checks". */
+static void check(chaos_verdict *verdict, bool held, const char *name, const char *format, ...)
+    __attribute__((format(printf, 4, 5)));
+static void check(chaos_verdict *verdict, bool held, const char *name, const char *format, ...) {
+  char text[512];
+  va_list args;
+  va_start(args, format);
+  vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  printf("  %-5s %-18s %s\n", held ? "ok" : "FAIL", name, text);
+  verdict->failed += !held;
+  if (verdict->json == NULL) return;
+  char escaped[1024];
+  keel__json_escape(text, escaped, sizeof escaped);
+  fprintf(verdict->json, "%s{\"name\":\"%s\",\"held\":%s,\"detail\":\"%s\"}",
+          verdict->json_first ? "" : ",", name, held ? "true" : "false", escaped);
+  verdict->json_first = false;
+}
+
+static int compare_int64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* p50, p99 and max of values (sorted in place), in ms; false when there are none. */
+static bool percentiles(int64_t *values, size_t count, double *out) {
+  if (count == 0) return false;
+  qsort(values, count, sizeof *values, compare_int64);
+  out[0] = (double)values[(count - 1) / 2] / 1e6;
+  out[1] = (double)values[(count * 99 + 99) / 100 - 1] / 1e6;
+  out[2] = (double)values[count - 1] / 1e6;
+  return true;
+}
+
+static void kind_row(const chaos_job *job, keel__chaos_kind kind, FILE *json, bool *first) {
+  size_t drawn = 0, injected = 0, detected = 0, recovered = 0;
+  int64_t *detect = calloc((size_t)job->capacity + 1, sizeof *detect);
+  int64_t *recover = calloc((size_t)job->capacity + 1, sizeof *recover);
+  for (int64_t i = 0; i < job->next && detect && recover; i++) {
+    const keel__chaos_failure *f = &job->failures[i];
+    if (f->kind != kind) continue;
+    drawn++;
+    injected += f->injected;
+    if (f->detect_ns >= 0) detect[detected++] = f->detect_ns;
+    if (f->recover_ns >= 0) recover[recovered++] = f->recover_ns;
+  }
+  if (drawn > 0) {
+    double d[3] = {0}, r[3] = {0};
+    bool have_d = percentiles(detect, detected, d), have_r = percentiles(recover, recovered, r);
+    char detect_text[48] = "-", recover_text[48] = "-";
+    if (have_d) snprintf(detect_text, sizeof detect_text, "%.0f/%.0f/%.0f", d[0], d[1], d[2]);
+    if (have_r) snprintf(recover_text, sizeof recover_text, "%.0f/%.0f/%.0f", r[0], r[1], r[2]);
+    printf("  %-14s %8zu %8zu %9zu  %-22s %s\n", kind_names[kind], injected, drawn - injected,
+           recovered, detect_text, recover_text);
+    if (json != NULL) {
+      fprintf(json,
+              "%s\"%s\":{\"injected\":%zu,\"missed\":%zu,\"recovered\":%zu,"
+              "\"detect_ms\":[%.3f,%.3f,%.3f],\"recover_ms\":[%.3f,%.3f,%.3f]}",
+              *first ? "" : ",", kind_names[kind], injected, drawn - injected, recovered, d[0],
+              d[1], d[2], r[0], r[1], r[2]);
+      *first = false;
+    }
+  }
+  free(detect);
+  free(recover);
+}
+
+/* Whether uid was hit by an injected failure (its death explained). */
+static bool uid_was_hit(const chaos_job *job, uint32_t uid) {
+  for (int64_t i = 0; i < job->next; i++)
+    if (job->failures[i].injected && job->failures[i].victim_uid == uid) return true;
+  return false;
+}
+
+/* A death no failure explains: a process ended by a signal or a failing code, or fenced,
+ * while the job ran, that no injection hit. 75-77 are the launcher's orderly codes. */
+static const keel__chaos_process *false_death(const chaos_job *job) {
+  const keel__chaos_run *run = job->run;
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    if (!p->exited || p->agent || p->killed_at_end || uid_was_hit(job, p->uid)) continue;
+    bool orderly = strcmp(p->ended, "code 0") == 0 || strcmp(p->ended, "code 75") == 0 ||
+                   strcmp(p->ended, "code 76") == 0 || strcmp(p->ended, "code 77") == 0;
+    if (!orderly || p->fenced) return p;
+  }
+  return NULL;
+}
+
+/* The finish of rank in run, or NULL. */
+static const keel__chaos_finish *finish_of_rank(const keel__chaos_run *run, int64_t rank) {
+  for (size_t i = 0; i < run->finish_count; i++)
+    if (run->finishes[i].rank == rank) return &run->finishes[i];
+  return NULL;
+}
+
+static void final_state_check(const chaos_job *job, const keel__chaos_run *reference,
+                              chaos_verdict *verdict) {
+  const keel__chaos_run *run = job->run;
+  if (run->finish_count == 0) {
+    check(verdict, false, "final-state", "no rank finished");
+    return;
+  }
+  if (job->options->run.on_failure == KEEL__ON_FAILURE_SHRINK || reference == NULL) {
+    /* Shrink changes the math: the survivors must still agree with each other. */
+    const keel__chaos_finish *first = &run->finishes[0];
+    for (size_t i = 1; i < run->finish_count; i++) {
+      const keel__chaos_finish *f = &run->finishes[i];
+      if (f->shard == first->shard && strcmp(f->crc, first->crc) != 0) {
+        check(verdict, false, "final-state",
+              "rank %" PRId64 " ends with %s, rank %" PRId64 " with %s", first->rank, first->crc,
+              f->rank, f->crc);
+        return;
+      }
+    }
+    check(verdict, true, "final-state", "%zu survivors agree at step %" PRId64 " (crc32c %s)%s",
+          run->finish_count, first->step, first->crc,
+          reference == NULL ? "; no failure-free run to compare with" : "");
+    return;
+  }
+  if (run->finish_count != reference->finish_count) {
+    check(verdict, false, "final-state", "%zu ranks finished, %zu in the failure-free run",
+          run->finish_count, reference->finish_count);
+    return;
+  }
+  for (size_t i = 0; i < reference->finish_count; i++) {
+    const keel__chaos_finish *want = &reference->finishes[i];
+    const keel__chaos_finish *got = finish_of_rank(run, want->rank);
+    if (got == NULL || got->step != want->step || strcmp(got->crc, want->crc) != 0) {
+      check(verdict, false, "final-state",
+            "rank %" PRId64 " ends at step %" PRId64 " with crc32c %s; failure-free: step %" PRId64
+            " with %s",
+            want->rank, got ? got->step : -1, got ? got->crc : "none", want->step, want->crc);
+      return;
+    }
+  }
+  check(verdict, true, "final-state",
+        "%zu ranks at step %" PRId64 " bit-identical to the failure-free run (crc32c %s)",
+        reference->finish_count, reference->finishes[0].step, reference->finishes[0].crc);
+}
+
+/* How far a series' floor rose: the least value of its last quarter less that of its first.
+ * Counts that move with each recovery (a link closed, another opened, a key written and
+ * then cleaned up) come back to their floor; a leak raises it. */
+static long floor_rise(const long *values, size_t count) {
+  size_t quarter = count / 4 ? count / 4 : 1;
+  long early = LONG_MAX, late = LONG_MAX;
+  for (size_t i = 0; i < quarter; i++) {
+    if (values[i] < early) early = values[i];
+    if (values[count - 1 - i] < late) late = values[count - 1 - i];
+  }
+  return late - early;
+}
+
+/* A series of count samples leaks when its floor rose by more than one per 8 samples. */
+#define MIN_SERIES 8
+static bool series_flat(long rise, size_t count) {
+  return count < MIN_SERIES || rise <= (long)(count / 8);
+}
+
+/* The survivors' fds, threads and memory, and the store's keys, after each recovery: what
+ * grows with the number of recoveries is a leak. Memory is reported, not judged: the
+ * allocator keeps what it was given. */
+static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
+  const keel__chaos_run *run = job->run;
+  const keel__chaos_process *longest = NULL;
+  bool flat = true;
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    if (p->samples == 0) continue;
+    if (longest == NULL || p->samples > longest->samples) longest = p;
+    flat = flat && series_flat(floor_rise(p->fds, p->samples), p->samples) &&
+           series_flat(floor_rise(p->threads, p->samples), p->samples);
+  }
+  if (longest == NULL) {
+    check(verdict, true, "survivors-flat", "no survivor was sampled (no recovery)");
+  } else {
+    size_t n = longest->samples;
+    check(verdict, flat, "survivors-flat",
+          "uid %u, sampled after %zu recoveries: fds %ld -> %ld, threads %ld -> %ld, rss %.1f ->"
+          " %.1f MiB (floors: fds %+ld, threads %+ld)",
+          (unsigned)longest->uid, n, longest->fds[0], longest->fds[n - 1], longest->threads[0],
+          longest->threads[n - 1], (double)longest->rss_kib[0] / 1024,
+          (double)longest->rss_kib[n - 1] / 1024, floor_rise(longest->fds, n),
+          floor_rise(longest->threads, n));
+  }
+  size_t n = run->store_key_count;
+  long rise = n ? floor_rise(run->store_keys, n) : 0;
+  check(verdict, series_flat(rise, n), "store-flat",
+        "keys after %zu recoveries: %ld first, %ld last, floor %+ld", n, n ? run->store_keys[0] : 0,
+        n ? run->store_keys[n - 1] : 0, rise);
+}
+
+static void checks_run(const chaos_job *job, const keel__chaos_run *reference, int reference_code,
+                       chaos_verdict *verdict) {
+  const chaos_options *options = job->options;
+  const keel__chaos_run *run = job->run;
+  check(verdict, job->exit_code == 0, "job-exit", "keel run exited %d%s", job->exit_code,
+        job->exit_code == -1 ? " (killed at chaos's deadline)" : "");
+  if (reference != NULL)
+    check(verdict, reference_code == 0, "reference-exit", "the failure-free run exited %d",
+          reference_code);
+  bool all = options->failures == 0 || job->injected == options->failures;
+  check(verdict, all && job->injected > 0, "failures", "%" PRId64 " injected of %" PRId64 "%s",
+        job->injected, options->failures > 0 ? options->failures : job->next,
+        all ? "" : " (the job ended first: give it more steps)");
+  final_state_check(job, reference, verdict);
+  int64_t rank_failures = 0;
+  for (int64_t i = 0; i < job->next; i++)
+    rank_failures += job->failures[i].injected && kind_takes_rank(job->failures[i].kind);
+  check(verdict, run->redone_minibatches <= rank_failures, "redo",
+        "%" PRId64 " minibatches redone for %" PRId64 " failures of ranks (at most one each)",
+        run->redone_minibatches, rank_failures);
+  const keel__chaos_process *dead = false_death(job);
+  if (dead != NULL)
+    check(verdict, false, "no-false-death", "uid %u (pid %ld) ended %s%s, and no failure hit it",
+          (unsigned)dead->uid, (long)dead->pid, dead->ended, dead->fenced ? ", fenced" : "");
+  else
+    check(verdict, true, "no-false-death", "every process that died was hit by a failure");
+  keel__chaos_leaks leaks;
+  keel__chaos_leaks_count(run, job->job_id, &leaks);
+  bool clean = leaks.processes + leaks.shm + leaks.job_files == 0;
+  check(verdict, clean, "nothing-left",
+        "%zu processes, %zu shared-memory segments, %zu job files left%s%s", leaks.processes,
+        leaks.shm, leaks.job_files, clean ? "" : ": ", leaks.first);
+  flat_check(job, verdict);
+}
+
+static void report_head(const chaos_job *job, FILE *json) {
+  const keel__chaos_run *run = job->run;
+  double seconds = (double)(keel_now_ns() - job->started_ns) / 1e9;
+  printf("keel chaos: seed %" PRIu64 ", %" PRId64
+         " failures injected in %.1f s; %zu recoveries"
+         " (replace %zu, shrink %zu, grow %zu); %" PRId64 " collective deadlines hit\n",
+         job->options->seed, job->injected, seconds, run->recovery_count,
+         run->recoveries_by_policy[1], run->recoveries_by_policy[0], run->recoveries_by_policy[2],
+         run->timeouts);
+  printf("  %-14s %8s %8s %9s  %-22s %s\n", "kind", "injected", "missed", "recovered",
+         "detect ms p50/p99/max", "recover ms p50/p99/max");
+  if (json != NULL)
+    fprintf(json,
+            "{\"seed\":%" PRIu64 ",\"injected\":%" PRId64
+            ",\"seconds\":%.3f,\"recoveries\":{"
+            "\"replace\":%zu,\"shrink\":%zu,\"grow\":%zu},\"deadlines_hit\":%" PRId64
+            ",\"kinds\":{",
+            job->options->seed, job->injected, seconds, run->recoveries_by_policy[1],
+            run->recoveries_by_policy[0], run->recoveries_by_policy[2], run->timeouts);
+  bool first = true;
+  for (int kind = 0; kind < KEEL__CHAOS_KIND_COUNT; kind++)
+    kind_row(job, (keel__chaos_kind)kind, json, &first);
+  if (json != NULL) fprintf(json, "},\"checks\":[");
+}
+
+static int report(const chaos_job *job, const keel__chaos_run *reference, int reference_code) {
+  FILE *json = NULL;
+  if (job->options->json_path != NULL && (json = fopen(job->options->json_path, "w")) == NULL)
+    fprintf(stderr, "keel chaos: cannot write %s: %s\n", job->options->json_path, strerror(errno));
+  report_head(job, json);
+  chaos_verdict verdict = {.json = json, .json_first = true};
+  checks_run(job, reference, reference_code, &verdict);
+  printf(
+      "  not checked yet: waits past a deadline, two live holders of one rank, each step"
+      " committed once\n");
+  printf("verdict: %s (%d of the invariants failed)\n", verdict.failed ? "FAIL" : "PASS",
+         verdict.failed);
+  if (json != NULL) {
+    fprintf(json, "],\"verdict\":\"%s\"}\n", verdict.failed ? "fail" : "pass");
+    fclose(json);
+  }
+  return verdict.failed ? KEEL__EXIT_FAILURE : 0;
+}
+
+/* ---- the command */
+
+static int reference_run(chaos_job *job, keel__chaos_run *reference) {
+  chaos_job plain = *job;
+  plain.run = reference;
+  plain.failures = NULL;
+  plain.capacity = 0;
+  if (!job_start(&plain, "reference")) return -1;
+  fprintf(stderr, "keel chaos: the failure-free run (pid %ld)\n", (long)plain.launcher);
+  job_run(&plain);
+  if (reference->events != NULL) fclose(reference->events);
+  reference->events = NULL;
+  return plain.exit_code;
+}
+
+/* The working folder of a run that passed: its events and outputs, then itself. */
+static void folder_remove(const char *directory) {
+  static const char *const names[] = {"chaos-events.jsonl", "chaos-output.txt",
+                                      "reference-events.jsonl", "reference-output.txt"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%.64s/%s", directory, names[i]);
+    unlink(path);
+  }
+  rmdir(directory);
+}
+
+static int chaos_main(chaos_options *options, keel__chaos_failure *failures) {
+  chaos_job job = {.options = options, .failures = failures, .capacity = failure_capacity(options)};
+  self_path(job.self, sizeof job.self);
+  snprintf(job.directory, sizeof job.directory, "/tmp/keel-chaos-XXXXXX");
+  keel__chaos_run *reference = calloc(1, sizeof *reference);
+  job.run = calloc(1, sizeof *job.run);
+  if (reference == NULL || job.run == NULL || mkdtemp(job.directory) == NULL) {
+    fprintf(stderr, "keel chaos: cannot make its working folder: %s\n", strerror(errno));
+    free(reference);
+    free(job.run);
+    return KEEL__EXIT_FAILURE;
+  }
+  int reference_code = options->no_reference ? 0 : reference_run(&job, reference);
+  fprintf(stderr, "keel chaos: the run with failures; its events and output are in %s\n",
+          job.directory);
+  int code = KEEL__EXIT_FAILURE;
+  if (job_start(&job, "chaos")) {
+    job_run(&job);
+    /* Processes the job lost track of must not outlive the check that counts them. */
+    code = report(&job, options->no_reference ? NULL : reference, reference_code);
+    keel__chaos_processes_kill(job.run);
+  }
+  if (job.run->events != NULL) fclose(job.run->events);
+  if (code == 0 && !options->keep) folder_remove(job.directory);
+  keel__chaos_run_clear(reference);
+  keel__chaos_run_clear(job.run);
+  free(reference);
+  free(job.run);
+  return code;
+}
+
+int keel__command_chaos(int argc, char **argv) {
+  chaos_options options;
+  bool mix_given;
+  int code = options_parse(argc, argv, &options, &mix_given);
+  if (code == -1) {
+    printf(
+        "usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...] [--every MIN..MAX]\n"
+        "                  [--seed S] [--json FILE] [--keep] [--no-reference]\n"
+        "                  -- RUN-FLAGS -- PROGRAM ARGS\n"
+        "kinds: kill stop launcher-stop (docs/CHAOS.md)\n");
+    return 0;
+  }
+  if (code != 0) return code;
+  options.run_argv[0] = "run";
+  keel__parse_result parsed =
+      keel__run_options_parse(options.run_argc, options.run_argv, &options.run);
+  if (parsed != KEEL__PARSE_OK) return parsed == KEEL__PARSE_HELP ? 0 : KEEL__EXIT_USAGE;
+  if (options.run.servers > 0)
+    return chaos_usage(
+        "jobs on parameter servers are not supported by keel chaos yet (their "
+        "workers write no finish events to compare)");
+  if (options.run.events_path != NULL)
+    return chaos_usage("--events is keel chaos's own (--keep keeps its events files)");
+  if (!mix_given) default_mix(&options, options.weights);
+  for (int kind = 0; kind < KEEL__CHAOS_KIND_COUNT; kind++) {
+    const char *why =
+        options.weights[kind] > 0 ? kind_refusal(&options, (keel__chaos_kind)kind) : NULL;
+    if (why == NULL) continue;
+    fprintf(stderr, "keel chaos: refused before starting anything: %s\n", why);
+    return KEEL__EXIT_USAGE;
+  }
+  int64_t capacity = failure_capacity(&options);
+  keel__chaos_failure *failures = calloc((size_t)capacity, sizeof *failures);
+  if (failures == NULL) return KEEL__EXIT_FAILURE;
+  for (int64_t i = 0; i < capacity; i++) failure_draw(&options, (uint64_t)i, &failures[i]);
+  code = schedule_check(&options, failures, capacity);
+  if (code == 0) code = chaos_main(&options, failures);
+  free(failures);
+  return code;
+}

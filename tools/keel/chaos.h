@@ -1,0 +1,118 @@
+/* Private interface between the files of `keel chaos`: the failure kinds and their schedule
+ * (chaos.c) and what is seen of a job from outside it -- its events file, /proc and
+ * /dev/shm -- with the invariants checked on it (chaos_observe.c). */
+#ifndef KEEL_CHAOS_H
+#define KEEL_CHAOS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+typedef enum keel__chaos_kind {
+  KEEL__CHAOS_KILL,          /* SIGKILL to a rank's process (keel inject kill) */
+  KEEL__CHAOS_STOP,          /* SIGSTOP to a rank's process, never continued: a hang */
+  KEEL__CHAOS_LAUNCHER_STOP, /* SIGSTOP to the launcher (and its store), SIGCONT later */
+  /* The kinds below are named by issue 15 and refused: not supported yet. */
+  KEEL__CHAOS_SERVER_KILL,
+  KEEL__CHAOS_KILL_NODE,
+  KEEL__CHAOS_HANG,
+  KEEL__CHAOS_PARTITION,
+  KEEL__CHAOS_DELAY,
+  KEEL__CHAOS_ETCD_KILL,
+  KEEL__CHAOS_ETCD_STOP,
+  KEEL__CHAOS_BITFLIP,
+  KEEL__CHAOS_KIND_COUNT,
+} keel__chaos_kind;
+
+const char *keel__chaos_kind_name(keel__chaos_kind kind);
+
+/* One failure of the schedule and what became of it. */
+typedef struct keel__chaos_failure {
+  keel__chaos_kind kind;
+  int64_t gap_ns;  /* after the previous injection (the first: after training began) */
+  int64_t target;  /* the rank hit by kill and stop */
+  int64_t hold_ns; /* launcher-stop: how long the launcher stays stopped */
+  bool injected;
+  int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
+  int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
+  uint32_t victim_uid; /* kill, stop; UINT32_MAX for launcher-stop */
+  pid_t victim_pid;
+  int64_t detect_ns;  /* injection to the recovery's detection; -1: not seen */
+  int64_t recover_ns; /* injection to the recovery's end (a server's replacement) */
+} keel__chaos_failure;
+
+/* One process of the job as its spawn event named it. */
+typedef struct keel__chaos_process {
+  uint32_t uid;
+  pid_t pid;
+  int64_t node;
+  bool server, agent;
+  bool holds_rank;                /* a worker, or a spare since a recovery gave it a rank's state */
+  unsigned long long start_ticks; /* from /proc when the spawn was read; 0: already gone */
+  bool exited, fenced, killed_at_end;
+  char ended[32]; /* "code 0", "SIGKILL" */
+  /* /proc samples after each recovery it lived through (allocated; freed with the run) */
+  size_t samples;
+  long *fds, *threads, *rss_kib;
+} keel__chaos_process;
+
+/* A finisher's `finish` event. */
+typedef struct keel__chaos_finish {
+  uint32_t uid;
+  int64_t rank, step, world, shard;
+  char crc[16];
+} keel__chaos_finish;
+
+#define KEEL__CHAOS_MAX_PROCESSES 4096
+#define KEEL__CHAOS_MAX_FINISHES 256
+#define KEEL__CHAOS_MAX_SAMPLES 8192
+
+/* What is known of one run of the job. */
+typedef struct keel__chaos_run {
+  FILE *events;
+  char line[8192];
+  size_t line_length;
+  bool training; /* a progress line was seen */
+  int64_t training_ns;
+  bool ended;
+  int64_t job_end_code;
+  keel__chaos_process processes[KEEL__CHAOS_MAX_PROCESSES];
+  size_t process_count;
+  keel__chaos_finish finishes[KEEL__CHAOS_MAX_FINISHES];
+  size_t finish_count;
+  size_t recoveries_by_policy[4]; /* shrink, replace, grow, other */
+  int64_t redone_minibatches;
+  int64_t timeouts; /* failure events with cause KEEL_ETIMEDOUT */
+  long store_keys[KEEL__CHAOS_MAX_SAMPLES];
+  size_t store_key_count;
+  size_t recovery_count;
+  size_t sampled_recoveries; /* recoveries after which the live processes were sampled */
+} keel__chaos_run;
+
+/* Frees what the run's processes allocated. */
+void keel__chaos_run_clear(keel__chaos_run *run);
+/* Reads the events written since the last call and updates run; failures (count of them)
+ * get their detection and recovery times from recovery lines. */
+void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures, size_t count);
+/* The process of uid in run, or NULL. */
+keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid);
+
+/* What the checks found once the job is over. */
+typedef struct keel__chaos_leaks {
+  size_t processes; /* of the job, alive after it ended */
+  size_t shm;       /* /dev/shm entries of the job id */
+  size_t job_files; /* its job file */
+  char first[320];  /* the first thing left, for the message */
+} keel__chaos_leaks;
+
+/* Counts what job_id's run left behind: processes (by pid and start time), shared memory,
+ * its job file. */
+void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id, keel__chaos_leaks *leaks);
+/* Kills (SIGKILL) every process of run still alive with its recorded start time. */
+void keel__chaos_processes_kill(const keel__chaos_run *run);
+/* The start time of pid in clock ticks since boot (field 22 of /proc/pid/stat); 0 if gone. */
+unsigned long long keel__chaos_start_ticks(pid_t pid);
+
+#endif

@@ -1,0 +1,314 @@
+/* What `keel chaos` sees of a job from outside it: the lines of its events file as they are
+ * written (spawns, exits, fences, recoveries, finishes), the live processes' fds, threads
+ * and memory after each recovery from /proc, and what the job left behind once it ended. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "chaos.h"
+#include "keel/core.h"
+#include "tool.h"
+
+keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid) {
+  for (size_t i = run->process_count; i-- > 0;)
+    if (run->processes[i].uid == uid && !run->processes[i].agent) return &run->processes[i];
+  return NULL;
+}
+
+/* ---- /proc */
+
+unsigned long long keel__chaos_start_ticks(pid_t pid) {
+  char path[64], text[1024];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  FILE *file = fopen(path, "r");
+  if (file == NULL) return 0;
+  size_t length = fread(text, 1, sizeof text - 1, file);
+  fclose(file);
+  text[length] = '\0';
+  /* The name in parentheses may hold spaces: fields are counted after its last ')'. */
+  char *field = strrchr(text, ')');
+  if (field == NULL) return 0;
+  unsigned long long ticks = 0;
+  /* After ')': state (3), then fields 4..21, then starttime (22). */
+  for (int index = 2; index < 22 && field != NULL; index++) field = strchr(field + 1, ' ');
+  if (field == NULL || sscanf(field + 1, "%llu", &ticks) != 1) return 0;
+  return ticks;
+}
+
+/* Whether the process recorded as p is still that process (a reused pid has another start
+ * time). */
+static bool process_alive(const keel__chaos_process *p) {
+  if (p->start_ticks == 0) return false;
+  char state = 0;
+  int parent = 0;
+  if (keel_process_stat(p->pid, &state, &parent) != KEEL_OK || state == 'Z') return false;
+  return keel__chaos_start_ticks(p->pid) == p->start_ticks;
+}
+
+static long fd_count(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/fd", (long)pid);
+  DIR *folder = opendir(path);
+  if (folder == NULL) return -1;
+  long count = 0;
+  for (struct dirent *entry = readdir(folder); entry != NULL; entry = readdir(folder))
+    if (entry->d_name[0] != '.') count++;
+  closedir(folder);
+  return count - 1; /* the folder's own descriptor, open while it is read */
+}
+
+/* Threads and VmRSS (KiB) from /proc/pid/status; false when the process is gone. */
+static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
+  FILE *file = fopen(path, "r");
+  if (file == NULL) return false;
+  *threads_p = *rss_kib_p = -1;
+  while (fgets(line, sizeof line, file) != NULL) {
+    sscanf(line, "Threads: %ld", threads_p);
+    sscanf(line, "VmRSS: %ld", rss_kib_p);
+  }
+  fclose(file);
+  return *threads_p >= 0 && *rss_kib_p >= 0;
+}
+
+/* Only rank holders are sampled: a spare that takes a rank opens its links then, which is
+ * no leak. */
+static void process_sample(keel__chaos_process *p) {
+  if (p->exited || !p->holds_rank || !process_alive(p)) return;
+  char state = 0;
+  int parent = 0;
+  /* A stopped process (an injected stop) is about to be fenced: not a survivor. */
+  if (keel_process_stat(p->pid, &state, &parent) != KEEL_OK || state == 'T' || state == 't') return;
+  long fds = fd_count(p->pid), threads, rss;
+  if (fds < 0 || !status_read(p->pid, &threads, &rss)) return;
+  /* Grown by doubling: a process lives through as many recoveries as the job has. */
+  if ((p->samples & (p->samples - 1)) == 0) {
+    size_t capacity = p->samples ? 2 * p->samples : 1;
+    long *fds_more = realloc(p->fds, capacity * sizeof *fds_more);
+    if (fds_more != NULL) p->fds = fds_more;
+    long *threads_more = realloc(p->threads, capacity * sizeof *threads_more);
+    if (threads_more != NULL) p->threads = threads_more;
+    long *rss_more = realloc(p->rss_kib, capacity * sizeof *rss_more);
+    if (rss_more != NULL) p->rss_kib = rss_more;
+    if (fds_more == NULL || threads_more == NULL || rss_more == NULL) return;
+  }
+  p->fds[p->samples] = fds;
+  p->threads[p->samples] = threads;
+  p->rss_kib[p->samples] = rss;
+  p->samples++;
+}
+
+void keel__chaos_run_clear(keel__chaos_run *run) {
+  for (size_t i = 0; i < run->process_count; i++) {
+    free(run->processes[i].fds);
+    free(run->processes[i].threads);
+    free(run->processes[i].rss_kib);
+  }
+}
+
+/* ---- events */
+
+static void spawn_read(keel__chaos_run *run, json_t *event, bool agent) {
+  if (run->process_count == KEEL__CHAOS_MAX_PROCESSES) return;
+  keel__chaos_process *p = &run->processes[run->process_count++];
+  *p = (keel__chaos_process){.uid = (uint32_t)keel__json_int_or(event, "uid", -1),
+                             .pid = (pid_t)keel__json_int_or(event, "pid", 0),
+                             .node = keel__json_int_or(event, "node", 0),
+                             .agent = agent};
+  char role[16] = "";
+  keel__json_string(event, "role", role, sizeof role);
+  p->server = strcmp(role, "server") == 0;
+  p->holds_rank = strcmp(role, "worker") == 0;
+  if (p->pid > 0) p->start_ticks = keel__chaos_start_ticks(p->pid);
+}
+
+static void exit_read(keel__chaos_run *run, json_t *event) {
+  keel__chaos_process *p =
+      keel__chaos_process_find(run, (uint32_t)keel__json_int_or(event, "uid", -1));
+  if (p == NULL) return;
+  p->exited = true;
+  char text[24] = "";
+  int64_t code;
+  if (keel__json_string(event, "signal", text, sizeof text))
+    snprintf(p->ended, sizeof p->ended, "%s", text);
+  else if (keel__json_int(event, "code", &code))
+    snprintf(p->ended, sizeof p->ended, "code %" PRId64, code);
+  p->killed_at_end = run->ended;
+}
+
+static void fence_read(keel__chaos_run *run, json_t *event) {
+  keel__chaos_process *p =
+      keel__chaos_process_find(run, (uint32_t)keel__json_int_or(event, "uid", -1));
+  if (p != NULL) p->fenced = true;
+}
+
+/* The injected failure whose victim is uid and that no recovery has yet been matched to. */
+static keel__chaos_failure *failure_of_victim(keel__chaos_failure *failures, size_t count,
+                                              uint32_t uid, int64_t t_ns) {
+  for (size_t i = 0; i < count; i++) {
+    keel__chaos_failure *f = &failures[i];
+    if (f->injected && f->victim_uid == uid && f->recover_ns < 0 && f->injected_ns <= t_ns)
+      return f;
+  }
+  return NULL;
+}
+
+static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failure *failures,
+                          size_t count) {
+  static const char *const policies[] = {"shrink", "replace", "grow"};
+  char policy[16] = "";
+  keel__json_string(event, "policy", policy, sizeof policy);
+  size_t which = 3;
+  for (size_t i = 0; i < 3; i++)
+    if (strcmp(policy, policies[i]) == 0) which = i;
+  run->recoveries_by_policy[which]++;
+  run->recovery_count++;
+  run->redone_minibatches += keel__json_int_or(event, "redo_minibatches", 0);
+  int64_t t_ns = keel__json_int_or(event, "t_ns", 0);
+  int64_t detected = keel__json_int_or(event, "t_detect_ns", t_ns);
+  int64_t failed[64];
+  size_t failed_count = keel__json_int_array(event, "failed", failed, 64);
+  /* A process may be hit twice (stopped, then killed while its recovery runs): the one
+   * recovery ends both. */
+  for (size_t i = 0; i < failed_count; i++) {
+    keel__chaos_failure *f;
+    while ((f = failure_of_victim(failures, count, (uint32_t)failed[i], t_ns)) != NULL) {
+      f->detect_ns = detected > f->injected_ns ? detected - f->injected_ns : 0;
+      f->recover_ns = t_ns - f->injected_ns;
+    }
+  }
+  json_t *transfers = json_object_get(event, "transfers");
+  for (size_t i = 0; json_is_array(transfers) && i < json_array_size(transfers); i++) {
+    keel__chaos_process *p = keel__chaos_process_find(
+        run, (uint32_t)keel__json_int_or(json_array_get(transfers, i), "to", -1));
+    if (p != NULL) p->holds_rank = true;
+  }
+  /* The survivors are sampled now, while the next failure has not yet come. */
+  for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i]);
+  run->sampled_recoveries++;
+}
+
+static void finish_read(keel__chaos_run *run, json_t *event) {
+  if (run->finish_count == KEEL__CHAOS_MAX_FINISHES) return;
+  keel__chaos_finish *f = &run->finishes[run->finish_count++];
+  *f = (keel__chaos_finish){.uid = (uint32_t)keel__json_int_or(event, "uid", -1),
+                            .rank = keel__json_int_or(event, "rank", -1),
+                            .step = keel__json_int_or(event, "step", -1),
+                            .world = keel__json_int_or(event, "world", -1),
+                            .shard = keel__json_int_or(event, "shard", 0)};
+  keel__json_string(event, "state_crc32c", f->crc, sizeof f->crc);
+}
+
+static void failure_event_read(keel__chaos_run *run, json_t *event) {
+  char cause[32] = "";
+  keel__json_string(event, "cause", cause, sizeof cause);
+  if (strcmp(cause, "KEEL_ETIMEDOUT") == 0) run->timeouts++;
+}
+
+static void store_read(keel__chaos_run *run, json_t *event) {
+  char when[16] = "";
+  keel__json_string(event, "when", when, sizeof when);
+  if (strcmp(when, "recovery") != 0 || run->store_key_count == KEEL__CHAOS_MAX_SAMPLES) return;
+  run->store_keys[run->store_key_count++] = (long)keel__json_int_or(event, "keys", 0);
+}
+
+static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure *failures,
+                       size_t count) {
+  char name[32] = "";
+  if (!keel__json_string(event, "event", name, sizeof name)) return;
+  if (strcmp(name, "progress") == 0 && !run->training) {
+    run->training = true;
+    run->training_ns = keel__json_int_or(event, "t_ns", keel_now_ns());
+  } else if (strcmp(name, "spawn") == 0) {
+    spawn_read(run, event, false);
+  } else if (strcmp(name, "agent_spawn") == 0) {
+    spawn_read(run, event, true);
+  } else if (strcmp(name, "exit") == 0) {
+    exit_read(run, event);
+  } else if (strcmp(name, "fence") == 0) {
+    fence_read(run, event);
+  } else if (strcmp(name, "recovery") == 0) {
+    recovery_read(run, event, failures, count);
+  } else if (strcmp(name, "finish") == 0) {
+    finish_read(run, event);
+  } else if (strcmp(name, "failure") == 0) {
+    failure_event_read(run, event);
+  } else if (strcmp(name, "store") == 0) {
+    store_read(run, event);
+  } else if (strcmp(name, "job_end") == 0) {
+    run->ended = true;
+    run->job_end_code = keel__json_int_or(event, "code", -1);
+  }
+}
+
+void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures, size_t count) {
+  if (run->events == NULL) return;
+  int c;
+  clearerr(run->events);
+  while ((c = getc(run->events)) != EOF) {
+    if (c != '\n') {
+      /* A line longer than the buffer is no event of interest: its tail is dropped. */
+      if (run->line_length + 1 < sizeof run->line) run->line[run->line_length++] = (char)c;
+      continue;
+    }
+    json_t *event = keel__json_object_parse(run->line, run->line_length);
+    run->line_length = 0;
+    if (event == NULL) continue;
+    event_read(run, event, failures, count);
+    json_decref(event);
+  }
+}
+
+/* ---- after the job */
+
+static bool name_is_of_job(const char *name, uint64_t job_id) {
+  char hex[40], decimal[40];
+  snprintf(hex, sizeof hex, "keel-%" PRIx64 "-", job_id);
+  snprintf(decimal, sizeof decimal, "keel-%" PRIu64, job_id);
+  return strncmp(name, hex, strlen(hex)) == 0 || strcmp(name, decimal) == 0;
+}
+
+static void leak_note(keel__chaos_leaks *leaks, const char *what) {
+  if (leaks->first[0] == '\0') snprintf(leaks->first, sizeof leaks->first, "%s", what);
+}
+
+void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id,
+                             keel__chaos_leaks *leaks) {
+  *leaks = (keel__chaos_leaks){0};
+  char what[320];
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    if (!process_alive(p)) continue;
+    leaks->processes++;
+    snprintf(what, sizeof what, "%s uid %u (pid %ld)", p->agent ? "agent" : "process",
+             (unsigned)p->uid, (long)p->pid);
+    leak_note(leaks, what);
+  }
+  DIR *folder = opendir("/dev/shm");
+  for (struct dirent *entry = folder ? readdir(folder) : NULL; entry != NULL;
+       entry = readdir(folder)) {
+    if (!name_is_of_job(entry->d_name, job_id)) continue;
+    leaks->shm++;
+    snprintf(what, sizeof what, "/dev/shm/%s", entry->d_name);
+    leak_note(leaks, what);
+  }
+  if (folder != NULL) closedir(folder);
+  snprintf(what, sizeof what, "/tmp/keel-%u/%" PRIu64 ".job", (unsigned)getuid(), job_id);
+  if (access(what, F_OK) == 0) {
+    leaks->job_files++;
+    leak_note(leaks, what);
+  }
+}
+
+void keel__chaos_processes_kill(const keel__chaos_run *run) {
+  for (size_t i = 0; i < run->process_count; i++)
+    if (process_alive(&run->processes[i])) kill(run->processes[i].pid, SIGKILL);
+}
