@@ -3,7 +3,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= 2
 
-.PHONY: all deps build test test-sanitize demo bench bench-netns clean
+.PHONY: all deps build test test-sanitize demo bench bench-netns fuzz clean
 
 all: build
 
@@ -32,5 +32,10 @@ bench: build
 bench-netns: build
 	@scripts/bench_netns.sh $(BUILD)
 
+# libFuzzer on every parser, FUZZ_SECONDS each (default 600); grows tests/fuzz/corpus/.
+fuzz:
+	@scripts/deps.sh --fuzz
+	@scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

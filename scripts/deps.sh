@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages keel needs (DESIGN.md, Dependencies). Idempotent: a package
 # already present is not touched, and nothing runs apt-get when all are there.
-# Usage: scripts/deps.sh [--bench]   (--bench adds the peers the benchmarks compare with)
+# Usage: scripts/deps.sh [--bench | --fuzz]   (--bench adds the peers the benchmarks compare
+# with; --fuzz adds clang, whose libFuzzer `make fuzz` uses)
 set -euo pipefail
 
 packages=(
@@ -17,6 +18,9 @@ if [ "${1:-}" = "--bench" ]; then
   # The allreduce peers (bench/peers/): Gloo's C++ library, Open MPI and MPICH with their
   # compiler wrappers and launchers.
   packages+=(libgloo-dev openmpi-bin libopenmpi-dev mpich libmpich-dev g++)
+fi
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang)
 fi
 
 missing=()

@@ -124,7 +124,9 @@ keel_status keel_ec_update_parity(const keel_ec_code *code, int data_index, int 
  * (SSE2), so where the compiler can, it adds an AVX2 clone picked at load time (about 1.7x
  * on 64 KiB blocks here). xor_gen is no help for these two: in place, its non-temporal
  * stores make it slower than either. */
-#if defined(__x86_64__) && defined(__has_attribute)
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(__clang__)
+/* Not with clang: Debian's clang 14 names the dispatcher "<name>.ifunc", and the callers'
+ * references to <name> stay undefined (`make fuzz` builds with clang). */
 #if __has_attribute(target_clones)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "fuzz_seed.h"
 #include "runtime/runtime_internal.h"
 
 #define MAX_TEXT ((size_t)1 << 20)
@@ -83,9 +84,5 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
       "note=h1:v17:s1/4:c0:rS:i1:t0",
       "h1:v18446744073709551615:s1023/1024:c65535:rA:i1:t1",
   };
-  if (index < 0 || (size_t)index >= sizeof seeds / sizeof seeds[0]) return 0;
-  size_t length = strlen(seeds[index]);
-  if (length > capacity) return 0;
-  memcpy(buffer, seeds[index], length);
-  return length;
+  return keel_fuzz_text_seed(seeds, sizeof seeds / sizeof seeds[0], index, buffer, capacity);
 }

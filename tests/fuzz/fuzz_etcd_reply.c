@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_seed.h"
 #include "store/store_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -90,9 +91,5 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
       "{\"result\":{\"header\":{\"revision\":\"11\"},\"canceled\":true,"
       "\"compact_revision\":\"5\"}}",
   };
-  if (index < 0 || (size_t)index >= sizeof seeds / sizeof seeds[0]) return 0;
-  size_t length = strlen(seeds[index]);
-  if (length > capacity) return 0;
-  memcpy(buffer, seeds[index], length);
-  return length;
+  return keel_fuzz_text_seed(seeds, sizeof seeds / sizeof seeds[0], index, buffer, capacity);
 }

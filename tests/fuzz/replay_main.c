@@ -1,10 +1,13 @@
-/* Runs a libFuzzer-style target without libFuzzer: on files named on the command line, or
- * on --random N inputs made from a fixed seed (random bytes, and mutations of the seeds the
- * target offers through keel_fuzz_seed), so ctest exercises every fuzz target on each run. */
+/* Runs a libFuzzer-style target without libFuzzer: on files or folders of files (a corpus)
+ * named on the command line, or on --random N inputs made from a fixed seed (random bytes,
+ * and mutations of the seeds the target offers through keel_fuzz_seed), so ctest exercises
+ * every fuzz target on each run; --seeds DIR writes those seeds as files. */
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "keel/core.h"
 
@@ -26,7 +29,59 @@ static int replay_file(const char *path) {
   return 0;
 }
 
+/* A file, or every file of a folder (a corpus, in name order so that runs repeat). */
+static int replay_path(const char *path, size_t *replayed_p) {
+  struct stat info;
+  if (stat(path, &info) != 0) {
+    fprintf(stderr, "cannot open %s\n", path);
+    return 1;
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    (*replayed_p)++;
+    return replay_file(path);
+  }
+  struct dirent **entries = NULL;
+  int count = scandir(path, &entries, NULL, alphasort);
+  if (count < 0) {
+    fprintf(stderr, "cannot list %s\n", path);
+    return 1;
+  }
+  int status = 0;
+  for (int i = 0; i < count; i++) {
+    char file[4096];
+    snprintf(file, sizeof file, "%s/%s", path, entries[i]->d_name);
+    if (status == 0 && entries[i]->d_name[0] != '.') status = replay_path(file, replayed_p);
+    free(entries[i]);
+  }
+  free(entries);
+  return status;
+}
+
+/* Writes the target's seeds into folder as seed-<i> files: libFuzzer starts from them
+ * (the committed corpus holds them), where random bytes seldom reach past a format's
+ * first checks. */
+static int seeds_write(const char *folder) {
+  static uint8_t seed[4096];
+  int count = 0;
+  for (; keel_fuzz_seed != NULL; count++) {
+    size_t length = keel_fuzz_seed(count, seed, sizeof seed);
+    if (length == 0) break;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/seed-%d", folder, count);
+    FILE *file = fopen(path, "wb");
+    if (file == NULL || fwrite(seed, 1, length, file) != length) {
+      fprintf(stderr, "cannot write %s\n", path);
+      if (file != NULL) fclose(file);
+      return 1;
+    }
+    fclose(file);
+  }
+  fprintf(stderr, "fuzz replay: %d seeds written to %s\n", count, folder);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--seeds") == 0) return seeds_write(argv[2]);
   if (argc == 3 && strcmp(argv[1], "--random") == 0) {
     long count = strtol(argv[2], NULL, 10);
     keel_random random;
@@ -59,8 +114,10 @@ int main(int argc, char **argv) {
     printf("fuzz replay: %ld inputs, %d seeds, no crash\n", count, seed_count);
     return 0;
   }
+  size_t replayed = 0;
   for (int i = 1; i < argc; i++) {
-    if (replay_file(argv[i]) != 0) return 1;
+    if (replay_path(argv[i], &replayed) != 0) return 1;
   }
+  printf("fuzz replay: %zu files, no crash\n", replayed);
   return 0;
 }

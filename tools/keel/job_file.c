@@ -42,7 +42,7 @@ static keel_status job_directory_make(char *path, size_t capacity) {
 }
 
 /* Reads "name=value" lines; every field is required. */
-static keel_status job_file_parse(char *text, keel__job_info *info_p) {
+static keel_status job_file_fields(char *text, keel__job_info *info_p) {
   keel__job_info info = {0};
   bool have_store = false, have_id = false, have_token = false, have_pid = false;
   for (char *save = NULL, *line = strtok_r(text, "\n", &save); line != NULL;
@@ -70,6 +70,14 @@ static keel_status job_file_parse(char *text, keel__job_info *info_p) {
   return KEEL_OK;
 }
 
+keel_status keel__job_file_parse(const char *text, size_t length, keel__job_info *info_p) {
+  if (length > JOB_FILE_MAX_BYTES || memchr(text, '\0', length) != NULL) return KEEL_ECORRUPT;
+  char copy[JOB_FILE_MAX_BYTES + 1];
+  memcpy(copy, text, length);
+  copy[length] = '\0';
+  return job_file_fields(copy, info_p);
+}
+
 static keel_status job_file_read(const char *path, keel__job_info *info_p) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return keel_status_from_errno(errno);
@@ -77,8 +85,7 @@ static keel_status job_file_read(const char *path, keel__job_info *info_p) {
   ssize_t length = read(fd, text, JOB_FILE_MAX_BYTES);
   close(fd);
   if (length <= 0) return KEEL_ECORRUPT;
-  text[length] = '\0';
-  return job_file_parse(text, info_p);
+  return keel__job_file_parse(text, (size_t)length, info_p);
 }
 
 static bool launcher_alive(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }

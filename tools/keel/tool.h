@@ -47,6 +47,10 @@ keel_status keel__job_file_write(const keel__job_info *info, char *path, size_t 
 /* Reads the job file of job_id (decimal text), or with job_id NULL the newest one whose
  * launcher is still alive. KEEL_ENOTFOUND (with a message on stderr) when there is none. */
 keel_status keel__job_file_find(const char *job_id, keel__job_info *info_p);
+/* Parses a job file's text (length bytes; no NUL inside, at most 1 KiB): its store, job id,
+ * token and launcher pid lines, each required. KEEL_ECORRUPT for anything else; *info_p is
+ * written only on success. */
+keel_status keel__job_file_parse(const char *text, size_t length, keel__job_info *info_p);
 /* Reads the job file written by the launcher of pid launcher_pid (`keel chaos` knows the
  * launcher it started, not its job id). KEEL_ENOTFOUND, silently, while there is none. */
 keel_status keel__job_file_of_launcher(pid_t launcher_pid, keel__job_info *info_p);
