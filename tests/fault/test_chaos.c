@@ -130,6 +130,7 @@ static void test_chaos_fifty_failures(void **state) {
   assert_true(kind_field(result.json, "stop", "recovered") >= 1);
   assert_true(check_is(result.json, "final-state", true));
   assert_true(check_is(result.json, "nothing-left", true));
+  assert_true(check_is(result.json, "one-holder", true));
   chaos_result_free(&result);
 }
 
