@@ -26,6 +26,8 @@ static void config_defaults(keel__config *config) {
   config->max_world = 1;
   const char *detection = getenv("KEEL_FAILURE_DETECTION");
   config->failure_detection = detection == NULL || strcmp(detection, "off") != 0;
+  const char *finish_crc = getenv("KEEL_FINISH_CRC");
+  config->finish_crc = finish_crc != NULL && strcmp(finish_crc, "1") == 0;
   snprintf(config->host, sizeof config->host, "%s",
            getenv("KEEL_HOST") ? getenv("KEEL_HOST") : "127.0.0.1");
 }

@@ -307,26 +307,33 @@ keel_status keel_start(keel_ctx *ctx) {
   return status;
 }
 
-/* The `finish` event of a member that leaves in order: the steps it committed and a crc32c
- * over its registered state, so that a tool outside the job (`keel chaos`) can compare the
- * ranks' final state with each other and with a run without failures. */
-static void finish_event(keel_ctx *ctx) {
-  keel_comm *world = keel_world(ctx);
-  if (world == NULL || keel_comm_rank(world) < 0) return;
-  keel__position position;
-  keel__step_position(ctx, KEEL__REDO_NONE, &position);
-  if (!position.has_state) return;
+void keel__finish_note(keel_ctx *ctx, uint64_t version) {
+  if (!ctx->config.finish_crc) return;
   uint32_t crc = 0;
   for (size_t i = 0; i < keel_registry_count(ctx->registry); i++) {
     const keel_state_buffer *buffer = keel_registry_entry(ctx->registry, i);
     crc = keel_crc32c(crc, buffer->data, buffer->bytes);
   }
+  ctx->finish_known = true;
+  ctx->finish_crc = crc;
+  ctx->finish_step = version;
+}
+
+/* The `finish` event of a member that leaves in order (KEEL_FINISH_CRC): the steps it
+ * committed and a crc32c over its registered state as the last commit left it, so that a
+ * tool outside the job (`keel chaos`) can compare the ranks' final state with each other
+ * and with a run without failures. */
+static void finish_event(keel_ctx *ctx) {
+  keel_comm *world = keel_world(ctx);
+  if (!ctx->finish_known || world == NULL || keel_comm_rank(world) < 0) return;
+  keel__position position;
+  keel__step_position(ctx, KEEL__REDO_NONE, &position);
   char fields[192];
   snprintf(fields, sizeof fields,
            "\"world\":%d,\"step\":%" PRIu64 ",\"shard\":%" PRIu32 ",\"state_bytes\":%" PRIu64
            ",\"state_crc32c\":\"%08" PRIx32 "\"",
-           keel_comm_size(world), position.version, position.shard,
-           keel_registry_bytes(ctx->registry), crc);
+           keel_comm_size(world), ctx->finish_step, position.shard,
+           keel_registry_bytes(ctx->registry), ctx->finish_crc);
   keel__report_line(ctx, "finish", fields);
 }
 

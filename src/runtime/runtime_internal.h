@@ -41,6 +41,7 @@ typedef struct keel__config {
   int64_t heartbeat_ns;
   int64_t replace_wait_ns;
   bool failure_detection;
+  bool finish_crc; /* KEEL_FINISH_CRC=1: each commit keeps a crc32c of the state for `finish` */
   uint32_t restart_count;
   uint32_t first_uid;
   uint64_t first_epoch;
@@ -248,8 +249,16 @@ struct keel_ctx {
   bool left_message_written; /* keel__leaving_message */
   int64_t last_report_ns;    /* keel_report is rate-limited */
   char saved_at[4096];       /* keel_note_saved */
+  /* KEEL_FINISH_CRC: the state's crc32c as the last commit left it, for the finish event
+   * (at keel_finalize the program may have freed its buffers already). */
+  bool finish_known;
+  uint32_t finish_crc;
+  uint64_t finish_step;
 };
 
+/* context.c: with KEEL_FINISH_CRC, keeps the crc32c of the registered state that the commit
+ * of step version - 1 left (called by keel_step_commit). */
+void keel__finish_note(keel_ctx *ctx, uint64_t version);
 /* context.c: an event line with this process's uid, rank and epoch. */
 void keel__report_line(keel_ctx *ctx, const char *event, const char *fields);
 /* The world's status when it must stop: KEEL_OK or the session's interruption. */

@@ -962,6 +962,8 @@ int keel__command_chaos(int argc, char **argv) {
     fprintf(stderr, "keel chaos: refused before starting anything: %s\n", why);
     return KEEL__EXIT_USAGE;
   }
+  /* Both runs' ranks report the crc32c of their state at their last commit (`finish`). */
+  setenv("KEEL_FINISH_CRC", "1", 1);
   int64_t capacity = failure_capacity(&options);
   keel__chaos_failure *failures = calloc((size_t)capacity, sizeof *failures);
   if (failures == NULL) return KEEL__EXIT_FAILURE;
