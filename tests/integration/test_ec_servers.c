@@ -572,8 +572,10 @@ static void check_replacement(int servers, int k, int r, bool processes) {
   job_stop(&job);
 }
 
-/* RS (r = 2): a server lost while the replacement of another is rebuilt, slowly (4 groups a
- * round, 20 ms between rounds, so that the rebuild spans many steps). The rebuild reads around
+/* RS (r = 2): a server lost while the replacement of another is rebuilt, slowly (a group a
+ * round, 40 ms between rounds: seconds, so that the rebuild spans many steps even of a loaded
+ * sanitizer build; 4 groups at 20 ms were over within the two steps before the second loss
+ * once rebuilds got fast). The rebuild reads around
  * the new loss and completes; rows, checksum and parity end exact, both servers still served
  * through the parity when the job ends before the replacement is moved back. */
 static void test_server_lost_during_a_rebuild(void **state) {
@@ -581,8 +583,8 @@ static void test_server_lost_during_a_rebuild(void **state) {
   ec_job job;
   job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
   job.config.two_phase_commit = true;
-  job.config.rebuild_chunk_groups = 4;
-  job.config.rebuild_pause_ms = 20;
+  job.config.rebuild_chunk_groups = 1;
+  job.config.rebuild_pause_ms = 40;
   job.lose_at = 4;
   job.lose = 4;
   job.replace_at = 6;

@@ -310,7 +310,8 @@ void keel__children_reap(keel__launcher *launcher);
 void keel__child_fence(keel__launcher *launcher, keel__child *child, const char *reason);
 void keel__children_signal(keel__launcher *launcher, int signal_number);
 size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_only);
-/* Whether the child is stopped (SIGSTOP, a debugger), as /proc/<pid>/stat says. */
+/* Whether the child is stopped by a signal (SIGSTOP), as /proc/<pid>/stat says; a tracing
+ * stop (a debugger, LeakSanitizer's check at exit) is not. */
 bool keel__child_stopped(const keel__child *child);
 /* The exit code of `keel run` from the ends of the current incarnation's children (the
  * rule is at its definition). */

@@ -431,11 +431,14 @@ size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_on
   return count;
 }
 
+/* Stopped by a signal ('T'), not in a tracing stop ('t'): a tracer holds that one, such as
+ * LeakSanitizer's check of a sanitized process that is leaving in order, or a debugger. A
+ * traced process is judged as a running one (its lease, then the longer grace). */
 bool keel__child_stopped(const keel__child *child) {
   char state;
   pid_t parent;
   if (keel_process_stat(child->pid, &state, &parent) != KEEL_OK) return false;
-  return state == 'T' || state == 't';
+  return state == 'T';
 }
 
 int keel__wait_status_code(int wait_status) {
