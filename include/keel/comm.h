@@ -61,6 +61,11 @@ typedef struct keel_membership_ops {
    * (KEEL_ESTOPPED), its launcher is gone (KEEL_EORPHANED), this process was declared dead
    * (KEEL_EEXCLUDED), the job is done (KEEL_EJOBDONE). Must not block. */
   keel_status (*interrupted)(void *context);
+  /* The latest end (keel_now_ns clock) of the legitimately long work other members declared
+   * and have not ended (a runtime's sections), 0: none. An operation that reaches its
+   * deadline meanwhile waits on until that end plus the communicator's deadline. May be
+   * NULL. Must not block. */
+  int64_t (*sections_until)(void *context);
 } keel_membership_ops;
 
 typedef struct keel_endpoint_config {
@@ -127,6 +132,8 @@ uint64_t keel_comm_epoch(const keel_comm *comm);
 uint32_t keel_comm_uid(const keel_comm *comm, int rank);
 /* The rank of uid in comm, or -1. */
 int keel_comm_rank_of(const keel_comm *comm, uint32_t uid);
+/* The communicator's deadline; the communicators of later epochs (a recovery's) start with the
+ * current one's. */
 void keel_comm_set_timeout(keel_comm *comm, int64_t timeout_ns);
 int64_t keel_comm_timeout(const keel_comm *comm);
 /* The transport the collectives use: "shm" (shared memory, every rank on this host),

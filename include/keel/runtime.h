@@ -215,6 +215,17 @@ void keel_mark_resume(keel_ctx *ctx, uint64_t step, const char *kind);
  * checkpoint engine's ("save", "saved"): fires a KEEL_FAULT rule whose point= names it.
  * Returns true when a `corrupt` rule fired: the caller damages what it has just written. */
 bool keel_fault_point(keel_ctx *ctx, const char *point);
+/* Legitimately long work of this rank outside the other ranks' pace (an evaluation, a save
+ * that rank 0 alone makes): until keel_section_end, and at most until deadline_ns (keel's
+ * clock, keel_deadline_after_ns), a collective of any other rank that reaches its deadline
+ * waiting for this one waits on until the section's end plus its deadline, instead of taking
+ * this rank for hung. A section that outlasts deadline_ns is a hang like any other. name:
+ * 1..63 characters, no space, quote or backslash. One section at a time: KEEL_EINVAL inside
+ * one, with a past deadline or a bad name; a store error when the others cannot be told. The
+ * others learn of it within about 100 ms. Events section_begin and section_end. */
+keel_status keel_section_begin(keel_ctx *ctx, const char *name, int64_t deadline_ns);
+/* Ends the section begun last; KEEL_EINVAL when none is open. */
+keel_status keel_section_end(keel_ctx *ctx);
 /* Progress for the launcher's status line (rank 0's are shown). Never blocks, never fails
  * the caller: a full pipe drops the line and counts it. */
 void keel_report(keel_ctx *ctx, uint64_t step, double loss, double samples_per_second);

@@ -211,6 +211,9 @@ keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel
                         void *state);
 /* Status of comm as the engine sees it: KEEL_EREVOKED, KEEL_EPROCFAILED or KEEL_OK. */
 keel_status keel__comm_health(keel_comm *comm);
+/* Whether now is past *deadline_ns. A member's declared long work (membership's
+ * sections_until) moves *deadline_ns to its end plus the communicator's deadline instead. */
+bool keel__deadline_passed(keel_comm *comm, int64_t *deadline_ns);
 /* The membership's interruption, if any (KEEL_OK otherwise). */
 keel_status keel__interrupted(keel_endpoint *endpoint);
 /* Blocks until every queued frame on every link is written or deadline. */

@@ -330,7 +330,9 @@ static keel_comm *comm_alloc(keel_endpoint *endpoint, uint64_t epoch, const uint
   for (int rank = 0; rank < count; rank++) {
     if (uids[rank] == endpoint->config.uid) comm->rank = rank;
   }
-  comm->timeout_ns = endpoint->config.timeout_ns;
+  /* A deadline set on the world (a watchdog's) holds across recoveries. */
+  comm->timeout_ns =
+      endpoint->current ? endpoint->current->timeout_ns : endpoint->config.timeout_ns;
   return comm;
 }
 

@@ -512,6 +512,21 @@ keel_status keel__interrupted(keel_endpoint *endpoint) {
   return config->membership->interrupted(config->membership_context);
 }
 
+bool keel__deadline_passed(keel_comm *comm, int64_t *deadline_ns) {
+  int64_t now = keel_now_ns();
+  if (now < *deadline_ns) return false;
+  const keel_endpoint_config *config = &comm->endpoint->config;
+  if (config->membership == NULL || config->membership->sections_until == NULL) return true;
+  int64_t until = config->membership->sections_until(config->membership_context);
+  if (until <= 0) return true;
+  int64_t extended = until + comm->timeout_ns;
+  if (extended <= now || extended <= *deadline_ns) return true;
+  KEEL_LOG_I(MODULE, "a member declared long work: operation %" PRIu64 " waits %.1f s more",
+             comm->op_seq, (double)(extended - now) / 1e9);
+  *deadline_ns = extended;
+  return false;
+}
+
 keel_status keel__comm_health(keel_comm *comm) {
   keel_endpoint *endpoint = comm->endpoint;
   if (comm->revoked_locally || (endpoint->any_revoked && comm->epoch <= endpoint->revoked_epoch) ||
@@ -547,7 +562,7 @@ keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel
     if (status == KEEL_OK) status = keel__interrupted(endpoint);
     if (status == KEEL_OK && op->send_error != KEEL_OK && endpoint->config.failure_detection)
       status = op->send_error;
-    if (status == KEEL_OK && keel_now_ns() >= deadline_ns) {
+    if (status == KEEL_OK && keel__deadline_passed(comm, &deadline_ns)) {
       KEEL_LOG_W(MODULE, "operation %" PRIu64 " of epoch %" PRIu64 " passed its deadline",
                  comm->op_seq, comm->epoch);
       status = KEEL_ETIMEDOUT;

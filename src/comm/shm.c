@@ -238,7 +238,7 @@ static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *coun
     keel_status health = keel__comm_health(comm);
     if (health == KEEL_OK) health = keel__interrupted(endpoint);
     if (health != KEEL_OK) return health;
-    if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
+    if (keel__deadline_passed(comm, &deadline_ns)) return KEEL_ETIMEDOUT;
     atomic_fetch_add_explicit(&group->header->sleepers, 1, memory_order_acq_rel);
     if (!all_reached(group, counters, target)) {
       struct timespec slice = {0, FUTEX_SLICE_NS};

@@ -4,6 +4,7 @@
  * users can make the very failure they want to survive, where they want it. */
 #include <inttypes.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,10 @@ typedef enum fault_action {
   FAULT_DELAY,
   FAULT_EXIT,
   FAULT_CORRUPT, /* the point's caller damages what it just wrote */
+  FAULT_HANG,    /* the calling thread blocks for good; the rest of the process runs */
 } fault_action;
 
-static const char *const action_names[] = {"kill", "stop", "delay", "exit", "corrupt"};
+static const char *const action_names[] = {"kill", "stop", "delay", "exit", "corrupt", "hang"};
 
 typedef struct fault_rule {
   fault_action action;
@@ -45,6 +47,7 @@ struct keel_fault_plan {
   int count;
   keel_fault_report_cb report;
   void *report_context;
+  atomic_bool hang_requested; /* keel_fault_plan_request_hang: the next "step" point hangs */
 };
 
 static keel_status parse_action(const char *text, size_t length, fault_action *action_p) {
@@ -169,12 +172,26 @@ static bool rule_applies(const keel_fault_plan *plan, const fault_rule *rule, co
   return counter == 0 || counter >= rule->after;
 }
 
+static void announce(const keel_fault_plan *plan, fault_action action, const char *point) {
+  const char *name = action_names[action];
+  if (plan->report != NULL) plan->report(plan->report_context, name, point, plan->step);
+  KEEL_LOG_W(MODULE, "injected fault: %s at %s, step %" PRIu64, name, point, plan->step);
+}
+
+/* The failure the user asked for: a training thread stuck for good (a deadlock, a device call
+ * that never returns) in a process whose other threads, its heartbeat among them, go on. The
+ * job's collective deadline catches it and its launcher or agent fences the process. */
+static _Noreturn void hang_forever(void) {
+  for (;;) {
+    struct timespec pause = {1, 0};
+    nanosleep(&pause, NULL);
+  }
+}
+
 /* Carries out a rule; true for a `corrupt` rule, which the point's caller carries out. */
 static bool fire(keel_fault_plan *plan, fault_rule *rule, const char *point) {
   rule->fired = true;
-  const char *action = action_names[rule->action];
-  if (plan->report != NULL) plan->report(plan->report_context, action, point, plan->step);
-  KEEL_LOG_W(MODULE, "injected fault: %s at %s, step %" PRIu64, action, point, plan->step);
+  announce(plan, rule->action, point);
   switch (rule->action) {
     case FAULT_KILL:
       kill(getpid(), SIGKILL);
@@ -194,12 +211,22 @@ static bool fire(keel_fault_plan *plan, fault_rule *rule, const char *point) {
       _exit((int)rule->code);
     case FAULT_CORRUPT:
       return true;
+    case FAULT_HANG:
+      hang_forever();
   }
   return false;
 }
 
+void keel_fault_plan_request_hang(keel_fault_plan *plan) {
+  if (plan != NULL) atomic_store(&plan->hang_requested, true);
+}
+
 static bool plan_fire(keel_fault_plan *plan, const char *point, int64_t counter, bool last) {
   if (plan == NULL) return false;
+  if (strcmp(point, "step") == 0 && atomic_exchange(&plan->hang_requested, false)) {
+    announce(plan, FAULT_HANG, point);
+    hang_forever();
+  }
   bool corrupt = false;
   for (int i = 0; i < plan->count; i++) {
     if (rule_applies(plan, &plan->rules[i], point, counter, last))

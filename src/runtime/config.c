@@ -117,7 +117,10 @@ keel_status keel__config_read(keel__config *config) {
   if (status == KEEL_OK) status = read_sizes(config);
   if (status != KEEL_OK) return status;
   config->auth.local_id = config->uid;
-  if (keel_env_duration_ns("KEEL_TIMEOUT", &config->timeout_ns) != KEEL_OK ||
+  const char *timeout = getenv("KEEL_TIMEOUT");
+  config->timeout_auto = timeout != NULL && strcmp(timeout, "auto") == 0;
+  if ((!config->timeout_auto &&
+       keel_env_duration_ns("KEEL_TIMEOUT", &config->timeout_ns) != KEEL_OK) ||
       keel_env_duration_ns("KEEL_HEARTBEAT", &config->heartbeat_ns) != KEEL_OK ||
       keel_env_duration_ns("KEEL_REPLACE_WAIT", &config->replace_wait_ns) != KEEL_OK)
     return KEEL_EINVAL;

@@ -57,6 +57,11 @@ static keel_status membership_interrupted(void *context) {
   return keel__session_interrupted(ctx->session);
 }
 
+static int64_t membership_sections_until(void *context) {
+  keel_ctx *ctx = context;
+  return keel__session_sections_until(ctx->session);
+}
+
 static const keel_membership_ops membership_ops = {
     .address = membership_address,
     .suspect = membership_suspect,
@@ -66,6 +71,7 @@ static const keel_membership_ops membership_ops = {
     .dead = membership_dead,
     .node = membership_node,
     .interrupted = membership_interrupted,
+    .sections_until = membership_sections_until,
 };
 
 keel_status keel__interruption(keel_ctx *ctx) { return keel__session_interrupted(ctx->session); }
@@ -213,6 +219,7 @@ static keel_status parts_create(keel_ctx *ctx) {
   if (status == KEEL_OK) status = keel__step_create(&ctx->step);
   if (status == KEEL_OK) status = keel__recovery_create(&ctx->recovery);
   if (status == KEEL_OK) status = keel__state_sources_create(&ctx->sources);
+  if (status == KEEL_OK) status = keel__watchdog_create(&ctx->config, &ctx->watchdog);
   if (status == KEEL_OK)
     status = keel_fault_plan_create(getenv("KEEL_FAULT"), ctx->config.uid, &ctx->faults);
   if (status == KEEL_OK) keel_fault_plan_set_reporter(ctx->faults, fault_reported, ctx);
@@ -259,6 +266,7 @@ static keel_status join_job(keel_ctx *ctx) {
   keel_status status = keel__events_create(config->status_fd, &ctx->events);
   if (status == KEEL_OK) status = keel__detector_create(config->uid, &ctx->detector);
   if (status == KEEL_OK) status = keel__session_open(config, ctx->detector, &ctx->session);
+  if (status == KEEL_OK) keel__session_set_faults(ctx->session, ctx->faults);
   if (status == KEEL_OK) status = endpoint_open(ctx);
   if (status == KEEL_OK) status = keel__session_start(ctx->session, ctx->events, ctx->endpoint);
   if (status != KEEL_OK) return status;
@@ -351,6 +359,7 @@ void keel_finalize(keel_ctx *ctx) {
   keel__events_destroy(ctx->events);
   keel__state_sources_destroy(ctx->sources);
   keel__recovery_destroy(ctx->recovery);
+  keel__watchdog_destroy(ctx->watchdog);
   keel__step_destroy(ctx->step);
   keel_registry_destroy(ctx->registry);
   keel_fault_plan_destroy(ctx->faults);

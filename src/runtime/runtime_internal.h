@@ -37,7 +37,8 @@ typedef struct keel__config {
   int initial_world;
   int max_world;
   int status_fd;
-  int64_t timeout_ns;
+  int64_t timeout_ns; /* with timeout_auto: the deadline until steps were observed */
+  bool timeout_auto;  /* KEEL_TIMEOUT=auto: the watchdog sets it from the step times */
   int64_t heartbeat_ns;
   int64_t replace_wait_ns;
   bool failure_detection;
@@ -122,6 +123,12 @@ keel_status keel__session_interrupted(const keel__session *session);
 keel_status keel__session_check(keel__session *session, keel_status failure);
 /* Joiners waiting (join/ keys) at the last look. Never blocks. */
 int keel__session_joiners_waiting(const keel__session *session);
+/* The latest end (keel_now_ns clock) of the sections other processes declared, at the last
+ * look; 0: none. Never blocks. */
+int64_t keel__session_sections_until(const keel__session *session);
+/* `keel inject hang` (inject/hang/<uid>) reaches the fault plan through the session: the
+ * training thread hangs at its next step. */
+void keel__session_set_faults(keel__session *session, keel_fault_plan *faults);
 /* The launcher's pid when the session started (0: none), for messages. */
 int keel__session_launcher_pid(const keel__session *session);
 
@@ -231,6 +238,18 @@ extern const keel__policy_ops keel__policy_replace;
 extern const keel__policy_ops keel__policy_restart;
 
 /* ---- the context: pointers to the parts, owned by context.c (init and finalize). */
+/* ---- watchdog.c: the deadline from observed steps (KEEL_TIMEOUT=auto) and sections */
+#define KEEL__SECTION_NAME_MAX 64
+typedef struct keel__watchdog keel__watchdog;
+keel_status keel__watchdog_create(const keel__config *config, keel__watchdog **watchdog_p);
+void keel__watchdog_destroy(keel__watchdog *watchdog);
+/* keel_step_begin: the interval since the last begin is a sample unless a recovery or a
+ * section came in it; after the warm-up the world's deadline follows the samples' p99. */
+void keel__watchdog_step_begin(keel_ctx *ctx);
+/* The latest end, on keel_now_ns's clock, of the sections/ values among entries (those of
+ * other processes than own_uid); 0: none. */
+int64_t keel__sections_until(const keel_store_entry *entries, size_t count, uint32_t own_uid);
+
 struct keel_ctx {
   keel__config config;
   keel_fault_plan *faults;
@@ -243,6 +262,7 @@ struct keel_ctx {
   keel__state_sources *sources;
   keel__step *step;
   keel__recovery *recovery;
+  keel__watchdog *watchdog;
   const keel__policy_ops *policy;
   bool newcomer;
   bool abandon;              /* init failed: finalize says nothing to anyone */

@@ -43,9 +43,12 @@ struct keel__session {
   /* What the thread found; read by anyone. */
   atomic_int interruption; /* a keel_status: KEEL_OK or why every wait must end */
   atomic_int joiners;
+  _Atomic int64_t sections_until; /* keel__sections_until at the last look */
+  _Atomic(keel_fault_plan *) faults;
   /* The thread's own bookkeeping. */
   uint64_t watched_revision;
   int64_t send_delay_ns; /* inject/delay/<node>, as last applied */
+  bool hang_requested;   /* inject/hang/<uid> was seen and passed on */
   bool unreachable;
   int64_t unreachable_since_ns;
 };
@@ -101,6 +104,14 @@ keel_status keel__session_interrupted(const keel__session *session) {
 
 int keel__session_joiners_waiting(const keel__session *session) {
   return session == NULL ? 0 : atomic_load(&session->joiners);
+}
+
+int64_t keel__session_sections_until(const keel__session *session) {
+  return session == NULL ? 0 : atomic_load(&session->sections_until);
+}
+
+void keel__session_set_faults(keel__session *session, keel_fault_plan *faults) {
+  if (session != NULL) atomic_store(&session->faults, faults);
 }
 
 /* Sets the first interruption (the earliest cause stays) and wakes whoever waits. */
@@ -212,17 +223,14 @@ static void dead_keys_note(keel__session *session, const keel_store_entry *entri
 
 /* inject/delay/<node> (`keel inject delay NODE 20ms`): this node's frames go out that much
  * later, emulating a slow link (no netem on this kernel); a missing key is no delay. */
-static void delay_key_note(keel__session *session) {
+static void delay_key_note(keel__session *session, const keel_store_entry *entries, size_t count) {
   char key[48];
   snprintf(key, sizeof key, "inject/delay/%d", session->config->node);
-  keel_store_entry *entry = NULL;
   int64_t delay_ns = 0;
-  keel_status status = keel_store_get(session->background, key, &entry);
-  if (status != KEEL_OK && status != KEEL_ENOTFOUND) return;
-  if (status == KEEL_OK) {
-    if (keel_parse_int((const char *)entry->value, 0, INT64_MAX, &delay_ns) != KEEL_OK)
+  for (size_t i = 0; i < count; i++) {
+    if (strcmp(entries[i].key, key) != 0) continue;
+    if (keel_parse_int((const char *)entries[i].value, 0, INT64_MAX, &delay_ns) != KEEL_OK)
       delay_ns = 0;
-    keel_store_entry_free(entry);
   }
   if (delay_ns == session->send_delay_ns) return;
   session->send_delay_ns = delay_ns;
@@ -235,9 +243,23 @@ static void delay_key_note(keel__session *session) {
   report(session, "send_delay", fields);
 }
 
+/* inject/hang/<uid> (`keel inject hang RANK`): this process's training thread hangs at its
+ * next step, once, while this thread keeps the lease alive: the failure only a deadline can
+ * catch. The key is deleted once seen. */
+static void hang_key_note(keel__session *session, const keel_store_entry *entries, size_t count) {
+  char key[48];
+  snprintf(key, sizeof key, "inject/hang/%" PRIu32, session->config->uid);
+  for (size_t i = 0; i < count && !session->hang_requested; i++) {
+    if (strcmp(entries[i].key, key) != 0) continue;
+    session->hang_requested = true;
+    keel_fault_plan_request_hang(atomic_load(&session->faults));
+    keel_store_delete(session->background, key); /* the store keeps no trace of it */
+  }
+}
+
 /* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
- * joiners wait, the dead, and an injected delay. Read only when the store changed since the last
- * look. */
+ * joiners wait, the dead, the others' sections, and injected delays and hangs. Read only when the
+ * store changed since the last look. */
 static void watch(keel__session *session) {
   uint64_t revision = 0;
   keel_status status =
@@ -254,7 +276,14 @@ static void watch(keel__session *session) {
   if (keel_store_list(session->background, "dead/", &entries, &count, NULL) != KEEL_OK) return;
   dead_keys_note(session, entries, count);
   keel_store_entries_free(entries, count);
-  delay_key_note(session);
+  if (keel_store_list(session->background, "section/", &entries, &count, NULL) != KEEL_OK) return;
+  atomic_store(&session->sections_until,
+               keel__sections_until(entries, count, session->config->uid));
+  keel_store_entries_free(entries, count);
+  if (keel_store_list(session->background, "inject/", &entries, &count, NULL) != KEEL_OK) return;
+  delay_key_note(session, entries, count);
+  hang_key_note(session, entries, count);
+  keel_store_entries_free(entries, count);
   session->watched_revision = revision;
 }
 

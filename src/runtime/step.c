@@ -167,6 +167,7 @@ keel_status keel_step_begin(keel_ctx *ctx, uint64_t step_number) {
   step->step = step_number;
   step->collectives_done = 0;
   step->version = step_number; /* by contract the registered state is this step's start */
+  keel__watchdog_step_begin(ctx);
   keel_fault_plan_set_step(ctx->faults, step_number);
   keel_fault_plan_fire(ctx->faults, "step", 0);
   if (step->undo_enabled) undo_copy(ctx, false);

@@ -168,6 +168,35 @@ static void test_chaos_catches_a_death_it_did_not_cause(void **state) {
   chaos_result_free(&result);
 }
 
+/* Hangs among kills: each is caught by the deadline `--collective-timeout auto` set, the hung
+ * process fenced and replaced, and the job ends bit-identical to the failure-free run. The
+ * gaps outlast a hang's detection (two deadlines of at least 1 s each); 5000 steps (about 33 s)
+ * outlast the six failures. */
+static void test_chaos_hangs(void **state) {
+  (void)state;
+  chaos_result result;
+  char every[32];
+  snprintf(every, sizeof every, "%dms..%dms", 2500 * keel_test_slowdown(),
+           3500 * keel_test_slowdown());
+  chaos_run((const char *const[]){"--failures", "6", "--every", every, "--seed", "5", "--mix",
+                                  "kill=1,hang=1", NULL},
+            (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2",
+                                  "--max-restarts", "10", "--collective-timeout", "auto", NULL},
+            (const char *const[]){"--steps", "5000", "--compute-ms", "2", "--params", "20000",
+                                  NULL},
+            NULL, CHAOS_TIMEOUT_MS, &result);
+  if (result.code != 0 || result.json == NULL || kind_field(result.json, "hang", "recovered") < 1)
+    show(&result);
+  assert_int_equal(result.code, 0);
+  assert_non_null(result.json);
+  assert_non_null(strstr(result.json, "\"verdict\":\"pass\""));
+  assert_true(kind_field(result.json, "hang", "injected") >= 1);
+  assert_true(kind_field(result.json, "hang", "recovered") >= 1);
+  assert_true(check_is(result.json, "final-state", true));
+  assert_true(check_is(result.json, "no-false-death", true));
+  chaos_result_free(&result);
+}
+
 /* Refused with exit 2 and the reason, before any job starts (no --json written). */
 static void expect_refusal(const char *const *chaos_args, const char *const *run_flags,
                            const char *reason) {
@@ -194,6 +223,8 @@ static void test_chaos_refusals(void **state) {
   expect_refusal((const char *const[]){"--mix", "kill=1", NULL},
                  (const char *const[]){"--servers", "4", "--ec", "k=3,r=1", "-n", "2", NULL},
                  "jobs on parameter servers are not supported");
+  expect_refusal((const char *const[]){"--mix", "hang=1", NULL}, replace,
+                 "hang needs --collective-timeout auto");
   expect_refusal((const char *const[]){"--mix", "bitflip=1", NULL}, replace,
                  "not supported by keel chaos yet");
   expect_refusal((const char *const[]){"--failures", "10", "--mix", "kill=1", NULL}, replace,
@@ -215,6 +246,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_fifty_failures),
+      cmocka_unit_test(test_chaos_hangs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
  *   toy-final rank=R uid=U step=N world=W crc=XXXXXXXX
  * Flags: --steps N --params P --global-batch B --compute-ms M --seed S|job --shards K
  *        --persist-every N --persist-dir DIR --second-allreduce --undo
+ *        --long-step N --long-ms M [--section]
  * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
  * the parameters and momentum, replicated by every group of K ranks: each step allgathers
  * the shards, reduces the whole gradient and updates its own shard. The arithmetic is the
@@ -15,7 +16,9 @@
  * replacement whose shard no survivor holds. With --second-allreduce each step ends with a
  * second allreduce after the optimizer (the registered state changes between two collectives
  * of one step, and a fault point "updated" sits between them); --undo turns the runtime's
- * undo copy on, which a recovery needs to redo such a step exactly. */
+ * undo copy on, which a recovery needs to redo such a step exactly. With --long-step N
+ * --long-ms M, uid 1 works M ms longer once, at step N (an evaluation the others wait for),
+ * inside a keel_section_begin/end with --section. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,15 +29,20 @@
 #include "keel/keel.h"
 
 typedef struct options {
-  int64_t steps, params, global_batch, compute_ms, shards, persist_every;
+  int64_t steps, params, global_batch, compute_ms, shards, persist_every, long_step, long_ms;
   uint64_t seed;
   const char *persist_directory;
-  bool second_allreduce, undo;
+  bool second_allreduce, undo, section;
 } options;
 
 static int parse_options(int argc, char **argv, options *opts) {
-  *opts = (options){
-      .steps = 40, .params = 4096, .global_batch = 64, .compute_ms = 2, .shards = 1, .seed = 7};
+  *opts = (options){.steps = 40,
+                    .params = 4096,
+                    .global_batch = 64,
+                    .compute_ms = 2,
+                    .shards = 1,
+                    .seed = 7,
+                    .long_step = -1};
   static const struct option long_options[] = {{"steps", required_argument, 0, 's'},
                                                {"params", required_argument, 0, 'p'},
                                                {"global-batch", required_argument, 0, 'b'},
@@ -45,14 +53,18 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"persist-dir", required_argument, 0, 'D'},
                                                {"second-allreduce", no_argument, 0, 'A'},
                                                {"undo", no_argument, 0, 'U'},
+                                               {"long-step", required_argument, 0, 'L'},
+                                               {"long-ms", required_argument, 0, 'M'},
+                                               {"section", no_argument, 0, 'S'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     int64_t value = 0;
-    if (option == 'D' || option == 'A' || option == 'U') {
+    if (option == 'D' || option == 'A' || option == 'U' || option == 'S') {
       if (option == 'D') opts->persist_directory = optarg;
       if (option == 'A') opts->second_allreduce = true;
       if (option == 'U') opts->undo = true;
+      if (option == 'S') opts->section = true;
       continue;
     }
     /* --seed job: a seed of the job's id, the same in every rank and different in every
@@ -72,6 +84,8 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'e') opts->seed = (uint64_t)value;
     if (option == 'k') opts->shards = value;
     if (option == 'P') opts->persist_every = value;
+    if (option == 'L') opts->long_step = value;
+    if (option == 'M') opts->long_ms = value;
   }
   if (opts->persist_every > 0 && opts->persist_directory == NULL) {
     fprintf(stderr, "toy_train: --persist-every needs --persist-dir\n");
@@ -118,6 +132,7 @@ typedef struct toy_state {
   size_t n, shard_n;
   float *params, *shard_params, *momentum, *send, *recv, *gathered;
   uint64_t step;
+  bool long_done;
 } toy_state;
 
 static bool toy_allocate(toy_state *toy, const options *opts) {
@@ -179,6 +194,26 @@ static int run_end(const toy_state *toy, const char *what, keel_status status) {
   return code;
 }
 
+/* uid 1's long work at --long-step, once, declared as a section with --section (a replacement
+ * of uid 1 does not do it again). */
+static void long_work(keel_ctx *ctx, toy_state *toy, const options *opts) {
+  keel_comm *world = keel_world(ctx);
+  if (toy->long_done || (int64_t)toy->step != opts->long_step ||
+      keel_comm_uid(world, keel_comm_rank(world)) != 1)
+    return;
+  toy->long_done = true;
+  int64_t duration_ns = opts->long_ms * 1000000;
+  keel_status status = KEEL_OK;
+  if (opts->section)
+    status = keel_section_begin(ctx, "evaluation", keel_deadline_after_ns(2 * duration_ns));
+  if (status != KEEL_OK)
+    fprintf(stderr, "toy_train: keel_section_begin: %s\n", keel_strerror(status));
+  struct timespec pause = {(time_t)(duration_ns / 1000000000), (long)(duration_ns % 1000000000)};
+  nanosleep(&pause, NULL);
+  if (opts->section && status == KEEL_OK && (status = keel_section_end(ctx)) != KEEL_OK)
+    fprintf(stderr, "toy_train: keel_section_end: %s\n", keel_strerror(status));
+}
+
 /* Returns the exit code (keel_exit_code of how the run ended). */
 static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
   keel_status status;
@@ -188,6 +223,7 @@ static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
     status = params_assemble(toy, opts, ctx);
     if (status == KEEL_OK) {
       keel_fault_point(ctx, "forward");
+      long_work(ctx, toy, opts);
       keel_comm *world = keel_world(ctx);
       compute_gradient(opts, toy->params, toy->step, keel_comm_rank(world), keel_comm_size(world),
                        toy->send);

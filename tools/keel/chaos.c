@@ -37,8 +37,8 @@
 #define LAUNCHER_STOP_MAX_NS (2 * SECOND_NS)
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
-    "kill",      "stop",  "launcher-stop", "server-kill", "kill-node", "hang",
-    "partition", "delay", "etcd-kill",     "etcd-stop",   "bitflip",
+    "kill",      "stop",  "launcher-stop", "hang",      "server-kill", "kill-node",
+    "partition", "delay", "etcd-kill",     "etcd-stop", "bitflip",
 };
 
 const char *keel__chaos_kind_name(keel__chaos_kind kind) { return kind_names[kind]; }
@@ -209,7 +209,15 @@ static int options_parse(int argc, char **argv, chaos_options *options, bool *mi
 
 /* Kinds that cost the job a rank's process. */
 static bool kind_takes_rank(keel__chaos_kind kind) {
-  return kind == KEEL__CHAOS_KILL || kind == KEEL__CHAOS_STOP;
+  return kind == KEEL__CHAOS_KILL || kind == KEEL__CHAOS_STOP || kind == KEEL__CHAOS_HANG;
+}
+
+/* A hang is caught by the collective deadline and then the agreement's: past this, each one
+ * would cost the job minutes. */
+#define HANG_DEADLINE_MAX_NS (10 * SECOND_NS)
+
+static bool hangs_caught_soon(const keel__run_options *run) {
+  return run->collective_timeout_auto || run->collective_timeout_ns <= HANG_DEADLINE_MAX_NS;
 }
 
 /* Why the job as its flags start it cannot take kind at all; NULL when it can. */
@@ -219,6 +227,12 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
     case KEEL__CHAOS_KILL:
     case KEEL__CHAOS_STOP:
     case KEEL__CHAOS_LAUNCHER_STOP:
+      return NULL;
+    case KEEL__CHAOS_HANG:
+      if (!hangs_caught_soon(run))
+        return "hang needs --collective-timeout auto (or a deadline of at most 10s): only the "
+               "deadline catches a hung training thread, and at the default 30s each hang would "
+               "cost the job a minute";
       return NULL;
     case KEEL__CHAOS_SERVER_KILL:
       if (run->servers == 0) return "server-kill needs parameter servers (--servers)";
@@ -233,7 +247,7 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
       if (!run->node_failure_domain) return "kill-node needs --failure-domain node";
       return "kill-node is not supported by keel chaos yet";
     default:
-      return "this kind is not supported by keel chaos yet (hang, partition, delay, bitflip)";
+      return "this kind is not supported by keel chaos yet (partition, delay, bitflip)";
   }
 }
 
@@ -268,6 +282,7 @@ static void default_mix(const chaos_options *options, int64_t *weights) {
   weights[KEEL__CHAOS_KILL] = 4;
   weights[KEEL__CHAOS_STOP] = 2;
   weights[KEEL__CHAOS_LAUNCHER_STOP] = 1;
+  if (hangs_caught_soon(&options->run)) weights[KEEL__CHAOS_HANG] = 1;
 }
 
 /* ---- the schedule: failure i is a function of (seed, i) alone */
@@ -470,7 +485,10 @@ static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
     return true;
   }
   char target[32], output[256];
-  const char *args[4] = {failure->kind == KEEL__CHAOS_STOP ? "stop" : "kill", target, NULL};
+  const char *action = failure->kind == KEEL__CHAOS_STOP   ? "stop"
+                       : failure->kind == KEEL__CHAOS_HANG ? "hang"
+                                                           : "kill";
+  const char *args[4] = {action, target, NULL};
   snprintf(target, sizeof target, "%" PRId64, failure->target);
   if (job->job_id == 0 || inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
     return failure->attempts >= MAX_ATTEMPTS;
@@ -940,7 +958,7 @@ int keel__command_chaos(int argc, char **argv) {
         "usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...] [--every MIN..MAX]\n"
         "                  [--seed S] [--json FILE] [--keep] [--no-reference]\n"
         "                  -- RUN-FLAGS -- PROGRAM ARGS\n"
-        "kinds: kill stop launcher-stop (docs/CHAOS.md)\n");
+        "kinds: kill stop hang launcher-stop (docs/CHAOS.md)\n");
     return 0;
   }
   if (code != 0) return code;

@@ -14,10 +14,10 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_KILL,          /* SIGKILL to a rank's process (keel inject kill) */
   KEEL__CHAOS_STOP,          /* SIGSTOP to a rank's process, never continued: a hang */
   KEEL__CHAOS_LAUNCHER_STOP, /* SIGSTOP to the launcher (and its store), SIGCONT later */
+  KEEL__CHAOS_HANG,          /* a rank's training thread blocks for good (keel inject hang) */
   /* The kinds below are named by issue 15 and refused: not supported yet. */
   KEEL__CHAOS_SERVER_KILL,
   KEEL__CHAOS_KILL_NODE,
-  KEEL__CHAOS_HANG,
   KEEL__CHAOS_PARTITION,
   KEEL__CHAOS_DELAY,
   KEEL__CHAOS_ETCD_KILL,
@@ -37,7 +37,7 @@ typedef struct keel__chaos_failure {
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
-  uint32_t victim_uid; /* kill, stop; UINT32_MAX for launcher-stop */
+  uint32_t victim_uid; /* kill, stop, hang; UINT32_MAX for launcher-stop */
   pid_t victim_pid;
   int64_t detect_ns;  /* injection to the recovery's detection; -1: not seen */
   int64_t recover_ns; /* injection to the recovery's end (a server's replacement) */

@@ -179,7 +179,8 @@ static void own_variables_fill(const keel__launcher *launcher, const keel__child
   own_variable_set(environment, OWN_FAILURE_DOMAIN, "%s",
                    options->node_failure_domain ? "node" : "process");
   own_variable_set(environment, OWN_STATUS_FD, "%d", launcher->status_write_fd);
-  own_variable_set(environment, OWN_TIMEOUT, "%s", timeout);
+  own_variable_set(environment, OWN_TIMEOUT, "%s",
+                   options->collective_timeout_auto ? "auto" : timeout);
   own_variable_set(environment, OWN_HEARTBEAT, "%s", heartbeat);
   own_ckpt_variables_fill(launcher, environment);
   own_variable_set(environment, OWN_RESTART, "%lld", (long long)incarnation->index);

@@ -59,7 +59,8 @@ static const char run_help_text[] =
     "  --join-delay DURATION     start those joiners DURATION after the workers (default 0);\n"
     "                            `keel join` asks a running job for more, up to B\n"
     "  --timeout DURATION        kill the job after DURATION and exit 124 (e.g. 90s, 10m)\n"
-    "  --collective-timeout DURATION  deadline of each collective (default 30s)\n"
+    "  --collective-timeout DURATION|auto  deadline of each collective (default 30s; auto:\n"
+    "                            10 times the p99 of the observed step times, at least 1s)\n"
     "  --heartbeat DURATION      lease time-to-live; a process silent this long is fenced\n"
     "                            (default 2s)\n"
     "  --events FILE             write every event, as JSON lines, to FILE\n"
@@ -386,6 +387,8 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
     case FLAG_TIMEOUT:
       return parse_positive_duration(flag->name, value, &options->timeout_ns);
     case FLAG_COLLECTIVE_TIMEOUT:
+      options->collective_timeout_auto = strcmp(value, "auto") == 0;
+      if (options->collective_timeout_auto) return true;
       return parse_positive_duration(flag->name, value, &options->collective_timeout_ns);
     case FLAG_HEARTBEAT:
       return parse_positive_duration(flag->name, value, &options->heartbeat_ns);
