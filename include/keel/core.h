@@ -210,16 +210,18 @@ void keel_fault_plan_set_step(keel_fault_plan *plan, uint64_t step);
 /* Fires the rules due at point (counter: the point's own count, e.g. chunk sends of an
  * allreduce, compared with after=). kill and stop signal this process itself, delay sleeps,
  * exit ends the process with code= (the failure the user asked for), hang blocks the calling
- * thread for good while the process's other threads run on. Returns true when a
+ * thread for good while the process's other threads run on. Returns true when a `bitflip` or
  * `corrupt` rule fired: the caller damages what it has just written. NULL plan: false. */
 bool keel_fault_plan_fire(keel_fault_plan *plan, const char *point, int64_t counter);
 /* The same at the point's last count in one operation (an allreduce's last send): a rule
  * whose after= is above counter fires here too, so that it lands inside the operation
  * whichever algorithm (with however many sends) served it. */
 bool keel_fault_plan_fire_last(keel_fault_plan *plan, const char *point, int64_t counter);
-/* Any thread (`keel inject hang`): the thread that fires the next "step" point hangs there,
- * reported as a `hang` fault at that point. NULL plan: nothing. */
-void keel_fault_plan_request_hang(keel_fault_plan *plan);
+/* Any thread (`keel inject hang|bitflip`): the thread that fires the next "step" point takes
+ * action there, "hang" (it blocks for good) or "bitflip" (that fire returns true: the runtime
+ * flips one bit of the registered state), reported as a fault at that point. KEEL_EINVAL for
+ * another action or a NULL plan. */
+keel_status keel_fault_plan_request(keel_fault_plan *plan, const char *action);
 
 /* ---- hex helpers for tokens. */
 /* Writes 2*length hex digits and a NUL into text (capacity >= 2*length+1). */

@@ -22,9 +22,12 @@ typedef enum fault_action {
   FAULT_EXIT,
   FAULT_CORRUPT, /* the point's caller damages what it just wrote */
   FAULT_HANG,    /* the calling thread blocks for good; the rest of the process runs */
+  FAULT_BITFLIP, /* as corrupt: at "step", the runtime flips one bit of the registered state */
+  FAULT_NONE,    /* no request pending (keel_fault_plan_request) */
 } fault_action;
 
-static const char *const action_names[] = {"kill", "stop", "delay", "exit", "corrupt", "hang"};
+static const char *const action_names[] = {"kill",    "stop", "delay",  "exit",
+                                           "corrupt", "hang", "bitflip"};
 
 typedef struct fault_rule {
   fault_action action;
@@ -47,7 +50,7 @@ struct keel_fault_plan {
   int count;
   keel_fault_report_cb report;
   void *report_context;
-  atomic_bool hang_requested; /* keel_fault_plan_request_hang: the next "step" point hangs */
+  atomic_int requested; /* keel_fault_plan_request: the action the next "step" point takes */
 };
 
 static keel_status parse_action(const char *text, size_t length, fault_action *action_p) {
@@ -112,6 +115,7 @@ keel_status keel_fault_plan_create(const char *text, uint32_t uid, keel_fault_pl
   if (plan == NULL) return KEEL_ENOMEM;
   plan->uid = uid;
   plan->node = -1;
+  atomic_init(&plan->requested, (int)FAULT_NONE);
   char copy[1024];
   if (text != NULL && strlen(text) >= sizeof copy) {
     KEEL_LOG_E(MODULE, "KEEL_FAULT is longer than %zu bytes", sizeof copy - 1);
@@ -210,23 +214,38 @@ static bool fire(keel_fault_plan *plan, fault_rule *rule, const char *point) {
        * failure with KEEL_FAULT=exit@...,code=N, a process that vanishes mid-job. */
       _exit((int)rule->code);
     case FAULT_CORRUPT:
+    case FAULT_BITFLIP:
       return true;
     case FAULT_HANG:
       hang_forever();
+    case FAULT_NONE:
+      break;
   }
   return false;
 }
 
-void keel_fault_plan_request_hang(keel_fault_plan *plan) {
-  if (plan != NULL) atomic_store(&plan->hang_requested, true);
+keel_status keel_fault_plan_request(keel_fault_plan *plan, const char *action) {
+  fault_action parsed;
+  if (plan == NULL || action == NULL || parse_action(action, strlen(action), &parsed) != KEEL_OK ||
+      (parsed != FAULT_HANG && parsed != FAULT_BITFLIP))
+    return KEEL_EINVAL;
+  atomic_store(&plan->requested, (int)parsed);
+  return KEEL_OK;
+}
+
+/* A requested action, taken at the first "step" point after the request. */
+static bool request_take(keel_fault_plan *plan, const char *point) {
+  if (strcmp(point, "step") != 0) return false;
+  fault_action action = (fault_action)atomic_exchange(&plan->requested, (int)FAULT_NONE);
+  if (action == FAULT_NONE) return false;
+  announce(plan, action, point);
+  if (action == FAULT_HANG) hang_forever();
+  return true; /* a bitflip: the caller flips */
 }
 
 static bool plan_fire(keel_fault_plan *plan, const char *point, int64_t counter, bool last) {
   if (plan == NULL) return false;
-  if (strcmp(point, "step") == 0 && atomic_exchange(&plan->hang_requested, false)) {
-    announce(plan, FAULT_HANG, point);
-    hang_forever();
-  }
+  if (request_take(plan, point)) return true;
   bool corrupt = false;
   for (int i = 0; i < plan->count; i++) {
     if (rule_applies(plan, &plan->rules[i], point, counter, last))

@@ -124,6 +124,10 @@ keel_status keel__config_read(keel__config *config) {
       keel_env_duration_ns("KEEL_HEARTBEAT", &config->heartbeat_ns) != KEEL_OK ||
       keel_env_duration_ns("KEEL_REPLACE_WAIT", &config->replace_wait_ns) != KEEL_OK)
     return KEEL_EINVAL;
+  int64_t verify_every = 0;
+  if (keel_env_int("KEEL_VERIFY_EVERY", 0, 1000000000, &verify_every) != KEEL_OK)
+    return KEEL_EINVAL;
+  config->verify_every = (uint64_t)verify_every;
   status = read_incarnation(config);
   if (status != KEEL_OK) return status;
   status = read_role(config);

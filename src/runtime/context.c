@@ -220,6 +220,7 @@ static keel_status parts_create(keel_ctx *ctx) {
   if (status == KEEL_OK) status = keel__recovery_create(&ctx->recovery);
   if (status == KEEL_OK) status = keel__state_sources_create(&ctx->sources);
   if (status == KEEL_OK) status = keel__watchdog_create(&ctx->config, &ctx->watchdog);
+  if (status == KEEL_OK) status = keel__verify_create(&ctx->config, &ctx->verify);
   if (status == KEEL_OK)
     status = keel_fault_plan_create(getenv("KEEL_FAULT"), ctx->config.uid, &ctx->faults);
   if (status == KEEL_OK) keel_fault_plan_set_reporter(ctx->faults, fault_reported, ctx);
@@ -317,13 +318,8 @@ keel_status keel_start(keel_ctx *ctx) {
 
 void keel__finish_note(keel_ctx *ctx, uint64_t version) {
   if (!ctx->config.finish_crc) return;
-  uint32_t crc = 0;
-  for (size_t i = 0; i < keel_registry_count(ctx->registry); i++) {
-    const keel_state_buffer *buffer = keel_registry_entry(ctx->registry, i);
-    crc = keel_crc32c(crc, buffer->data, buffer->bytes);
-  }
   ctx->finish_known = true;
-  ctx->finish_crc = crc;
+  ctx->finish_crc = keel__registry_crc32c(ctx->registry);
   ctx->finish_step = version;
 }
 
@@ -360,6 +356,7 @@ void keel_finalize(keel_ctx *ctx) {
   keel__state_sources_destroy(ctx->sources);
   keel__recovery_destroy(ctx->recovery);
   keel__watchdog_destroy(ctx->watchdog);
+  keel__verify_destroy(ctx->verify);
   keel__step_destroy(ctx->step);
   keel_registry_destroy(ctx->registry);
   keel_fault_plan_destroy(ctx->faults);

@@ -66,3 +66,25 @@ const keel_state_buffer *keel_registry_entry(const keel_registry *registry, size
   if (registry == NULL || index >= registry->count) return NULL;
   return &registry->buffers[index];
 }
+
+uint32_t keel__registry_crc32c(const keel_registry *registry) {
+  uint32_t crc = 0;
+  for (size_t i = 0; i < registry->count; i++)
+    crc = keel_crc32c(crc, registry->buffers[i].data, registry->buffers[i].bytes);
+  return crc;
+}
+
+void keel__registry_copy(const keel_registry *registry, uint8_t *copy, size_t capacity, bool back) {
+  size_t offset = 0;
+  for (size_t i = 0; i < registry->count; i++) {
+    const keel_state_buffer *buffer = &registry->buffers[i];
+    if (offset + buffer->bytes > capacity) return; /* registered after the copy was sized */
+    if (buffer->bytes > 0) {
+      if (back)
+        memcpy(buffer->data, copy + offset, buffer->bytes);
+      else
+        memcpy(copy + offset, buffer->data, buffer->bytes);
+    }
+    offset += buffer->bytes;
+  }
+}

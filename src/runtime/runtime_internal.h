@@ -39,6 +39,7 @@ typedef struct keel__config {
   int status_fd;
   int64_t timeout_ns; /* with timeout_auto: the deadline until steps were observed */
   bool timeout_auto;  /* KEEL_TIMEOUT=auto: the watchdog sets it from the step times */
+  uint64_t verify_every; /* KEEL_VERIFY_EVERY: replicas compared every N steps; 0: never */
   int64_t heartbeat_ns;
   int64_t replace_wait_ns;
   bool failure_detection;
@@ -126,8 +127,8 @@ int keel__session_joiners_waiting(const keel__session *session);
 /* The latest end (keel_now_ns clock) of the sections other processes declared, at the last
  * look; 0: none. Never blocks. */
 int64_t keel__session_sections_until(const keel__session *session);
-/* `keel inject hang` (inject/hang/<uid>) reaches the fault plan through the session: the
- * training thread hangs at its next step. */
+/* `keel inject hang|bitflip` (inject/<action>/<uid>) reaches the fault plan through the
+ * session: the training thread takes it at its next step. */
 void keel__session_set_faults(keel__session *session, keel_fault_plan *faults);
 /* The launcher's pid when the session started (0: none), for messages. */
 int keel__session_launcher_pid(const keel__session *session);
@@ -238,6 +239,27 @@ extern const keel__policy_ops keel__policy_replace;
 extern const keel__policy_ops keel__policy_restart;
 
 /* ---- the context: pointers to the parts, owned by context.c (init and finalize). */
+/* ---- registry.c: the whole registered state at once */
+/* crc32c over every buffer, in order. */
+uint32_t keel__registry_crc32c(const keel_registry *registry);
+/* Copies every buffer, in order, into copy (back == false) or from it (back == true); the
+ * buffers beyond capacity (registered after copy was sized) are left out. */
+void keel__registry_copy(const keel_registry *registry, uint8_t *copy, size_t capacity, bool back);
+
+/* ---- verify.c: replicas compared every KEEL_VERIFY_EVERY steps (--verify-replicas) */
+typedef struct keel__verify keel__verify;
+keel_status keel__verify_create(const keel__config *config, keel__verify **verify_p);
+void keel__verify_destroy(keel__verify *verify);
+/* At a commit that makes version (the registered state is that step's start): every
+ * KEEL_VERIFY_EVERY versions, compares the replicas' crc32c; all equal, the state is kept as
+ * the last verified one; else every rank returns to the last verified version (its snapshot,
+ * or a healthy replica's copy), *rolled_back_p is set and the step's bookkeeping moves there.
+ * A collective that fails leaves the check for the next time (KEEL_OK). */
+keel_status keel__verify_commit(keel_ctx *ctx, uint64_t version, bool *rolled_back_p);
+/* The `bitflip` fault at step: one bit of the largest registered buffer, chosen from the step
+ * and the uid. */
+void keel__verify_bitflip(keel_ctx *ctx, uint64_t step);
+
 /* ---- watchdog.c: the deadline from observed steps (KEEL_TIMEOUT=auto) and sections */
 #define KEEL__SECTION_NAME_MAX 64
 typedef struct keel__watchdog keel__watchdog;
@@ -263,6 +285,7 @@ struct keel_ctx {
   keel__step *step;
   keel__recovery *recovery;
   keel__watchdog *watchdog;
+  keel__verify *verify;
   const keel__policy_ops *policy;
   bool newcomer;
   bool abandon;              /* init failed: finalize says nothing to anyone */

@@ -48,7 +48,6 @@ struct keel__session {
   /* The thread's own bookkeeping. */
   uint64_t watched_revision;
   int64_t send_delay_ns; /* inject/delay/<node>, as last applied */
-  bool hang_requested;   /* inject/hang/<uid> was seen and passed on */
   bool unreachable;
   int64_t unreachable_since_ns;
 };
@@ -243,23 +242,27 @@ static void delay_key_note(keel__session *session, const keel_store_entry *entri
   report(session, "send_delay", fields);
 }
 
-/* inject/hang/<uid> (`keel inject hang RANK`): this process's training thread hangs at its
- * next step, once, while this thread keeps the lease alive: the failure only a deadline can
- * catch. The key is deleted once seen. */
-static void hang_key_note(keel__session *session, const keel_store_entry *entries, size_t count) {
-  char key[48];
-  snprintf(key, sizeof key, "inject/hang/%" PRIu32, session->config->uid);
-  for (size_t i = 0; i < count && !session->hang_requested; i++) {
-    if (strcmp(entries[i].key, key) != 0) continue;
-    session->hang_requested = true;
-    keel_fault_plan_request_hang(atomic_load(&session->faults));
-    keel_store_delete(session->background, key); /* the store keeps no trace of it */
+/* inject/hang/<uid> and inject/bitflip/<uid> (`keel inject hang|bitflip RANK`): the training
+ * thread hangs, or flips a bit of its registered state, at its next step; for a hang this
+ * thread keeps the lease alive meanwhile: the failure only a deadline can catch. Each key is
+ * passed on once and deleted. */
+static void request_keys_note(keel__session *session, const keel_store_entry *entries,
+                              size_t count) {
+  static const char *const actions[] = {"hang", "bitflip"};
+  for (size_t a = 0; a < sizeof actions / sizeof actions[0]; a++) {
+    char key[48];
+    snprintf(key, sizeof key, "inject/%s/%" PRIu32, actions[a], session->config->uid);
+    for (size_t i = 0; i < count; i++) {
+      if (strcmp(entries[i].key, key) != 0) continue;
+      keel_fault_plan_request(atomic_load(&session->faults), actions[a]);
+      keel_store_delete(session->background, key);
+    }
   }
 }
 
 /* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
- * joiners wait, the dead, the others' sections, and injected delays and hangs. Read only when the
- * store changed since the last look. */
+ * joiners wait, the dead, the others' sections, and injected delays, hangs and bit flips. Read only
+ * when the store changed since the last look. */
 static void watch(keel__session *session) {
   uint64_t revision = 0;
   keel_status status =
@@ -282,7 +285,7 @@ static void watch(keel__session *session) {
   keel_store_entries_free(entries, count);
   if (keel_store_list(session->background, "inject/", &entries, &count, NULL) != KEEL_OK) return;
   delay_key_note(session, entries, count);
-  hang_key_note(session, entries, count);
+  request_keys_note(session, entries, count);
   keel_store_entries_free(entries, count);
   session->watched_revision = revision;
 }

@@ -121,17 +121,7 @@ keel_status keel_step_undo(keel_ctx *ctx, bool enabled) {
 
 /* Copies the registered state into the undo buffer (to == false) or back (to == true). */
 static void undo_copy(keel_ctx *ctx, bool back) {
-  keel__step *step = ctx->step;
-  size_t offset = 0;
-  for (size_t i = 0; i < keel_registry_count(ctx->registry); i++) {
-    const keel_state_buffer *buffer = keel_registry_entry(ctx->registry, i);
-    if (offset + buffer->bytes > step->undo_bytes) return; /* registered after enabling */
-    if (buffer->bytes > 0) {
-      if (back) memcpy(buffer->data, step->undo + offset, buffer->bytes);
-      else memcpy(step->undo + offset, buffer->data, buffer->bytes);
-    }
-    offset += buffer->bytes;
-  }
+  keel__registry_copy(ctx->registry, ctx->step->undo, ctx->step->undo_bytes, back);
 }
 
 /* Only inside an open step: after a commit the registered state is the next step's start. */
@@ -169,7 +159,7 @@ keel_status keel_step_begin(keel_ctx *ctx, uint64_t step_number) {
   step->version = step_number; /* by contract the registered state is this step's start */
   keel__watchdog_step_begin(ctx);
   keel_fault_plan_set_step(ctx->faults, step_number);
-  keel_fault_plan_fire(ctx->faults, "step", 0);
+  if (keel_fault_plan_fire(ctx->faults, "step", 0)) keel__verify_bitflip(ctx, step_number);
   if (step->undo_enabled) undo_copy(ctx, false);
   marks_send(step, KEEL_STEP_BEGIN);
   return KEEL_OK;
@@ -335,6 +325,17 @@ static keel_status commit_grow(keel_ctx *ctx) {
 keel_status keel_step_commit(keel_ctx *ctx) {
   keel__step *step = ctx->step;
   if (!step->open) return KEEL_EINVAL;
+  /* Before the hooks: a checkpoint policy must not keep a state the replicas disagree on. */
+  bool rolled_back = false;
+  keel_status verified = keel__verify_commit(ctx, step->step + 1, &rolled_back);
+  if (verified != KEEL_OK) return verified;
+  if (rolled_back) {
+    /* The registered state (the program's step counter with it) is at a verified step
+     * again, whose hooks ran when it was committed the first time. */
+    step->open = false;
+    keel__finish_note(ctx, step->version);
+    return commit_grow(ctx);
+  }
   for (int i = 0; i < step->hook_count; i++) {
     keel_status status = step->hooks[i](step->hook_args[i], step->step);
     if (status != KEEL_OK)

@@ -168,23 +168,25 @@ static void test_chaos_catches_a_death_it_did_not_cause(void **state) {
   chaos_result_free(&result);
 }
 
-/* Hangs among kills: each is caught by the deadline `--collective-timeout auto` set, the hung
- * process fenced and replaced, and the job ends bit-identical to the failure-free run. The
- * gaps outlast a hang's detection (two deadlines of at least 1 s each); 5000 steps (about 33 s)
- * outlast the six failures. */
-static void test_chaos_hangs(void **state) {
+/* Hangs and bit flips among kills: each hang is caught by the deadline `--collective-timeout
+ * auto` set, the hung process fenced and replaced; each flip is found by --verify-replicas and
+ * undone; the job ends bit-identical to the failure-free run. The gaps outlast a hang's
+ * detection (two deadlines of at least 1 s each); 5000 steps (about 33 s) outlast the six
+ * failures. */
+static void test_chaos_hangs_and_bit_flips(void **state) {
   (void)state;
   chaos_result result;
   char every[32];
-  snprintf(every, sizeof every, "%dms..%dms", 2500 * keel_test_slowdown(),
-           3500 * keel_test_slowdown());
-  chaos_run((const char *const[]){"--failures", "6", "--every", every, "--seed", "5", "--mix",
-                                  "kill=1,hang=1", NULL},
-            (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2",
-                                  "--max-restarts", "10", "--collective-timeout", "auto", NULL},
-            (const char *const[]){"--steps", "5000", "--compute-ms", "2", "--params", "20000",
-                                  NULL},
-            NULL, CHAOS_TIMEOUT_MS, &result);
+  snprintf(every, sizeof every, "%dms..%dms", 2000 * keel_test_slowdown(),
+           2500 * keel_test_slowdown());
+  chaos_run(
+      (const char *const[]){"--failures", "6", "--every", every, "--seed", "5", "--mix",
+                            "kill=1,hang=1,bitflip=1", NULL},
+      (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2", "--max-restarts",
+                            "10", "--collective-timeout", "auto", "--verify-replicas", "every=50",
+                            NULL},
+      (const char *const[]){"--steps", "5000", "--compute-ms", "2", "--params", "20000", NULL},
+      NULL, CHAOS_TIMEOUT_MS, &result);
   if (result.code != 0 || result.json == NULL || kind_field(result.json, "hang", "recovered") < 1)
     show(&result);
   assert_int_equal(result.code, 0);
@@ -192,6 +194,8 @@ static void test_chaos_hangs(void **state) {
   assert_non_null(strstr(result.json, "\"verdict\":\"pass\""));
   assert_true(kind_field(result.json, "hang", "injected") >= 1);
   assert_true(kind_field(result.json, "hang", "recovered") >= 1);
+  assert_true(kind_field(result.json, "bitflip", "recovered") >= 1);
+  assert_true(check_is(result.json, "verified-redo", true));
   assert_true(check_is(result.json, "final-state", true));
   assert_true(check_is(result.json, "no-false-death", true));
   chaos_result_free(&result);
@@ -226,6 +230,8 @@ static void test_chaos_refusals(void **state) {
   expect_refusal((const char *const[]){"--mix", "hang=1", NULL}, replace,
                  "hang needs --collective-timeout auto");
   expect_refusal((const char *const[]){"--mix", "bitflip=1", NULL}, replace,
+                 "bitflip needs --verify-replicas");
+  expect_refusal((const char *const[]){"--mix", "partition=1", NULL}, replace,
                  "not supported by keel chaos yet");
   expect_refusal((const char *const[]){"--failures", "10", "--mix", "kill=1", NULL}, replace,
                  "raise --max-restarts");
@@ -246,7 +252,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_fifty_failures),
-      cmocka_unit_test(test_chaos_hangs),
+      cmocka_unit_test(test_chaos_hangs_and_bit_flips),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

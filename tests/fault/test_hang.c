@@ -128,11 +128,6 @@ static void undeclared_long_work_is_taken_for_a_hang(void **state) {
   keel_test_events_free(&result.log);
 }
 
-static bool progress_seen(const keel_test_events *log, void *context) {
-  (void)context;
-  return keel_test_events_count(log, "progress") >= 2;
-}
-
 /* `keel inject hang RANK`, from outside the job: the process's own session passes it to the
  * training thread, which stops at its next step while the heartbeat goes on. */
 static void keel_inject_hang_hangs_a_running_rank(void **state) {
@@ -143,19 +138,7 @@ static void keel_inject_hang_hangs_a_running_rank(void **state) {
   pid_t launcher = keel_test_job_start(&result.job, JOB_TIMEOUT, auto_replace,
                                        keel_test_program("toy_train"), toy_args, NULL);
   assert_true(launcher > 0);
-  assert_true(keel_test_events_wait(result.job.events, MAX_EVENTS, progress_seen, NULL, 20,
-                                    60000 * keel_test_slowdown()));
-  keel_test_events log;
-  keel_test_events_read(result.job.events, MAX_EVENTS, &log);
-  char job_id[32];
-  assert_true(keel_test_events_job_id(&log, job_id, sizeof job_id));
-  keel_test_events_free(&log);
-  char inject_output[400];
-  snprintf(inject_output, sizeof inject_output, "%s/inject.txt", result.job.folder);
-  int code = keel_test_keel((const char *const[]){"inject", "hang", "1", "--job", job_id, NULL},
-                            inject_output, 10000);
-  if (code != 0) keel_test_print_file("keel inject", inject_output);
-  assert_int_equal(code, 0);
+  keel_test_inject_when_training(&result.job, "hang", "1");
   int status = 0;
   assert_true(keel_test_wait(launcher, JOB_TIMEOUT_MS, &status));
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -15,6 +15,7 @@
 
 #include "keel/core.h"
 
+#include "test_events.h"
 #include "test_support.h"
 
 #define MAX_ARGS 64
@@ -137,4 +138,29 @@ unsigned keel_test_toy_assert_consistent(const char *output_path, int world,
     seen[final->rank] = true;
   }
   return finals[0].crc;
+}
+
+#define INJECT_MAX_EVENTS 20000
+
+static bool progress_seen(const keel_test_events *log, void *context) {
+  (void)context;
+  return keel_test_events_count(log, "progress") >= 2;
+}
+
+void keel_test_inject_when_training(const keel_test_job *job, const char *action,
+                                    const char *target) {
+  assert_true(keel_test_events_wait(job->events, INJECT_MAX_EVENTS, progress_seen, NULL, 20,
+                                    60000 * keel_test_slowdown()));
+  keel_test_events log;
+  keel_test_events_read(job->events, INJECT_MAX_EVENTS, &log);
+  char job_id[32];
+  bool known = keel_test_events_job_id(&log, job_id, sizeof job_id);
+  keel_test_events_free(&log);
+  assert_true(known);
+  char output[400];
+  snprintf(output, sizeof output, "%s/inject.txt", job->folder);
+  int code = keel_test_keel((const char *const[]){"inject", action, target, "--job", job_id, NULL},
+                            output, 10000);
+  if (code != 0) keel_test_print_file("keel inject", output);
+  assert_int_equal(code, 0);
 }

@@ -37,6 +37,12 @@ int keel_test_job_run(const keel_test_job *job, const char *timeout, int timeout
  * keel_test_run, its output appended to output_path. */
 int keel_test_keel(const char *const *args, const char *output_path, int timeout_ms);
 
+/* Once the job whose events file is job->events has reported progress twice (60 s at most,
+ * stretched under the sanitizers), runs "keel inject ACTION TARGET --job ID" with the job id of
+ * its job_start event, its output in job->folder/inject.txt; cmocka assertions. */
+void keel_test_inject_when_training(const keel_test_job *job, const char *action,
+                                    const char *target);
+
 /* ---- toy_train's "toy-final rank=R uid=U step=N world=W crc=X" lines */
 #define KEEL_TEST_MAX_FINALS 16
 

@@ -37,8 +37,8 @@
 #define LAUNCHER_STOP_MAX_NS (2 * SECOND_NS)
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
-    "kill",      "stop",  "launcher-stop", "hang",      "server-kill", "kill-node",
-    "partition", "delay", "etcd-kill",     "etcd-stop", "bitflip",
+    "kill",      "stop",      "launcher-stop", "hang",      "bitflip",   "server-kill",
+    "kill-node", "partition", "delay",         "etcd-kill", "etcd-stop",
 };
 
 const char *keel__chaos_kind_name(keel__chaos_kind kind) { return kind_names[kind]; }
@@ -234,6 +234,11 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
                "deadline catches a hung training thread, and at the default 30s each hang would "
                "cost the job a minute";
       return NULL;
+    case KEEL__CHAOS_BITFLIP:
+      if (run->verify_every == 0)
+        return "bitflip needs --verify-replicas every=N: nothing else sees silent corruption, "
+               "and the replicas would end different";
+      return NULL;
     case KEEL__CHAOS_SERVER_KILL:
       if (run->servers == 0) return "server-kill needs parameter servers (--servers)";
       return "server-kill is not supported by keel chaos yet";
@@ -247,7 +252,7 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
       if (!run->node_failure_domain) return "kill-node needs --failure-domain node";
       return "kill-node is not supported by keel chaos yet";
     default:
-      return "this kind is not supported by keel chaos yet (partition, delay, bitflip)";
+      return "this kind is not supported by keel chaos yet (partition, delay)";
   }
 }
 
@@ -283,6 +288,7 @@ static void default_mix(const chaos_options *options, int64_t *weights) {
   weights[KEEL__CHAOS_STOP] = 2;
   weights[KEEL__CHAOS_LAUNCHER_STOP] = 1;
   if (hangs_caught_soon(&options->run)) weights[KEEL__CHAOS_HANG] = 1;
+  if (options->run.verify_every > 0) weights[KEEL__CHAOS_BITFLIP] = 1;
 }
 
 /* ---- the schedule: failure i is a function of (seed, i) alone */
@@ -485,9 +491,10 @@ static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
     return true;
   }
   char target[32], output[256];
-  const char *action = failure->kind == KEEL__CHAOS_STOP   ? "stop"
-                       : failure->kind == KEEL__CHAOS_HANG ? "hang"
-                                                           : "kill";
+  const char *action = failure->kind == KEEL__CHAOS_STOP      ? "stop"
+                       : failure->kind == KEEL__CHAOS_HANG    ? "hang"
+                       : failure->kind == KEEL__CHAOS_BITFLIP ? "bitflip"
+                                                              : "kill";
   const char *args[4] = {action, target, NULL};
   snprintf(target, sizeof target, "%" PRId64, failure->target);
   if (job->job_id == 0 || inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
@@ -830,6 +837,15 @@ static void checks_run(const chaos_job *job, const keel__chaos_run *reference, i
   check(verdict, run->redone_minibatches <= rank_failures, "redo",
         "%" PRId64 " minibatches redone for %" PRId64 " failures of ranks (at most one each)",
         run->redone_minibatches, rank_failures);
+  int64_t bitflips = 0;
+  for (int64_t i = 0; i < job->next; i++)
+    bitflips += job->failures[i].injected && job->failures[i].kind == KEEL__CHAOS_BITFLIP;
+  if (bitflips > 0 || run->mismatches > 0)
+    check(verdict, run->verified_redo_steps <= bitflips * options->run.verify_every,
+          "verified-redo",
+          "%zu replica mismatches sent the job back %" PRId64 " steps for %" PRId64
+          " bit flips (at most %" PRId64 " each)",
+          run->mismatches, run->verified_redo_steps, bitflips, options->run.verify_every);
   const keel__chaos_process *dead = false_death(job);
   if (dead != NULL)
     check(verdict, false, "no-false-death", "uid %u (pid %ld) ended %s%s, and no failure hit it",
@@ -958,7 +974,7 @@ int keel__command_chaos(int argc, char **argv) {
         "usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...] [--every MIN..MAX]\n"
         "                  [--seed S] [--json FILE] [--keep] [--no-reference]\n"
         "                  -- RUN-FLAGS -- PROGRAM ARGS\n"
-        "kinds: kill stop hang launcher-stop (docs/CHAOS.md)\n");
+        "kinds: kill stop hang bitflip launcher-stop (docs/CHAOS.md)\n");
     return 0;
   }
   if (code != 0) return code;

@@ -15,6 +15,7 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_STOP,          /* SIGSTOP to a rank's process, never continued: a hang */
   KEEL__CHAOS_LAUNCHER_STOP, /* SIGSTOP to the launcher (and its store), SIGCONT later */
   KEEL__CHAOS_HANG,          /* a rank's training thread blocks for good (keel inject hang) */
+  KEEL__CHAOS_BITFLIP,       /* one bit of a rank's state flipped (keel inject bitflip) */
   /* The kinds below are named by issue 15 and refused: not supported yet. */
   KEEL__CHAOS_SERVER_KILL,
   KEEL__CHAOS_KILL_NODE,
@@ -22,7 +23,6 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_DELAY,
   KEEL__CHAOS_ETCD_KILL,
   KEEL__CHAOS_ETCD_STOP,
-  KEEL__CHAOS_BITFLIP,
   KEEL__CHAOS_KIND_COUNT,
 } keel__chaos_kind;
 
@@ -37,7 +37,7 @@ typedef struct keel__chaos_failure {
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
-  uint32_t victim_uid; /* kill, stop, hang; UINT32_MAX for launcher-stop */
+  uint32_t victim_uid; /* kill, stop, hang, bitflip; UINT32_MAX for launcher-stop */
   pid_t victim_pid;
   int64_t detect_ns;  /* injection to the recovery's detection; -1: not seen */
   int64_t recover_ns; /* injection to the recovery's end (a server's replacement) */
@@ -85,6 +85,8 @@ typedef struct keel__chaos_run {
   size_t recoveries_by_policy[4]; /* shrink, replace, grow, other */
   int64_t redone_minibatches;
   int64_t timeouts; /* failure events with cause KEEL_ETIMEDOUT */
+  size_t mismatches;           /* replica_mismatch events (--verify-replicas) */
+  int64_t verified_redo_steps; /* the steps they sent the job back */
   long store_keys[KEEL__CHAOS_MAX_SAMPLES];
   size_t store_key_count;
   size_t recovery_count;

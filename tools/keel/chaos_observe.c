@@ -196,6 +196,22 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
   run->sampled_recoveries++;
 }
 
+/* --verify-replicas found replicas that differ (a bitflip): the failure that hit each is
+ * detected and recovered from at once, and the job redoes up to every=N steps. */
+static void mismatch_read(keel__chaos_run *run, json_t *event, keel__chaos_failure *failures,
+                          size_t count) {
+  int64_t t_ns = keel__json_int_or(event, "t_ns", 0);
+  int64_t uids[64];
+  size_t uid_count = keel__json_int_array(event, "uids", uids, 64);
+  run->verified_redo_steps += keel__json_int_or(event, "redo_steps", 0);
+  run->mismatches++;
+  for (size_t i = 0; i < uid_count; i++) {
+    keel__chaos_failure *f;
+    while ((f = failure_of_victim(failures, count, (uint32_t)uids[i], t_ns)) != NULL)
+      f->detect_ns = f->recover_ns = t_ns - f->injected_ns;
+  }
+}
+
 static void finish_read(keel__chaos_run *run, json_t *event) {
   if (run->finish_count == KEEL__CHAOS_MAX_FINISHES) return;
   keel__chaos_finish *f = &run->finishes[run->finish_count++];
@@ -237,6 +253,8 @@ static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure 
     fence_read(run, event);
   } else if (strcmp(name, "recovery") == 0) {
     recovery_read(run, event, failures, count);
+  } else if (strcmp(name, "replica_mismatch") == 0) {
+    mismatch_read(run, event, failures, count);
   } else if (strcmp(name, "finish") == 0) {
     finish_read(run, event);
   } else if (strcmp(name, "failure") == 0) {

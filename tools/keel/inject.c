@@ -22,7 +22,9 @@ static const inject_action inject_actions[] = {
     {"kill", SIGKILL, "killed"},
     {"stop", SIGSTOP, "stopped"},
     {"cont", SIGCONT, "continued"},
-    {"hang", 0, "hung"}, /* no signal: the process's own session passes it on (inject_hang) */
+    /* No signal: the process's own session passes these on (inject_request). */
+    {"hang", 0, "hung"},
+    {"bitflip", 0, "flipped a bit of"},
 };
 
 /* A process the launcher has reaped keeps its proc/ key until its lease ends; dead/<uid>
@@ -70,7 +72,7 @@ static bool pid_is_of_job(pid_t pid, pid_t launcher) {
 
 static int inject_usage(const char *message) {
   fprintf(stderr,
-          "keel inject: %s (usage: keel inject kill|stop|cont RANK|server:I | hang RANK |"
+          "keel inject: %s (usage: keel inject kill|stop|cont RANK|server:I | hang|bitflip RANK |"
           " kill-node|partition|heal NODE | delay NODE DURATION [--job JOB_ID])\n",
           message);
   return KEEL__EXIT_USAGE;
@@ -94,24 +96,27 @@ static int process_signal(const keel__job_info *job, const inject_action *action
 }
 
 /* hang: the training thread of the rank's process blocks for good at its next step while its
- * heartbeat runs on (the process's session reads inject/hang/<uid> within 100 ms, passes it
- * to its fault plan and deletes it): only the job's collective deadline can catch it. */
-static int inject_hang(keel_store *store, const keel__job_info *job, pid_t pid, uint32_t uid,
-                       const char *what) {
+ * heartbeat runs on: only the job's collective deadline can catch it. bitflip: it flips one bit
+ * of its registered state at its next step: silent corruption, which only --verify-replicas
+ * catches. The process's session reads inject/<action>/<uid> within 100 ms, passes it to its
+ * fault plan and deletes it. */
+static int inject_request(keel_store *store, const keel__job_info *job, const inject_action *action,
+                          pid_t pid, uint32_t uid, const char *what) {
   if (!pid_is_of_job(pid, job->launcher_pid)) {
     fprintf(stderr, "keel inject: pid %ld of %s is not a process of job %llu\n", (long)pid, what,
             (unsigned long long)job->auth.job_id);
     return KEEL__EXIT_FAILURE;
   }
   char key[48];
-  snprintf(key, sizeof key, "inject/hang/%u", (unsigned)uid);
+  snprintf(key, sizeof key, "inject/%s/%u", action->name, (unsigned)uid);
   keel_status status = keel_store_put(store, key, "1", 1, 0, NULL);
   if (status != KEEL_OK) {
-    fprintf(stderr, "keel inject: cannot ask %s to hang: %s\n", what, keel_strerror(status));
+    fprintf(stderr, "keel inject: cannot ask %s to %s: %s\n", what, action->name,
+            keel_strerror(status));
     return KEEL__EXIT_FAILURE;
   }
-  printf("hung %s (uid %u, pid %ld): its training thread stops at its next step\n", what,
-         (unsigned)uid, (long)pid);
+  printf("%s %s (uid %u, pid %ld) at its next step\n", action->done, what, (unsigned)uid,
+         (long)pid);
   return 0;
 }
 
@@ -127,7 +132,7 @@ static int inject_signal(keel_store *store, const keel__job_info *job, const inj
   }
   char what[48];
   snprintf(what, sizeof what, "rank %lld", (long long)rank);
-  if (action->signal_number == 0) return inject_hang(store, job, value.pid, uid, what);
+  if (action->signal_number == 0) return inject_request(store, job, action, value.pid, uid, what);
   return process_signal(job, action, value.pid, uid, what);
 }
 
@@ -351,12 +356,12 @@ int keel__command_inject(int argc, char **argv) {
   }
   if (action == NULL && !node_action)
     return inject_usage(
-        "the action must be kill, stop, cont, hang, kill-node, partition, heal or delay");
+        "the action must be kill, stop, cont, hang, bitflip, kill-node, partition, heal or delay");
   int64_t rank;
   bool server = false;
   const char *problem = target_parse(rank_text, node_action, &server, &rank);
   if (problem != NULL) return inject_usage(problem);
-  if (server && action->signal_number == 0) return inject_usage("hang goes with a RANK");
+  if (server && action->signal_number == 0) return inject_usage("hang and bitflip go with a RANK");
   keel__job_info job;
   keel_store *store = NULL;
   if (keel__job_connect(job_id, &job, &store) != KEEL_OK) return KEEL__EXIT_FAILURE;

@@ -48,6 +48,7 @@ typedef struct keel__run_options {
   int64_t timeout_ns;    /* -1: none */
   int64_t collective_timeout_ns; /* with collective_timeout_auto: until steps were observed */
   bool collective_timeout_auto;  /* --collective-timeout auto (KEEL_TIMEOUT=auto) */
+  int64_t verify_every;          /* --verify-replicas every=N; 0: off */
   int64_t heartbeat_ns;
   int64_t restart_grace_ns;  /* a restart round waits collective_timeout_ns plus this */
   const char *events_path;   /* NULL: no events file */

@@ -32,9 +32,10 @@ typedef enum own_variable {
   OWN_FAILURE_DOMAIN,
   OWN_STATUS_FD,
   OWN_TIMEOUT,
+  OWN_VERIFY_EVERY,
   OWN_HEARTBEAT,
-  OWN_CKPT,     /* unset without --ckpt */
-  OWN_CKPT_DIR, /* unset without --ckpt */
+  OWN_CKPT,         /* unset without --ckpt */
+  OWN_CKPT_DIR,     /* unset without --ckpt */
   OWN_CKPT_MEM,     /* unset without --ckpt mem */
   OWN_CKPT_MEM_DIR, /* unset without --ckpt mem */
   OWN_CKPT_PERSIST, /* unset without --ckpt-persist-every */
@@ -63,6 +64,7 @@ static const char *const own_variable_names[OWN_VARIABLE_COUNT] = {
     [OWN_FAILURE_DOMAIN] = "KEEL_FAILURE_DOMAIN",
     [OWN_STATUS_FD] = "KEEL_STATUS_FD",
     [OWN_TIMEOUT] = "KEEL_TIMEOUT",
+    [OWN_VERIFY_EVERY] = "KEEL_VERIFY_EVERY",
     [OWN_HEARTBEAT] = "KEEL_HEARTBEAT",
     [OWN_CKPT] = "KEEL_CKPT",
     [OWN_CKPT_DIR] = "KEEL_CKPT_DIR",
@@ -182,6 +184,8 @@ static void own_variables_fill(const keel__launcher *launcher, const keel__child
   own_variable_set(environment, OWN_TIMEOUT, "%s",
                    options->collective_timeout_auto ? "auto" : timeout);
   own_variable_set(environment, OWN_HEARTBEAT, "%s", heartbeat);
+  if (options->verify_every > 0)
+    own_variable_set(environment, OWN_VERIFY_EVERY, "%lld", (long long)options->verify_every);
   own_ckpt_variables_fill(launcher, environment);
   own_variable_set(environment, OWN_RESTART, "%lld", (long long)incarnation->index);
   own_variable_set(environment, OWN_FIRST_UID, "%u", (unsigned)incarnation->first_uid);

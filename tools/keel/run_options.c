@@ -61,6 +61,9 @@ static const char run_help_text[] =
     "  --timeout DURATION        kill the job after DURATION and exit 124 (e.g. 90s, 10m)\n"
     "  --collective-timeout DURATION|auto  deadline of each collective (default 30s; auto:\n"
     "                            10 times the p99 of the observed step times, at least 1s)\n"
+    "  --verify-replicas every=N compare a crc32c of every replica's state every N steps; on a\n"
+    "                            mismatch (silent corruption) every rank goes back to the last\n"
+    "                            verified step and redoes at most N steps\n"
     "  --heartbeat DURATION      lease time-to-live; a process silent this long is fenced\n"
     "                            (default 2s)\n"
     "  --events FILE             write every event, as JSON lines, to FILE\n"
@@ -126,6 +129,7 @@ typedef enum flag_id {
   FLAG_TIMEOUT,
   FLAG_COLLECTIVE_TIMEOUT,
   FLAG_HEARTBEAT,
+  FLAG_VERIFY_REPLICAS,
   FLAG_EVENTS,
   FLAG_RDZV_ENDPOINT,
   FLAG_RDZV_CA,
@@ -173,6 +177,7 @@ static const flag_spec flag_table[] = {
     {"--timeout", FLAG_TIMEOUT, true},
     {"--collective-timeout", FLAG_COLLECTIVE_TIMEOUT, true},
     {"--heartbeat", FLAG_HEARTBEAT, true},
+    {"--verify-replicas", FLAG_VERIFY_REPLICAS, true},
     {"--events", FLAG_EVENTS, true},
     {"--rdzv-endpoint", FLAG_RDZV_ENDPOINT, true},
     {"--rdzv-ca", FLAG_RDZV_CA, true},
@@ -390,6 +395,11 @@ static bool flag_apply(keel__run_options *options, const flag_spec *flag, const 
       options->collective_timeout_auto = strcmp(value, "auto") == 0;
       if (options->collective_timeout_auto) return true;
       return parse_positive_duration(flag->name, value, &options->collective_timeout_ns);
+    case FLAG_VERIFY_REPLICAS:
+      if (strncmp(value, "every=", 6) != 0)
+        return reject("--verify-replicas takes every=N (compare the replicas every N steps)");
+      return parse_count("--verify-replicas every", value + 6, 1, 1000000000,
+                         &options->verify_every);
     case FLAG_HEARTBEAT:
       return parse_positive_duration(flag->name, value, &options->heartbeat_ns);
     case FLAG_EVENTS:
