@@ -254,5 +254,5 @@ int main(void) {
       cmocka_unit_test(test_chaos_fifty_failures),
       cmocka_unit_test(test_chaos_hangs_and_bit_flips),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

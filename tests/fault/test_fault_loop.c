@@ -494,5 +494,5 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fault_loop),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -124,5 +124,5 @@ int main(void) {
   };
   int failures = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
-  return failures;
+  return keel_test_finish(failures);
 }

@@ -454,5 +454,5 @@ int main(void) {
   ADD_CASES(tests, count, test_shrink_is_consistent, shrinks);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_events_of_recovery);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_impostor_cannot_join);
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -911,5 +911,5 @@ int main(void) {
   for (size_t i = 0; i < CASE_COUNT(deadline_cases); i++)
     tests[count++] = (struct CMUnitTest){deadline_cases[i].name, test_agree_deadline, NULL,
                                          deadline_teardown, &deadline_cases[i]};
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

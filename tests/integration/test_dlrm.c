@@ -243,5 +243,5 @@ int main(void) {
       cmocka_unit_test(test_bad_command_lines_exit_2),
       cmocka_unit_test(test_local_backend_refuses_several_workers),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return keel_test_finish(cmocka_run_group_tests(tests, group_setup, group_teardown));
 }

@@ -559,5 +559,5 @@ int main(void) {
   };
   /* KEEL_TEST_FILTER=test_server_* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -305,5 +305,5 @@ int main(void) {
       cmocka_unit_test(test_join_adds_a_worker), cmocka_unit_test(test_join_beyond_max_world),
       cmocka_unit_test(test_report_of_a_kill),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

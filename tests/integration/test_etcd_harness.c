@@ -190,5 +190,5 @@ int main(void) {
       cmocka_unit_test_teardown(test_single_member, destroy_cluster),
       cmocka_unit_test_teardown(test_three_members_with_faults, destroy_cluster),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -188,5 +188,5 @@ int main(void) {
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
   keel_test_etcd_destroy(cluster);
-  return failed;
+  return keel_test_finish(failed);
 }

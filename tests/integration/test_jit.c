@@ -329,5 +329,5 @@ int main(void) {
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_full_disk_starts_over);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_in_process_two_failures);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_fashion_mnist_restart_is_exact);
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

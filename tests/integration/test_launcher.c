@@ -708,5 +708,5 @@ int main(void) {
       cmocka_unit_test(test_restart_node_domain),
       cmocka_unit_test(test_restart_flag_errors),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

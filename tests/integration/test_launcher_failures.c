@@ -1007,5 +1007,5 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sigint_without_checkpoints, fixture_setup,
                                       fixture_teardown),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -95,5 +95,5 @@ int main(void) {
       cmocka_unit_test(node_failure_shrinks_by_the_whole_node),
       cmocka_unit_test(node_failure_replaced_by_spares_is_exact),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -692,5 +692,5 @@ int main(void) {
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
-  return failed;
+  return keel_test_finish(failed);
 }

@@ -34,5 +34,5 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(worker_running_on_after_finalize_is_not_fenced),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -230,5 +230,5 @@ int main(void) {
     tests[count++] =
         (struct CMUnitTest){worlds[i].name, test_collectives_same_bits, NULL, NULL, &worlds[i]};
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_toy_train_same_params);
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

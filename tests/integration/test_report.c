@@ -669,5 +669,5 @@ int main(void) {
       cmocka_unit_test(test_report_svg_bad_input),
       cmocka_unit_test(test_report_svg_unwritable),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

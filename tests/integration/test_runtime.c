@@ -321,5 +321,5 @@ int main(void) {
       (struct CMUnitTest)cmocka_unit_test(test_forward_recovery_redoes_one_collective);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_growth_fires_no_failure_machinery);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_store_stays_flat_over_recoveries);
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -298,5 +298,5 @@ int main(void) {
   failures += cmocka_run_group_tests_name("etcd members and endpoints", tests, NULL, NULL);
   if (failures != 0) keel_test_etcd_print_logs(cluster);
   keel_test_etcd_destroy(cluster);
-  return failures;
+  return keel_test_finish(failures);
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -128,12 +129,38 @@ int keel_test_run(char *const argv[], char *const extra_env[], const char *outpu
   return -1;
 }
 
+/* The folders keel_test_tempdir made, for keel_test_finish. */
+#define MAX_TEMPDIRS 1024
+static char *tempdirs[MAX_TEMPDIRS];
+static size_t tempdir_count;
+
 const char *keel_test_tempdir(const char *prefix) {
   static char path[PATH_MAX];
   const char *base = getenv("TMPDIR");
   snprintf(path, sizeof path, "%s/%s-XXXXXX", base ? base : "/tmp", prefix);
   if (mkdtemp(path) == NULL) return NULL;
+  if (tempdir_count < MAX_TEMPDIRS) tempdirs[tempdir_count++] = strdup(path);
   return path;
+}
+
+static int remove_entry(const char *path, const struct stat *info, int type, struct FTW *walk) {
+  (void)info, (void)type, (void)walk;
+  remove(path); /* best effort: a mount point or a busy file stays */
+  return 0;
+}
+
+int keel_test_finish(int failures) {
+  keel_test_kill_all();
+  bool keep = failures != 0 || getenv("KEEL_TEST_KEEP") != NULL;
+  if (keep && tempdir_count > 0)
+    fprintf(stderr, "kept %zu test folders (%s), the first %s\n", tempdir_count,
+            failures != 0 ? "a test failed" : "KEEL_TEST_KEEP", tempdirs[0]);
+  for (size_t i = 0; i < tempdir_count; i++) {
+    if (!keep) nftw(tempdirs[i], remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+    free(tempdirs[i]);
+  }
+  tempdir_count = 0;
+  return failures;
 }
 
 char *keel_test_read_file(const char *path, size_t *length_p) {

@@ -36,6 +36,10 @@ int keel_test_run(char *const argv[], char *const extra_env[], const char *outpu
                   int timeout_ms);
 /* Makes a fresh directory under $TMPDIR (or /tmp); returns its path (static storage). */
 const char *keel_test_tempdir(const char *prefix);
+/* The end of a test program: kills what it spawned and, when failures is 0 (and
+ * KEEL_TEST_KEEP is not set), removes every folder keel_test_tempdir made; a failed run keeps
+ * them for a look and says where. Returns failures. */
+int keel_test_finish(int failures);
 /* Reads a whole file into a malloc'ed NUL-terminated string; NULL if it cannot. */
 char *keel_test_read_file(const char *path, size_t *length_p);
 /* The last line of a file that starts with prefix, copied into line (capacity bytes);

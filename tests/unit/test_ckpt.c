@@ -1135,5 +1135,5 @@ int main(void) {
       cmocka_unit_test(test_ckpt_memory_replicas),
       cmocka_unit_test(test_ckpt_memory_concurrent_save),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

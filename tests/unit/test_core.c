@@ -456,5 +456,5 @@ int main(void) {
       cmocka_unit_test(test_clock),
       cmocka_unit_test(test_directory_make),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

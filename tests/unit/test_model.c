@@ -1028,5 +1028,5 @@ int main(void) {
       cmocka_unit_test(test_measured_memory_tier),
       cmocka_unit_test(test_measured_memory_interval_unknown),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

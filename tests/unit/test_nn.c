@@ -642,5 +642,5 @@ int main(void) {
       cmocka_unit_test(test_loader_rejects_bad_files),
       cmocka_unit_test(test_fashion_mnist_reaches_85_percent),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

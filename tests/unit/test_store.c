@@ -846,5 +846,5 @@ int main(void) {
                                       .close = embedded_close,
                                       .lease_ttl_ns = 200 * MS,
                                       .expiry_slack_ns = 100 * MS};
-  return failures + keel_test_store_suite_run("store suite: embedded", &embedded);
+  return keel_test_finish(failures + keel_test_store_suite_run("store suite: embedded", &embedded));
 }
