@@ -441,6 +441,7 @@ keel_status keel__admission(keel_ctx *ctx) {
     status = admitted(ctx, comm, &received, &transfer);
     if (status == KEEL_OK) {
       ctx->newcomer = received;
+      keel__watchdog_adopt(ctx);
       return KEEL_OK;
     }
     if (status == KEEL_EEXCLUDED) {

@@ -268,6 +268,9 @@ void keel__watchdog_destroy(keel__watchdog *watchdog);
 /* keel_step_begin: the interval since the last begin is a sample unless a recovery or a
  * section came in it; after the warm-up the world's deadline follows the samples' p99. */
 void keel__watchdog_step_begin(keel_ctx *ctx);
+/* A spare or joiner just admitted starts from the deadline rank 0 set last (watchdog/timeout),
+ * not from 30 s, while it observes steps of its own. */
+void keel__watchdog_adopt(keel_ctx *ctx);
 /* The latest end, on keel_now_ns's clock, of the sections/ values among entries (those of
  * other processes than own_uid); 0: none. */
 int64_t keel__sections_until(const keel_store_entry *entries, size_t count, uint32_t own_uid);

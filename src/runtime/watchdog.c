@@ -69,6 +69,31 @@ static bool differs_enough(int64_t proposed, int64_t applied) {
          applied * CHANGE_DENOMINATOR > proposed * CHANGE_NUMERATOR;
 }
 
+/* Rank 0 writes the deadline it set, for the spares that take ranks later: they start from it
+ * rather than from 30 s while they observe steps of their own. Best effort. */
+#define DEADLINE_KEY "watchdog/timeout"
+
+static void deadline_publish(keel_ctx *ctx, int64_t timeout_ns) {
+  if (ctx->config.standalone || keel_comm_rank(keel_world(ctx)) != 0) return;
+  char value[24];
+  int length = snprintf(value, sizeof value, "%" PRId64, timeout_ns);
+  keel_store_put(keel__session_store(ctx->session), DEADLINE_KEY, value, (size_t)length, 0, NULL);
+}
+
+void keel__watchdog_adopt(keel_ctx *ctx) {
+  keel__watchdog *watchdog = ctx->watchdog;
+  keel_comm *world = keel_world(ctx);
+  if (!watchdog->automatic || ctx->config.standalone || world == NULL) return;
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(keel__session_store(ctx->session), DEADLINE_KEY, &entry) != KEEL_OK) return;
+  int64_t timeout = 0;
+  if (keel_parse_int((const char *)entry->value, FLOOR_NS, INT64_MAX / 4, &timeout) == KEEL_OK) {
+    keel_comm_set_timeout(world, timeout);
+    watchdog->applied_ns = timeout;
+  }
+  keel_store_entry_free(entry);
+}
+
 static void deadline_update(keel_ctx *ctx) {
   keel__watchdog *watchdog = ctx->watchdog;
   if (watchdog->count < WARM_UP_STEPS) return;
@@ -79,6 +104,7 @@ static void deadline_update(keel_ctx *ctx) {
   if (world == NULL) return;
   keel_comm_set_timeout(world, proposed);
   watchdog->applied_ns = proposed;
+  deadline_publish(ctx, proposed);
   char fields[128];
   snprintf(fields, sizeof fields, "\"timeout_ms\":%.3f,\"p99_ms\":%.3f,\"steps\":%zu",
            (double)proposed / 1e6, (double)p99 / 1e6, watchdog->count);
