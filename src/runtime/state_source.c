@@ -395,7 +395,10 @@ keel_status keel__state_transfer(keel_ctx *ctx, keel_comm *comm, const keel_deci
   keel_status status = plan_compute(decision, 0, &again, &views);
   if (status != KEEL_OK) return status;
   int me = keel_comm_rank(comm);
-  int64_t deadline = keel_deadline_after_ns(keel_comm_timeout(comm));
+  /* A bulk transfer is no step: under --collective-timeout auto it keeps the configured
+   * deadline (30 s unless set), not one fitted to the steps. */
+  int64_t timeout = ctx->config.timeout_auto ? ctx->config.timeout_ns : keel_comm_timeout(comm);
+  int64_t deadline = keel_deadline_after_ns(timeout);
   state_meta *meta = malloc(sizeof *meta);
   if (meta == NULL) {
     free(views);
