@@ -74,6 +74,17 @@ uint32_t keel__registry_crc32c(const keel_registry *registry) {
   return crc;
 }
 
+keel_status keel__registry_copy_fit(const keel_registry *registry, uint8_t **copy,
+                                    size_t *capacity) {
+  size_t bytes = (size_t)registry->total_bytes;
+  if (bytes <= *capacity) return KEEL_OK;
+  uint8_t *grown = realloc(*copy, bytes);
+  if (grown == NULL) return KEEL_ENOMEM;
+  *copy = grown;
+  *capacity = bytes;
+  return KEEL_OK;
+}
+
 void keel__registry_copy(const keel_registry *registry, uint8_t *copy, size_t capacity, bool back) {
   size_t offset = 0;
   for (size_t i = 0; i < registry->count; i++) {

@@ -245,6 +245,9 @@ uint32_t keel__registry_crc32c(const keel_registry *registry);
 /* Copies every buffer, in order, into copy (back == false) or from it (back == true); the
  * buffers beyond capacity (registered after copy was sized) are left out. */
 void keel__registry_copy(const keel_registry *registry, uint8_t *copy, size_t capacity, bool back);
+/* Grows *copy (of *capacity bytes) to hold the whole registered state; KEEL_ENOMEM leaves it. */
+keel_status keel__registry_copy_fit(const keel_registry *registry, uint8_t **copy,
+                                    size_t *capacity);
 
 /* ---- verify.c: replicas compared every KEEL_VERIFY_EVERY steps (--verify-replicas) */
 typedef struct keel__verify keel__verify;

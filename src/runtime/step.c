@@ -107,16 +107,9 @@ keel_status keel_step_undo(keel_ctx *ctx, bool enabled) {
   keel__step *step = ctx->step;
   step->undo_enabled = enabled;
   if (!enabled) return KEEL_OK;
-  size_t bytes = (size_t)keel_registry_bytes(ctx->registry);
-  if (bytes <= step->undo_bytes) return KEEL_OK;
-  uint8_t *undo = realloc(step->undo, bytes);
-  if (undo == NULL) {
-    step->undo_enabled = false;
-    return KEEL_ENOMEM;
-  }
-  step->undo = undo;
-  step->undo_bytes = bytes;
-  return KEEL_OK;
+  keel_status status = keel__registry_copy_fit(ctx->registry, &step->undo, &step->undo_bytes);
+  if (status != KEEL_OK) step->undo_enabled = false;
+  return status;
 }
 
 /* Copies the registered state into the undo buffer (to == false) or back (to == true). */

@@ -47,13 +47,7 @@ void keel__verify_destroy(keel__verify *verify) {
 
 /* The registered state as the snapshot of version; false when it cannot be kept. */
 static bool snapshot_take(keel__verify *verify, const keel_registry *registry, uint64_t version) {
-  size_t bytes = (size_t)keel_registry_bytes(registry);
-  if (bytes > verify->bytes) {
-    uint8_t *grown = realloc(verify->snapshot, bytes);
-    if (grown == NULL) return false;
-    verify->snapshot = grown;
-    verify->bytes = bytes;
-  }
+  if (keel__registry_copy_fit(registry, &verify->snapshot, &verify->bytes) != KEEL_OK) return false;
   keel__registry_copy(registry, verify->snapshot, verify->bytes, false);
   verify->version = version;
   return true;
