@@ -99,7 +99,9 @@ void keel_listener_close(keel_listener *listener);
 /* Connects to "host:port" and runs the connector's side of the handshake: the acceptor
  * must prove knowledge of the token too (mutual), so a process cannot be lured into an
  * impostor's job. Retries refused connections until the deadline (the peer may not be
- * listening yet). */
+ * listening yet). KEEL_EAUTH when the acceptor refused or did not prove the token (wrong
+ * token, another job), KEEL_ECLOSED when it went away during the handshake (a peer that
+ * died, not a refusal). */
 keel_status keel_link_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
                               keel_link **link_p);
 /* keel_link_connect that asks keep_trying(context) before each retry of a refused

@@ -113,11 +113,19 @@ static keel_status handshake_recv(keel_link *link, uint16_t type, uint8_t *paylo
 }
 
 /* The verdict of a failed handshake, logged once: timeouts stay timeouts, every other
- * failure is an authentication failure. */
+ * failure is an authentication failure, except a connection the acceptor closed (see
+ * connector_failed). */
 static keel_status handshake_failed(keel_link *link, const char *role, keel_status status) {
   if (status == KEEL_ETIMEDOUT) {
     KEEL_LOG_W(LOG_MODULE, "%s handshake with %s timed out", role, link->peer_address);
     return KEEL_ETIMEDOUT;
+  }
+  if (status == KEEL_ECLOSED && strcmp(role, "connector") == 0) {
+    /* An acceptor refuses by answering with a proof that fails, never by closing (even one
+     * of another job answers), so a close on the connector's side is an acceptor that went
+     * away: a lost peer, which callers route around, not a wrong token, which ends them. */
+    KEEL_LOG_W(LOG_MODULE, "%s went away during the handshake", link->peer_address);
+    return KEEL_ECLOSED;
   }
   KEEL_LOG_W(LOG_MODULE, "%s handshake with %s failed: %s", role, link->peer_address,
              keel_strerror(status));
@@ -173,16 +181,19 @@ keel_status keel__handshake_accept(keel_link *link, const keel_auth *auth, int64
   uint8_t hello[HELLO_BYTES];
   status = handshake_recv(link, KEEL_FRAME_HELLO, hello, sizeof hello, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
-  if (keel_get_le64(hello) != auth->job_id) return handshake_failed(link, "acceptor", KEEL_EPROTO);
   uint32_t peer_id = keel_get_le32(hello + 8);
   const uint8_t *nonce_connector = hello + 12;
 
+  /* A connector of another job gets the challenge too: its proof over this job's id fails
+   * there, which the connector reads as a refusal, where a bare close would read as a peer
+   * that died. */
   uint8_t challenge[CHALLENGE_BYTES];
   uint8_t *nonce_acceptor = challenge;
   randombytes_buf(nonce_acceptor, NONCE_BYTES);
   auth_proof(auth, "keel-acceptor", nonce_connector, nonce_acceptor, challenge + NONCE_BYTES);
   status = handshake_send(link, KEEL_FRAME_CHALLENGE, challenge, sizeof challenge, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
+  if (keel_get_le64(hello) != auth->job_id) return handshake_failed(link, "acceptor", KEEL_EPROTO);
 
   uint8_t response[PROOF_BYTES];
   status = handshake_recv(link, KEEL_FRAME_RESPONSE, response, sizeof response, deadline_ns);

@@ -279,8 +279,11 @@ static void *link_payload_alloc(uint64_t length) {
 static keel_status link_recv_header(keel_link *link, const keel_link_sink *sink) {
   keel_frame frame;
   uint64_t bound = link->handshaking ? KEEL__HANDSHAKE_MAX_PAYLOAD : link->max_payload;
+  /* Handshake frames of another job are read to the end: the handshake refuses them with a
+   * proof that fails, which the other side can tell from a peer that died. */
+  uint64_t job_id = link->handshaking ? 0 : link->job_id;
   keel_status status = keel_frame_decode(link->staging + link->staged_start,
-                                         KEEL_FRAME_HEADER_BYTES, link->job_id, bound, &frame);
+                                         KEEL_FRAME_HEADER_BYTES, job_id, bound, &frame);
   if (status != KEEL_OK) return link_fail(link, status, "bad frame header");
   if (keel__frame_is_handshake(frame.type) != link->handshaking)
     return link_fail(link, KEEL_EPROTO, "unexpected frame type %u", (unsigned)frame.type);

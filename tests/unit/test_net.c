@@ -564,6 +564,39 @@ static void test_impostor_acceptor(void **state) {
   keel_listener_close(real);
 }
 
+/* An acceptor that dies during the handshake (here: a plain socket that reads the HELLO and
+ * closes) is a lost peer to the connector, KEEL_ECLOSED, not a refusal: callers route around
+ * a lost peer but give up on a wrong token. */
+static void test_acceptor_goes_away(void **state) {
+  (void)state;
+  int listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(listen_fd >= 0);
+  struct sockaddr_in here = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &here.sin_addr);
+  socklen_t length = sizeof here;
+  assert_int_equal(bind(listen_fd, (struct sockaddr *)&here, sizeof here), 0);
+  assert_int_equal(listen(listen_fd, 1), 0);
+  assert_int_equal(getsockname(listen_fd, (struct sockaddr *)&here, &length), 0);
+  char address[64];
+  snprintf(address, sizeof address, "127.0.0.1:%u", (unsigned)ntohs(here.sin_port));
+  connector job;
+  connector_start(&job, address, test_auth(1));
+  int fd = accept(listen_fd, NULL, NULL);
+  assert_true(fd >= 0);
+  uint8_t hello[KEEL_FRAME_HEADER_BYTES];
+  size_t got = 0;
+  while (got < sizeof hello) {
+    ssize_t n = recv(fd, hello + got, sizeof hello - got, 0);
+    assert_true(n > 0);
+    got += (size_t)n;
+  }
+  close(fd);
+  connector_join(&job);
+  assert_int_equal(job.status, KEEL_ECLOSED);
+  assert_null(job.link);
+  close(listen_fd);
+}
+
 /* A plain TCP client of the listener at address. */
 static int raw_connect(const char *address) {
   const char *colon = strrchr(address, ':');
@@ -1125,6 +1158,7 @@ int main(void) {
       cmocka_unit_test(test_wrong_token),
       cmocka_unit_test(test_impostor_acceptor),
       cmocka_unit_test(test_raw_clients),
+      cmocka_unit_test(test_acceptor_goes_away),
       cmocka_unit_test_setup_teardown(test_blocking_send_recv, pair_setup, pair_teardown),
       cmocka_unit_test_setup_teardown(test_blocking_send_timeout_keeps_frame, pair_setup,
                                       pair_teardown),
