@@ -3,7 +3,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= 2
 
-.PHONY: all deps build test test-sanitize demo bench bench-netns fuzz clean
+.PHONY: all deps build test test-sanitize demo bench bench-netns fuzz soak clean
 
 all: build
 
@@ -36,6 +36,11 @@ bench-netns: build
 fuzz:
 	@scripts/deps.sh --fuzz
 	@scripts/fuzz.sh
+
+# keel chaos through SOAK_FAILURES failures (default 2000) of every kind it supports, on one
+# host and on nodes; reports in soak/ (RELIABILITY.md). Not part of `make test`.
+soak: build
+	@scripts/soak.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

@@ -256,7 +256,11 @@ void keel_endpoint_collect(keel_endpoint *endpoint);
 /* Waits until a membership change admits this process (then links with the members and
  * returns its communicator and the decision), or membership->interrupted ends the wait
  * (KEEL_EJOBDONE when the job finished), or deadline. The offer is withdrawn on admission;
- * otherwise it stays until keel_endpoint_offer is called again or the lease ends. */
+ * otherwise it stays until keel_endpoint_offer is called again or the lease ends. Admitted
+ * but a member could not be linked (it died meanwhile): *comm_p is the new epoch's
+ * communicator all the same, with that failure returned (KEEL_EPROCFAILED, ...): this
+ * process is a member now and recovers the epoch with the others. Otherwise *comm_p is
+ * NULL. */
 keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadline_ns,
                                           keel_decision *decision, keel_comm **comm_p);
 

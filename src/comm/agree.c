@@ -704,6 +704,7 @@ keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadl
                                           keel_decision *decision, keel_comm **comm_p) {
   if (endpoint == NULL || decision == NULL || comm_p == NULL || endpoint->standalone)
     return KEEL_EINVAL;
+  *comm_p = NULL;
   keel_status status;
   for (;;) {
     bool found = false;
@@ -724,8 +725,9 @@ keel_status keel_endpoint_await_admission(keel_endpoint *endpoint, int64_t deadl
     keel_store_wait(endpoint->config.store, "decide/", revision,
                     wake < deadline_ns ? wake : deadline_ns, NULL);
   }
-  /* Admitted, the offer is taken. Otherwise the process is leaving (its lease takes the key
-   * with it) or the store is gone: nothing to say. */
-  if (status == KEEL_OK) withdraw_offers(endpoint);
+  /* Admitted (*comm_p: named in a decision, even if linking its members failed), the offer
+   * is taken. Otherwise the process is leaving (its lease takes the key with it) or the
+   * store is gone: nothing to say. */
+  if (*comm_p != NULL) withdraw_offers(endpoint);
   return status;
 }

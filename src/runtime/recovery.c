@@ -434,11 +434,15 @@ keel_status keel__admission(keel_ctx *ctx) {
     keel_comm *comm = NULL;
     status = keel_endpoint_await_admission(
         ctx->endpoint, keel_deadline_after_ns(ADMISSION_SLICE_NS), ctx->recovery->decision, &comm);
-    if (status == KEEL_ETIMEDOUT) continue; /* a slice without news: the offer stands */
-    if (status != KEEL_OK) return failure_cause(ctx, status);
+    if (status == KEEL_ETIMEDOUT && comm == NULL) continue; /* no news: the offer stands */
+    if (status != KEEL_OK && (comm == NULL || !is_recoverable(status)))
+      return failure_cause(ctx, status);
     bool received = false;
     keel__transfer_result transfer = {0};
-    status = admitted(ctx, comm, &received, &transfer);
+    /* Named in a decision whose members could not all be linked (one died meanwhile): a
+     * member all the same, which recovers the epoch below like any other. Leaving instead
+     * would hold the others' next agreement up until it was declared dead. */
+    if (status == KEEL_OK) status = admitted(ctx, comm, &received, &transfer);
     if (status == KEEL_OK) {
       ctx->newcomer = received;
       keel__watchdog_adopt(ctx);
@@ -452,8 +456,8 @@ keel_status keel__admission(keel_ctx *ctx) {
     if (!is_recoverable(status)) return failure_cause(ctx, status);
     /* A member of the new epoch whose state did not arrive (its sender died): recover the
      * epoch like any member, as one that holds no state, so another sender is named. */
-    KEEL_LOG_W(MODULE, "state transfer failed (%s); recovering the new epoch",
-               keel_strerror(status));
+    KEEL_LOG_W(MODULE, "joining epoch %" PRIu64 " failed (%s); recovering it as a member",
+               keel_comm_epoch(comm), keel_strerror(status));
     keel__position position;
     keel__step_position(ctx, KEEL__REDO_NONE, &position);
     position.tier_failed = transfer.tier_failed;

@@ -33,6 +33,8 @@ struct keel__session {
   keel_store *store;      /* the training thread's */
   keel_store *background; /* the thread's own: keepalive and watching */
   int64_t lease;
+  int rank;                      /* as last published: left/ says it, so that an agent can
+                                    tell a job whose ranks finished from one that lost them */
   int launcher_pid;              /* KEEL_LAUNCHER_PID; 0: not started by a launcher */
   pthread_mutex_t endpoint_lock; /* the thread wakes the endpoint; close detaches it */
   keel_endpoint *endpoint;
@@ -64,6 +66,7 @@ keel_status keel__session_open(const keel__config *config, keel__detector *detec
   session->config = config;
   session->detector = detector;
   session->stop_fd = -1;
+  session->rank = -1;
   atomic_init(&session->stopping, false);
   atomic_init(&session->interruption, KEEL_OK);
   atomic_init(&session->joiners, 0);
@@ -334,6 +337,7 @@ keel_status keel__session_publish(keel__session *session, keel__role role, int r
                                   const char *address) {
   const keel__config *config = session->config;
   char key[64], value[320];
+  session->rank = rank;
   snprintf(key, sizeof key, "proc/%" PRIu32, config->uid);
   int length =
       snprintf(value, sizeof value, "pid=%d node=%d role=%s rank=%d epoch=%" PRIu64 " addr=%s",
@@ -374,9 +378,9 @@ void keel__session_close(keel__session *session, bool orderly) {
   if (orderly && session->lease != 0 && session->store != NULL) {
     /* Say we left before the lease goes, so that the launcher does not take the vanished
      * proc/ key of a process that is still finishing for a hung one. */
-    char key[64], value[32];
+    char key[64], value[48];
     snprintf(key, sizeof key, "left/%" PRIu32, session->config->uid);
-    int length = snprintf(value, sizeof value, "pid=%d", (int)getpid());
+    int length = snprintf(value, sizeof value, "pid=%d rank=%d", (int)getpid(), session->rank);
     keel_store_put(session->store, key, value, (size_t)length, 0, NULL);
     keel_store_lease_revoke(session->store, session->lease);
   }

@@ -40,7 +40,8 @@ static void chaos_read(const uint8_t *data, size_t size) {
     failures[i] = (keel__chaos_failure){.kind = KEEL__CHAOS_KILL,
                                         .injected = i < 3,
                                         .injected_ns = 1000 * (int64_t)i,
-                                        .victim_uid = i,
+                                        .victims = {i, i + 8},
+                                        .victim_count = 2,
                                         .detect_ns = -1,
                                         .recover_ns = -1};
   run->events = fmemopen((void *)data, size, "r");

@@ -106,26 +106,54 @@ static long long node_lost_processes(const keel_test_events *log, long long node
   return -1;
 }
 
+/* A training job of flags whose node is killed once it trains: it must end with code, its
+ * events then in log. */
+static void job_through_a_killed_node(const char *const *flags, const char *node, int code,
+                                      keel_test_job *job, keel_test_events *log) {
+  char job_id[32];
+  pid_t launcher = job_start_training(job, flags, job_id, sizeof job_id);
+  kill_node(job, job_id, node);
+  int ended = job_finish(job, launcher);
+  if (ended != code) keel_test_print_file("output", job->output);
+  assert_int_equal(ended, code);
+  keel_test_events_read(job->events, MAX_EVENTS, log);
+}
+
 static void kill_node_shrinks_by_the_whole_node(void **state) {
   (void)state;
   const char *const flags[] = {"--agents",    "--nnodes",          "3", "--nproc-per-node", "2",
                                "--heartbeat", heartbeat_lenient(), NULL};
   keel_test_job job;
-  char job_id[32];
-  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
-  kill_node(&job, job_id, "2");
-  int code = job_finish(&job, launcher);
-  if (code != 0) keel_test_print_file("output", job.output);
-  assert_int_equal(code, 0);
-  keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT);
   keel_test_events log;
-  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  job_through_a_killed_node(flags, "2", 0, &job, &log);
+  keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT);
   /* The killed node's two workers were still in the store: the supervisor marked them. */
   assert_int_equal(node_lost_processes(&log, 2), 2);
   const char *recovery = keel_test_events_find(&log, "recovery", 0);
   assert_non_null(recovery);
   assert_non_null(strstr(recovery, "\"failed\":[4,5]"));
   assert_int_equal(keel_test_events_count(&log, "agent_end"), 2);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* The only worker node killed: its ranks' state is nowhere else, so the spare node's spares
+ * cannot take it, and the job fails with a ranks_lost event (it used to end 0 once no
+ * process held a rank). The killed node starts again as a spare node (node_respawn, with
+ * --spare-nodes), in vain here. */
+static void losing_every_holder_of_the_state_fails_the_job(void **state) {
+  (void)state;
+  const char *const flags[] = {
+      "--agents",     "--nnodes", "1",           "--nproc-per-node",  "2", "--spare-nodes", "1",
+      "--on-failure", "replace",  "--heartbeat", heartbeat_lenient(), NULL};
+  keel_test_job job;
+  keel_test_events log;
+  job_through_a_killed_node(flags, "0", 1, &job, &log);
+  assert_non_null(keel_test_events_find(&log, "ranks_lost", -1));
+  assert_null(keel_test_events_find(&log, "finish", -1));
+  const char *respawn = keel_test_events_find(&log, "node_respawn", -1);
+  assert_non_null(respawn);
+  assert_int_equal(keel_test_event_long(respawn, "node"), 0);
   keel_test_events_assert_none_left(&log);
   keel_test_events_free(&log);
 }
@@ -683,6 +711,7 @@ int main(void) {
       cmocka_unit_test(slurm_environment_shapes_the_job),
       cmocka_unit_test(kill_node_shrinks_by_the_whole_node),
       cmocka_unit_test(kill_node_replaced_by_a_spare_node_is_exact),
+      cmocka_unit_test(losing_every_holder_of_the_state_fails_the_job),
       cmocka_unit_test(a_lone_dead_agent_takes_its_node),
       cmocka_unit_test(partitioned_node_fences_itself_before_it_is_replaced),
       cmocka_unit_test(same_bits_over_shm_tcp_and_namespaces),

@@ -31,14 +31,23 @@
 #define RETRY_NS (100 * MS_NS)
 #define MAX_ATTEMPTS 50
 #define TICK_NS (5 * MS_NS)
+/* The most a call to the job's store may take: the launcher may be stopped. */
+#define CENSUS_TIMEOUT_NS SECOND_NS
 /* Without the job's own --timeout, the most one run may take. */
 #define DEFAULT_RUN_DEADLINE_NS (60 * 60 * SECOND_NS)
 #define LAUNCHER_STOP_MIN_NS (200 * MS_NS)
 #define LAUNCHER_STOP_MAX_NS (2 * SECOND_NS)
+/* A partition shorter than the heartbeat's time to live heals unseen; a longer one fences
+ * the node: both happen at the default 2 s heartbeat. */
+#define PARTITION_MIN_NS (500 * MS_NS)
+#define PARTITION_MAX_NS (4 * SECOND_NS)
+/* What each frame of a delayed node waits: slow, never past a step's deadline. */
+#define DELAY_MIN_NS (2 * MS_NS)
+#define DELAY_MAX_NS (20 * MS_NS)
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
-    "kill",      "stop",      "launcher-stop", "hang",      "bitflip",   "server-kill",
-    "kill-node", "partition", "delay",         "etcd-kill", "etcd-stop",
+    "kill",      "stop",  "launcher-stop", "hang",      "bitflip",   "kill-node",
+    "partition", "delay", "server-kill",   "etcd-kill", "etcd-stop",
 };
 
 const char *keel__chaos_kind_name(keel__chaos_kind kind) { return kind_names[kind]; }
@@ -212,6 +221,17 @@ static bool kind_takes_rank(keel__chaos_kind kind) {
   return kind == KEEL__CHAOS_KILL || kind == KEEL__CHAOS_STOP || kind == KEEL__CHAOS_HANG;
 }
 
+/* Kinds that may cost the job a node's ranks at once (a partition: when it outlasts the
+ * heartbeat's time to live). */
+static bool kind_takes_node(keel__chaos_kind kind) {
+  return kind == KEEL__CHAOS_KILL_NODE || kind == KEEL__CHAOS_PARTITION;
+}
+
+/* Kinds aimed at a node rather than a rank. */
+static bool kind_hits_node(keel__chaos_kind kind) {
+  return kind_takes_node(kind) || kind == KEEL__CHAOS_DELAY;
+}
+
 /* A hang is caught by the collective deadline and then the agreement's: past this, each one
  * would cost the job minutes. */
 #define HANG_DEADLINE_MAX_NS (10 * SECOND_NS)
@@ -239,6 +259,16 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
         return "bitflip needs --verify-replicas every=N: nothing else sees silent corruption, "
                "and the replicas would end different";
       return NULL;
+    case KEEL__CHAOS_KILL_NODE:
+    case KEEL__CHAOS_DELAY:
+      if (!run->agents || run->nnodes < 2)
+        return "kill-node and delay need several nodes with their agents on this host "
+               "(--agents or --netns, --nnodes 2 or more)";
+      return NULL;
+    case KEEL__CHAOS_PARTITION:
+      if (!run->netns || run->nnodes < 2)
+        return "partition needs nodes in network namespaces (--netns, --nnodes 2 or more)";
+      return NULL;
     case KEEL__CHAOS_SERVER_KILL:
       if (run->servers == 0) return "server-kill needs parameter servers (--servers)";
       return "server-kill is not supported by keel chaos yet";
@@ -248,12 +278,49 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
         return "etcd-kill and etcd-stop need an etcd store (--rdzv-endpoint etcd://...); this job"
                " runs on the embedded store";
       return "etcd-kill and etcd-stop are not supported by keel chaos yet";
-    case KEEL__CHAOS_KILL_NODE:
-      if (!run->node_failure_domain) return "kill-node needs --failure-domain node";
-      return "kill-node is not supported by keel chaos yet";
     default:
-      return "this kind is not supported by keel chaos yet (partition, delay)";
+      return "this kind is not supported by keel chaos yet";
   }
+}
+
+/* Why count failures of what ("ranks", "nodes"), which cost ranks_lost ranks in all, would
+ * shrink the world below its floor (shrink) or outnumber the restarts (restart); NULL when
+ * the job survives them. */
+static const char *shrink_restart_refusal(const keel__run_options *run, const char *what,
+                                          int64_t count, int64_t ranks_lost, char *why,
+                                          size_t capacity) {
+  int64_t floor = run->min_world > 1 ? run->min_world : 1;
+  if (run->on_failure == KEEL__ON_FAILURE_SHRINK && ranks_lost > run->world - floor) {
+    snprintf(why, capacity,
+             "%" PRId64 " failures of %s would shrink a world of %" PRId64 " below %" PRId64, count,
+             what, run->world, floor);
+    return why;
+  }
+  if (run->on_failure == KEEL__ON_FAILURE_RESTART && count > run->max_restarts) {
+    snprintf(why, capacity, "%" PRId64 " failures of %s need --max-restarts %" PRId64, count, what,
+             count);
+    return why;
+  }
+  return NULL;
+}
+
+/* Why node_count failures of nodes would end the job: each costs a node's ranks, which a
+ * spare node takes over (replace) or the rest goes on without (shrink). A killed node comes
+ * back as a spare node (keel run does that with --spare-nodes), so one spare node serves
+ * any number of failures. NULL when the job survives them all. */
+static const char *node_count_refusal(const keel__run_options *run, int64_t node_count, char *why,
+                                      size_t capacity) {
+  if (node_count == 0) return NULL;
+  if (run->on_failure == KEEL__ON_FAILURE_REPLACE && run->spare_nodes == 0) {
+    snprintf(why, capacity,
+             "%" PRId64
+             " failures of nodes (kill-node, partition) need a spare node to take "
+             "their ranks (--spare-nodes 1 or more)",
+             node_count);
+    return why;
+  }
+  return shrink_restart_refusal(run, "nodes", node_count, node_count * run->nproc_per_node, why,
+                                capacity);
 }
 
 /* Why count failures that take a rank would end the job or change what it computes; NULL
@@ -267,19 +334,7 @@ static const char *count_refusal(const keel__run_options *run, int64_t rank_coun
              rank_count, run->spares, run->max_restarts, run->spares + run->max_restarts);
     return why;
   }
-  int64_t floor = run->min_world > 1 ? run->min_world : 1;
-  if (run->on_failure == KEEL__ON_FAILURE_SHRINK && rank_count > run->world - floor) {
-    snprintf(why, capacity,
-             "%" PRId64 " failures of ranks would shrink a world of %" PRId64 " below %" PRId64,
-             rank_count, run->world, floor);
-    return why;
-  }
-  if (run->on_failure == KEEL__ON_FAILURE_RESTART && rank_count > run->max_restarts) {
-    snprintf(why, capacity, "%" PRId64 " failures of ranks need --max-restarts %" PRId64,
-             rank_count, rank_count);
-    return why;
-  }
-  return NULL;
+  return shrink_restart_refusal(run, "ranks", rank_count, rank_count, why, capacity);
 }
 
 static void default_mix(const chaos_options *options, int64_t *weights) {
@@ -306,11 +361,16 @@ static void failure_draw(const chaos_options *options, uint64_t index,
   int64_t pick = (int64_t)keel_random_below(&random, (uint64_t)total);
   int kind = 0;
   while (pick >= options->weights[kind]) pick -= options->weights[kind++];
-  *failure = (keel__chaos_failure){
-      .kind = (keel__chaos_kind)kind, .victim_uid = UINT32_MAX, .detect_ns = -1, .recover_ns = -1};
+  *failure =
+      (keel__chaos_failure){.kind = (keel__chaos_kind)kind, .detect_ns = -1, .recover_ns = -1};
   failure->gap_ns = uniform_ns(&random, options->every_min_ns, options->every_max_ns);
   failure->target = (int64_t)keel_random_below(&random, (uint64_t)options->run.world);
   failure->hold_ns = uniform_ns(&random, LAUNCHER_STOP_MIN_NS, LAUNCHER_STOP_MAX_NS);
+  /* Drawn after the rest, so that a seed's schedule of the older kinds stays as it was. */
+  failure->delay_ns = uniform_ns(&random, DELAY_MIN_NS, DELAY_MAX_NS);
+  if (failure->kind == KEEL__CHAOS_PARTITION)
+    failure->hold_ns = uniform_ns(&random, PARTITION_MIN_NS, PARTITION_MAX_NS);
+  failure->node = -1;
 }
 
 /* The most failures the run may inject: --failures, or what --duration holds at the
@@ -323,10 +383,15 @@ static int64_t failure_capacity(const chaos_options *options) {
 
 static int schedule_check(const chaos_options *options, const keel__chaos_failure *failures,
                           int64_t count) {
-  int64_t rank_count = 0;
-  for (int64_t i = 0; i < count; i++) rank_count += kind_takes_rank(failures[i].kind);
+  int64_t rank_count = 0, node_count = 0;
+  for (int64_t i = 0; i < count; i++) {
+    rank_count += kind_takes_rank(failures[i].kind);
+    node_count += kind_takes_node(failures[i].kind);
+  }
   char why[256];
-  if (count_refusal(&options->run, rank_count, why, sizeof why) == NULL) return 0;
+  if (count_refusal(&options->run, rank_count, why, sizeof why) == NULL &&
+      node_count_refusal(&options->run, node_count, why, sizeof why) == NULL)
+    return 0;
   fprintf(stderr, "keel chaos: refused before starting anything: %s\n", why);
   return KEEL__EXIT_USAGE;
 }
@@ -415,8 +480,11 @@ typedef struct chaos_job {
   /* injection */
   keel__chaos_failure *failures;
   int64_t capacity, next, injected;
-  int64_t due_ns;           /* when failures[next] is due; 0 until training began */
-  int64_t launcher_cont_ns; /* the launcher is stopped until then; 0: it runs */
+  int64_t due_ns; /* when failures[next] is due; 0 until training began */
+  /* A failure that lasts (launcher-stop, partition, delay) is undone at undo_ns; none
+   * other comes meanwhile. */
+  keel__chaos_failure *undo;
+  int64_t undo_ns;
   int64_t started_ns;
   /* split brain: the job's proc/ keys listed now and then, each rank's live holders */
   keel_store *store;
@@ -462,55 +530,145 @@ static void job_id_learn(chaos_job *job) {
     job->job_id = info.auth.job_id;
 }
 
-static void launcher_continue(chaos_job *job) {
-  if (job->launcher_cont_ns == 0) return;
-  kill(job->launcher, SIGCONT);
-  job->launcher_cont_ns = 0;
+/* The job's store, connected on first use (once the job id is known); NULL meanwhile. */
+static keel_store *job_store(chaos_job *job) {
+  if (job->store != NULL || job->job_id == 0) return job->store;
+  char id[24];
+  keel__job_info info;
+  snprintf(id, sizeof id, "%" PRIu64, job->job_id);
+  if (keel__job_connect(id, &info, &job->store) != KEEL_OK) return NULL;
+  keel_store_set_timeout(job->store, CENSUS_TIMEOUT_NS);
+  return job->store;
 }
 
-/* "killed rank 1 (uid 5, pid 1234)": the victim's uid and pid. */
+/* Undoes the failure that lasts, if any: the launcher continued, the node's delay ended,
+ * its link healed. An undo that fails (the job ended meanwhile) is no error of the job's. */
+static void failure_undo(chaos_job *job) {
+  keel__chaos_failure *failure = job->undo;
+  if (failure == NULL) return;
+  job->undo = NULL;
+  job->undo_ns = 0;
+  if (failure->kind == KEEL__CHAOS_LAUNCHER_STOP) {
+    kill(job->launcher, SIGCONT);
+    return;
+  }
+  char node[24], output[256];
+  snprintf(node, sizeof node, "%" PRId64, failure->node);
+  const char *delay_args[] = {"delay", node, "0", NULL};
+  const char *heal_args[] = {"heal", node, NULL};
+  const char *const *args = failure->kind == KEEL__CHAOS_DELAY ? delay_args : heal_args;
+  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
+    fprintf(stderr, "keel chaos: could not undo %s of node %" PRId64 ": %s\n",
+            kind_names[failure->kind], failure->node, output);
+}
+
+static void victim_add(keel__chaos_failure *failure, uint32_t uid) {
+  if (failure->victim_count < KEEL__CHAOS_MAX_VICTIMS)
+    failure->victims[failure->victim_count++] = uid;
+}
+
+/* "killed rank 1 (uid 5, pid 1234)": the victim's uid. */
 static void victim_parse(const char *output, keel__chaos_failure *failure) {
   const char *open = strstr(output, "(uid ");
   unsigned uid;
   long pid;
-  if (open != NULL && sscanf(open, "(uid %u, pid %ld)", &uid, &pid) == 2) {
-    failure->victim_uid = uid;
-    failure->victim_pid = (pid_t)pid;
+  if (open != NULL && sscanf(open, "(uid %u, pid %ld)", &uid, &pid) == 2) victim_add(failure, uid);
+}
+
+/* The processes of the node that live now (as the events say): those a kill-node or a
+ * partition hits. */
+static void node_victims_note(const chaos_job *job, keel__chaos_failure *failure) {
+  const keel__chaos_run *run = job->run;
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    if (!p->agent && !p->exited && p->node == failure->node) victim_add(failure, p->uid);
   }
+}
+
+static bool holds_rank(keel_store *store, const keel_store_entry *entry,
+                       const keel__proc_value *value, void *context) {
+  (void)store, (void)entry, (void)context;
+  return value->rank >= 0;
+}
+
+/* The node a node kind hits: among the live nodes whose processes hold ranks, the
+ * target-th (modulo their count), never the launcher's own (it holds the job's store: a
+ * kill or partition of it is no failure the job is meant to survive). -1 when none. */
+static int64_t node_pick(chaos_job *job, const keel__chaos_failure *failure) {
+  keel_store *store = job_store(job);
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (store == NULL || keel_store_list(store, "node/", &entries, &count, NULL) != KEEL_OK)
+    return -1;
+  int64_t candidates[256];
+  size_t found = 0;
+  for (size_t i = 0; i < count && found < 256; i++) {
+    uint32_t node;
+    keel__node_value value;
+    if (keel__uid_from_key(entries[i].key, "node/", &node) != KEEL_OK ||
+        keel__node_value_parse((const char *)entries[i].value, &value) != KEEL_OK)
+      continue;
+    bool launchers = value.pid == job->launcher;
+    if (launchers && failure->kind != KEEL__CHAOS_DELAY) continue;
+    if (keel__node_processes_visit(store, node, holds_rank, NULL) > 0) candidates[found++] = node;
+  }
+  keel_store_entries_free(entries, count);
+  return found == 0 ? -1 : candidates[failure->target % (int64_t)found];
+}
+
+/* kill-node, partition and delay through keel inject; the last two are undone later. */
+static bool node_failure_try(chaos_job *job, keel__chaos_failure *failure) {
+  failure->node = node_pick(job, failure);
+  if (failure->node < 0) return false;
+  char node[24], delay[32], output[256];
+  snprintf(node, sizeof node, "%" PRId64, failure->node);
+  snprintf(delay, sizeof delay, "%" PRId64 "us", failure->delay_ns / 1000);
+  const char *args[5] = {kind_names[failure->kind], node, NULL};
+  if (failure->kind == KEEL__CHAOS_DELAY) args[2] = delay;
+  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) return false;
+  if (failure->kind != KEEL__CHAOS_DELAY) node_victims_note(job, failure);
+  if (failure->kind != KEEL__CHAOS_KILL_NODE) {
+    job->undo = failure;
+    job->undo_ns = keel_now_ns() + failure->hold_ns;
+  }
+  return true;
+}
+
+/* kill, stop, hang and bitflip of a rank through keel inject. */
+static bool rank_failure_try(chaos_job *job, keel__chaos_failure *failure) {
+  char target[32], output[256];
+  const char *args[4] = {kind_names[failure->kind], target, NULL};
+  snprintf(target, sizeof target, "%" PRId64, failure->target);
+  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) return false;
+  victim_parse(output, failure);
+  return true;
 }
 
 /* One try at the failure; true once it is done (injected, or given up). */
 static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
   failure->attempts++;
-  int64_t now = keel_now_ns();
+  bool done;
   if (failure->kind == KEEL__CHAOS_LAUNCHER_STOP) {
-    if (kill(job->launcher, SIGSTOP) != 0) return failure->attempts >= MAX_ATTEMPTS;
-    failure->injected = true;
-    failure->injected_ns = now;
-    job->launcher_cont_ns = now + failure->hold_ns;
-    return true;
+    done = kill(job->launcher, SIGSTOP) == 0;
+    if (done) {
+      job->undo = failure;
+      job->undo_ns = keel_now_ns() + failure->hold_ns;
+    }
+  } else {
+    done = job->job_id != 0 && (kind_hits_node(failure->kind) ? node_failure_try(job, failure)
+                                                              : rank_failure_try(job, failure));
   }
-  char target[32], output[256];
-  const char *action = failure->kind == KEEL__CHAOS_STOP      ? "stop"
-                       : failure->kind == KEEL__CHAOS_HANG    ? "hang"
-                       : failure->kind == KEEL__CHAOS_BITFLIP ? "bitflip"
-                                                              : "kill";
-  const char *args[4] = {action, target, NULL};
-  snprintf(target, sizeof target, "%" PRId64, failure->target);
-  if (job->job_id == 0 || inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
-    return failure->attempts >= MAX_ATTEMPTS;
+  if (!done) return failure->attempts >= MAX_ATTEMPTS;
   failure->injected = true;
-  /* keel inject signals just before it prints and exits; its start (store connection and
+  /* keel inject acts just before it prints and exits; its start (store connection and
    * lookup, tens of ms) would count as detection. */
   failure->injected_ns = keel_now_ns();
-  victim_parse(output, failure);
   return true;
 }
 
 /* ---- split brain, checked: two live processes must never hold one rank in one epoch */
 
 #define CENSUS_INTERVAL_NS (250 * MS_NS)
-#define CENSUS_TIMEOUT_NS SECOND_NS
 #define MAX_HOLDERS 1024
 
 typedef struct rank_holder {
@@ -545,32 +703,45 @@ static void holders_check(chaos_job *job, const keel_store_entry *entries, size_
 
 /* Lists proc/ every CENSUS_INTERVAL_NS while the launcher (and its store) runs. */
 static void census_tick(chaos_job *job, int64_t now) {
-  if (job->job_id == 0 || job->launcher_cont_ns != 0 || now < job->next_census_ns) return;
+  bool launcher_stopped = job->undo != NULL && job->undo->kind == KEEL__CHAOS_LAUNCHER_STOP;
+  if (job->job_id == 0 || launcher_stopped || now < job->next_census_ns) return;
   job->next_census_ns = now + CENSUS_INTERVAL_NS;
-  if (job->store == NULL) {
-    char id[24];
-    keel__job_info info;
-    snprintf(id, sizeof id, "%" PRIu64, job->job_id);
-    if (keel__job_connect(id, &info, &job->store) != KEEL_OK) return;
-    keel_store_set_timeout(job->store, CENSUS_TIMEOUT_NS);
-  }
+  keel_store *store = job_store(job);
   keel_store_entry *entries = NULL;
   size_t count = 0;
-  if (keel_store_list(job->store, "proc/", &entries, &count, NULL) != KEEL_OK) return;
+  if (store == NULL || keel_store_list(store, "proc/", &entries, &count, NULL) != KEEL_OK) return;
   holders_check(job, entries, count);
   keel_store_entries_free(entries, count);
   job->censuses++;
 }
 
 /* Injects what is due; the next failure is due its gap after this one was done. */
+/* Whether an earlier failure that cost ranks may still be recovered from: injected less
+ * than RECOVERY_WAIT_NS ago (a partition healed in time is never recovered from), and no
+ * recovery seen for it yet. */
+#define RECOVERY_WAIT_NS (10 * SECOND_NS)
+static bool recovery_pending(const chaos_job *job, int64_t now) {
+  for (int64_t i = 0; i < job->next; i++) {
+    const keel__chaos_failure *f = &job->failures[i];
+    bool costly = kind_takes_rank(f->kind) || kind_takes_node(f->kind);
+    if (f->injected && costly && f->recover_ns < 0 && now - f->injected_ns < RECOVERY_WAIT_NS)
+      return true;
+  }
+  return false;
+}
+
 static void failures_tick(chaos_job *job, int64_t now) {
-  if (job->launcher_cont_ns != 0 && now >= job->launcher_cont_ns) launcher_continue(job);
-  if (!job->run->training || job->launcher_cont_ns != 0 || job->next >= job->capacity) return;
+  if (job->undo != NULL && now >= job->undo_ns) failure_undo(job);
+  if (!job->run->training || job->undo != NULL || job->next >= job->capacity) return;
   const chaos_options *options = job->options;
   if (options->duration_ns > 0 && now - job->run->training_ns >= options->duration_ns) return;
   keel__chaos_failure *failure = &job->failures[job->next];
   if (job->due_ns == 0) job->due_ns = job->run->training_ns + failure->gap_ns;
   if (now < job->due_ns) return;
+  /* A node's failure during an earlier one's recovery may take every holder of the state at
+   * once (two nodes' ranks, all replicas), which no in-memory recovery survives: it waits.
+   * Single ranks still fail during recoveries. */
+  if (kind_takes_node(failure->kind) && recovery_pending(job, now)) return;
   if (!failure_try(job, failure)) {
     job->due_ns = now + RETRY_NS;
     return;
@@ -595,7 +766,7 @@ static void job_run(chaos_job *job) {
       break;
     }
     if (now >= job->deadline) {
-      launcher_continue(job);
+      failure_undo(job);
       kill(-job->launcher, SIGKILL);
       kill(job->launcher, SIGKILL);
       waitpid(job->launcher, &status, 0);
@@ -688,7 +859,7 @@ static void kind_row(const chaos_job *job, keel__chaos_kind kind, FILE *json, bo
 /* Whether uid was hit by an injected failure (its death explained). */
 static bool uid_was_hit(const chaos_job *job, uint32_t uid) {
   for (int64_t i = 0; i < job->next; i++)
-    if (job->failures[i].injected && job->failures[i].victim_uid == uid) return true;
+    if (job->failures[i].injected && keel__chaos_failure_hit(&job->failures[i], uid)) return true;
   return false;
 }
 
@@ -812,8 +983,10 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
   size_t n = run->store_key_count;
   long rise = n ? floor_rise(run->store_keys, n) : 0;
   check(verdict, series_flat(rise, n, MIN_STORE_SERIES), "store-flat",
-        "keys after %zu recoveries: %ld first, %ld last, floor %+ld%s", n,
-        n ? run->store_keys[0] : 0, n ? run->store_keys[n - 1] : 0, rise,
+        "keys (less those of live processes, nodes and the newest agreements) after %zu "
+        "recoveries: %ld "
+        "first, %ld last, floor %+ld%s",
+        n, n ? run->store_keys[0] : 0, n ? run->store_keys[n - 1] : 0, rise,
         n < MIN_STORE_SERIES ? " (too few recoveries to judge)" : "");
 }
 
@@ -832,10 +1005,13 @@ static void checks_run(const chaos_job *job, const keel__chaos_run *reference, i
         all ? "" : " (the job ended first: give it more steps)");
   final_state_check(job, reference, verdict);
   int64_t rank_failures = 0;
-  for (int64_t i = 0; i < job->next; i++)
-    rank_failures += job->failures[i].injected && kind_takes_rank(job->failures[i].kind);
+  for (int64_t i = 0; i < job->next; i++) {
+    keel__chaos_kind kind = job->failures[i].kind;
+    rank_failures += job->failures[i].injected && (kind_takes_rank(kind) || kind_takes_node(kind));
+  }
   check(verdict, run->redone_minibatches <= rank_failures, "redo",
-        "%" PRId64 " minibatches redone for %" PRId64 " failures of ranks (at most one each)",
+        "%" PRId64 " minibatches redone for %" PRId64
+        " failures of ranks and nodes (at most one each)",
         run->redone_minibatches, rank_failures);
   int64_t bitflips = 0;
   for (int64_t i = 0; i < job->next; i++)
@@ -857,11 +1033,13 @@ static void checks_run(const chaos_job *job, const keel__chaos_run *reference, i
         job->two_holders[0] ? job->two_holders
                             : "never two live processes with one rank in one epoch");
   keel__chaos_leaks leaks;
-  keel__chaos_leaks_count(run, job->job_id, &leaks);
-  bool clean = leaks.processes + leaks.shm + leaks.job_files == 0;
+  keel__chaos_leaks_count(run, job->job_id, job->launcher, &leaks);
+  bool clean = leaks.processes + leaks.shm + leaks.job_files + leaks.networks == 0;
   check(verdict, clean, "nothing-left",
-        "%zu processes, %zu shared-memory segments, %zu job files left%s%s", leaks.processes,
-        leaks.shm, leaks.job_files, clean ? "" : ": ", leaks.first);
+        "%zu processes, %zu shared-memory segments, %zu job files, %zu namespaces and links "
+        "left%s%s",
+        leaks.processes, leaks.shm, leaks.job_files, leaks.networks, clean ? "" : ": ",
+        leaks.first);
   flat_check(job, verdict);
 }
 
@@ -974,7 +1152,8 @@ int keel__command_chaos(int argc, char **argv) {
         "usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...] [--every MIN..MAX]\n"
         "                  [--seed S] [--json FILE] [--keep] [--no-reference]\n"
         "                  -- RUN-FLAGS -- PROGRAM ARGS\n"
-        "kinds: kill stop hang bitflip launcher-stop (docs/CHAOS.md)\n");
+        "kinds: kill stop hang bitflip launcher-stop kill-node partition delay"
+        " (docs/CHAOS.md)\n");
     return 0;
   }
   if (code != 0) return code;

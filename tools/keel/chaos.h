@@ -16,11 +16,11 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_LAUNCHER_STOP, /* SIGSTOP to the launcher (and its store), SIGCONT later */
   KEEL__CHAOS_HANG,          /* a rank's training thread blocks for good (keel inject hang) */
   KEEL__CHAOS_BITFLIP,       /* one bit of a rank's state flipped (keel inject bitflip) */
+  KEEL__CHAOS_KILL_NODE,     /* a node's agent and processes killed at once (--agents, --netns) */
+  KEEL__CHAOS_PARTITION,     /* a node's link cut, healed later (--netns) */
+  KEEL__CHAOS_DELAY,         /* a node's frames held back for a while (--agents, --netns) */
   /* The kinds below are named by issue 15 and refused: not supported yet. */
   KEEL__CHAOS_SERVER_KILL,
-  KEEL__CHAOS_KILL_NODE,
-  KEEL__CHAOS_PARTITION,
-  KEEL__CHAOS_DELAY,
   KEEL__CHAOS_ETCD_KILL,
   KEEL__CHAOS_ETCD_STOP,
   KEEL__CHAOS_KIND_COUNT,
@@ -28,17 +28,23 @@ typedef enum keel__chaos_kind {
 
 const char *keel__chaos_kind_name(keel__chaos_kind kind);
 
+#define KEEL__CHAOS_MAX_VICTIMS 32
+
 /* One failure of the schedule and what became of it. */
 typedef struct keel__chaos_failure {
   keel__chaos_kind kind;
   int64_t gap_ns;  /* after the previous injection (the first: after training began) */
-  int64_t target;  /* the rank hit by kill and stop */
-  int64_t hold_ns; /* launcher-stop: how long the launcher stays stopped */
+  int64_t target;  /* the rank hit by kill and stop; for node kinds, which live node */
+  int64_t hold_ns; /* launcher-stop, partition, delay: how long until it is undone */
+  int64_t delay_ns; /* delay: how long each frame of the node waits */
+  int64_t node;     /* node kinds: the node hit; -1 otherwise */
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
-  uint32_t victim_uid; /* kill, stop, hang, bitflip; UINT32_MAX for launcher-stop */
-  pid_t victim_pid;
+  /* The processes hit: a rank's for kill, stop, hang and bitflip; the node's live ones for
+   * kill-node and partition; none for launcher-stop and delay. */
+  uint32_t victims[KEEL__CHAOS_MAX_VICTIMS];
+  size_t victim_count;
   int64_t detect_ns;  /* injection to the recovery's detection; -1: not seen */
   int64_t recover_ns; /* injection to the recovery's end (a server's replacement) */
 } keel__chaos_failure;
@@ -100,18 +106,22 @@ void keel__chaos_run_clear(keel__chaos_run *run);
 void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures, size_t count);
 /* The process of uid in run, or NULL. */
 keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid);
+/* Whether failure hit uid. */
+bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid);
 
 /* What the checks found once the job is over. */
 typedef struct keel__chaos_leaks {
   size_t processes; /* of the job, alive after it ended */
   size_t shm;       /* /dev/shm entries of the job id */
   size_t job_files; /* its job file */
+  size_t networks;  /* namespaces, veths and bridges of its launcher (--netns) */
   char first[320];  /* the first thing left, for the message */
 } keel__chaos_leaks;
 
-/* Counts what job_id's run left behind: processes (by pid and start time), shared memory,
- * its job file. */
-void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id, keel__chaos_leaks *leaks);
+/* Counts what job_id's run (its launcher: launcher) left behind: processes (by pid and start
+ * time), shared memory, its job file, its network namespaces. */
+void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id, pid_t launcher,
+                             keel__chaos_leaks *leaks);
 /* Kills (SIGKILL) every process of run still alive with its recorded start time. */
 void keel__chaos_processes_kill(const keel__chaos_run *run);
 /* The start time of pid in clock ticks since boot (field 22 of /proc/pid/stat); 0 if gone. */

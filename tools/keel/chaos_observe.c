@@ -14,6 +14,7 @@
 
 #include "chaos.h"
 #include "keel/core.h"
+#include "netns.h"
 #include "tool.h"
 
 keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid) {
@@ -150,12 +151,19 @@ static void fence_read(keel__chaos_run *run, json_t *event) {
   if (p != NULL) p->fenced = true;
 }
 
+bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid) {
+  for (size_t i = 0; i < failure->victim_count; i++)
+    if (failure->victims[i] == uid) return true;
+  return false;
+}
+
 /* The injected failure whose victim is uid and that no recovery has yet been matched to. */
 static keel__chaos_failure *failure_of_victim(keel__chaos_failure *failures, size_t count,
                                               uint32_t uid, int64_t t_ns) {
   for (size_t i = 0; i < count; i++) {
     keel__chaos_failure *f = &failures[i];
-    if (f->injected && f->victim_uid == uid && f->recover_ns < 0 && f->injected_ns <= t_ns)
+    if (f->injected && keel__chaos_failure_hit(f, uid) && f->recover_ns < 0 &&
+        f->injected_ns <= t_ns)
       return f;
   }
   return NULL;
@@ -233,7 +241,10 @@ static void store_read(keel__chaos_run *run, json_t *event) {
   char when[16] = "";
   keel__json_string(event, "when", when, sizeof when);
   if (strcmp(when, "recovery") != 0 || run->store_key_count == KEEL__CHAOS_MAX_SAMPLES) return;
-  run->store_keys[run->store_key_count++] = (long)keel__json_int_or(event, "keys", 0);
+  /* The keys that do not follow the live processes (a replenished spare pool is bigger);
+   * all keys from a launcher that does not say. */
+  int64_t keys = keel__json_int_or(event, "keys", 0);
+  run->store_keys[run->store_key_count++] = (long)keel__json_int_or(event, "residue", keys);
 }
 
 static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure *failures,
@@ -298,7 +309,7 @@ static void leak_note(keel__chaos_leaks *leaks, const char *what) {
   if (leaks->first[0] == '\0') snprintf(leaks->first, sizeof leaks->first, "%s", what);
 }
 
-void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id,
+void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id, pid_t launcher,
                              keel__chaos_leaks *leaks) {
   *leaks = (keel__chaos_leaks){0};
   char what[320];
@@ -324,6 +335,8 @@ void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id,
     leaks->job_files++;
     leak_note(leaks, what);
   }
+  leaks->networks = keel__netns_owned_count(launcher, what, sizeof what);
+  if (leaks->networks > 0) leak_note(leaks, what);
 }
 
 void keel__chaos_processes_kill(const keel__chaos_run *run) {

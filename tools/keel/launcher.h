@@ -394,6 +394,17 @@ void keel__agent_close(keel__launcher *launcher);
  * partition) while the job goes on; true when the node should rejoin as a spare node. The
  * launcher's loop is over by then: every process of the node is dead. */
 bool keel__agent_rejoin_wait(keel__launcher *launcher);
+/* Set for an agent that starts as a spare node in a node's place (the same agent after its
+ * fence and heal, or a new one for a killed node): how many of the node's own uids (past
+ * its workers') are used. */
+#define KEEL__AGENT_REJOIN_VARIABLE "KEEL_AGENT_REJOIN"
+/* Records (in the store, without a lease) how many of node's own uids are used; the count
+ * recorded, 0 when none is. */
+void keel__agent_uids_note(keel_store *store, int64_t node, int64_t used);
+int64_t keel__agent_uids_used(keel_store *store, int64_t node);
+/* The first of node's own uids (its spares' and respawned processes'), stride of them. */
+uint32_t keel__agent_first_extra_uid(const keel__run_options *options, int64_t node);
+uint32_t keel__agent_uid_stride(const keel__run_options *options);
 /* Starts this agent again (same pid, group and namespace) as a spare node: KEEL_AGENT_REJOIN
  * tells the new one which of the node's uids are used. Returns only when the exec failed. */
 void keel__agent_rejoin_exec(const keel__run_options *options, int64_t extras_started);

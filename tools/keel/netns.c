@@ -526,6 +526,27 @@ static keel_status stale_remove(size_t *removed_p) {
   return first_failure;
 }
 
+size_t keel__netns_owned_count(pid_t owner, char *first, size_t capacity) {
+  static const stale_pass passes[] = {
+      {NETNS_FOLDER, namespace_owner, "netns", "namespace"},
+      {LINK_FOLDER, link_owner, "link", "veth"},
+      {LINK_FOLDER, bridge_owner, "link", "bridge"},
+  };
+  size_t count = 0;
+  for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
+    DIR *folder = opendir(passes[i].folder);
+    if (folder == NULL) continue;
+    for (struct dirent *entry = readdir(folder); entry != NULL; entry = readdir(folder)) {
+      pid_t found;
+      if (!passes[i].owner(entry->d_name, &found) || found != owner) continue;
+      if (count++ == 0 && capacity > 0)
+        snprintf(first, capacity, "%s %s", passes[i].what, entry->d_name);
+    }
+    closedir(folder);
+  }
+  return count;
+}
+
 /* Serialises the choice of a /24 and the stale cleanup among the keel processes of the
  * host. An flock goes away with its holder, so a killed launcher blocks nobody. Returns the
  * locked descriptor, or -1 with error set. */

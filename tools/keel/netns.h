@@ -89,6 +89,9 @@ keel_status keel__netns_partitioned(const keel__netns *net, size_t node, bool *p
  * removed goes to *removed_p (may be NULL). Failures are logged and skipped; returns the
  * first. */
 keel_status keel__netns_cleanup_stale(size_t *removed_p);
+/* How many namespaces, veths and bridges named after owner exist now (what a job whose
+ * launcher was owner left behind); the first one's kind and name in first. */
+size_t keel__netns_owned_count(pid_t owner, char *first, size_t capacity);
 
 /* Runs argv (argv[0] "ip" or "tc", found in PATH or the sbin folders a root PATH may lack)
  * with posix_spawn, never a shell, and kills it by pid once timeout_ns (> 0) has passed

@@ -210,15 +210,41 @@ static void launcher_respawn(keel__launcher *launcher, const keel__child *failed
                      (unsigned)failed->uid);
 }
 
+/* The epoch of an agree/ or decide/ key ("agree/00000003/..."); -1 for other keys. */
+static int64_t agreement_epoch(const char *key) {
+  const char *slash = strchr(key, '/');
+  bool agreement = strncmp(key, "agree/", 6) == 0 || strncmp(key, "decide/", 7) == 0;
+  return agreement && slash != NULL ? strtoll(slash + 1, NULL, 10) : -1;
+}
+
+/* Whether key follows the live processes (proc/, spare/), the two newest agreements or the
+ * nodes (node/<i>, event/node/<i>, decision/node/<i>, root): its count moves with the job's
+ * size, not with its age. */
+static bool key_is_live(const char *key, int64_t newest_epoch) {
+  static const char *const sized[] = {"proc/",       "spare/",         "node/",
+                                      "event/node/", "decision/node/", "uids/node/"};
+  for (size_t i = 0; i < sizeof sized / sizeof sized[0]; i++)
+    if (strncmp(key, sized[i], strlen(sized[i])) == 0) return true;
+  if (strcmp(key, "root") == 0) return true;
+  int64_t epoch = agreement_epoch(key);
+  return epoch >= 0 && epoch + 1 >= newest_epoch;
+}
+
 void keel__launcher_store_census(keel__launcher *launcher, const char *when) {
   keel_store_entry *entries = NULL;
   size_t count = 0;
   if (keel_store_list(launcher->store, "", &entries, &count, NULL) != KEEL_OK) return;
-  size_t bytes = 0;
-  for (size_t i = 0; i < count; i++) bytes += strlen(entries[i].key) + entries[i].value_length;
+  size_t bytes = 0, residue = 0;
+  int64_t newest_epoch = -1;
+  for (size_t i = 0; i < count; i++) {
+    bytes += strlen(entries[i].key) + entries[i].value_length;
+    int64_t epoch = agreement_epoch(entries[i].key);
+    if (epoch > newest_epoch) newest_epoch = epoch;
+  }
+  for (size_t i = 0; i < count; i++) residue += !key_is_live(entries[i].key, newest_epoch);
   keel_store_entries_free(entries, count);
-  keel__event_emit(launcher, "store", "\"when\":\"%s\",\"keys\":%zu,\"bytes\":%zu", when, count,
-                   bytes);
+  keel__event_emit(launcher, "store", "\"when\":\"%s\",\"keys\":%zu,\"bytes\":%zu,\"residue\":%zu",
+                   when, count, bytes, residue);
 }
 
 /* With --failure-domain node, a failed worker takes its node down with it. */

@@ -22,7 +22,6 @@
 /* How long a fence waits to see its SIGKILLs take effect (a process in uninterruptible sleep
  * may take longer; the event then says how many were dead). */
 #define FENCE_WAIT_NS (SECOND_NS / 2)
-#define REJOIN_VARIABLE "KEEL_AGENT_REJOIN"
 
 /* The fencing timing (docs/NODES.md): keepalives every ttl/8, each request bounded by ttl/8,
  * and the node fences itself once no keepalive sent in the last 5/8 ttl was answered. A
@@ -36,10 +35,10 @@ static int64_t fence_after_ns(const keel__agent_state *agent) { return agent->tt
  * spares take the node's uids that its first life left unused. */
 static void agent_rejoin_init(keel__launcher *launcher) {
   keel__agent_state *agent = &launcher->agent;
-  const char *text = getenv(REJOIN_VARIABLE);
+  const char *text = getenv(KEEL__AGENT_REJOIN_VARIABLE);
   int64_t used;
   if (text == NULL || keel_parse_int(text, 0, agent->uid_stride, &used) != KEEL_OK) return;
-  unsetenv(REJOIN_VARIABLE); /* not for its children */
+  unsetenv(KEEL__AGENT_REJOIN_VARIABLE); /* not for its children */
   int64_t wanted = launcher->options.nproc_per_node + launcher->options.spares;
   int64_t room = (int64_t)agent->uid_stride - used;
   agent->rejoined = true;
@@ -60,14 +59,22 @@ void keel__agent_init(keel__launcher *launcher) {
   agent->workers = spare_node || late_node ? 0 : options->nproc_per_node;
   agent->joiners = late_node ? options->nproc_per_node : 0;
   agent->spares = spare_node ? options->nproc_per_node + options->spares : options->spares;
-  /* Every agent computes the same stride from the same flags. */
-  agent->uid_stride = (uint32_t)(options->nproc_per_node + options->spares + options->max_restarts);
+  agent->uid_stride = keel__agent_uid_stride(options);
   launcher->child_capacity = (size_t)agent->uid_stride;
   agent_rejoin_init(launcher);
   agent->ttl_ns = options->heartbeat_ns;
   agent->lease_confirmed_ns = keel_now_ns();
   /* Agents on one host share its terminal with their supervisor, which draws the line. */
   if (agent->supervised) launcher->options.quiet = true;
+}
+
+/* Every agent computes the same stride from the same flags. */
+uint32_t keel__agent_uid_stride(const keel__run_options *options) {
+  return (uint32_t)(options->nproc_per_node + options->spares + options->max_restarts);
+}
+
+uint32_t keel__agent_first_extra_uid(const keel__run_options *options, int64_t node) {
+  return (uint32_t)(options->max_world + node * keel__agent_uid_stride(options));
 }
 
 uint32_t keel__agent_next_uid(keel__launcher *launcher, keel__role role) {
@@ -78,7 +85,36 @@ uint32_t keel__agent_next_uid(keel__launcher *launcher, keel__role role) {
     return (uint32_t)(agent->node * options->nproc_per_node + agent->workers_started++);
   if (role == KEEL__ROLE_JOINER && agent->joiners_started < agent->joiners)
     return (uint32_t)(agent->node * options->nproc_per_node + agent->joiners_started++);
-  return (uint32_t)(options->max_world + agent->node * agent->uid_stride + agent->extras_started++);
+  uint32_t uid =
+      keel__agent_first_extra_uid(options, agent->node) + (uint32_t)agent->extras_started++;
+  keel__agent_uids_note(launcher->store, agent->node, agent->extras_started);
+  return uid;
+}
+
+/* uids/node/<i>: how many of the node's own uids its lives used, kept without a lease so
+ * that a node started again after its agent was killed never gives a uid twice (the dead/
+ * keys of old processes are collected; a uid the survivors saw fail stays failed to them,
+ * and a spare that had it would never be admitted). */
+void keel__agent_uids_note(keel_store *store, int64_t node, int64_t used) {
+  char key[48], value[24];
+  snprintf(key, sizeof key, "uids/node/%lld", (long long)node);
+  int length = snprintf(value, sizeof value, "%lld", (long long)used);
+  keel_status status = keel_store_put(store, key, value, (size_t)length, 0, NULL);
+  if (status != KEEL_OK)
+    KEEL_LOG_W("agent", "node %lld: cannot record its uids in use: %s", (long long)node,
+               keel_strerror(status));
+}
+
+int64_t keel__agent_uids_used(keel_store *store, int64_t node) {
+  char key[48];
+  snprintf(key, sizeof key, "uids/node/%lld", (long long)node);
+  keel_store_entry *entry = NULL;
+  int64_t used = 0;
+  if (keel_store_get(store, key, &entry) == KEEL_OK &&
+      keel_parse_int((const char *)entry->value, 0, INT64_MAX, &used) != KEEL_OK)
+    used = 0;
+  keel_store_entry_free(entry);
+  return used;
 }
 
 uint32_t keel__agent_uid_limit(const keel__launcher *launcher) {
@@ -292,9 +328,26 @@ static bool ranks_held_anywhere(keel__launcher *launcher, bool *known_p) {
   return held;
 }
 
+/* Whether some process left in order (keel_finalize's left/<uid>) while it held a rank: the
+ * ranks finished, rather than all died before anyone could take their place. */
+static bool ranks_finished(keel__launcher *launcher) {
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(launcher->store, "left/", &entries, &count, NULL) != KEEL_OK) return true;
+  bool finished = false;
+  for (size_t i = 0; i < count && !finished; i++) {
+    const char *rank = strstr((const char *)entries[i].value, "rank=");
+    finished = rank != NULL && rank[5] >= '0' && rank[5] <= '9';
+  }
+  keel_store_entries_free(entries, count);
+  return finished;
+}
+
 /* A node whose processes hold no rank ends with the job: when no process of any node holds
  * one any more (once some did: a spare node's agent may look before the workers are up), or
- * when another agent has said so. */
+ * when another agent has said so. No rank held and none finished: every holder of some rank
+ * died before a spare could take its state (failures faster than recoveries), and the job
+ * failed, whatever this node's spares say. */
 void keel__agent_check_end(keel__launcher *launcher) {
   if (launcher->phase != KEEL__PHASE_RUNNING) return;
   if (keel__children_alive(launcher, true) > 0) return;
@@ -302,8 +355,18 @@ void keel__agent_check_end(keel__launcher *launcher) {
   if (keel__children_alive(launcher, true) > 0) return;
   bool known;
   bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
-  if (over || keel__store_has(launcher->store, "job/done"))
-    keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
+  if (keel__store_has(launcher->store, "job/done"))
+    over = true;
+  else if (over && !ranks_finished(launcher)) {
+    KEEL_LOG_E("agent",
+               "node %lld: no process of the job holds a rank and none finished: "
+               "the ranks' last holders died before spares could take their state",
+               (long long)launcher->agent.node);
+    keel__event_emit(launcher, "ranks_lost", "\"node\":%lld", (long long)launcher->agent.node);
+    keel__launcher_begin_ending(launcher, KEEL__EXIT_FAILURE);
+    return;
+  }
+  if (over) keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
 }
 
 /* A SIGINT or SIGTERM that came while waiting: the supervisor or the user stops the node. */
@@ -357,7 +420,7 @@ void keel__agent_rejoin_exec(const keel__run_options *options, int64_t extras_st
   argv[0] = "keel";
   for (int i = 0; i < options->argc; i++) argv[1 + i] = options->argv[i];
   snprintf(used, sizeof used, "%lld", (long long)extras_started);
-  setenv(REJOIN_VARIABLE, used, 1);
+  setenv(KEEL__AGENT_REJOIN_VARIABLE, used, 1);
   execv(path, argv);
   KEEL_LOG_E("agent", "cannot start again as a spare node: %s: %s", path, strerror(errno));
   free(argv);

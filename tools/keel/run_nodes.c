@@ -35,8 +35,8 @@ typedef struct node_agent {
 
 typedef struct nodes_supervisor {
   keel__launcher base; /* signals, store, events file, job file */
-  node_agent *agents;
-  size_t agent_count;
+  node_agent *agents;  /* every agent started, respawned ones too */
+  size_t agent_count, agent_capacity;
   keel__netns *net; /* --netns: each node's namespace; NULL: the nodes share this host's */
   uint64_t exits;
   bool stopping;
@@ -48,25 +48,28 @@ typedef struct nodes_supervisor {
 /* ---- starting the agents */
 typedef struct agent_environment {
   char **envp;
-  char own[5][600]; /* KEEL_AGENT_OF, KEEL_STORE, KEEL_JOB_ID, KEEL_JOB_TOKEN, KEEL_HOST */
+  /* KEEL_AGENT_OF, KEEL_STORE, KEEL_JOB_ID, KEEL_JOB_TOKEN, KEEL_HOST, KEEL_AGENT_REJOIN */
+  char own[6][600];
 } agent_environment;
 
 static bool is_agent_variable(const char *entry) {
   static const char *const names[] = {
-      "KEEL_AGENT_OF=", "KEEL_STORE=", "KEEL_JOB_ID=", "KEEL_JOB_TOKEN=", "KEEL_HOST="};
+      "KEEL_AGENT_OF=",  "KEEL_STORE=", "KEEL_JOB_ID=",
+      "KEEL_JOB_TOKEN=", "KEEL_HOST=",  KEEL__AGENT_REJOIN_VARIABLE "="};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strncmp(entry, names[i], strlen(names[i])) == 0) return true;
   return false;
 }
 
 /* Built before fork: the supervisor has threads (the store's), so the child may only make
- * async-signal-safe calls. */
+ * async-signal-safe calls. rejoin_used >= 0: the agent starts as a spare node in a killed
+ * node's place, that many of the node's own uids used. */
 static keel_status agent_environment_build(const nodes_supervisor *supervisor, int64_t node,
-                                           agent_environment *environment) {
+                                           int64_t rejoin_used, agent_environment *environment) {
   const keel__launcher *base = &supervisor->base;
   size_t inherited = 0;
   while (environ[inherited] != NULL) inherited++;
-  environment->envp = calloc(inherited + 6, sizeof *environment->envp);
+  environment->envp = calloc(inherited + 7, sizeof *environment->envp);
   if (environment->envp == NULL) return KEEL_ENOMEM;
   size_t used = 0;
   for (size_t i = 0; i < inherited; i++)
@@ -83,6 +86,9 @@ static keel_status agent_environment_build(const nodes_supervisor *supervisor, i
   if (supervisor->net != NULL)
     snprintf(environment->own[own++], sizeof environment->own[0], "KEEL_HOST=%s",
              keel__netns_node_address(supervisor->net, (size_t)node));
+  if (rejoin_used >= 0)
+    snprintf(environment->own[own++], sizeof environment->own[0], "%s=%lld",
+             KEEL__AGENT_REJOIN_VARIABLE, (long long)rejoin_used);
   for (size_t i = 0; i < own; i++) environment->envp[used++] = environment->own[i];
   return KEEL_OK;
 }
@@ -99,12 +105,25 @@ static char **agent_argv_build(const keel__run_options *options, char *node_text
   return argv;
 }
 
-static keel_status agent_spawn(nodes_supervisor *supervisor, int64_t node) {
+/* Room for one more agent in the table (a respawned node's agent is a new entry). */
+static keel_status agents_grow(nodes_supervisor *supervisor) {
+  if (supervisor->agent_count < supervisor->agent_capacity) return KEEL_OK;
+  size_t capacity = supervisor->agent_capacity ? 2 * supervisor->agent_capacity : 4;
+  node_agent *more = realloc(supervisor->agents, capacity * sizeof *more);
+  if (more == NULL) return KEEL_ENOMEM;
+  supervisor->agents = more;
+  supervisor->agent_capacity = capacity;
+  return KEEL_OK;
+}
+
+static keel_status agent_spawn(nodes_supervisor *supervisor, int64_t node, int64_t rejoin_used) {
   keel__launcher *base = &supervisor->base;
   char node_text[24];
   snprintf(node_text, sizeof node_text, "%lld", (long long)node);
+  keel_status status = agents_grow(supervisor);
+  if (status != KEEL_OK) return status;
   agent_environment environment;
-  keel_status status = agent_environment_build(supervisor, node, &environment);
+  status = agent_environment_build(supervisor, node, rejoin_used, &environment);
   if (status != KEEL_OK) return status;
   char **argv = agent_argv_build(&base->options, node_text);
   if (argv == NULL) {
@@ -133,7 +152,8 @@ static keel_status agent_spawn(nodes_supervisor *supervisor, int64_t node) {
   setpgid(pid, pid); /* also here, so that no signal to the group can come before it exists */
   supervisor->agents[supervisor->agent_count++] =
       (node_agent){.pid = pid, .node = node, .alive = true};
-  keel__event_emit(base, "agent_spawn", "\"node\":%lld,\"pid\":%ld", (long long)node, (long)pid);
+  keel__event_emit(base, "agent_spawn", "\"node\":%lld,\"pid\":%ld,\"respawn\":%s", (long long)node,
+                   (long)pid, rejoin_used >= 0 ? "true" : "false");
   return KEEL_OK;
 }
 
@@ -181,6 +201,51 @@ static bool agent_account(nodes_supervisor *supervisor, node_agent *agent) {
   KEEL_LOG_W("keel run", "node %lld is gone (agent %s): %zu of its processes marked dead",
              (long long)agent->node, outcome, marked);
   return true;
+}
+
+/* How many of node's own uids (spares, respawned processes) any life of it used: what its
+ * agents recorded (uids/node/<i>), or one past the highest the store knows of, live (proc/)
+ * or dead (dead/), whichever is more. */
+static int64_t node_extras_used(keel_store *store, const keel__run_options *options, int64_t node) {
+  uint32_t first = keel__agent_first_extra_uid(options, node);
+  uint32_t stride = keel__agent_uid_stride(options);
+  static const char *const prefixes[] = {"proc/", "dead/"};
+  int64_t used = keel__agent_uids_used(store, node);
+  for (size_t p = 0; p < 2; p++) {
+    keel_store_entry *entries = NULL;
+    size_t count = 0;
+    if (keel_store_list(store, prefixes[p], &entries, &count, NULL) != KEEL_OK) return -1;
+    for (size_t i = 0; i < count; i++) {
+      uint32_t uid;
+      if (keel__uid_from_key(entries[i].key, prefixes[p], &uid) != KEEL_OK) continue;
+      if (uid >= first && uid < first + stride && (int64_t)(uid - first) + 1 > used)
+        used = (int64_t)(uid - first) + 1;
+    }
+    keel_store_entries_free(entries, count);
+  }
+  return used;
+}
+
+/* With --spare-nodes, a node that was killed (its agent ended by a signal: the host died)
+ * comes back as a spare node, as a replaced host does: the job keeps its spare nodes over
+ * any number of node failures, while the node has uids left (--max-restarts sizes them). A
+ * node that ended any other way (fenced, finished, stopped) is not started again. */
+static void node_respawn(nodes_supervisor *supervisor, int64_t node, int wait_status) {
+  keel__launcher *base = &supervisor->base;
+  const keel__run_options *options = &base->options;
+  if (options->spare_nodes == 0 || supervisor->stopping || !WIFSIGNALED(wait_status)) return;
+  if (keel__store_has(base->store, "job/done")) return;
+  int64_t used = node_extras_used(base->store, options, node);
+  int64_t room = (int64_t)keel__agent_uid_stride(options) - used;
+  if (used < 0 || room <= 0) {
+    KEEL_LOG_W("keel run", "node %lld is not started again: %s", (long long)node,
+               used < 0 ? "its uids cannot be read from the store" : "no uid of it is left");
+    return;
+  }
+  if (agent_spawn(supervisor, node, used) != KEEL_OK) return;
+  keel__event_emit(base, "node_respawn", "\"node\":%lld,\"uids_used\":%lld,\"uids_left\":%lld",
+                   (long long)node, (long long)used, (long long)room);
+  keel__display_note(base, "node %lld starts again as a spare node", (long long)node);
 }
 
 static node_agent *agent_by_pid(nodes_supervisor *supervisor, pid_t pid) {
@@ -245,7 +310,7 @@ static int late_agents_spawn(nodes_supervisor *supervisor) {
     return -1;
   const keel__run_options *options = &supervisor->base.options;
   for (int64_t node = options->nnodes_min; node < options->nnodes; node++) {
-    if (agent_spawn(supervisor, node) == KEEL_OK) continue;
+    if (agent_spawn(supervisor, node, -1) == KEEL_OK) continue;
     agents_signal(supervisor, SIGKILL, true);
     return KEEL__EXIT_FAILURE;
   }
@@ -286,7 +351,14 @@ static void supervisor_loop(nodes_supervisor *supervisor, int64_t timeout_deadli
     bool pending = false;
     for (size_t i = 0; i < supervisor->agent_count; i++) {
       node_agent *agent = &supervisor->agents[i];
-      if (!agent->alive && !agent->accounted) pending |= !agent_account(supervisor, agent);
+      if (agent->alive || agent->accounted) continue;
+      if (!agent_account(supervisor, agent)) {
+        pending = true;
+        continue;
+      }
+      /* Copied out: a respawn may move the table. */
+      node_agent ended = *agent;
+      node_respawn(supervisor, ended.node, ended.wait_status);
     }
     if (supervisor_finished(supervisor)) break;
     int64_t next = pending ? keel_deadline_after_ns(GROUP_POLL_NS) : timeout_deadline_ns;
@@ -343,8 +415,7 @@ int keel__nodes_run(const keel__run_options *options) {
   int exit_code = KEEL__EXIT_FAILURE;
   ssize_t length = readlink("/proc/self/exe", base->program_path, sizeof base->program_path - 1);
   size_t nodes = (size_t)(options->nnodes + options->spare_nodes);
-  supervisor->agents = calloc(nodes, sizeof *supervisor->agents);
-  if (length <= 0 || supervisor->agents == NULL) goto free_supervisor;
+  if (length <= 0) goto free_supervisor;
   base->program_path[length] = '\0';
   /* Orphans of a dead agent come to this process, which tells when a node is empty. */
   prctl(PR_SET_CHILD_SUBREAPER, 1);
@@ -359,7 +430,7 @@ int keel__nodes_run(const keel__run_options *options) {
   for (size_t node = 0; node < nodes && exit_override < 0; node++) {
     supervisor->late_pending |= node_comes_late(options, (int64_t)node);
     if (node_comes_late(options, (int64_t)node)) continue;
-    if (agent_spawn(supervisor, (int64_t)node) == KEEL_OK) continue;
+    if (agent_spawn(supervisor, (int64_t)node, -1) == KEEL_OK) continue;
     agents_signal(supervisor, SIGKILL, true);
     exit_override = KEEL__EXIT_FAILURE;
   }
