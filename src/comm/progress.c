@@ -493,16 +493,20 @@ keel_status keel__progress(keel_endpoint *endpoint, int64_t deadline_ns) {
   int ready = poll(pollers, count, wake == 0 ? 0 : keel_poll_timeout_ms(wake));
   if (first_release != 0) release_held_frames(endpoint);
   if (ready <= 0) return ready == 0 ? KEEL_EAGAIN : KEEL_OK;
+  bool links_waiting = false;
   for (nfds_t i = 0; i < count; i++) {
     if (pollers[i].revents == 0) continue;
     keel__peer *peer = owners[i];
     if (peer == NULL) {
-      keel__take_accepted_links(endpoint);
+      links_waiting = true;
       continue;
     }
     if (pollers[i].revents & (POLLIN | POLLHUP | POLLERR)) peer_pull(endpoint, peer);
     if (!peer->failed && (pollers[i].revents & POLLOUT)) peer_push(endpoint, peer);
   }
+  /* Last: taking links in may grow the poll list, which moves the arrays read above (a
+   * job whose spares came back linked past the list's room and crashed here). */
+  if (links_waiting) keel__take_accepted_links(endpoint);
   return KEEL_OK;
 }
 

@@ -332,5 +332,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_nodes),
       cmocka_unit_test(test_chaos_netns_nodes),
   };
+  /* KEEL_TEST_FILTER=test_chaos_*nodes runs only the cases it names. */
+  if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
   return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -641,6 +641,82 @@ static void link_to_a_peer_declared_dead_gives_up(void **state) {
   assert_true(waited_ms >= 150 && waited_ms < 5000);
 }
 
+/* Every uid listens at the hub's address: the spokes link to the hub (uid 0). */
+static char hub_address[128];
+
+static keel_status hub_address_of(void *context, uint32_t uid, char *address, size_t capacity) {
+  (void)context, (void)uid;
+  snprintf(address, capacity, "%s", hub_address);
+  return KEEL_OK;
+}
+
+static const keel_membership_ops hub_membership = {
+    .address = hub_address_of,
+    .suspect = suspect_nobody,
+    .interrupted = never_interrupted,
+};
+
+#define SPOKES 20
+#define HUB_ROOM 16 /* links the hub's poll list holds before it first grows */
+
+/* Drives the hub until it has taken in count links. */
+static void hub_takes_in(keel_endpoint *hub, size_t count) {
+  int64_t deadline = keel_deadline_after_ns(5000000000);
+  while (hub->linked_count < count && keel_now_ns() < deadline)
+    keel__progress(hub, keel_deadline_after_ns(50000000));
+  assert_int_equal(hub->linked_count, count);
+}
+
+/* One turn of the progress loop takes in waiting links while links already polled have
+ * news (here: their peers closed). Taking the links in grows the poll list past its room,
+ * which moves it; the turn must not read the old list afterwards (a job whose spare nodes
+ * came back crashed there, SIGSEGV; ASan calls it a use after free). */
+static void links_taken_in_while_others_have_news(void **state) {
+  (void)state;
+  keel_auth auth;
+  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
+  keel_store_server *server = NULL;
+  assert_int_equal(keel_store_server_start("127.0.0.1:0", &auth, &server), KEEL_OK);
+  keel_store *store = NULL;
+  assert_int_equal(keel_store_connect(keel_store_server_address(server), &auth,
+                                      keel_deadline_after_ns(5000000000), &store),
+                   KEEL_OK);
+  keel_endpoint *hub = NULL, *spokes[SPOKES] = {0};
+  for (uint32_t uid = 0; uid <= SPOKES; uid++) {
+    keel_endpoint_config config = {.uid = uid,
+                                   .auth = auth,
+                                   .store = store,
+                                   .failure_detection = true,
+                                   .membership = &hub_membership};
+    assert_int_equal(keel_endpoint_create(&config, uid == 0 ? &hub : &spokes[uid - 1]), KEEL_OK);
+    if (uid == 0) snprintf(hub_address, sizeof hub_address, "%s", keel_endpoint_address(hub));
+  }
+  int64_t deadline = keel_deadline_after_ns(5000000000);
+  for (int i = 0; i < HUB_ROOM; i++)
+    assert_int_equal(keel_endpoint_link(spokes[i], 0, deadline), KEEL_OK);
+  hub_takes_in(hub, HUB_ROOM);
+  /* At once: links waiting to be taken in, and polled links whose peers closed. */
+  for (int i = HUB_ROOM; i < SPOKES; i++)
+    assert_int_equal(keel_endpoint_link(spokes[i], 0, deadline), KEEL_OK);
+  for (int i = 0; i < HUB_ROOM / 2; i++) {
+    keel_endpoint_close(spokes[i], 0);
+    spokes[i] = NULL;
+  }
+  struct timespec pause = {0, 100 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  hub_takes_in(hub, SPOKES);
+  /* The closed ones were seen to fail, in the same turn or the next. */
+  for (int turn = 0; turn < 20 && !keel__peer_find(hub, HUB_ROOM / 2)->failed; turn++)
+    keel__progress(hub, keel_deadline_after_ns(50000000));
+  for (uint32_t uid = 1; uid <= HUB_ROOM / 2; uid++) assert_true(keel__peer_find(hub, uid)->failed);
+  for (uint32_t uid = HUB_ROOM / 2 + 1; uid <= SPOKES; uid++)
+    assert_false(keel__peer_find(hub, uid)->failed);
+  for (int i = 0; i < SPOKES; i++) keel_endpoint_close(spokes[i], 0);
+  keel_endpoint_close(hub, 0);
+  keel_store_close(store);
+  keel_store_server_stop(server);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_match_reference),
@@ -659,6 +735,7 @@ int main(void) {
       cmocka_unit_test(standalone_world_of_one),
       cmocka_unit_test(exit_codes_follow_statuses),
       cmocka_unit_test(link_to_a_peer_declared_dead_gives_up),
+      cmocka_unit_test(links_taken_in_while_others_have_news),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

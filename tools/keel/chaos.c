@@ -959,21 +959,25 @@ static bool series_flat(long rise, size_t count, size_t minimum) {
  * allocator keeps what it was given. */
 static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
   const keel__chaos_run *run = job->run;
-  const keel__chaos_process *longest = NULL;
-  bool flat = true;
+  const keel__chaos_process *longest = NULL, *rising = NULL;
   for (size_t i = 0; i < run->process_count; i++) {
     const keel__chaos_process *p = &run->processes[i];
     if (p->samples == 0) continue;
     if (longest == NULL || p->samples > longest->samples) longest = p;
-    flat = flat && series_flat(floor_rise(p->fds, p->samples), p->samples, MIN_PROCESS_SERIES) &&
-           series_flat(floor_rise(p->threads, p->samples), p->samples, MIN_PROCESS_SERIES);
+    bool flat = series_flat(floor_rise(p->fds, p->samples), p->samples, MIN_PROCESS_SERIES) &&
+                series_flat(floor_rise(p->threads, p->samples), p->samples, MIN_PROCESS_SERIES);
+    if (!flat && rising == NULL) rising = p;
   }
+  /* The one that rose is shown, else the one sampled longest. */
+  bool flat = rising == NULL;
+  if (rising != NULL) longest = rising;
   if (longest == NULL) {
     check(verdict, true, "survivors-flat", "no survivor was sampled (no recovery)");
   } else {
     size_t n = longest->samples;
     check(verdict, flat, "survivors-flat",
-          "uid %u, sampled after %zu recoveries: fds %ld -> %ld, threads %ld -> %ld, rss %.1f ->"
+          "uid %u, sampled after %zu recoveries: fds beyond one per live process %ld -> %ld, "
+          "threads %ld -> %ld, rss %.1f ->"
           " %.1f MiB (floors: fds %+ld, threads %+ld)%s",
           (unsigned)longest->uid, n, longest->fds[0], longest->fds[n - 1], longest->threads[0],
           longest->threads[n - 1], (double)longest->rss_kib[0] / 1024,

@@ -61,7 +61,7 @@ typedef struct keel__chaos_process {
   char ended[32]; /* "code 0", "SIGKILL" */
   /* /proc samples after each recovery it lived through (allocated; freed with the run) */
   size_t samples;
-  long *fds, *threads, *rss_kib;
+  long *fds, *threads, *rss_kib; /* fds: less one per live process of the job */
 } keel__chaos_process;
 
 /* A finisher's `finish` event. */

@@ -80,9 +80,19 @@ static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
   return *threads_p >= 0 && *rss_kib_p >= 0;
 }
 
+/* The job's processes that live now, as its events tell (agents aside). */
+static long live_processes(const keel__chaos_run *run) {
+  long live = 0;
+  for (size_t i = 0; i < run->process_count; i++)
+    live += !run->processes[i].exited && !run->processes[i].agent;
+  return live;
+}
+
 /* Only rank holders are sampled: a spare that takes a rank opens its links then, which is
- * no leak. */
-static void process_sample(keel__chaos_process *p) {
+ * no leak. Its fds are counted beyond one per live process of the job: a process links to
+ * its peers, and a job whose spare nodes came back holds more of them than before, which is
+ * no leak either. */
+static void process_sample(keel__chaos_process *p, long live) {
   if (p->exited || !p->holds_rank || !process_alive(p)) return;
   char state = 0;
   int parent = 0;
@@ -101,7 +111,7 @@ static void process_sample(keel__chaos_process *p) {
     if (rss_more != NULL) p->rss_kib = rss_more;
     if (fds_more == NULL || threads_more == NULL || rss_more == NULL) return;
   }
-  p->fds[p->samples] = fds;
+  p->fds[p->samples] = fds - live;
   p->threads[p->samples] = threads;
   p->rss_kib[p->samples] = rss;
   p->samples++;
@@ -200,7 +210,8 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
     if (p != NULL) p->holds_rank = true;
   }
   /* The survivors are sampled now, while the next failure has not yet come. */
-  for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i]);
+  long live = live_processes(run);
+  for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i], live);
   run->sampled_recoveries++;
 }
 
