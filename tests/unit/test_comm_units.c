@@ -604,6 +604,15 @@ static void *declare_uid_0_dead_later(void *argument) {
   return NULL;
 }
 
+/* A fresh job's auth, an embedded store server for it, and a client of it. */
+static void store_start(keel_auth *auth, keel_store_server **server_p, keel_store **store_p) {
+  assert_int_equal(keel_auth_generate(auth), KEEL_OK);
+  assert_int_equal(keel_store_server_start("127.0.0.1:0", auth, server_p), KEEL_OK);
+  assert_int_equal(keel_store_connect(keel_store_server_address(*server_p), auth,
+                                      keel_deadline_after_ns(5000000000), store_p),
+                   KEEL_OK);
+}
+
 /* A link to a peer whose port refuses is retried until the deadline (it may not listen yet),
  * but not once the job declares the peer dead: then it fails at once, as a dead peer. */
 static void link_to_a_peer_declared_dead_gives_up(void **state) {
@@ -613,13 +622,9 @@ static void link_to_a_peer_declared_dead_gives_up(void **state) {
   snprintf(closed_address, sizeof closed_address, "%s", keel_listener_address(listener));
   keel_listener_close(listener);
   keel_auth auth;
-  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
   keel_store_server *server = NULL;
-  assert_int_equal(keel_store_server_start("127.0.0.1:0", &auth, &server), KEEL_OK);
   keel_store *store = NULL;
-  assert_int_equal(keel_store_connect(keel_store_server_address(server), &auth,
-                                      keel_deadline_after_ns(5000000000), &store),
-                   KEEL_OK);
+  store_start(&auth, &server, &store);
   keel_endpoint_config config = {.uid = 1,
                                  .auth = auth,
                                  .store = store,
@@ -674,13 +679,9 @@ static void hub_takes_in(keel_endpoint *hub, size_t count) {
 static void links_taken_in_while_others_have_news(void **state) {
   (void)state;
   keel_auth auth;
-  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
   keel_store_server *server = NULL;
-  assert_int_equal(keel_store_server_start("127.0.0.1:0", &auth, &server), KEEL_OK);
   keel_store *store = NULL;
-  assert_int_equal(keel_store_connect(keel_store_server_address(server), &auth,
-                                      keel_deadline_after_ns(5000000000), &store),
-                   KEEL_OK);
+  store_start(&auth, &server, &store);
   keel_endpoint *hub = NULL, *spokes[SPOKES] = {0};
   for (uint32_t uid = 0; uid <= SPOKES; uid++) {
     keel_endpoint_config config = {.uid = uid,
