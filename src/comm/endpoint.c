@@ -286,6 +286,10 @@ static keel_status ensure_links(keel_endpoint *endpoint, const uint32_t *uids, i
       keel__peer *peer = keel__peer_get(endpoint, uids[i]);
       if (peer == NULL) return KEEL_ENOMEM;
       missing = peer->link == NULL;
+      /* A member that will never link: the job declared it dead while the decision that
+       * named it was made (a spare on a node cut off). Waiting out the deadline would hold
+       * every member's next agreement up for it. */
+      if (missing && peer->failed) return KEEL_EPROCFAILED;
     }
     if (!missing) return KEEL_OK;
     if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;

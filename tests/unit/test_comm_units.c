@@ -646,6 +646,46 @@ static void link_to_a_peer_declared_dead_gives_up(void **state) {
   assert_true(waited_ms >= 150 && waited_ms < 5000);
 }
 
+static void *declare_uid_5_dead_later(void *argument) {
+  struct timespec pause = {0, 200 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  keel_endpoint_declare_dead(argument, 5);
+  return NULL;
+}
+
+/* A new epoch's member of a higher uid links to this one; one that never will (the job
+ * declared it dead while the decision naming it was made: a spare on a node cut off) fails
+ * the epoch at once, not at the deadline, which would hold every member's next agreement
+ * up for as long. */
+static void epoch_with_a_member_declared_dead_fails_at_once(void **state) {
+  (void)state;
+  keel_auth auth;
+  keel_store_server *server = NULL;
+  keel_store *store = NULL;
+  store_start(&auth, &server, &store);
+  keel_endpoint_config config = {.uid = 1,
+                                 .auth = auth,
+                                 .store = store,
+                                 .failure_detection = true,
+                                 .membership = &closed_port_membership};
+  keel_endpoint *endpoint = NULL;
+  assert_int_equal(keel_endpoint_create(&config, &endpoint), KEEL_OK);
+  pthread_t declarer;
+  assert_int_equal(pthread_create(&declarer, NULL, declare_uid_5_dead_later, endpoint), 0);
+  static const uint32_t members[] = {1, 5};
+  keel_comm *comm = NULL;
+  int64_t start = keel_now_ns();
+  keel_status status =
+      keel_comm_create(endpoint, 2, members, 2, keel_deadline_after_ns(10000000000), &comm);
+  int64_t waited_ms = (keel_now_ns() - start) / 1000000;
+  pthread_join(declarer, NULL);
+  keel_endpoint_close(endpoint, 0);
+  keel_store_close(store);
+  keel_store_server_stop(server);
+  assert_int_equal(status, KEEL_EPROCFAILED);
+  assert_true(waited_ms >= 150 && waited_ms < 5000);
+}
+
 /* Every uid listens at the hub's address: the spokes link to the hub (uid 0). */
 static char hub_address[128];
 
@@ -737,6 +777,7 @@ int main(void) {
       cmocka_unit_test(exit_codes_follow_statuses),
       cmocka_unit_test(link_to_a_peer_declared_dead_gives_up),
       cmocka_unit_test(links_taken_in_while_others_have_news),
+      cmocka_unit_test(epoch_with_a_member_declared_dead_fails_at_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

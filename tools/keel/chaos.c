@@ -719,7 +719,7 @@ static void census_tick(chaos_job *job, int64_t now) {
 /* Whether an earlier failure that cost ranks may still be recovered from: injected less
  * than RECOVERY_WAIT_NS ago (a partition healed in time is never recovered from), and no
  * recovery seen for it yet. */
-#define RECOVERY_WAIT_NS (10 * SECOND_NS)
+#define RECOVERY_WAIT_NS (15 * SECOND_NS)
 static bool recovery_pending(const chaos_job *job, int64_t now) {
   for (int64_t i = 0; i < job->next; i++) {
     const keel__chaos_failure *f = &job->failures[i];
