@@ -597,13 +597,6 @@ static const keel_membership_ops closed_port_membership = {
     .interrupted = never_interrupted,
 };
 
-static void *declare_uid_0_dead_later(void *argument) {
-  struct timespec pause = {0, 200 * 1000 * 1000};
-  nanosleep(&pause, NULL);
-  keel_endpoint_declare_dead(argument, 0);
-  return NULL;
-}
-
 /* A fresh job's auth, an embedded store server for it, and a client of it. */
 static void store_start(keel_auth *auth, keel_store_server **server_p, keel_store **store_p) {
   assert_int_equal(keel_auth_generate(auth), KEEL_OK);
@@ -611,6 +604,49 @@ static void store_start(keel_auth *auth, keel_store_server **server_p, keel_stor
   assert_int_equal(keel_store_connect(keel_store_server_address(*server_p), auth,
                                       keel_deadline_after_ns(5000000000), store_p),
                    KEEL_OK);
+}
+
+/* uid 1's endpoint on a fresh store, every peer at closed_address; a thread declares
+ * dead_uid dead 200 ms after the start. */
+typedef struct declared_death {
+  keel_store_server *server;
+  keel_store *store;
+  keel_endpoint *endpoint;
+  uint32_t dead_uid;
+  pthread_t declarer;
+  int64_t started_ns;
+} declared_death;
+
+static void *declare_dead_later(void *argument) {
+  const declared_death *death = argument;
+  struct timespec pause = {0, 200 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  keel_endpoint_declare_dead(death->endpoint, death->dead_uid);
+  return NULL;
+}
+
+static void declared_death_start(declared_death *death, uint32_t dead_uid) {
+  *death = (declared_death){.dead_uid = dead_uid};
+  keel_auth auth;
+  store_start(&auth, &death->server, &death->store);
+  keel_endpoint_config config = {.uid = 1,
+                                 .auth = auth,
+                                 .store = death->store,
+                                 .failure_detection = true,
+                                 .membership = &closed_port_membership};
+  assert_int_equal(keel_endpoint_create(&config, &death->endpoint), KEEL_OK);
+  assert_int_equal(pthread_create(&death->declarer, NULL, declare_dead_later, death), 0);
+  death->started_ns = keel_now_ns();
+}
+
+/* Joins the declarer and closes everything; the milliseconds since the start. */
+static int64_t declared_death_finish(declared_death *death) {
+  int64_t waited_ms = (keel_now_ns() - death->started_ns) / 1000000;
+  pthread_join(death->declarer, NULL);
+  keel_endpoint_close(death->endpoint, 0);
+  keel_store_close(death->store);
+  keel_store_server_stop(death->server);
+  return waited_ms;
 }
 
 /* A link to a peer whose port refuses is retried until the deadline (it may not listen yet),
@@ -621,36 +657,13 @@ static void link_to_a_peer_declared_dead_gives_up(void **state) {
   assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
   snprintf(closed_address, sizeof closed_address, "%s", keel_listener_address(listener));
   keel_listener_close(listener);
-  keel_auth auth;
-  keel_store_server *server = NULL;
-  keel_store *store = NULL;
-  store_start(&auth, &server, &store);
-  keel_endpoint_config config = {.uid = 1,
-                                 .auth = auth,
-                                 .store = store,
-                                 .failure_detection = true,
-                                 .membership = &closed_port_membership};
-  keel_endpoint *endpoint = NULL;
-  assert_int_equal(keel_endpoint_create(&config, &endpoint), KEEL_OK);
-  pthread_t declarer;
-  assert_int_equal(pthread_create(&declarer, NULL, declare_uid_0_dead_later, endpoint), 0);
-  int64_t start = keel_now_ns();
-  keel_status status = keel_endpoint_link(endpoint, 0, keel_deadline_after_ns(10000000000));
-  int64_t waited_ms = (keel_now_ns() - start) / 1000000;
-  pthread_join(declarer, NULL);
-  keel_endpoint_close(endpoint, 0);
-  keel_store_close(store);
-  keel_store_server_stop(server);
+  declared_death death;
+  declared_death_start(&death, 0);
+  keel_status status = keel_endpoint_link(death.endpoint, 0, keel_deadline_after_ns(10000000000));
+  int64_t waited_ms = declared_death_finish(&death);
   assert_int_equal(status, KEEL_EPROCFAILED);
   /* It was refused and retried until the declaration, then stopped: not at the deadline. */
   assert_true(waited_ms >= 150 && waited_ms < 5000);
-}
-
-static void *declare_uid_5_dead_later(void *argument) {
-  struct timespec pause = {0, 200 * 1000 * 1000};
-  nanosleep(&pause, NULL);
-  keel_endpoint_declare_dead(argument, 5);
-  return NULL;
 }
 
 /* A new epoch's member of a higher uid links to this one; one that never will (the job
@@ -659,29 +672,13 @@ static void *declare_uid_5_dead_later(void *argument) {
  * up for as long. */
 static void epoch_with_a_member_declared_dead_fails_at_once(void **state) {
   (void)state;
-  keel_auth auth;
-  keel_store_server *server = NULL;
-  keel_store *store = NULL;
-  store_start(&auth, &server, &store);
-  keel_endpoint_config config = {.uid = 1,
-                                 .auth = auth,
-                                 .store = store,
-                                 .failure_detection = true,
-                                 .membership = &closed_port_membership};
-  keel_endpoint *endpoint = NULL;
-  assert_int_equal(keel_endpoint_create(&config, &endpoint), KEEL_OK);
-  pthread_t declarer;
-  assert_int_equal(pthread_create(&declarer, NULL, declare_uid_5_dead_later, endpoint), 0);
+  declared_death death;
+  declared_death_start(&death, 5);
   static const uint32_t members[] = {1, 5};
   keel_comm *comm = NULL;
-  int64_t start = keel_now_ns();
   keel_status status =
-      keel_comm_create(endpoint, 2, members, 2, keel_deadline_after_ns(10000000000), &comm);
-  int64_t waited_ms = (keel_now_ns() - start) / 1000000;
-  pthread_join(declarer, NULL);
-  keel_endpoint_close(endpoint, 0);
-  keel_store_close(store);
-  keel_store_server_stop(server);
+      keel_comm_create(death.endpoint, 2, members, 2, keel_deadline_after_ns(10000000000), &comm);
+  int64_t waited_ms = declared_death_finish(&death);
   assert_int_equal(status, KEEL_EPROCFAILED);
   assert_true(waited_ms >= 150 && waited_ms < 5000);
 }
