@@ -319,6 +319,16 @@ static const char *node_count_refusal(const keel__run_options *run, int64_t node
              node_count);
     return why;
   }
+  /* With the in-memory tier, killed nodes do not come back (docs/NODES.md). */
+  if (run->on_failure == KEEL__ON_FAILURE_REPLACE && run->ckpt == KEEL__CKPT_MEM &&
+      node_count > run->spare_nodes) {
+    snprintf(why, capacity,
+             "%" PRId64
+             " failures of nodes need as many spare nodes under --ckpt mem, but "
+             "--spare-nodes is %" PRId64,
+             node_count, run->spare_nodes);
+    return why;
+  }
   return shrink_restart_refusal(run, "nodes", node_count, node_count * run->nproc_per_node, why,
                                 capacity);
 }

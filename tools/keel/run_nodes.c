@@ -229,11 +229,16 @@ static int64_t node_extras_used(keel_store *store, const keel__run_options *opti
 /* With --spare-nodes, a node that was killed (its agent ended by a signal: the host died)
  * comes back as a spare node, as a replaced host does: the job keeps its spare nodes over
  * any number of node failures, while the node has uids left (--max-restarts sizes them). A
- * node that ended any other way (fenced, finished, stopped) is not started again. */
+ * node that ended any other way (fenced, finished, stopped) is not started again, nor one
+ * of a job with --ckpt mem. */
 static void node_respawn(nodes_supervisor *supervisor, int64_t node, int wait_status) {
   keel__launcher *base = &supervisor->base;
   const keel__run_options *options = &base->options;
   if (options->spare_nodes == 0 || supervisor->stopping || !WIFSIGNALED(wait_status)) return;
+  /* The in-memory tier keys its copies by node: a new life under the old index, holding
+   * none, would be asked for its predecessor's, and restores would fall back to the
+   * persistent tier (test_memory). Such a job keeps the spare nodes it started with. */
+  if (options->ckpt == KEEL__CKPT_MEM) return;
   if (keel__store_has(base->store, "job/done")) return;
   int64_t used = node_extras_used(base->store, options, node);
   int64_t room = (int64_t)keel__agent_uid_stride(options) - used;
