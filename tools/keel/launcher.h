@@ -402,8 +402,7 @@ bool keel__agent_rejoin_wait(keel__launcher *launcher);
  * recorded, 0 when none is. */
 void keel__agent_uids_note(keel_store *store, int64_t node, int64_t used);
 int64_t keel__agent_uids_used(keel_store *store, int64_t node);
-/* The first of node's own uids (its spares' and respawned processes'), stride of them. */
-uint32_t keel__agent_first_extra_uid(const keel__run_options *options, int64_t node);
+/* How many uids each node has of its own (its spares' and respawned processes'). */
 uint32_t keel__agent_uid_stride(const keel__run_options *options);
 /* Starts this agent again (same pid, group and namespace) as a spare node: KEEL_AGENT_REJOIN
  * tells the new one which of the node's uids are used. Returns only when the exec failed. */

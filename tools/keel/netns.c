@@ -478,15 +478,34 @@ typedef struct stale_pass {
   const char *what;   /* for messages */
 } stale_pass;
 
-/* Names in folder that owner() accepts, NUL-separated into names: listed before anything is
- * removed, since removing entries while reading the folder may skip some. */
-static void stale_names_list(const stale_pass *pass, keel_buffer *names) {
+/* Veths first (each takes its inside end along), then namespaces, then bridges: the
+ * bridge's stamp decides about the others, so it is read before it goes. */
+static const stale_pass owned_passes[] = {
+    {LINK_FOLDER, link_owner, "link", "veth"},
+    {NETNS_FOLDER, namespace_owner, "netns", "namespace"},
+    {LINK_FOLDER, bridge_owner, "link", "bridge"},
+};
+
+typedef bool owner_wanted_fn(pid_t owner, const void *context);
+
+static bool owner_is_gone(pid_t owner, const void *context) {
+  (void)context;
+  return owner_gone(owner);
+}
+
+static bool owner_is(pid_t owner, const void *context) { return owner == *(const pid_t *)context; }
+
+/* Names in folder that owner() accepts and whose owner is wanted, NUL-separated into names:
+ * listed before anything is removed, since removing entries while reading the folder may
+ * skip some. */
+static void owned_names_list(const stale_pass *pass, owner_wanted_fn *wanted, const void *context,
+                             keel_buffer *names) {
   keel_buffer_reset(names);
   DIR *folder = opendir(pass->folder);
-  if (folder == NULL) return; /* no namespace was ever made: nothing to clean */
+  if (folder == NULL) return; /* no namespace was ever made: nothing there */
   for (struct dirent *entry; (entry = readdir(folder)) != NULL;) {
     pid_t owner;
-    if (!pass->owner(entry->d_name, &owner) || !owner_gone(owner)) continue;
+    if (!pass->owner(entry->d_name, &owner) || !wanted(owner, context)) continue;
     if (keel_buffer_append(names, entry->d_name, strlen(entry->d_name) + 1) != KEEL_OK) break;
   }
   closedir(folder);
@@ -494,19 +513,14 @@ static void stale_names_list(const stale_pass *pass, keel_buffer *names) {
 
 /* Removes what dead owners left; the caller holds the host lock. */
 static keel_status stale_remove(size_t *removed_p) {
-  /* Veths first (each takes its inside end along), then namespaces, then bridges: the
-   * bridge's stamp decides about the others, so it is read before it goes. */
-  static const stale_pass passes[] = {
-      {LINK_FOLDER, link_owner, "link", "stale veth"},
-      {NETNS_FOLDER, namespace_owner, "netns", "stale namespace"},
-      {LINK_FOLDER, bridge_owner, "link", "stale bridge"},
-  };
+  const stale_pass *passes = owned_passes;
+  size_t pass_count = sizeof owned_passes / sizeof owned_passes[0];
   keel_status first_failure = KEEL_OK;
   size_t removed = 0;
   keel_buffer names;
   keel_buffer_init(&names, 1u << 20);
-  for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
-    stale_names_list(&passes[i], &names);
+  for (size_t i = 0; i < pass_count; i++) {
+    owned_names_list(&passes[i], owner_is_gone, NULL, &names);
     for (size_t at = 0; at < names.length; at += strlen((char *)names.data + at) + 1) {
       const char *name = (const char *)names.data + at;
       char error[ERROR_BYTES];
@@ -514,9 +528,9 @@ static keel_status stale_remove(size_t *removed_p) {
           run_command(error, sizeof error, "ip", passes[i].object, "delete", name, NULL);
       if (status == KEEL_OK) {
         removed++;
-        KEEL_LOG_I("netns", "removed %s %s: its owner is gone", passes[i].what, name);
+        KEEL_LOG_I("netns", "removed stale %s %s: its owner is gone", passes[i].what, name);
       } else {
-        KEEL_LOG_W("netns", "cannot remove %s %s: %s", passes[i].what, name, error);
+        KEEL_LOG_W("netns", "cannot remove stale %s %s: %s", passes[i].what, name, error);
         if (first_failure == KEEL_OK) first_failure = status;
       }
     }
@@ -527,23 +541,17 @@ static keel_status stale_remove(size_t *removed_p) {
 }
 
 size_t keel__netns_owned_count(pid_t owner, char *first, size_t capacity) {
-  static const stale_pass passes[] = {
-      {NETNS_FOLDER, namespace_owner, "netns", "namespace"},
-      {LINK_FOLDER, link_owner, "link", "veth"},
-      {LINK_FOLDER, bridge_owner, "link", "bridge"},
-  };
   size_t count = 0;
-  for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
-    DIR *folder = opendir(passes[i].folder);
-    if (folder == NULL) continue;
-    for (struct dirent *entry = readdir(folder); entry != NULL; entry = readdir(folder)) {
-      pid_t found;
-      if (!passes[i].owner(entry->d_name, &found) || found != owner) continue;
+  keel_buffer names;
+  keel_buffer_init(&names, 1u << 20);
+  for (size_t i = 0; i < sizeof owned_passes / sizeof owned_passes[0]; i++) {
+    owned_names_list(&owned_passes[i], owner_is, &owner, &names);
+    for (size_t at = 0; at < names.length; at += strlen((char *)names.data + at) + 1) {
       if (count++ == 0 && capacity > 0)
-        snprintf(first, capacity, "%s %s", passes[i].what, entry->d_name);
+        snprintf(first, capacity, "%s %s", owned_passes[i].what, (char *)names.data + at);
     }
-    closedir(folder);
   }
+  keel_buffer_free(&names);
   return count;
 }
 

@@ -73,7 +73,8 @@ uint32_t keel__agent_uid_stride(const keel__run_options *options) {
   return (uint32_t)(options->nproc_per_node + options->spares + options->max_restarts);
 }
 
-uint32_t keel__agent_first_extra_uid(const keel__run_options *options, int64_t node) {
+/* The first of node's own uids. */
+static uint32_t first_extra_uid(const keel__run_options *options, int64_t node) {
   return (uint32_t)(options->max_world + node * keel__agent_uid_stride(options));
 }
 
@@ -85,8 +86,7 @@ uint32_t keel__agent_next_uid(keel__launcher *launcher, keel__role role) {
     return (uint32_t)(agent->node * options->nproc_per_node + agent->workers_started++);
   if (role == KEEL__ROLE_JOINER && agent->joiners_started < agent->joiners)
     return (uint32_t)(agent->node * options->nproc_per_node + agent->joiners_started++);
-  uint32_t uid =
-      keel__agent_first_extra_uid(options, agent->node) + (uint32_t)agent->extras_started++;
+  uint32_t uid = first_extra_uid(options, agent->node) + (uint32_t)agent->extras_started++;
   keel__agent_uids_note(launcher->store, agent->node, agent->extras_started);
   return uid;
 }

@@ -203,29 +203,6 @@ static bool agent_account(nodes_supervisor *supervisor, node_agent *agent) {
   return true;
 }
 
-/* How many of node's own uids (spares, respawned processes) any life of it used: what its
- * agents recorded (uids/node/<i>), or one past the highest the store knows of, live (proc/)
- * or dead (dead/), whichever is more. */
-static int64_t node_extras_used(keel_store *store, const keel__run_options *options, int64_t node) {
-  uint32_t first = keel__agent_first_extra_uid(options, node);
-  uint32_t stride = keel__agent_uid_stride(options);
-  static const char *const prefixes[] = {"proc/", "dead/"};
-  int64_t used = keel__agent_uids_used(store, node);
-  for (size_t p = 0; p < 2; p++) {
-    keel_store_entry *entries = NULL;
-    size_t count = 0;
-    if (keel_store_list(store, prefixes[p], &entries, &count, NULL) != KEEL_OK) return -1;
-    for (size_t i = 0; i < count; i++) {
-      uint32_t uid;
-      if (keel__uid_from_key(entries[i].key, prefixes[p], &uid) != KEEL_OK) continue;
-      if (uid >= first && uid < first + stride && (int64_t)(uid - first) + 1 > used)
-        used = (int64_t)(uid - first) + 1;
-    }
-    keel_store_entries_free(entries, count);
-  }
-  return used;
-}
-
 /* With --spare-nodes, a node that was killed (its agent ended by a signal: the host died)
  * comes back as a spare node, as a replaced host does: the job keeps its spare nodes over
  * any number of node failures, while the node has uids left (--max-restarts sizes them). A
@@ -240,11 +217,11 @@ static void node_respawn(nodes_supervisor *supervisor, int64_t node, int wait_st
    * persistent tier (test_memory). Such a job keeps the spare nodes it started with. */
   if (options->ckpt == KEEL__CKPT_MEM) return;
   if (keel__store_has(base->store, "job/done")) return;
-  int64_t used = node_extras_used(base->store, options, node);
+  /* Its lives' agents recorded how many of its own uids they gave (uids/node/<i>). */
+  int64_t used = keel__agent_uids_used(base->store, node);
   int64_t room = (int64_t)keel__agent_uid_stride(options) - used;
-  if (used < 0 || room <= 0) {
-    KEEL_LOG_W("keel run", "node %lld is not started again: %s", (long long)node,
-               used < 0 ? "its uids cannot be read from the store" : "no uid of it is left");
+  if (room <= 0) {
+    KEEL_LOG_W("keel run", "node %lld is not started again: no uid of it is left", (long long)node);
     return;
   }
   if (agent_spawn(supervisor, node, used) != KEEL_OK) return;
