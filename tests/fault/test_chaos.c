@@ -270,6 +270,39 @@ static void test_chaos_netns_nodes(void **state) {
   chaos_result_free(&result);
 }
 
+/* The job's store is an etcd cluster that keel chaos starts (--etcd 3): members killed and
+ * started again, stopped and resumed, while ranks are killed too. Nothing may die of the
+ * store's failures, and the job ends bit-identical to its failure-free run. Skipped where
+ * etcd is not installed. */
+static void test_chaos_etcd(void **state) {
+  (void)state;
+  chaos_result result;
+  char every[32];
+  every_scaled(every, sizeof every, 1000, 2000);
+  chaos_run(
+      (const char *const[]){"--failures", "8", "--every", every, "--seed", "5", "--etcd", "3",
+                            "--mix", "kill=1,etcd-kill=2,etcd-stop=2", NULL},
+      (const char *const[]){"-n", "3", "--on-failure", "replace", "--spares", "1", "--max-restarts",
+                            "10", NULL},
+      (const char *const[]){"--steps", "2000", "--compute-ms", "2", "--params", "20000", NULL},
+      NULL, CHAOS_TIMEOUT_MS, &result);
+  if (strstr(result.output, "not installed") != NULL) {
+    print_message("skipped: %s\n", result.output);
+    chaos_result_free(&result);
+    skip();
+  }
+  expect_pass(&result);
+  static const char *const kinds[] = {"kill", "etcd-kill", "etcd-stop"};
+  for (size_t i = 0; i < 3; i++) {
+    if (kind_field(result.json, kinds[i], "injected") < 1) show(&result);
+    assert_true(kind_field(result.json, kinds[i], "injected") >= 1);
+  }
+  assert_true(check_is(result.json, "etcd-members", true));
+  assert_true(check_is(result.json, "no-false-death", true));
+  assert_non_null(strstr(result.json, "bit-identical to the failure-free run"));
+  chaos_result_free(&result);
+}
+
 /* Refused with exit 2 and the reason, before any job starts (no --json written). */
 static void expect_refusal(const char *const *chaos_args, const char *const *run_flags,
                            const char *reason) {
@@ -312,6 +345,20 @@ static void test_chaos_refusals(void **state) {
       "partition needs nodes in network namespaces");
   expect_refusal((const char *const[]){"--mix", "etcd-stop=1", NULL}, replace,
                  "this job runs on the embedded store");
+  expect_refusal((const char *const[]){"--etcd", "1", "--mix", "etcd-kill=1", NULL}, replace,
+                 "need --etcd 3 or more");
+  expect_refusal((const char *const[]){"--mix", "etcd-stop=1", NULL},
+                 (const char *const[]){"-n", "2", "--on-failure", "replace", "--rdzv-endpoint",
+                                       "etcd://127.0.0.1:2379", NULL},
+                 "it cannot start a member of yours again");
+  expect_refusal((const char *const[]){"--etcd", "3", NULL},
+                 (const char *const[]){"-n", "2", "--on-failure", "replace", "--rdzv-endpoint",
+                                       "etcd://127.0.0.1:2379", NULL},
+                 "leave --rdzv-endpoint out");
+  expect_refusal((const char *const[]){"--etcd", "3", NULL},
+                 (const char *const[]){"--netns", "--nnodes", "2", "--on-failure", "replace", NULL},
+                 "--etcd with --netns is not supported yet");
+  expect_refusal((const char *const[]){"--etcd", "9", NULL}, replace, "bad value for --etcd");
   expect_refusal((const char *const[]){"--failures", "10", "--mix", "kill=1", NULL}, replace,
                  "raise --max-restarts");
   expect_refusal((const char *const[]){"--failures", "2", "--mix", "kill=1", NULL},
@@ -334,6 +381,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_hangs_and_bit_flips),
       cmocka_unit_test(test_chaos_nodes),
       cmocka_unit_test(test_chaos_netns_nodes),
+      cmocka_unit_test(test_chaos_etcd),
   };
   /* KEEL_TEST_FILTER=test_chaos_*nodes runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));

@@ -42,29 +42,29 @@ static int64_t now_ms(void) {
 
 /* Starts a cluster into *state (the teardown destroys it if a check fails); skips the test,
  * saying why, when etcd is not installed. */
-static keel_test_etcd *start_or_skip(void **state, int members, seen_pids *seen) {
+static keel__etcd_cluster *start_or_skip(void **state, int members, seen_pids *seen) {
   char reason[256];
-  keel_test_etcd *cluster = keel_test_etcd_start(members, START_MS, reason, sizeof reason);
+  keel__etcd_cluster *cluster = keel_test_etcd_start(members, START_MS, reason, sizeof reason);
   if (cluster == NULL && strstr(reason, "not installed") != NULL) {
     fprintf(stderr, "skipped: %s\n", reason);
     skip();
   }
   if (cluster == NULL) fail_msg("%s", reason);
   *state = cluster;
-  for (int i = 0; i < members; i++) remember(seen, keel_test_etcd_pid(cluster, i));
+  for (int i = 0; i < members; i++) remember(seen, keel__etcd_cluster_pid(cluster, i));
   return cluster;
 }
 
 /* Fails the test with the members' logs when a step did not go as expected. */
-static void expect(const keel_test_etcd *cluster, bool ok, const char *what) {
+static void expect(const keel__etcd_cluster *cluster, bool ok, const char *what) {
   if (ok) return;
-  keel_test_etcd_print_logs(cluster);
+  keel__etcd_cluster_print_logs(cluster);
   fail_msg("%s", what);
 }
 
 /* Runs etcdctl (every live member when endpoints is NULL) and checks that it succeeds and
  * prints wanted; skips the test, saying why, when etcdctl is not installed. */
-static void ctl_expect(keel_test_etcd *cluster, const char *endpoints, const char *const args[],
+static void ctl_expect(keel__etcd_cluster *cluster, const char *endpoints, const char *const args[],
                        const char *wanted) {
   char output[1024];
   int code = keel_test_etcd_ctl(cluster, endpoints, args, CTL_MS, output, sizeof output);
@@ -79,31 +79,31 @@ static void ctl_expect(keel_test_etcd *cluster, const char *endpoints, const cha
 
 /* Destroys the cluster and checks that every pid it had is gone and its folder removed. */
 static void destroy_and_check(void **state, const seen_pids *seen) {
-  keel_test_etcd *cluster = *state;
+  keel__etcd_cluster *cluster = *state;
   char folder[512];
-  snprintf(folder, sizeof folder, "%s", keel_test_etcd_folder(cluster));
-  keel_test_etcd_destroy(cluster);
+  snprintf(folder, sizeof folder, "%s", keel__etcd_cluster_folder(cluster));
+  keel__etcd_cluster_destroy(cluster);
   *state = NULL;
   for (int i = 0; i < seen->count; i++) assert_false(keel_test_pid_exists(seen->pid[i]));
   assert_int_not_equal(access(folder, F_OK), 0);
 }
 
 static int destroy_cluster(void **state) {
-  keel_test_etcd_destroy(*state);
+  keel__etcd_cluster_destroy(*state);
   *state = NULL;
   return 0;
 }
 
 /* The endpoint lists every member's client address, and a leader is found. */
-static int check_layout(keel_test_etcd *cluster, int members) {
-  const char *endpoint = keel_test_etcd_endpoint(cluster);
-  assert_int_equal(keel_test_etcd_members(cluster), members);
+static int check_layout(keel__etcd_cluster *cluster, int members) {
+  const char *endpoint = keel__etcd_cluster_endpoint(cluster);
+  assert_int_equal(keel__etcd_cluster_members(cluster), members);
   assert_int_equal(strncmp(endpoint, "etcd://", 7), 0);
   for (int i = 0; i < members; i++) {
-    assert_non_null(strstr(endpoint, keel_test_etcd_member_address(cluster, i)));
+    assert_non_null(strstr(endpoint, keel__etcd_cluster_member_address(cluster, i)));
   }
-  assert_null(keel_test_etcd_member_address(cluster, members));
-  int leader = keel_test_etcd_leader(cluster, LEADER_MS);
+  assert_null(keel__etcd_cluster_member_address(cluster, members));
+  int leader = keel__etcd_cluster_leader(cluster, LEADER_MS);
   expect(cluster, leader >= 0, "no leader in a fresh cluster");
   return leader;
 }
@@ -112,7 +112,7 @@ static int check_layout(keel_test_etcd *cluster, int members) {
 static void test_single_member(void **state) {
   seen_pids seen = {0};
   int64_t began = now_ms();
-  keel_test_etcd *cluster = start_or_skip(state, 1, &seen);
+  keel__etcd_cluster *cluster = start_or_skip(state, 1, &seen);
   print_message("1 member up in %lld ms\n", (long long)(now_ms() - began));
   assert_int_equal(check_layout(cluster, 1), 0);
   ctl_expect(cluster, NULL, ARGS("put", "/keel/one", "1"), "OK");
@@ -122,15 +122,15 @@ static void test_single_member(void **state) {
 
 /* Kills the leader: another member leads within a couple of election timeouts and a put
  * through the survivors succeeds. Returns the new leader. */
-static int kill_leader(keel_test_etcd *cluster, int leader) {
-  pid_t old_pid = keel_test_etcd_pid(cluster, leader);
-  assert_true(keel_test_etcd_kill(cluster, leader));
+static int kill_leader(keel__etcd_cluster *cluster, int leader) {
+  pid_t old_pid = keel__etcd_cluster_pid(cluster, leader);
+  assert_true(keel__etcd_cluster_kill(cluster, leader));
   assert_false(keel_test_pid_exists(old_pid));
-  assert_int_equal(keel_test_etcd_pid(cluster, leader), 0);
-  assert_false(keel_test_etcd_kill(cluster, leader));
-  assert_false(keel_test_etcd_stop(cluster, leader));
+  assert_int_equal(keel__etcd_cluster_pid(cluster, leader), 0);
+  assert_false(keel__etcd_cluster_kill(cluster, leader));
+  assert_false(keel__etcd_cluster_stop(cluster, leader));
   int64_t killed = now_ms();
-  int next = keel_test_etcd_leader(cluster, LEADER_MS);
+  int next = keel__etcd_cluster_leader(cluster, LEADER_MS);
   print_message("new leader %d after %lld ms\n", next, (long long)(now_ms() - killed));
   expect(cluster, next >= 0 && next != leader, "no new leader after the leader was killed");
   ctl_expect(cluster, NULL, ARGS("put", "/keel/after", "kill"), "OK");
@@ -138,48 +138,48 @@ static int kill_leader(keel_test_etcd *cluster, int leader) {
 }
 
 /* Restarts a killed member on its data: it is healthy, has caught up, and all agree. */
-static void restart_member(keel_test_etcd *cluster, int member, seen_pids *seen) {
+static void restart_member(keel__etcd_cluster *cluster, int member, seen_pids *seen) {
   int64_t began = now_ms();
-  expect(cluster, keel_test_etcd_restart(cluster, member, START_MS), "restart failed");
+  expect(cluster, keel__etcd_cluster_restart(cluster, member, START_MS), "restart failed");
   print_message("member %d healthy again after %lld ms\n", member, (long long)(now_ms() - began));
-  remember(seen, keel_test_etcd_pid(cluster, member));
-  assert_false(keel_test_etcd_restart(cluster, member, START_MS));
-  ctl_expect(cluster, keel_test_etcd_member_address(cluster, member),
+  remember(seen, keel__etcd_cluster_pid(cluster, member));
+  assert_false(keel__etcd_cluster_restart(cluster, member, START_MS));
+  ctl_expect(cluster, keel__etcd_cluster_member_address(cluster, member),
              ARGS("get", "--print-value-only", "/keel/after"), "kill");
-  expect(cluster, keel_test_etcd_leader(cluster, LEADER_MS) >= 0, "no agreed leader");
+  expect(cluster, keel__etcd_cluster_leader(cluster, LEADER_MS) >= 0, "no agreed leader");
 }
 
 /* Stops a follower: /proc shows it stopped, the others still agree on a leader and take
  * puts; resumed, it runs and agrees again. */
-static void stop_follower(keel_test_etcd *cluster) {
-  int leader = keel_test_etcd_leader(cluster, LEADER_MS);
+static void stop_follower(keel__etcd_cluster *cluster) {
+  int leader = keel__etcd_cluster_leader(cluster, LEADER_MS);
   expect(cluster, leader >= 0, "no leader before stopping a follower");
-  int follower = (leader + 1) % keel_test_etcd_members(cluster);
-  assert_true(keel_test_etcd_stop(cluster, follower));
-  assert_int_equal(keel_test_etcd_state(cluster, follower), 'T');
-  int during = keel_test_etcd_leader(cluster, LEADER_MS);
+  int follower = (leader + 1) % keel__etcd_cluster_members(cluster);
+  assert_true(keel__etcd_cluster_stop(cluster, follower));
+  assert_int_equal(keel__etcd_cluster_state(cluster, follower), 'T');
+  int during = keel__etcd_cluster_leader(cluster, LEADER_MS);
   expect(cluster, during >= 0 && during != follower, "no leader while a follower is stopped");
   ctl_expect(cluster, NULL, ARGS("put", "/keel/while", "stopped"), "OK");
-  assert_true(keel_test_etcd_resume(cluster, follower));
-  assert_int_not_equal(keel_test_etcd_state(cluster, follower), 'T');
-  expect(cluster, keel_test_etcd_leader(cluster, LEADER_MS) >= 0, "no leader after resume");
+  assert_true(keel__etcd_cluster_resume(cluster, follower));
+  assert_int_not_equal(keel__etcd_cluster_state(cluster, follower), 'T');
+  expect(cluster, keel__etcd_cluster_leader(cluster, LEADER_MS) >= 0, "no leader after resume");
 }
 
 static void test_three_members_with_faults(void **state) {
   seen_pids seen = {0};
   int64_t began = now_ms();
-  keel_test_etcd *cluster = start_or_skip(state, 3, &seen);
+  keel__etcd_cluster *cluster = start_or_skip(state, 3, &seen);
   print_message("3 members up in %lld ms\n", (long long)(now_ms() - began));
   int leader = check_layout(cluster, 3);
   int follower = (leader + 1) % 3;
   ctl_expect(cluster, NULL, ARGS("put", "/keel/harness", "hello"), "OK");
-  ctl_expect(cluster, keel_test_etcd_member_address(cluster, follower),
+  ctl_expect(cluster, keel__etcd_cluster_member_address(cluster, follower),
              ARGS("get", "--print-value-only", "/keel/harness"), "hello");
   /* etcd raises a lease's TTL to its minimum, 1.5 election timeouts rounded up: 1 s here. */
   ctl_expect(cluster, NULL, ARGS("lease", "grant", "1"), "TTL(1s)");
   int next = kill_leader(cluster, leader);
   restart_member(cluster, leader, &seen);
-  assert_int_not_equal(keel_test_etcd_state(cluster, next), 0);
+  assert_int_not_equal(keel__etcd_cluster_state(cluster, next), 0);
   stop_follower(cluster);
   destroy_and_check(state, &seen);
   print_message("whole run %lld ms\n", (long long)(now_ms() - began));

@@ -25,7 +25,7 @@
 /* How long etcd's leader is stopped. */
 #define STOPPED_LEADER_MS 5000
 
-static keel_test_etcd *cluster;
+static keel__etcd_cluster *cluster;
 
 /* toy_train long enough (about 20 s) for every etcd fault to land while it trains. */
 static const char *const program_args[] = {"--steps", "600", "--compute-ms", "30", NULL};
@@ -52,22 +52,22 @@ static void pause_ms(int ms) { usleep((useconds_t)ms * 1000); }
 /* etcd's faults, one after another, while the job trains: a follower killed and started
  * again, the leader killed, the next leader stopped for STOPPED_LEADER_MS and resumed. */
 static void etcd_faults(const char *events) {
-  int leader = keel_test_etcd_leader(cluster, 10000);
+  int leader = keel__etcd_cluster_leader(cluster, 10000);
   assert_true(leader >= 0);
-  int follower = (leader + 1) % keel_test_etcd_members(cluster);
-  assert_true(keel_test_etcd_kill(cluster, follower));
+  int follower = (leader + 1) % keel__etcd_cluster_members(cluster);
+  assert_true(keel__etcd_cluster_kill(cluster, follower));
   pause_ms(1000);
-  assert_true(keel_test_etcd_restart(cluster, follower, 20000));
-  assert_true(keel_test_etcd_kill(cluster, leader));
+  assert_true(keel__etcd_cluster_restart(cluster, follower, 20000));
+  assert_true(keel__etcd_cluster_kill(cluster, leader));
   print_message("etcd leader (member %d) killed at step %lld\n", leader, last_step(events));
-  int next = keel_test_etcd_leader(cluster, 10000);
+  int next = keel__etcd_cluster_leader(cluster, 10000);
   assert_true(next >= 0 && next != leader);
-  assert_true(keel_test_etcd_restart(cluster, leader, 20000));
-  assert_true(keel_test_etcd_stop(cluster, next));
+  assert_true(keel__etcd_cluster_restart(cluster, leader, 20000));
+  assert_true(keel__etcd_cluster_stop(cluster, next));
   print_message("etcd leader (member %d) stopped at step %lld\n", next, last_step(events));
   pause_ms(STOPPED_LEADER_MS);
-  assert_int_equal(keel_test_etcd_state(cluster, next), 'T');
-  assert_true(keel_test_etcd_resume(cluster, next));
+  assert_int_equal(keel__etcd_cluster_state(cluster, next), 'T');
+  assert_true(keel__etcd_cluster_resume(cluster, next));
   long long step = last_step(events);
   print_message("etcd leader resumed at step %lld\n", step);
   /* Every fault landed while the job still trained. */
@@ -132,7 +132,7 @@ static void test_job_through_etcd_faults(void **unused) {
                                "--on-failure",
                                "replace",
                                "--rdzv-endpoint",
-                               keel_test_etcd_endpoint(cluster),
+                               keel__etcd_cluster_endpoint(cluster),
                                NULL};
   pid_t pid = keel_test_job_start(&job, JOB_TIMEOUT, flags, keel_test_program("toy_train"),
                                   program_args, NULL);
@@ -173,7 +173,7 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_job_through_etcd_faults)};
   int failures = cmocka_run_group_tests(tests, NULL, NULL);
-  if (failures != 0) keel_test_etcd_print_logs(cluster);
-  keel_test_etcd_destroy(cluster);
+  if (failures != 0) keel__etcd_cluster_print_logs(cluster);
+  keel__etcd_cluster_destroy(cluster);
   return keel_test_finish(failures);
 }

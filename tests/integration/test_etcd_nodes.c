@@ -24,7 +24,7 @@
 #define MAX_EVENTS 20000
 #define STEP_COUNT 600
 
-static keel_test_etcd *cluster;
+static keel__etcd_cluster *cluster;
 
 typedef struct node_run {
   char events[300];
@@ -56,7 +56,7 @@ static void agent_start(node_run *node, int rank, const char *folder, const char
                   timeout,
                   "--quiet",
                   "--rdzv-endpoint",
-                  (char *)keel_test_etcd_endpoint(cluster),
+                  (char *)keel__etcd_cluster_endpoint(cluster),
                   "--rdzv-id",
                   (char *)job_name,
                   "--events",
@@ -187,6 +187,6 @@ int main(void) {
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
-  keel_test_etcd_destroy(cluster);
+  keel__etcd_cluster_destroy(cluster);
   return keel_test_finish(failed);
 }

@@ -24,13 +24,13 @@
 #define MS ((int64_t)1000000)
 #define MEMBERS 3
 
-static keel_test_etcd *cluster;
+static keel__etcd_cluster *cluster;
 
 /* ---- the suite: each test a fresh job id, so a fresh namespace on the one cluster */
 
 static void etcd_open(keel_test_store_backend *backend, const keel_auth *auth, char *endpoint,
                       size_t capacity, void **context_p) {
-  snprintf(endpoint, capacity, "%s", keel_test_etcd_endpoint(cluster));
+  snprintf(endpoint, capacity, "%s", keel__etcd_cluster_endpoint(cluster));
   *context_p = NULL;
 }
 
@@ -47,7 +47,7 @@ static int client_setup(void **state) {
   etcd_fixture *fixture = calloc(1, sizeof *fixture);
   assert_non_null(fixture);
   assert_int_equal(keel_auth_generate(&fixture->auth), KEEL_OK);
-  assert_int_equal(keel_store_connect(keel_test_etcd_endpoint(cluster), &fixture->auth,
+  assert_int_equal(keel_store_connect(keel__etcd_cluster_endpoint(cluster), &fixture->auth,
                                       keel_deadline_after_ns(5000 * MS), &fixture->store),
                    KEEL_OK);
   /* A write stuck on a stopped leader costs this much before the next goes elsewhere. */
@@ -103,16 +103,16 @@ static void test_member_and_leader_killed(void **state) {
   etcd_fixture *fixture = *state;
   keel_store *store = fixture->store;
   keel_test_store_put_text(store, "before/kill", "1", NULL);
-  assert_true(keel_test_etcd_kill(cluster, 0));
+  assert_true(keel__etcd_cluster_kill(cluster, 0));
   value_is_within(store, "before/kill", "1", 5000);
   assert_int_equal(put_until(store, "after/member", "2", 5000), KEEL_OK);
   assert_true(keel_store_reconnects(store) >= 1);
-  assert_true(keel_test_etcd_restart(cluster, 0, 20000));
+  assert_true(keel__etcd_cluster_restart(cluster, 0, 20000));
 
-  int leader = keel_test_etcd_leader(cluster, 10000);
+  int leader = keel__etcd_cluster_leader(cluster, 10000);
   assert_true(leader >= 0);
-  pid_t leader_pid = keel_test_etcd_pid(cluster, leader);
-  assert_true(keel_test_etcd_kill(cluster, leader));
+  pid_t leader_pid = keel__etcd_cluster_pid(cluster, leader);
+  assert_true(keel__etcd_cluster_kill(cluster, leader));
   assert_false(keel_test_pid_exists(leader_pid));
   int64_t killed_ns = keel_now_ns();
   assert_int_equal(put_until(store, "after/leader", "3", 10000), KEEL_OK);
@@ -120,9 +120,9 @@ static void test_member_and_leader_killed(void **state) {
                 (double)(keel_now_ns() - killed_ns) / 1e6, leader);
   value_is(store, "before/kill", "1");
   value_is(store, "after/member", "2");
-  int new_leader = keel_test_etcd_leader(cluster, 10000);
+  int new_leader = keel__etcd_cluster_leader(cluster, 10000);
   assert_true(new_leader >= 0 && new_leader != leader);
-  assert_true(keel_test_etcd_restart(cluster, leader, 20000));
+  assert_true(keel__etcd_cluster_restart(cluster, leader, 20000));
 }
 
 /* The leader stops (SIGSTOP) for five seconds: reads and writes go on through the others
@@ -130,9 +130,9 @@ static void test_member_and_leader_killed(void **state) {
 static void test_leader_stopped(void **state) {
   etcd_fixture *fixture = *state;
   keel_store *store = fixture->store;
-  int leader = keel_test_etcd_leader(cluster, 10000);
+  int leader = keel__etcd_cluster_leader(cluster, 10000);
   assert_true(leader >= 0);
-  assert_true(keel_test_etcd_stop(cluster, leader));
+  assert_true(keel__etcd_cluster_stop(cluster, leader));
   int64_t stopped_ns = keel_now_ns();
   int written = 0;
   char key[32];
@@ -141,8 +141,8 @@ static void test_leader_stopped(void **state) {
     if (put_until(store, key, "x", 5000) != KEEL_OK) break;
     written++;
   }
-  assert_int_equal(keel_test_etcd_state(cluster, leader), 'T'); /* still stopped throughout */
-  assert_true(keel_test_etcd_resume(cluster, leader));
+  assert_int_equal(keel__etcd_cluster_state(cluster, leader), 'T'); /* still stopped throughout */
+  assert_true(keel__etcd_cluster_resume(cluster, leader));
   print_message("%d writes while the leader (member %d) was stopped for 5 s\n", written, leader);
   assert_true(written > 10);
   keel_store_entry *entries = NULL;
@@ -264,7 +264,7 @@ static void test_first_endpoint_down(void **unused) {
   assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
   char endpoint[256];
   snprintf(endpoint, sizeof endpoint, "etcd://127.0.0.1:%d,%s", closed_port(),
-           keel_test_etcd_member_address(cluster, 1));
+           keel__etcd_cluster_member_address(cluster, 1));
   keel_store *store = NULL;
   assert_int_equal(keel_store_connect(endpoint, &auth, keel_deadline_after_ns(5000 * MS), &store),
                    KEEL_OK);
@@ -296,7 +296,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_leader_stopped, client_setup, client_teardown),
   };
   failures += cmocka_run_group_tests_name("etcd members and endpoints", tests, NULL, NULL);
-  if (failures != 0) keel_test_etcd_print_logs(cluster);
-  keel_test_etcd_destroy(cluster);
+  if (failures != 0) keel__etcd_cluster_print_logs(cluster);
+  keel__etcd_cluster_destroy(cluster);
   return keel_test_finish(failures);
 }

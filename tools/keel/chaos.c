@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "chaos.h"
+#include "etcd_cluster.h"
 #include "keel/core.h"
 #include "launcher.h"
 #include "tool.h"
@@ -43,6 +44,17 @@
 #define PARTITION_MAX_NS (4 * SECOND_NS)
 /* What each frame of a delayed node waits: slow, never past a step's deadline. */
 #define DELAY_MIN_NS (2 * MS_NS)
+/* etcd-kill: the member starts again 0.5-4 s later; etcd-stop: it resumes 0.2-2 s later,
+ * and before half the heartbeat (the workers' lease time to live): etcd 3.4 revokes on
+ * resuming, as its leader, the leases it did not see renewed while stopped (etcd #15247),
+ * a store's fault that no client survives. */
+#define ETCD_KILL_MIN_NS (500 * MS_NS)
+#define ETCD_KILL_MAX_NS (4 * SECOND_NS)
+#define ETCD_STOP_MIN_NS (200 * MS_NS)
+#define ETCD_STOP_MAX_NS (2 * SECOND_NS)
+#define ETCD_MIN_MEMBERS 3
+#define ETCD_START_MS 30000
+#define ETCD_RESTART_MS 20000
 #define DELAY_MAX_NS (20 * MS_NS)
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
@@ -54,6 +66,7 @@ const char *keel__chaos_kind_name(keel__chaos_kind kind) { return kind_names[kin
 
 typedef struct chaos_options {
   int64_t failures;    /* --failures; 0 with --duration */
+  int64_t etcd_members; /* --etcd: the job's store is a cluster chaos starts; 0: none */
   int64_t duration_ns; /* --duration; 0: by count */
   int64_t weights[KEEL__CHAOS_KIND_COUNT];
   int64_t every_min_ns, every_max_ns;
@@ -68,7 +81,7 @@ typedef struct chaos_options {
 static int chaos_usage(const char *message) {
   fprintf(stderr,
           "keel chaos: %s (usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...]"
-          " [--every MIN..MAX] [--seed S] [--json FILE] [--keep] [--no-reference]"
+          " [--every MIN..MAX] [--seed S] [--etcd N] [--json FILE] [--keep] [--no-reference]"
           " -- RUN-FLAGS -- PROGRAM ARGS)\n",
           message);
   return KEEL__EXIT_USAGE;
@@ -168,6 +181,10 @@ static flag_result value_flag_parse(int argc, char **argv, int *index, chaos_opt
     options->seed = (uint64_t)seed;
     return FLAG_TAKEN;
   }
+  if ((value = flag_value(argc, argv, index, "--etcd", &missing)) != NULL)
+    return keel_parse_int(value, 1, KEEL__ETCD_MAX_MEMBERS, &options->etcd_members) == KEEL_OK
+               ? FLAG_TAKEN
+               : FLAG_BAD;
   if ((value = flag_value(argc, argv, index, "--json", &missing)) != NULL) {
     options->json_path = value;
     return FLAG_TAKEN;
@@ -227,6 +244,11 @@ static bool kind_takes_node(keel__chaos_kind kind) {
   return kind == KEEL__CHAOS_KILL_NODE || kind == KEEL__CHAOS_PARTITION;
 }
 
+/* Kinds aimed at a member of the job's etcd cluster (--etcd). */
+static bool kind_hits_etcd(keel__chaos_kind kind) {
+  return kind == KEEL__CHAOS_ETCD_KILL || kind == KEEL__CHAOS_ETCD_STOP;
+}
+
 /* Kinds aimed at a node rather than a rank. */
 static bool kind_hits_node(keel__chaos_kind kind) {
   return kind_takes_node(kind) || kind == KEEL__CHAOS_DELAY;
@@ -274,10 +296,17 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
       return "server-kill is not supported by keel chaos yet";
     case KEEL__CHAOS_ETCD_KILL:
     case KEEL__CHAOS_ETCD_STOP:
-      if (run->rdzv_endpoint == NULL)
-        return "etcd-kill and etcd-stop need an etcd store (--rdzv-endpoint etcd://...); this job"
-               " runs on the embedded store";
-      return "etcd-kill and etcd-stop are not supported by keel chaos yet";
+      if (run->rdzv_endpoint != NULL)
+        return "etcd-kill and etcd-stop fail members of the etcd cluster that keel chaos starts "
+               "itself (--etcd 3 in place of --rdzv-endpoint): it cannot start a member of "
+               "yours again";
+      if (options->etcd_members == 0)
+        return "etcd-kill and etcd-stop need an etcd store (--etcd 3: keel chaos starts a "
+               "cluster of three members for the job); this job runs on the embedded store";
+      if (options->etcd_members < ETCD_MIN_MEMBERS)
+        return "etcd-kill and etcd-stop need --etcd 3 or more: a smaller cluster loses its "
+               "quorum with one member down";
+      return NULL;
     default:
       return "this kind is not supported by keel chaos yet";
   }
@@ -354,6 +383,10 @@ static void default_mix(const chaos_options *options, int64_t *weights) {
   weights[KEEL__CHAOS_LAUNCHER_STOP] = 1;
   if (hangs_caught_soon(&options->run)) weights[KEEL__CHAOS_HANG] = 1;
   if (options->run.verify_every > 0) weights[KEEL__CHAOS_BITFLIP] = 1;
+  if (options->etcd_members >= ETCD_MIN_MEMBERS) {
+    weights[KEEL__CHAOS_ETCD_KILL] = 1;
+    weights[KEEL__CHAOS_ETCD_STOP] = 1;
+  }
 }
 
 /* ---- the schedule: failure i is a function of (seed, i) alone */
@@ -380,6 +413,13 @@ static void failure_draw(const chaos_options *options, uint64_t index,
   failure->delay_ns = uniform_ns(&random, DELAY_MIN_NS, DELAY_MAX_NS);
   if (failure->kind == KEEL__CHAOS_PARTITION)
     failure->hold_ns = uniform_ns(&random, PARTITION_MIN_NS, PARTITION_MAX_NS);
+  if (failure->kind == KEEL__CHAOS_ETCD_KILL)
+    failure->hold_ns = uniform_ns(&random, ETCD_KILL_MIN_NS, ETCD_KILL_MAX_NS);
+  if (failure->kind == KEEL__CHAOS_ETCD_STOP) {
+    failure->hold_ns = uniform_ns(&random, ETCD_STOP_MIN_NS, ETCD_STOP_MAX_NS);
+    if (failure->hold_ns > options->run.heartbeat_ns / 2)
+      failure->hold_ns = options->run.heartbeat_ns / 2;
+  }
   failure->node = -1;
 }
 
@@ -501,6 +541,9 @@ typedef struct chaos_job {
   int64_t next_census_ns;
   size_t censuses;
   char two_holders[256]; /* the first time two live processes held one rank in one epoch */
+  /* --etcd: the job's store, and what became of its members' failures */
+  keel__etcd_cluster *etcd;
+  int64_t etcd_undone, etcd_undo_failed;
 } chaos_job;
 
 static int64_t run_deadline_ns(const chaos_options *options) {
@@ -513,13 +556,18 @@ static bool job_start(chaos_job *job, const char *name) {
   snprintf(events, sizeof events, "%s/%s-events.jsonl", job->directory, name);
   snprintf(output, sizeof output, "%s/%s-output.txt", job->directory, name);
   const chaos_options *options = job->options;
-  char **argv = calloc((size_t)options->run_argc + 4, sizeof *argv);
+  char **argv = calloc((size_t)options->run_argc + 6, sizeof *argv);
   if (argv == NULL) return false;
-  argv[0] = job->self;
-  argv[1] = "run";
-  argv[2] = "--events";
-  argv[3] = events;
-  for (int i = 1; i < options->run_argc; i++) argv[3 + i] = options->run_argv[i];
+  int used = 0;
+  argv[used++] = job->self;
+  argv[used++] = "run";
+  argv[used++] = "--events";
+  argv[used++] = events;
+  if (job->etcd != NULL) {
+    argv[used++] = "--rdzv-endpoint";
+    argv[used++] = (char *)keel__etcd_cluster_endpoint(job->etcd);
+  }
+  for (int i = 1; i < options->run_argc; i++) argv[used++] = options->run_argv[i];
   job->launcher = start(argv, output, NULL);
   free(argv);
   if (job->launcher < 0) return false;
@@ -551,6 +599,20 @@ static keel_store *job_store(chaos_job *job) {
   return job->store;
 }
 
+/* A killed member started again (healthy within ETCD_RESTART_MS), a stopped one resumed.
+ * One that fails leaves the cluster a member short: counted, and the etcd check fails. */
+static void etcd_failure_undo(chaos_job *job, const keel__chaos_failure *failure) {
+  int member = (int)failure->node;
+  bool undone = failure->kind == KEEL__CHAOS_ETCD_KILL
+                    ? keel__etcd_cluster_restart(job->etcd, member, ETCD_RESTART_MS)
+                    : keel__etcd_cluster_resume(job->etcd, member);
+  job->etcd_undone += undone;
+  job->etcd_undo_failed += !undone;
+  if (!undone)
+    fprintf(stderr, "keel chaos: etcd member %d could not be %s\n", member,
+            failure->kind == KEEL__CHAOS_ETCD_KILL ? "started again" : "resumed");
+}
+
 /* Undoes the failure that lasts, if any: the launcher continued, the node's delay ended,
  * its link healed. An undo that fails (the job ended meanwhile) is no error of the job's. */
 static void failure_undo(chaos_job *job) {
@@ -560,6 +622,10 @@ static void failure_undo(chaos_job *job) {
   job->undo_ns = 0;
   if (failure->kind == KEEL__CHAOS_LAUNCHER_STOP) {
     kill(job->launcher, SIGCONT);
+    return;
+  }
+  if (kind_hits_etcd(failure->kind)) {
+    etcd_failure_undo(job, failure);
     return;
   }
   char node[24], output[256];
@@ -654,6 +720,20 @@ static bool rank_failure_try(chaos_job *job, keel__chaos_failure *failure) {
   return true;
 }
 
+/* etcd-kill and etcd-stop: the target-th member (modulo their count) killed or stopped, to
+ * be started again or resumed later; one member at most is down at a time, since no other
+ * failure comes before the undo. */
+static bool etcd_failure_try(chaos_job *job, keel__chaos_failure *failure) {
+  int member = (int)(failure->target % keel__etcd_cluster_members(job->etcd));
+  bool done = failure->kind == KEEL__CHAOS_ETCD_KILL ? keel__etcd_cluster_kill(job->etcd, member)
+                                                     : keel__etcd_cluster_stop(job->etcd, member);
+  if (!done) return false;
+  failure->node = member;
+  job->undo = failure;
+  job->undo_ns = keel_now_ns() + failure->hold_ns;
+  return true;
+}
+
 /* One try at the failure; true once it is done (injected, or given up). */
 static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
   failure->attempts++;
@@ -664,6 +744,8 @@ static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
       job->undo = failure;
       job->undo_ns = keel_now_ns() + failure->hold_ns;
     }
+  } else if (kind_hits_etcd(failure->kind)) {
+    done = etcd_failure_try(job, failure);
   } else {
     done = job->job_id != 0 && (kind_hits_node(failure->kind) ? node_failure_try(job, failure)
                                                               : rank_failure_try(job, failure));
@@ -1004,6 +1086,21 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
         n < MIN_STORE_SERIES ? " (too few recoveries to judge)" : "");
 }
 
+/* Every etcd member failed was started again or resumed: the job ran on a whole cluster
+ * between its store's failures. */
+static void etcd_check(const chaos_job *job, chaos_verdict *verdict) {
+  int64_t killed = 0, stopped = 0;
+  for (int64_t i = 0; i < job->next; i++) {
+    killed += job->failures[i].injected && job->failures[i].kind == KEEL__CHAOS_ETCD_KILL;
+    stopped += job->failures[i].injected && job->failures[i].kind == KEEL__CHAOS_ETCD_STOP;
+  }
+  check(verdict, job->etcd_undo_failed == 0, "etcd-members",
+        "%d members: %" PRId64 " killed and %" PRId64 " stopped; %" PRId64
+        " started again or resumed, %" PRId64 " not",
+        keel__etcd_cluster_members(job->etcd), killed, stopped, job->etcd_undone,
+        job->etcd_undo_failed);
+}
+
 static void checks_run(const chaos_job *job, const keel__chaos_run *reference, int reference_code,
                        chaos_verdict *verdict) {
   const chaos_options *options = job->options;
@@ -1055,6 +1152,7 @@ static void checks_run(const chaos_job *job, const keel__chaos_run *reference, i
         leaks.processes, leaks.shm, leaks.job_files, leaks.networks, clean ? "" : ": ",
         leaks.first);
   flat_check(job, verdict);
+  if (job->etcd != NULL) etcd_check(job, verdict);
 }
 
 static void report_head(const chaos_job *job, FILE *json) {
@@ -1126,6 +1224,21 @@ static void folder_remove(const char *directory) {
   rmdir(directory);
 }
 
+/* --etcd: the job's store, a cluster of its own in the run's folder, serving both runs. */
+static bool etcd_start(chaos_job *job) {
+  char reason[256];
+  job->etcd = keel__etcd_cluster_start((int)job->options->etcd_members, job->directory, 1,
+                                       ETCD_START_MS, reason, sizeof reason);
+  if (job->etcd == NULL) {
+    fprintf(stderr, "keel chaos: cannot start an etcd cluster of %" PRId64 ": %s\n",
+            job->options->etcd_members, reason);
+    return false;
+  }
+  fprintf(stderr, "keel chaos: the job's store is an etcd cluster of %" PRId64 " (%s)\n",
+          job->options->etcd_members, keel__etcd_cluster_endpoint(job->etcd));
+  return true;
+}
+
 static int chaos_main(chaos_options *options, keel__chaos_failure *failures) {
   chaos_job job = {.options = options, .failures = failures, .capacity = failure_capacity(options)};
   self_path(job.self, sizeof job.self);
@@ -1134,6 +1247,12 @@ static int chaos_main(chaos_options *options, keel__chaos_failure *failures) {
   job.run = calloc(1, sizeof *job.run);
   if (reference == NULL || job.run == NULL || mkdtemp(job.directory) == NULL) {
     fprintf(stderr, "keel chaos: cannot make its working folder: %s\n", strerror(errno));
+    free(reference);
+    free(job.run);
+    return KEEL__EXIT_FAILURE;
+  }
+  if (options->etcd_members > 0 && !etcd_start(&job)) {
+    folder_remove(job.directory);
     free(reference);
     free(job.run);
     return KEEL__EXIT_FAILURE;
@@ -1149,6 +1268,8 @@ static int chaos_main(chaos_options *options, keel__chaos_failure *failures) {
     keel__chaos_processes_kill(job.run);
   }
   if (job.run->events != NULL) fclose(job.run->events);
+  /* The cluster goes with its data and logs: it holds nothing of the job's results. */
+  keel__etcd_cluster_destroy(job.etcd);
   if (code == 0 && !options->keep) folder_remove(job.directory);
   keel__chaos_run_clear(reference);
   keel__chaos_run_clear(job.run);
@@ -1164,10 +1285,10 @@ int keel__command_chaos(int argc, char **argv) {
   if (code == -1) {
     printf(
         "usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...] [--every MIN..MAX]\n"
-        "                  [--seed S] [--json FILE] [--keep] [--no-reference]\n"
+        "                  [--seed S] [--etcd N] [--json FILE] [--keep] [--no-reference]\n"
         "                  -- RUN-FLAGS -- PROGRAM ARGS\n"
-        "kinds: kill stop hang bitflip launcher-stop kill-node partition delay"
-        " (docs/CHAOS.md)\n");
+        "kinds: kill stop hang bitflip launcher-stop kill-node partition delay etcd-kill"
+        " etcd-stop (docs/CHAOS.md)\n");
     return 0;
   }
   if (code != 0) return code;
@@ -1181,6 +1302,13 @@ int keel__command_chaos(int argc, char **argv) {
         "workers write no finish events to compare)");
   if (options.run.events_path != NULL)
     return chaos_usage("--events is keel chaos's own (--keep keeps its events files)");
+  if (options.etcd_members > 0 && options.run.rdzv_endpoint != NULL)
+    return chaos_usage("--etcd starts the job's store: leave --rdzv-endpoint out");
+  /* The members listen on 127.0.0.1, which the nodes' namespaces cannot reach. */
+  if (options.etcd_members > 0 && options.run.netns)
+    return chaos_usage(
+        "--etcd with --netns is not supported yet (the members listen on "
+        "127.0.0.1, out of the nodes' namespaces' reach)");
   if (!mix_given) default_mix(&options, options.weights);
   for (int kind = 0; kind < KEEL__CHAOS_KIND_COUNT; kind++) {
     const char *why =

@@ -19,10 +19,9 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_KILL_NODE,     /* a node's agent and processes killed at once (--agents, --netns) */
   KEEL__CHAOS_PARTITION,     /* a node's link cut, healed later (--netns) */
   KEEL__CHAOS_DELAY,         /* a node's frames held back for a while (--agents, --netns) */
-  /* The kinds below are named by issue 15 and refused: not supported yet. */
-  KEEL__CHAOS_SERVER_KILL,
-  KEEL__CHAOS_ETCD_KILL,
-  KEEL__CHAOS_ETCD_STOP,
+  KEEL__CHAOS_SERVER_KILL,   /* named by issue 15 and refused: not supported yet */
+  KEEL__CHAOS_ETCD_KILL,     /* an etcd member killed, started again later (--etcd) */
+  KEEL__CHAOS_ETCD_STOP,     /* an etcd member stopped, resumed later (--etcd) */
   KEEL__CHAOS_KIND_COUNT,
 } keel__chaos_kind;
 
@@ -37,7 +36,7 @@ typedef struct keel__chaos_failure {
   int64_t target;  /* the rank hit by kill and stop; for node kinds, which live node */
   int64_t hold_ns; /* launcher-stop, partition, delay: how long until it is undone */
   int64_t delay_ns; /* delay: how long each frame of the node waits */
-  int64_t node;     /* node kinds: the node hit; -1 otherwise */
+  int64_t node;     /* node kinds: the node hit; etcd kinds: the member; -1 otherwise */
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
