@@ -862,7 +862,6 @@ static int driver_main(const options *opts, const char *argv0) {
     failed += summaries[i].failed;
   }
   results_print(opts, ran, summaries);
-  if (!opts->keep && failed == 0) unlink(d.etcd.process.log_path);
   /* Files of failed trials stay for a look; the directory goes only if empty. */
   if (rmdir(d.directory) != 0 && (failed > 0 || opts->keep))
     fprintf(stderr, "nodes: events and logs are in %s\n", d.directory);

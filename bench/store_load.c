@@ -631,8 +631,7 @@ int main(int argc, char **argv) {
   runs_all(&d);
   if (d.etcd_running) {
     bench_etcd_stop(&d.etcd);
-    if (!opts.keep) unlink(d.etcd.process.log_path);
-    if (rmdir(d.directory) != 0) fprintf(stderr, "store_load: etcd's log is in %s\n", d.directory);
+    if (rmdir(d.directory) != 0) fprintf(stderr, "store_load: files are left in %s\n", d.directory);
   }
   results_print(&d);
   return 0;
