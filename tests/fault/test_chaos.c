@@ -359,6 +359,10 @@ static void test_chaos_refusals(void **state) {
                  (const char *const[]){"--netns", "--nnodes", "2", "--on-failure", "replace", NULL},
                  "--etcd with --netns is not supported yet");
   expect_refusal((const char *const[]){"--etcd", "9", NULL}, replace, "bad value for --etcd");
+  expect_refusal(
+      (const char *const[]){"--etcd", "3", "--mix", "etcd-stop=1", NULL},
+      (const char *const[]){"--agents", "--nnodes", "2", "--on-failure", "replace", NULL},
+      "need --heartbeat 4s or more");
   expect_refusal((const char *const[]){"--failures", "10", "--mix", "kill=1", NULL}, replace,
                  "raise --max-restarts");
   expect_refusal((const char *const[]){"--failures", "2", "--mix", "kill=1", NULL},

@@ -53,6 +53,7 @@
 #define ETCD_STOP_MIN_NS (200 * MS_NS)
 #define ETCD_STOP_MAX_NS (2 * SECOND_NS)
 #define ETCD_MIN_MEMBERS 3
+#define ETCD_AGENTS_HEARTBEAT_MIN_NS (4 * SECOND_NS)
 #define ETCD_START_MS 30000
 #define ETCD_RESTART_MS 20000
 #define DELAY_MAX_NS (20 * MS_NS)
@@ -306,6 +307,12 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
       if (options->etcd_members < ETCD_MIN_MEMBERS)
         return "etcd-kill and etcd-stop need --etcd 3 or more: a smaller cluster loses its "
                "quorum with one member down";
+      if (run->agents && run->heartbeat_ns < ETCD_AGENTS_HEARTBEAT_MIN_NS)
+        return "etcd-kill and etcd-stop on nodes with agents need --heartbeat 4s or more: an "
+               "agent fences its node once the store has not confirmed its lease for 5/8 of the "
+               "heartbeat, and after etcd's leader is killed or stopped no member confirms one "
+               "until another is elected (0.5-1 s here, more under load): at 2s every node "
+               "fenced itself at once";
       return NULL;
     default:
       return "this kind is not supported by keel chaos yet";
