@@ -27,18 +27,19 @@ typedef enum keel_frame_type {
   KEEL_FRAME_CHALLENGE = 2, /* handshake: acceptor's nonce and proof */
   KEEL_FRAME_RESPONSE = 3,  /* handshake: connector's proof */
   KEEL_FRAME_WELCOME = 4,   /* handshake: acceptor's verdict, identity */
+  KEEL_FRAME_LINKED = 5,    /* handshake: the connector has the welcome; the link counts */
   KEEL_FRAME_DATA = 16,     /* collective payload */
   KEEL_FRAME_REVOKE = 17,   /* the sender revoked the communicator of this epoch */
   KEEL_FRAME_MESSAGE = 18,  /* point-to-point message (keel_comm_isend: state transfers) */
   KEEL_FRAME_CONTROL = 19,  /* small comm-level message (payload defined by comm) */
   KEEL_FRAME_STORE_REQUEST = 32,
   KEEL_FRAME_STORE_RESPONSE = 33,
-  KEEL_FRAME_EC_REQUEST = 40, /* to a parameter server (payload defined by ec) */
-  KEEL_FRAME_EC_REPLY = 41,   /* a parameter server's answer; tag echoes the request's */
+  KEEL_FRAME_EC_REQUEST = 40,   /* to a parameter server (payload defined by ec) */
+  KEEL_FRAME_EC_REPLY = 41,     /* a parameter server's answer; tag echoes the request's */
   KEEL_FRAME_CKPT_REQUEST = 44, /* to a node's snapshot service (payload defined by ckpt) */
   KEEL_FRAME_CKPT_DATA = 45,    /* snapshot bytes; the tag is their offset in the snapshot */
   KEEL_FRAME_CKPT_REPLY = 46,   /* a snapshot service's answer */
-  KEEL_FRAME_GOODBYE = 48, /* orderly close: the sender is leaving on purpose */
+  KEEL_FRAME_GOODBYE = 48,      /* orderly close: the sender is leaving on purpose */
 } keel_frame_type;
 
 typedef struct keel_frame {

@@ -17,8 +17,9 @@
 #define HELLO_BYTES (8 + 4 + NONCE_BYTES)
 /* CHALLENGE: nonce 32 bytes | proof 32 bytes. */
 #define CHALLENGE_BYTES (NONCE_BYTES + PROOF_BYTES)
-/* WELCOME: uid u32. */
+/* WELCOME: uid u32. LINKED: the connector's uid u32 again. */
 #define WELCOME_BYTES 4
+#define LINKED_BYTES 4
 
 static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
 static int sodium_result = -1;
@@ -171,6 +172,13 @@ keel_status keel__handshake_connect(keel_link *link, const keel_auth *auth, int6
   uint8_t welcome[WELCOME_BYTES];
   status = handshake_recv(link, KEEL_FRAME_WELCOME, welcome, sizeof welcome, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "connector", status);
+  /* The acceptor counts the link only once it has this: a connector that gave up waiting for
+   * the welcome (its deadline passed on a loaded machine) closes a link that the acceptor
+   * would otherwise have counted as made, seen close, and taken for the connector's death. */
+  uint8_t linked[LINKED_BYTES];
+  keel_put_le32(linked, auth->local_id);
+  status = handshake_send(link, KEEL_FRAME_LINKED, linked, sizeof linked, deadline_ns);
+  if (status != KEEL_OK) return handshake_failed(link, "connector", status);
   handshake_done(link, keel_get_le32(welcome));
   return KEEL_OK;
 }
@@ -210,6 +218,10 @@ keel_status keel__handshake_accept(keel_link *link, const keel_auth *auth, int64
   keel_put_le32(welcome, auth->local_id);
   status = handshake_send(link, KEEL_FRAME_WELCOME, welcome, sizeof welcome, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
+  uint8_t linked[LINKED_BYTES];
+  status = handshake_recv(link, KEEL_FRAME_LINKED, linked, sizeof linked, deadline_ns);
+  if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
+  if (keel_get_le32(linked) != peer_id) return handshake_failed(link, "acceptor", KEEL_EPROTO);
   handshake_done(link, peer_id);
   return KEEL_OK;
 }

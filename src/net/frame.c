@@ -18,7 +18,7 @@ enum {
 };
 
 bool keel__frame_is_handshake(uint16_t type) {
-  return type >= KEEL_FRAME_HELLO && type <= KEEL_FRAME_WELCOME;
+  return type >= KEEL_FRAME_HELLO && type <= KEEL_FRAME_LINKED;
 }
 
 bool keel__frame_type_known(uint16_t type) {
@@ -27,6 +27,7 @@ bool keel__frame_type_known(uint16_t type) {
     case KEEL_FRAME_CHALLENGE:
     case KEEL_FRAME_RESPONSE:
     case KEEL_FRAME_WELCOME:
+    case KEEL_FRAME_LINKED:
     case KEEL_FRAME_DATA:
     case KEEL_FRAME_REVOKE:
     case KEEL_FRAME_MESSAGE:

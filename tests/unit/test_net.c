@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sodium.h>
 
 #include "keel/net.h"
 
@@ -323,7 +324,7 @@ static void test_frame_rejections(void **state) {
   keel_frame_encode(&huge, wire);
   assert_int_equal(keel_frame_decode(wire, sizeof wire, 42, KEEL_FRAME_DEFAULT_MAX_PAYLOAD, &out),
                    KEEL_ERANGE);
-  static const uint16_t unknown_types[] = {0, 5, 15, 20, 31, 34, 47, 49, 0xffff};
+  static const uint16_t unknown_types[] = {0, 6, 15, 20, 31, 34, 47, 49, 0xffff};
   for (size_t i = 0; i < sizeof unknown_types / sizeof unknown_types[0]; i++) {
     memcpy(wire, good, sizeof wire);
     wire[6] = (uint8_t)unknown_types[i];
@@ -673,6 +674,95 @@ static void test_raw_clients(void **state) {
   /* The listener survives all of them. */
   keel_status acceptor, connector_status;
   handshake_attempt(listener, auth, test_auth(1), &acceptor, &connector_status);
+  assert_int_equal(acceptor, KEEL_OK);
+  assert_int_equal(connector_status, KEEL_OK);
+  keel_listener_close(listener);
+}
+
+/* ---- a connector that gives up after the acceptor's welcome */
+
+/* One frame of type and payload to fd, as a link writes it. */
+static void raw_frame_send(int fd, uint16_t type, uint64_t job_id, const void *payload,
+                           size_t length) {
+  keel_frame frame = {.type = type, .job_id = job_id, .length = length};
+  frame.payload_crc32c = keel_crc32c(0, payload, length);
+  uint8_t wire[KEEL_FRAME_HEADER_BYTES];
+  keel_frame_encode(&frame, wire);
+  write_all(fd, wire, sizeof wire);
+  write_all(fd, payload, length);
+}
+
+/* Reads one frame of the expected type into payload (exactly length bytes); false if the
+ * peer sent something else or closed. */
+static bool raw_frame_recv(int fd, uint16_t type, uint8_t *payload, size_t length) {
+  uint8_t wire[KEEL_FRAME_HEADER_BYTES + 128];
+  size_t want = KEEL_FRAME_HEADER_BYTES + length, got = 0;
+  while (got < want) {
+    ssize_t n = recv(fd, wire + got, want - got, 0);
+    if (n <= 0) return false;
+    got += (size_t)n;
+  }
+  keel_frame frame;
+  if (keel_frame_decode(wire, KEEL_FRAME_HEADER_BYTES, 0, 128, &frame) != KEEL_OK) return false;
+  if (frame.type != type || frame.length != length) return false;
+  memcpy(payload, wire + KEEL_FRAME_HEADER_BYTES, length);
+  return true;
+}
+
+typedef struct quitter {
+  const char *address;
+  keel_auth auth;
+  bool welcomed; /* the acceptor sent its welcome before the quitter left */
+  pthread_t thread;
+} quitter;
+
+/* A connector that proves the token, reads the welcome and closes instead of confirming:
+ * what a connector whose deadline passed while it waited for the welcome does. */
+static void *quitter_main(void *argument) {
+  quitter *q = argument;
+  int fd = raw_connect(q->address);
+  uint8_t hello[8 + 4 + 32], challenge[64], response[32], welcome[4];
+  keel_put_le64(hello, q->auth.job_id);
+  keel_put_le32(hello + 8, q->auth.local_id);
+  randombytes_buf(hello + 12, 32);
+  raw_frame_send(fd, KEEL_FRAME_HELLO, q->auth.job_id, hello, sizeof hello);
+  if (raw_frame_recv(fd, KEEL_FRAME_CHALLENGE, challenge, sizeof challenge)) {
+    /* The connector's proof: HMAC(token; label, job id, acceptor's nonce, its own). */
+    uint8_t job_wire[8];
+    keel_put_le64(job_wire, q->auth.job_id);
+    crypto_auth_hmacsha256_state hmac;
+    crypto_auth_hmacsha256_init(&hmac, q->auth.token, sizeof q->auth.token);
+    crypto_auth_hmacsha256_update(&hmac, (const uint8_t *)"keel-connector", 14);
+    crypto_auth_hmacsha256_update(&hmac, job_wire, sizeof job_wire);
+    crypto_auth_hmacsha256_update(&hmac, challenge, 32);
+    crypto_auth_hmacsha256_update(&hmac, hello + 12, 32);
+    crypto_auth_hmacsha256_final(&hmac, response);
+    raw_frame_send(fd, KEEL_FRAME_RESPONSE, q->auth.job_id, response, sizeof response);
+    q->welcomed = raw_frame_recv(fd, KEEL_FRAME_WELCOME, welcome, sizeof welcome);
+  }
+  close(fd);
+  return NULL;
+}
+
+/* The acceptor had sent its welcome, and the connector left: no link. Before the LINKED
+ * frame, the acceptor counted such a link as made, saw it close at once, and the comm
+ * layer took a live connector for dead (RELIABILITY.md, finding 9). */
+static void test_connector_quits_after_welcome(void **state) {
+  (void)state;
+  keel_listener *listener = NULL;
+  assert_int_equal(keel_listener_open("127.0.0.1:0", &listener), KEEL_OK);
+  quitter q = {.address = keel_listener_address(listener), .auth = test_auth(1)};
+  assert_int_equal(pthread_create(&q.thread, NULL, quitter_main, &q), 0);
+  keel_link *link = NULL;
+  keel_status status =
+      keel_listener_accept(listener, &q.auth, keel_deadline_after_ns(SECONDS(5)), &link);
+  pthread_join(q.thread, NULL);
+  assert_true(q.welcomed); /* the handshake really got that far */
+  assert_int_not_equal(status, KEEL_OK);
+  assert_null(link);
+  /* A whole handshake still makes a link. */
+  keel_status acceptor, connector_status;
+  handshake_attempt(listener, test_auth(2), test_auth(1), &acceptor, &connector_status);
   assert_int_equal(acceptor, KEEL_OK);
   assert_int_equal(connector_status, KEEL_OK);
   keel_listener_close(listener);
@@ -1159,6 +1249,7 @@ int main(void) {
       cmocka_unit_test(test_impostor_acceptor),
       cmocka_unit_test(test_raw_clients),
       cmocka_unit_test(test_acceptor_goes_away),
+      cmocka_unit_test(test_connector_quits_after_welcome),
       cmocka_unit_test_setup_teardown(test_blocking_send_recv, pair_setup, pair_teardown),
       cmocka_unit_test_setup_teardown(test_blocking_send_timeout_keeps_frame, pair_setup,
                                       pair_teardown),
