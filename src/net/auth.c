@@ -20,6 +20,8 @@
 /* WELCOME: uid u32. LINKED: the connector's uid u32 again. */
 #define WELCOME_BYTES 4
 #define LINKED_BYTES 4
+/* How long past its deadline the acceptor still waits for LINKED. */
+#define LINKED_GRACE_NS ((int64_t)1000000000)
 
 static pthread_once_t sodium_once = PTHREAD_ONCE_INIT;
 static int sodium_result = -1;
@@ -218,8 +220,12 @@ keel_status keel__handshake_accept(keel_link *link, const keel_auth *auth, int64
   keel_put_le32(welcome, auth->local_id);
   status = handshake_send(link, KEEL_FRAME_WELCOME, welcome, sizeof welcome, deadline_ns);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
+  /* A connector that had the welcome in time counts the link already: a refusal now would
+   * close a link it holds. The grace covers a connector descheduled between the two; one
+   * that gave up closes, which ends the wait at once. */
   uint8_t linked[LINKED_BYTES];
-  status = handshake_recv(link, KEEL_FRAME_LINKED, linked, sizeof linked, deadline_ns);
+  status =
+      handshake_recv(link, KEEL_FRAME_LINKED, linked, sizeof linked, deadline_ns + LINKED_GRACE_NS);
   if (status != KEEL_OK) return handshake_failed(link, "acceptor", status);
   if (keel_get_le32(linked) != peer_id) return handshake_failed(link, "acceptor", KEEL_EPROTO);
   handshake_done(link, peer_id);
