@@ -6,16 +6,19 @@
  * invariant that says so; and jobs whose flags cannot survive the failures asked for are
  * refused before anything starts. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "test_events.h"
 #include "test_job.h"
 #include "test_support.h"
 
@@ -303,6 +306,99 @@ static void test_chaos_etcd(void **state) {
   chaos_result_free(&result);
 }
 
+static bool progress_seen(const keel_test_events *log, void *context) {
+  (void)context;
+  return keel_test_events_find(log, "progress", -1) != NULL;
+}
+
+/* The working folder keel chaos names in its output ("... are in DIR"), once it has. */
+static bool chaos_folder(const char *output_path, char *folder, size_t capacity) {
+  static const char said[] = "its events and output are in ";
+  for (int i = 0; i < 500 * keel_test_slowdown(); i++) {
+    char *text = keel_test_read_file(output_path, NULL);
+    const char *at = text != NULL ? strstr(text, said) : NULL;
+    if (at != NULL) {
+      at += strlen(said);
+      snprintf(folder, capacity, "%.*s", (int)strcspn(at, "\n"), at);
+      free(text);
+      return true;
+    }
+    free(text);
+    usleep(20 * 1000);
+  }
+  return false;
+}
+
+/* SIGINT to keel chaos while its job trains: the job is stopped in order (keel run gets
+ * SIGTERM), chaos exits 128 + SIGINT without a verdict, and no process of the job is left. */
+static void test_chaos_stops_its_job_on_sigint(void **state) {
+  (void)state;
+  const char *folder = keel_test_tempdir("keel-test-chaos");
+  assert_non_null(folder);
+  char output[300];
+  snprintf(output, sizeof output, "%s/output.txt", folder);
+  char *argv[] = {(char *)keel_test_bin("keel"),
+                  "chaos",
+                  "--failures",
+                  "5",
+                  "--every",
+                  "30s",
+                  "--mix",
+                  "kill=1",
+                  "--no-reference",
+                  "--",
+                  "-n",
+                  "2",
+                  "--on-failure",
+                  "replace",
+                  "--spares",
+                  "1",
+                  "--max-restarts",
+                  "5",
+                  "--",
+                  (char *)keel_test_program("toy_train"),
+                  "--steps",
+                  "1000000",
+                  "--compute-ms",
+                  "2",
+                  NULL};
+  char *keel_path = strdup(argv[0]), *toy_path = strdup(argv[19]);
+  argv[0] = keel_path;
+  argv[19] = toy_path;
+  pid_t chaos = keel_test_spawn(argv, NULL, output);
+  free(keel_path);
+  free(toy_path);
+  assert_true(chaos > 0);
+  char run_folder[256], events[320];
+  if (!chaos_folder(output, run_folder, sizeof run_folder)) keel_test_print_file("chaos", output);
+  assert_true(chaos_folder(output, run_folder, sizeof run_folder));
+  snprintf(events, sizeof events, "%s/chaos-events.jsonl", run_folder);
+  assert_true(
+      keel_test_events_wait(events, 1000, progress_seen, NULL, 20, 30000 * keel_test_slowdown()));
+  assert_int_equal(kill(chaos, SIGINT), 0);
+  int status = 0;
+  assert_true(keel_test_wait(chaos, 30000 * keel_test_slowdown(), &status));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 128 + SIGINT)
+    keel_test_print_file("chaos", output);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 128 + SIGINT);
+  char *text = keel_test_read_file(output, NULL);
+  assert_non_null(text);
+  assert_non_null(strstr(text, "stopping the job"));
+  assert_null(strstr(text, "verdict"));
+  free(text);
+  keel_test_events log;
+  keel_test_events_read(events, 1000, &log);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+  /* A stopped run's folder is kept for the user; the test's goes. */
+  char path[400];
+  snprintf(path, sizeof path, "%s/chaos-output.txt", run_folder);
+  unlink(path);
+  unlink(events);
+  assert_int_equal(rmdir(run_folder), 0);
+}
+
 /* Refused with exit 2 and the reason, before any job starts (no --json written). */
 static void expect_refusal(const char *const *chaos_args, const char *const *run_flags,
                            const char *reason) {
@@ -379,6 +475,7 @@ static void test_chaos_refusals(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chaos_refusals),
+      cmocka_unit_test(test_chaos_stops_its_job_on_sigint),
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_fifty_failures),

@@ -551,6 +551,7 @@ typedef struct chaos_job {
   /* --etcd: the job's store, and what became of its members' failures */
   keel__etcd_cluster *etcd;
   int64_t etcd_undone, etcd_undo_failed;
+  bool stopping; /* keel chaos got SIGINT or SIGTERM */
 } chaos_job;
 
 static int64_t run_deadline_ns(const chaos_options *options) {
@@ -850,13 +851,31 @@ static void failures_tick(chaos_job *job, int64_t now) {
   if (job->next < job->capacity) job->due_ns = keel_now_ns() + job->failures[job->next].gap_ns;
 }
 
+/* SIGINT or SIGTERM to keel chaos: the job is stopped in order (what lasts undone, then
+ * SIGTERM to keel run, which stops every node), killed if it is not gone STOP_GRACE_NS
+ * later, and no report is made. */
+#define STOP_GRACE_NS (15 * SECOND_NS)
+static volatile sig_atomic_t stop_signal;
+
+static void stop_signal_note(int signal_number) { stop_signal = signal_number; }
+
+static void stop_job_once(chaos_job *job, int64_t now) {
+  if (stop_signal == 0 || job->stopping) return;
+  job->stopping = true;
+  fprintf(stderr, "keel chaos: %s: stopping the job\n", strsignal(stop_signal));
+  failure_undo(job);
+  kill(job->launcher, SIGTERM);
+  if (job->deadline > now + STOP_GRACE_NS) job->deadline = now + STOP_GRACE_NS;
+}
+
 /* Runs the job to its end (or the deadline), injecting when failures is not NULL. */
 static void job_run(chaos_job *job) {
   for (;;) {
     int64_t now = keel_now_ns();
+    stop_job_once(job, now);
     job_id_learn(job);
     keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
-    if (job->failures != NULL) failures_tick(job, now);
+    if (job->failures != NULL && !job->stopping) failures_tick(job, now);
     if (job->failures != NULL) census_tick(job, now);
     int status;
     pid_t done = waitpid(job->launcher, &status, WNOHANG);
@@ -1265,14 +1284,20 @@ static int chaos_main(chaos_options *options, keel__chaos_failure *failures) {
     return KEEL__EXIT_FAILURE;
   }
   int reference_code = options->no_reference ? 0 : reference_run(&job, reference);
-  fprintf(stderr, "keel chaos: the run with failures; its events and output are in %s\n",
-          job.directory);
   int code = KEEL__EXIT_FAILURE;
-  if (job_start(&job, "chaos")) {
+  if (stop_signal == 0 && job_start(&job, "chaos")) {
+    fprintf(stderr, "keel chaos: the run with failures; its events and output are in %s\n",
+            job.directory);
     job_run(&job);
     /* Processes the job lost track of must not outlive the check that counts them. */
-    code = report(&job, options->no_reference ? NULL : reference, reference_code);
+    code = stop_signal == 0 ? report(&job, options->no_reference ? NULL : reference, reference_code)
+                            : 128 + stop_signal;
     keel__chaos_processes_kill(job.run);
+  }
+  if (stop_signal != 0) {
+    code = 128 + stop_signal;
+    keel__chaos_processes_kill(reference);
+    fprintf(stderr, "keel chaos: stopped; the runs' events and output are in %s\n", job.directory);
   }
   if (job.run->events != NULL) fclose(job.run->events);
   /* The cluster goes with its data and logs: it holds nothing of the job's results. */
@@ -1324,6 +1349,12 @@ int keel__command_chaos(int argc, char **argv) {
     fprintf(stderr, "keel chaos: refused before starting anything: %s\n", why);
     return KEEL__EXIT_USAGE;
   }
+  /* keel chaos is a command, not a guest in someone's process: it may catch these to stop
+   * its job in order instead of leaving it to run on. */
+  struct sigaction stop_action = {.sa_handler = stop_signal_note};
+  sigemptyset(&stop_action.sa_mask);
+  sigaction(SIGINT, &stop_action, NULL);
+  sigaction(SIGTERM, &stop_action, NULL);
   /* Both runs' ranks report the crc32c of their state at their last commit (`finish`). */
   setenv("KEEL_FINISH_CRC", "1", 1);
   int64_t capacity = failure_capacity(&options);
