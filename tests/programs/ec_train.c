@@ -7,7 +7,9 @@
  *   params-crc32c XXXXXXXX lost-servers 0xBITS     worker 0, at the end
  * Synchronous jobs end with the same crc on every run, servers lost or not.
  * Flags: --steps N --rows N --dim D --dense N --rows-per-step N --seed S --step-ms MS
- * Like a keel process it leaves with KEEL_EXIT_STOPPED (77) once job/stop is set. */
+ * Like a keel process it leaves with KEEL_EXIT_STOPPED (77) once job/stop is set, every worker
+ * at the same step (ec_train/stop_step): in a synchronous job a worker that left a step
+ * early would hold the others in that step's barrier until their calls' deadline. */
 #include <getopt.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #define MAX_DENSE 4096
 #define MAX_ROWS_PER_STEP 256
 #define STORE_CONNECT_NS (10 * INT64_C(1000000000))
+#define STOP_STEP_KEY "ec_train/stop_step"
 
 typedef struct options {
   int64_t steps, rows, dim, dense, rows_per_step, seed, step_ms;
@@ -30,6 +33,7 @@ typedef struct worker {
   options options;
   int64_t rank, world;
   keel_store *store; /* for job/stop only: the client has a store of its own */
+  int64_t stop_step; /* the step every worker leaves at; -1 until job/stop is seen */
   keel_ec_client *client;
   uint64_t rows[MAX_ROWS_PER_STEP];
   float values[MAX_ROWS_PER_STEP * MAX_DIM], gradients[MAX_ROWS_PER_STEP * MAX_DIM];
@@ -109,11 +113,33 @@ static keel_status step_run(worker *self, uint64_t step) {
   return status;
 }
 
-static bool stop_requested(worker *self) {
+/* The step agreed on in the store, into self->stop_step; false while there is none. */
+static bool stop_step_read(worker *self) {
   keel_store_entry *entry = NULL;
-  if (keel_store_get(self->store, "job/stop", &entry) != KEEL_OK) return false;
+  if (keel_store_get(self->store, STOP_STEP_KEY, &entry) != KEEL_OK) return false;
+  char text[24];
+  snprintf(text, sizeof text, "%.*s", (int)entry->value_length, (const char *)entry->value);
   keel_store_entry_free(entry);
-  return true;
+  return keel_parse_int(text, 0, INT64_MAX, &self->stop_step) == KEEL_OK;
+}
+
+/* Whether to leave before step. The first worker to see job/stop proposes the next step
+ * (a worker may be in this one already, waiting for this worker's push), and the first
+ * proposal wins: in a synchronous job no worker is more than a step ahead of another, so
+ * each one reads the agreed step before it would begin it. */
+static bool stop_requested(worker *self, int64_t step) {
+  if (self->stop_step < 0 && !stop_step_read(self)) {
+    keel_store_entry *entry = NULL;
+    if (keel_store_get(self->store, "job/stop", &entry) != KEEL_OK) return false;
+    keel_store_entry_free(entry);
+    char text[24];
+    int length = snprintf(text, sizeof text, "%lld", (long long)(step + 1));
+    keel_status status =
+        keel_store_cas(self->store, STOP_STEP_KEY, 0, text, (size_t)length, 0, NULL);
+    if (status != KEEL_OK && !stop_step_read(self)) return false;
+    if (status == KEEL_OK) self->stop_step = step + 1;
+  }
+  return self->stop_step >= 0 && step >= self->stop_step;
 }
 
 static void pause_ms(int64_t milliseconds) {
@@ -162,7 +188,7 @@ static keel_status identity_read(worker *self) {
 static int train(worker *self) {
   keel_status status = dense_initialize(self);
   for (int64_t step = 0; step < self->options.steps && status == KEEL_OK; step++) {
-    if (stop_requested(self)) return KEEL_EXIT_STOPPED;
+    if (stop_requested(self, step)) return KEEL_EXIT_STOPPED;
     status = step_run(self, (uint64_t)step);
     if (status != KEEL_OK) break;
     printf("progress step %lld rank %lld\n", (long long)step, (long long)self->rank);
@@ -186,6 +212,7 @@ static int train(worker *self) {
 int main(int argc, char **argv) {
   worker *self = calloc(1, sizeof *self);
   if (self == NULL) return 1;
+  self->stop_step = -1;
   int exit_code = 2;
   if (parse_options(argc, argv, &self->options) != 0) goto free_worker;
   exit_code = 1;
