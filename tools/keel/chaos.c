@@ -1316,8 +1316,8 @@ static int chaos_main(chaos_options *options, keel__chaos_failure *failures) {
             job.directory);
     job_run(&job);
     /* Processes the job lost track of must not outlive the check that counts them. */
-    code = stop_signal == 0 ? report(&job, options->no_reference ? NULL : reference, reference_code)
-                            : 128 + stop_signal;
+    if (stop_signal == 0)
+      code = report(&job, options->no_reference ? NULL : reference, reference_code);
     keel__chaos_processes_kill(job.run);
   }
   if (stop_signal != 0) {

@@ -647,21 +647,22 @@ bool keel__etcd_cluster_kill(keel__etcd_cluster *cluster, int member) {
   return true;
 }
 
-bool keel__etcd_cluster_stop(keel__etcd_cluster *cluster, int member) {
+/* SIGSTOP (stop) or SIGCONT, then the wait until /proc agrees. The mark comes before the
+ * wait: whatever /proc says, destroy must SIGCONT a member sent SIGSTOP. */
+static bool member_freeze(keel__etcd_cluster *cluster, int member, bool stop) {
   if (!valid_member(cluster, member) || !member_alive(&cluster->member[member])) return false;
   etcd_member *target = &cluster->member[member];
-  if (kill(target->pid, SIGSTOP) != 0) return false;
-  /* Marked before the wait: whatever /proc says, destroy must SIGCONT it. */
-  target->stopped = true;
-  return wait_stopped(target, true);
+  if (kill(target->pid, stop ? SIGSTOP : SIGCONT) != 0) return false;
+  target->stopped = stop;
+  return wait_stopped(target, stop);
+}
+
+bool keel__etcd_cluster_stop(keel__etcd_cluster *cluster, int member) {
+  return member_freeze(cluster, member, true);
 }
 
 bool keel__etcd_cluster_resume(keel__etcd_cluster *cluster, int member) {
-  if (!valid_member(cluster, member) || !member_alive(&cluster->member[member])) return false;
-  etcd_member *target = &cluster->member[member];
-  if (kill(target->pid, SIGCONT) != 0) return false;
-  target->stopped = false;
-  return wait_stopped(target, false);
+  return member_freeze(cluster, member, false);
 }
 
 bool keel__etcd_cluster_restart(keel__etcd_cluster *cluster, int member, int timeout_ms) {
