@@ -3,7 +3,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= 2
 
-.PHONY: all deps build test test-sanitize demo bench bench-netns fuzz soak clean
+.PHONY: all deps build test test-sanitize demo bench bench-netns fuzz soak load-run clean
 
 all: build
 
@@ -41,6 +41,11 @@ fuzz:
 # host and on nodes; reports in soak/ (RELIABILITY.md). Not part of `make test`.
 soak: build
 	@scripts/soak.sh $(BUILD)
+
+# No false deaths: a failure-free job beside two busy loops for LOAD_MINUTES (default 30), one
+# rank computing 5 s longer once a minute; passes when no death was declared.
+load-run: build
+	@scripts/load_run.sh $(BUILD) $(or $(LOAD_MINUTES),30)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

@@ -560,6 +560,8 @@ static void healed_node_rejoins_as_a_spare_node(void **state) {
   const char *partition[] = {"inject", "partition", "2", "--job", job_id, NULL};
   assert_int_equal(keel_test_keel(partition, job.output, 10000), 0);
   events_wait(&job, (event_want){"node_fence", 2, 1});
+  /* Its two workers reaped, and their deaths not written: the store is out of reach. */
+  events_wait(&job, (event_want){"exit", -1, 2});
   const char *heal[] = {"inject", "heal", "2", "--job", job_id, NULL};
   assert_int_equal(keel_test_keel(heal, job.output, 10000), 0);
   events_wait(&job, (event_want){"agent_rejoin", 2, 1});
@@ -584,6 +586,14 @@ static void healed_node_rejoins_as_a_spare_node(void **state) {
   keel_test_events_read(job.events, MAX_EVENTS, &log);
   const char *rejoin = keel_test_events_find(&log, "agent_rejoin", -1);
   assert_int_equal(keel_test_event_long(rejoin, "spares"), 2);
+  /* The fence's two kills, which the cut-off agent could not write to the store, were
+   * written once it answered again, before the new life: the survivors learn of them there
+   * even when the root never saw the node's key gone (gone and back between two of its
+   * listings), rather than at a collective's deadline. */
+  const char *recorded = node_event(&log, "deaths_recorded", 2);
+  assert_non_null(recorded);
+  assert_int_equal(keel_test_event_long(recorded, "processes"), 2);
+  assert_true(keel_test_event_long(recorded, "t_ns") < keel_test_event_long(rejoin, "t_ns"));
   for (long uid = 10; uid <= 11; uid++) {
     const char *ready = keel_test_events_find(&log, "ready", uid);
     assert_non_null(ready);

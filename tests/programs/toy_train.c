@@ -5,7 +5,7 @@
  *   toy-final rank=R uid=U step=N world=W crc=XXXXXXXX
  * Flags: --steps N --params P --global-batch B --compute-ms M --seed S|job --shards K
  *        --persist-every N --persist-dir DIR --second-allreduce --undo
- *        --long-step N --long-ms M [--section]
+ *        --long-step N --long-ms M [--section] [--long-every-ms E] [--long-spin]
  * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
  * the parameters and momentum, replicated by every group of K ranks: each step allgathers
  * the shards, reduces the whole gradient and updates its own shard. The arithmetic is the
@@ -18,7 +18,9 @@
  * of one step, and a fault point "updated" sits between them); --undo turns the runtime's
  * undo copy on, which a recovery needs to redo such a step exactly. With --long-step N
  * --long-ms M, uid 1 works M ms longer once, at step N (an evaluation the others wait for),
- * inside a keel_section_begin/end with --section. */
+ * inside a keel_section_begin/end with --section. With --long-every-ms E it does so again at
+ * the first step after each E ms of its life (an uneven step, not a hang); with --long-spin it
+ * computes (a busy loop, competing for the cores) instead of sleeping. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -29,10 +31,11 @@
 #include "keel/keel.h"
 
 typedef struct options {
-  int64_t steps, params, global_batch, compute_ms, shards, persist_every, long_step, long_ms;
+  int64_t steps, params, global_batch, compute_ms, shards, persist_every, long_step, long_ms,
+      long_every_ms;
   uint64_t seed;
   const char *persist_directory;
-  bool second_allreduce, undo, section;
+  bool second_allreduce, undo, section, long_spin;
 } options;
 
 static int parse_options(int argc, char **argv, options *opts) {
@@ -56,15 +59,18 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"long-step", required_argument, 0, 'L'},
                                                {"long-ms", required_argument, 0, 'M'},
                                                {"section", no_argument, 0, 'S'},
+                                               {"long-every-ms", required_argument, 0, 'E'},
+                                               {"long-spin", no_argument, 0, 'B'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     int64_t value = 0;
-    if (option == 'D' || option == 'A' || option == 'U' || option == 'S') {
+    if (option == 'D' || option == 'A' || option == 'U' || option == 'S' || option == 'B') {
       if (option == 'D') opts->persist_directory = optarg;
       if (option == 'A') opts->second_allreduce = true;
       if (option == 'U') opts->undo = true;
       if (option == 'S') opts->section = true;
+      if (option == 'B') opts->long_spin = true;
       continue;
     }
     /* --seed job: a seed of the job's id, the same in every rank and different in every
@@ -86,6 +92,7 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'P') opts->persist_every = value;
     if (option == 'L') opts->long_step = value;
     if (option == 'M') opts->long_ms = value;
+    if (option == 'E') opts->long_every_ms = value;
   }
   if (opts->persist_every > 0 && opts->persist_directory == NULL) {
     fprintf(stderr, "toy_train: --persist-every needs --persist-dir\n");
@@ -133,6 +140,8 @@ typedef struct toy_state {
   float *params, *shard_params, *momentum, *send, *recv, *gathered;
   uint64_t step;
   bool long_done;
+  int64_t next_long_ns; /* --long-every-ms: when the next long step is due */
+  int64_t long_count;
 } toy_state;
 
 static bool toy_allocate(toy_state *toy, const options *opts) {
@@ -194,24 +203,44 @@ static int run_end(const toy_state *toy, const char *what, keel_status status) {
   return code;
 }
 
-/* uid 1's long work at --long-step, once, declared as a section with --section (a replacement
- * of uid 1 does not do it again). */
-static void long_work(keel_ctx *ctx, toy_state *toy, const options *opts) {
+/* Whether uid 1 works long at this step: once at --long-step, or each --long-every-ms. */
+static bool long_work_due(keel_ctx *ctx, toy_state *toy, const options *opts) {
   keel_comm *world = keel_world(ctx);
-  if (toy->long_done || (int64_t)toy->step != opts->long_step ||
-      keel_comm_uid(world, keel_comm_rank(world)) != 1)
-    return;
+  if (keel_comm_uid(world, keel_comm_rank(world)) != 1) return false;
+  if (opts->long_every_ms > 0) {
+    int64_t now = keel_now_ns();
+    if (toy->next_long_ns == 0) toy->next_long_ns = now + opts->long_every_ms * 1000000;
+    if (now < toy->next_long_ns) return false;
+    toy->next_long_ns = now + opts->long_every_ms * 1000000;
+    return true;
+  }
+  if (toy->long_done || (int64_t)toy->step != opts->long_step) return false;
   toy->long_done = true;
+  return true;
+}
+
+/* uid 1's long work, declared as a section with --section (a replacement of uid 1 does not
+ * do a --long-step one again). */
+static void long_work(keel_ctx *ctx, toy_state *toy, const options *opts) {
+  if (!long_work_due(ctx, toy, opts)) return;
   int64_t duration_ns = opts->long_ms * 1000000;
   keel_status status = KEEL_OK;
   if (opts->section)
     status = keel_section_begin(ctx, "evaluation", keel_deadline_after_ns(2 * duration_ns));
   if (status != KEEL_OK)
     fprintf(stderr, "toy_train: keel_section_begin: %s\n", keel_strerror(status));
-  struct timespec pause = {(time_t)(duration_ns / 1000000000), (long)(duration_ns % 1000000000)};
-  nanosleep(&pause, NULL);
+  if (opts->long_spin) {
+    int64_t until = keel_now_ns() + duration_ns;
+    volatile uint64_t spins = 0;
+    while (keel_now_ns() < until) spins++;
+  } else {
+    struct timespec pause = {(time_t)(duration_ns / 1000000000), (long)(duration_ns % 1000000000)};
+    nanosleep(&pause, NULL);
+  }
   if (opts->section && status == KEEL_OK && (status = keel_section_end(ctx)) != KEEL_OK)
     fprintf(stderr, "toy_train: keel_section_end: %s\n", keel_strerror(status));
+  fprintf(stderr, "toy_train: long work %lld (%lld ms) at step %llu\n",
+          (long long)++toy->long_count, (long long)opts->long_ms, (unsigned long long)toy->step);
 }
 
 /* Returns the exit code (keel_exit_code of how the run ended). */

@@ -621,6 +621,8 @@ static void etcd_failure_undo(chaos_job *job, const keel__chaos_failure *failure
             failure->kind == KEEL__CHAOS_ETCD_KILL ? "started again" : "resumed");
 }
 
+static void node_victims_note(chaos_job *job, keel__chaos_failure *failure, int64_t born_since_ns);
+
 /* Undoes the failure that lasts, if any: the launcher continued, the node's delay ended,
  * its link healed. An undo that fails (the job ended meanwhile) is no error of the job's. */
 static void failure_undo(chaos_job *job) {
@@ -644,9 +646,11 @@ static void failure_undo(chaos_job *job) {
   if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
     fprintf(stderr, "keel chaos: could not undo %s of node %" PRId64 ": %s\n",
             kind_names[failure->kind], failure->node, output);
+  if (failure->kind == KEEL__CHAOS_PARTITION) node_victims_note(job, failure, failure->injected_ns);
 }
 
 static void victim_add(keel__chaos_failure *failure, uint32_t uid) {
+  if (keel__chaos_failure_hit(failure, uid)) return;
   if (failure->victim_count < KEEL__CHAOS_MAX_VICTIMS)
     failure->victims[failure->victim_count++] = uid;
 }
@@ -659,13 +663,18 @@ static void victim_parse(const char *output, keel__chaos_failure *failure) {
   if (open != NULL && sscanf(open, "(uid %u, pid %ld)", &uid, &pid) == 2) victim_add(failure, uid);
 }
 
-/* The processes of the node that live now (as the events say): those a kill-node or a
- * partition hits. */
-static void node_victims_note(const chaos_job *job, keel__chaos_failure *failure) {
+/* The processes of the node a kill-node or a partition hits, as the events say (read up to
+ * now: a spare its agent started a moment ago counts). At the injection (born_since_ns 0):
+ * those that live. At a partition's heal: those born on the node since the cut, live or
+ * already fenced with it. */
+static void node_victims_note(chaos_job *job, keel__chaos_failure *failure, int64_t born_since_ns) {
+  keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
   const keel__chaos_run *run = job->run;
   for (size_t i = 0; i < run->process_count; i++) {
     const keel__chaos_process *p = &run->processes[i];
-    if (!p->agent && !p->exited && p->node == failure->node) victim_add(failure, p->uid);
+    if (p->agent || p->node != failure->node) continue;
+    bool hit = born_since_ns == 0 ? !p->exited : p->spawn_ns >= born_since_ns;
+    if (hit) victim_add(failure, p->uid);
   }
 }
 
@@ -710,7 +719,7 @@ static bool node_failure_try(chaos_job *job, keel__chaos_failure *failure) {
   const char *args[5] = {kind_names[failure->kind], node, NULL};
   if (failure->kind == KEEL__CHAOS_DELAY) args[2] = delay;
   if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) return false;
-  if (failure->kind != KEEL__CHAOS_DELAY) node_victims_note(job, failure);
+  if (failure->kind != KEEL__CHAOS_DELAY) node_victims_note(job, failure, 0);
   if (failure->kind != KEEL__CHAOS_KILL_NODE) {
     job->undo = failure;
     job->undo_ns = keel_now_ns() + failure->hold_ns;

@@ -56,6 +56,7 @@ typedef struct keel__chaos_process {
   bool server, agent;
   bool holds_rank;                /* a worker, or a spare since a recovery gave it a rank's state */
   unsigned long long start_ticks; /* from /proc when the spawn was read; 0: already gone */
+  int64_t spawn_ns;               /* its spawn event's t_ns (CLOCK_MONOTONIC) */
   bool exited, fenced, killed_at_end;
   char ended[32]; /* "code 0", "SIGKILL" */
   /* /proc samples after each recovery it lived through (allocated; freed with the run) */

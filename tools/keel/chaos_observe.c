@@ -133,6 +133,7 @@ static void spawn_read(keel__chaos_run *run, json_t *event, bool agent) {
   *p = (keel__chaos_process){.uid = (uint32_t)keel__json_int_or(event, "uid", -1),
                              .pid = (pid_t)keel__json_int_or(event, "pid", 0),
                              .node = keel__json_int_or(event, "node", 0),
+                             .spawn_ns = keel__json_int_or(event, "t_ns", 0),
                              .agent = agent};
   char role[16] = "";
   keel__json_string(event, "role", role, sizeof role);

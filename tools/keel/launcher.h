@@ -141,6 +141,7 @@ typedef struct keel__child {
   int64_t lease_lost_ns;  /* when its proc/ key vanished while it lived; 0: never */
   int64_t stopped_ns;     /* when waitpid said it stopped (SIGSTOP); 0: running */
   char fence_reason[128]; /* why the launcher fenced it; empty: not fenced */
+  bool death_unrecorded;  /* reaped, but its dead/ key could not be written */
   int wait_status;
   uint64_t exit_order;  /* 1 for the first process to exit, ...; 0 while alive */
   int64_t server_index; /* KEEL__ROLE_SERVER: its index (`keel server --index`) */
@@ -309,6 +310,9 @@ keel__child *keel__child_by_uid(keel__launcher *launcher, uint32_t uid);
 bool keel__children_spawn(keel__launcher *launcher, keel__role role, int64_t count);
 /* Children from uid first_uid on that are not reaped yet, fenced ones included. */
 size_t keel__children_unreaped(const keel__launcher *launcher, size_t first_uid);
+/* Writes dead/<uid> again for every reaped child whose key could not be written when it
+ * was reaped (a fenced node's agent, cut off from the store); how many it wrote. */
+size_t keel__children_deaths_record(keel__launcher *launcher);
 /* Reaps every child that has exited and calls keel__launcher_child_exited for each. */
 void keel__children_reap(keel__launcher *launcher);
 /* SIGKILLs a live child on the launcher's decision and records why (a `fence` event). */

@@ -395,7 +395,15 @@ bool keel__agent_rejoin_wait(keel__launcher *launcher) {
     keel_store_entry *done = NULL;
     keel_status status = keel_store_get(launcher->store, "job/done", &done);
     keel_store_entry_free(done);
-    if (status == KEEL_ENOTFOUND) return true;
+    if (status == KEEL_ENOTFOUND) {
+      /* The fence's kills could not be recorded while the node was cut off, and the root
+       * may never have seen the node's key gone (it can be gone and back between two of its
+       * listings): the others learn of the deaths from here, before the new life begins. */
+      size_t recorded = keel__children_deaths_record(launcher);
+      keel__event_emit(launcher, "deaths_recorded", "\"node\":%lld,\"processes\":%zu",
+                       (long long)agent->node, recorded);
+      return true;
+    }
     if (status == KEEL_OK) return false;
     struct pollfd poller = {.fd = launcher->signal_fd, .events = POLLIN};
     int64_t next = keel_now_ns() + agent->ttl_ns / 4;

@@ -339,20 +339,34 @@ static void lease_end(keel__launcher *launcher, uint32_t uid) {
 }
 
 /* dead/<uid>, for the runtime: the process is gone. */
-static void dead_key_put(keel__launcher *launcher, const keel__child *child, const char *outcome) {
+static keel_status dead_key_put(keel__launcher *launcher, keel__child *child, const char *outcome) {
   char key[64], value[64];
   snprintf(key, sizeof key, "dead/%u", (unsigned)child->uid);
   int length = snprintf(value, sizeof value, "status=%s", outcome);
   keel_status status = keel_store_put(launcher->store, key, value, (size_t)length, 0, NULL);
   if (status != KEEL_OK)
     KEEL_LOG_E("launcher", "cannot record %s in the store: %s", key, keel_strerror(status));
+  child->death_unrecorded = status != KEEL_OK;
   lease_end(launcher, child->uid);
+  return status;
+}
+
+size_t keel__children_deaths_record(keel__launcher *launcher) {
+  size_t written = 0;
+  for (size_t i = 0; i < launcher->child_count; i++) {
+    keel__child *child = &launcher->children[i];
+    if (child->alive || !child->death_unrecorded) continue;
+    char outcome[32];
+    keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
+    written += dead_key_put(launcher, child, outcome) == KEEL_OK;
+  }
+  return written;
 }
 
 /* An exit is written where others can see it, the store first: dead/<uid> for the runtime
  * (a server, which no communicator knows, has its server/<i> key instead), then an event
  * for the user. */
-static void child_record_exit(keel__launcher *launcher, const keel__child *child) {
+static void child_record_exit(keel__launcher *launcher, keel__child *child) {
   char outcome[32];
   keel__wait_status_text(child->wait_status, outcome, sizeof outcome);
   if (child->role == KEEL__ROLE_SERVER)
