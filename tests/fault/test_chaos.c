@@ -287,7 +287,9 @@ static void test_chaos_etcd(void **state) {
                             "--mix", "kill=1,etcd-kill=2,etcd-stop=2", NULL},
       (const char *const[]){"-n", "3", "--on-failure", "replace", "--spares", "1", "--max-restarts",
                             "10", NULL},
-      (const char *const[]){"--steps", "2000", "--compute-ms", "2", "--params", "20000", NULL},
+      /* 8 failures at 1-2 s gaps, each held up to 4 s: about 25 s. 2000 steps ended first
+       * once (14 s) on a quiet machine. */
+      (const char *const[]){"--steps", "5000", "--compute-ms", "2", "--params", "20000", NULL},
       NULL, CHAOS_TIMEOUT_MS, &result);
   if (strstr(result.output, "not installed") != NULL) {
     print_message("skipped: %s\n", result.output);
