@@ -681,6 +681,42 @@ static void a_new_root_leaves_a_node_that_came_back_alone(void **state) {
   keel_test_events_free(&log);
 }
 
+/* Rank 1 (node 1's only worker) is killed and the spare node's spare takes it; that spare is
+ * killed in turn and node 1's new spare takes the rank. The spare node then holds no rank
+ * and none of its processes finished, but the job did: its agent ends 0, and so does the
+ * job. Its verdict was the killed spare's 137, the job's exit code (the soak's finding 12,
+ * seen again in a CI rehearsal of test_chaos). */
+static void a_node_whose_holders_were_replaced_ends_with_the_job(void **state) {
+  (void)state;
+  const char *const flags[] = {
+      "--agents",     "--nnodes", "2",           "--nproc-per-node",  "1", "--spare-nodes", "1",
+      "--on-failure", "replace",  "--heartbeat", heartbeat_lenient(), NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
+  const char *kill_args[] = {"inject", "kill", "1", "--job", job_id, NULL};
+  assert_int_equal(keel_test_keel(kill_args, job.output, 10000), 0);
+  events_wait(&job, (event_want){"recovery", -1, 1});
+  assert_int_equal(keel_test_keel(kill_args, job.output, 10000), 0);
+  int code = job_finish(&job, launcher);
+  if (code != 0) keel_test_print_file("output", job.output);
+  assert_int_equal(code, 0);
+  keel_test_toy_assert_consistent(job.output, 2, STEP_COUNT);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  /* The spare node's spare (uid 10: max_world 2 + node 2 x stride 4) held rank 1 and was
+   * killed. */
+  const char *exit = keel_test_events_find(&log, "exit", 10);
+  assert_non_null(exit);
+  assert_non_null(strstr(exit, "\"signal\":\"SIGKILL\""));
+  assert_int_equal(keel_test_event_long(exit, "rank"), 1);
+  const char *spare_node_end = node_event(&log, "agent_end", 2);
+  assert_non_null(spare_node_end);
+  assert_int_equal(keel_test_event_long(spare_node_end, "code"), 0);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
 static void node_flags_are_checked(void **state) {
   (void)state;
   char output[2048];
@@ -793,6 +829,7 @@ int main(void) {
       cmocka_unit_test(late_node_joins_at_a_step_boundary),
       cmocka_unit_test(healed_node_rejoins_as_a_spare_node),
       cmocka_unit_test(a_new_root_leaves_a_node_that_came_back_alone),
+      cmocka_unit_test(a_node_whose_holders_were_replaced_ends_with_the_job),
   };
   /* KEEL_TEST_FILTER=a_new_root* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));

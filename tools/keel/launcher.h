@@ -322,9 +322,10 @@ size_t keel__children_alive(const keel__launcher *launcher, bool rank_holders_on
 /* Whether the child is stopped by a signal (SIGSTOP), as /proc/<pid>/stat says; a tracing
  * stop (a debugger, LeakSanitizer's check at exit) is not. */
 bool keel__child_stopped(const keel__child *child);
-/* The exit code of `keel run` from the ends of the current incarnation's children (the
- * rule is at its definition). */
-int keel__children_verdict(const keel__launcher *launcher);
+/* The exit code of `keel run` (or of an agent's node: others_finished says whether ranks
+ * finished on other nodes) from the ends of the current incarnation's children (the rule
+ * is at its definition). */
+int keel__children_verdict(const keel__launcher *launcher, bool others_finished);
 /* An exit code, or 128+signal for a kill, as a shell reports it. */
 int keel__wait_status_code(int wait_status);
 /* "0", "3", "SIGKILL": how a wait status reads in dead/ values and events. */

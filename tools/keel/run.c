@@ -193,7 +193,7 @@ void keel__launcher_check_end(keel__launcher *launcher) {
   if (keel__children_alive(launcher, true) > 0) return;
   if (!keel__launcher_refresh_ranks(launcher)) return;
   if (keel__children_alive(launcher, true) > 0) return;
-  keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
+  keel__launcher_begin_ending(launcher, keel__children_verdict(launcher, false));
 }
 
 static void launcher_respawn(keel__launcher *launcher, const keel__child *failed) {

@@ -355,9 +355,11 @@ void keel__agent_check_end(keel__launcher *launcher) {
   if (keel__children_alive(launcher, true) > 0) return;
   bool known;
   bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
-  if (keel__store_has(launcher->store, "job/done"))
+  bool done = keel__store_has(launcher->store, "job/done");
+  bool finished = (over || done) && ranks_finished(launcher);
+  if (done)
     over = true;
-  else if (over && !ranks_finished(launcher)) {
+  else if (over && !finished) {
     KEEL_LOG_E("agent",
                "node %lld: no process of the job holds a rank and none finished: "
                "the ranks' last holders died before spares could take their state",
@@ -366,7 +368,9 @@ void keel__agent_check_end(keel__launcher *launcher) {
     keel__launcher_begin_ending(launcher, KEEL__EXIT_FAILURE);
     return;
   }
-  if (over) keel__launcher_begin_ending(launcher, keel__children_verdict(launcher));
+  /* A node whose rank holders all failed, replaced on other nodes that finished (RELIABILITY.md,
+   * finding 12): the job's outcome is theirs. */
+  if (over) keel__launcher_begin_ending(launcher, keel__children_verdict(launcher, finished));
 }
 
 /* A SIGINT or SIGTERM that came while waiting: the supervisor or the user stops the node. */

@@ -477,8 +477,10 @@ static bool finished_in_last_epoch(const keel__launcher *launcher, const keel__c
  * process showed. Among those that exited on their own, the first non-zero code by exit
  * order wins, else 0. A process killed, fenced or left in an older epoch was declared
  * failed and is no verdict, unless no rank holder finished in the last epoch at all: then
- * the first rank holder that ended badly gives the code (128+signal for a signal). */
-int keel__children_verdict(const keel__launcher *launcher) {
+ * the first rank holder that ended badly gives the code (128+signal for a signal). An agent
+ * is one node of the job: when ranks finished on other nodes (others_finished), its own
+ * holders that all failed were replaced there, and no verdict either. */
+int keel__children_verdict(const keel__launcher *launcher, bool others_finished) {
   const keel__child *first_nonzero = NULL, *first_bad = NULL;
   bool any_finished = false;
   /* Earlier incarnations (--on-failure restart) failed and were restarted: no verdict. */
@@ -494,7 +496,7 @@ int keel__children_verdict(const keel__launcher *launcher) {
     if (code != 0 && earlier) first_nonzero = child;
   }
   if (first_nonzero != NULL) return keel__wait_status_code(first_nonzero->wait_status);
-  if (any_finished || first_bad == NULL) return 0;
+  if (any_finished || first_bad == NULL || others_finished) return 0;
   return keel__wait_status_code(first_bad->wait_status);
 }
 
