@@ -96,6 +96,13 @@ static int job_finish(const keel_test_job *job, pid_t launcher) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* The job ended 0; its output is shown when it did not. */
+static void job_finish_ok(const keel_test_job *job, pid_t launcher) {
+  int code = job_finish(job, launcher);
+  if (code != 0) keel_test_print_file("output", job->output);
+  assert_int_equal(code, 0);
+}
+
 static void kill_node(const keel_test_job *job, const char *job_id, const char *node) {
   const char *args[] = {"inject", "kill-node", node, "--job", job_id, NULL};
   assert_int_equal(keel_test_keel(args, job->output, 10000), 0);
@@ -330,9 +337,7 @@ static void partitioned_node_fences_itself_before_it_is_replaced(void **state) {
   pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);
   const char *partition[] = {"inject", "partition", "2", "--job", job_id, NULL};
   assert_int_equal(keel_test_keel(partition, job.output, 10000), 0);
-  int code = job_finish(&job, launcher);
-  if (code != 0) keel_test_print_file("output", job.output);
-  assert_int_equal(code, 0);
+  job_finish_ok(&job, launcher);
   keel_test_toy_assert_consistent(job.output, 4, STEP_COUNT);
   keel_test_events log;
   keel_test_events_read(job.events, MAX_EVENTS, &log);
@@ -432,9 +437,7 @@ static void delayed_node_slows_every_step_until_it_ends(void **state) {
   if (!keel_test_events_wait(job.events, MAX_EVENTS, delay_applied, &ended, 10,
                              30000 * keel_test_slowdown()))
     fail_msg("node 1's worker did not end the delay");
-  int code = job_finish(&job, launcher);
-  if (code != 0) keel_test_print_file("output", job.output);
-  assert_int_equal(code, 0);
+  job_finish_ok(&job, launcher);
   keel_test_toy_assert_consistent(job.output, 2, STEP_COUNT);
   keel_test_events_read(job.events, MAX_EVENTS, &log);
   long long delayed_at = keel_test_event_long(delay_line(&log, 40), "t_ns");
@@ -661,9 +664,7 @@ static void a_new_root_leaves_a_node_that_came_back_alone(void **state) {
   events_wait(&job, (event_want){"agent_start", other, 3});
   kill_node(&job, job_id, root_text);
   events_wait(&job, (event_want){"root", -1, 2});
-  int code = job_finish(&job, launcher);
-  if (code != 0) keel_test_print_file("output", job.output);
-  assert_int_equal(code, 0);
+  job_finish_ok(&job, launcher);
   keel_test_toy_assert_consistent(job.output, 4, 1000);
   keel_test_events_read(job.events, MAX_EVENTS, &log);
   long long second_root = root_node(&log, 2);
@@ -698,9 +699,7 @@ static void a_node_whose_holders_were_replaced_ends_with_the_job(void **state) {
   assert_int_equal(keel_test_keel(kill_args, job.output, 10000), 0);
   events_wait(&job, (event_want){"recovery", -1, 1});
   assert_int_equal(keel_test_keel(kill_args, job.output, 10000), 0);
-  int code = job_finish(&job, launcher);
-  if (code != 0) keel_test_print_file("output", job.output);
-  assert_int_equal(code, 0);
+  job_finish_ok(&job, launcher);
   keel_test_toy_assert_consistent(job.output, 2, STEP_COUNT);
   keel_test_events log;
   keel_test_events_read(job.events, MAX_EVENTS, &log);
