@@ -472,9 +472,7 @@ static void node_decision(keel_store *store, long long node, char *text, size_t 
   keel_store_entry *entry = NULL;
   snprintf(text, capacity, "-");
   if (keel_store_get(store, key, &entry) != KEEL_OK) return;
-  /* "lost life=<lease>": the word; the life is for the roots. */
-  snprintf(text, capacity, "%.*s", (int)strcspn((const char *)entry->value, " "),
-           (const char *)entry->value);
+  snprintf(text, capacity, "%s", (const char *)entry->value);
   keel_store_entry_free(entry);
 }
 

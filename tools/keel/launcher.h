@@ -105,7 +105,6 @@ typedef struct keel__report {
   int64_t rank;   /* KEEL__REPORT_PROC */
   int64_t epoch;  /* KEEL__REPORT_PROC */
   int64_t node;   /* KEEL__REPORT_PROC: the node its value names (-1: none) */
-  int64_t lease;  /* KEEL__REPORT_NODE: the lease of the node's key (one per life of it) */
   char text[160]; /* the suspect/ value ("by=<uid> reason=<text>"), NUL-terminated */
 } keel__report;
 
@@ -224,12 +223,10 @@ typedef struct keel__agent_state {
   uint8_t *uid_state;  /* per uid: KEEL__UID_* flags */
   int64_t node_count;  /* nnodes + spare_nodes */
   uint8_t *node_state; /* per node: KEEL__NODE_* flags */
-  int64_t *node_life;  /* per node: the lease of the last life of it seen (0: none) */
 } keel__agent_state;
 
 #define KEEL__UID_ALIVE 1  /* its proc/ key is there */
 #define KEEL__UID_MARKED 2 /* the root wrote dead/<uid> */
-#define KEEL__UID_LOST 4   /* its node was lost while it was of it (a decision covers it) */
 #define KEEL__NODE_SEEN 1  /* its node/ key appeared */
 #define KEEL__NODE_LOST 2  /* the root decided it is lost (decision/node/<i>) */
 

@@ -45,7 +45,6 @@ static void report_entry(keel__watcher *watcher, uint32_t uid, const keel_store_
   keel__report report = {.uid = uid};
   if (watcher->kind == KEEL__REPORT_NODE) {
     report.kind = KEEL__REPORT_NODE;
-    report.lease = entry->lease;
     snprintf(report.text, sizeof report.text, "%s", (const char *)entry->value);
     report_send(watcher, &report);
     return;
