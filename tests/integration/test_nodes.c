@@ -614,8 +614,8 @@ static void healed_node_rejoins_as_a_spare_node(void **state) {
   keel_test_events_free(&log);
 }
 
-/* Rank 1 (node 1's only worker) is killed and the spare node's spare takes it; that spare is
- * killed in turn and node 1's new spare takes the rank. The spare node then holds no rank
+/* Rank 1 (node 1's only worker) is killed and a spare takes it; that spare is killed in
+ * turn and another takes the rank. A node whose holders were all killed then holds no rank
  * and none of its processes finished, but the job did: its agent ends 0, and so does the
  * job. Its verdict was the killed spare's 137, the job's exit code (the soak's finding 12,
  * seen again in a CI rehearsal of test_chaos). */
@@ -635,15 +635,19 @@ static void a_node_whose_holders_were_replaced_ends_with_the_job(void **state) {
   keel_test_toy_assert_consistent(job.output, 2, STEP_COUNT);
   keel_test_events log;
   keel_test_events_read(job.events, MAX_EVENTS, &log);
-  /* The spare node's spare (uid 10: max_world 2 + node 2 x stride 4) held rank 1 and was
-   * killed. */
-  const char *exit = keel_test_events_find(&log, "exit", 10);
-  assert_non_null(exit);
-  assert_non_null(strstr(exit, "\"signal\":\"SIGKILL\""));
-  assert_int_equal(keel_test_event_long(exit, "rank"), 1);
-  const char *spare_node_end = node_event(&log, "agent_end", 2);
-  assert_non_null(spare_node_end);
-  assert_int_equal(keel_test_event_long(spare_node_end, "code"), 0);
+  /* Both holders of rank 1 were killed (which spare took it depends on timing), and every
+   * node's agent ended 0: the nodes whose holders were replaced too. */
+  size_t killed = 0, agents = 0;
+  for (size_t i = 0; i < log.count; i++) {
+    const char *line = log.lines[i];
+    killed += keel_test_event_is(line, "exit") && keel_test_event_long(line, "rank") == 1 &&
+              strstr(line, "\"signal\":\"SIGKILL\"") != NULL;
+    if (!keel_test_event_is(line, "agent_end")) continue;
+    agents++;
+    assert_int_equal(keel_test_event_long(line, "code"), 0);
+  }
+  assert_int_equal(killed, 2);
+  assert_int_equal(agents, 3);
   keel_test_events_assert_none_left(&log);
   keel_test_events_free(&log);
 }
