@@ -27,11 +27,6 @@
 #define STEPS "300"
 #define STEP_COUNT 300
 
-/* Two worker nodes of two workers and a spare node; a lost node's ranks are replaced. */
-#define SPARE_NODE_JOB_FLAGS                                                                  \
-  "--agents", "--nnodes", "2", "--nproc-per-node", "2", "--spare-nodes", "1", "--on-failure", \
-      "replace"
-
 static const char *const toy_args[] = {"--steps", STEPS, "--params", "100000", NULL};
 
 /* An agent fences its node when the store has not confirmed its lease for 5/8 of the
@@ -222,8 +217,20 @@ static void kill_node_replaced_by_a_spare_node_is_exact(void **state) {
   char port[16];
   int port_number = free_port();
   snprintf(port, sizeof port, "%d", port_number);
-  const char *const flags[] = {SPARE_NODE_JOB_FLAGS, "--metrics-port",    port,
-                               "--heartbeat",        heartbeat_lenient(), NULL};
+  const char *const flags[] = {"--agents",
+                               "--nnodes",
+                               "2",
+                               "--nproc-per-node",
+                               "2",
+                               "--spare-nodes",
+                               "1",
+                               "--on-failure",
+                               "replace",
+                               "--metrics-port",
+                               port,
+                               "--heartbeat",
+                               heartbeat_lenient(),
+                               NULL};
   keel_test_job job;
   char job_id[32];
   pid_t launcher = job_start_training(&job, flags, job_id, sizeof job_id);

@@ -208,10 +208,10 @@ static bool long_work_due(keel_ctx *ctx, toy_state *toy, const options *opts) {
   keel_comm *world = keel_world(ctx);
   if (keel_comm_uid(world, keel_comm_rank(world)) != 1) return false;
   if (opts->long_every_ms > 0) {
-    int64_t now = keel_now_ns();
-    if (toy->next_long_ns == 0) toy->next_long_ns = now + opts->long_every_ms * 1000000;
+    int64_t now = keel_now_ns(), every_ns = opts->long_every_ms * 1000000;
+    if (toy->next_long_ns == 0) toy->next_long_ns = now + every_ns;
     if (now < toy->next_long_ns) return false;
-    toy->next_long_ns = now + opts->long_every_ms * 1000000;
+    toy->next_long_ns = now + every_ns;
     return true;
   }
   if (toy->long_done || (int64_t)toy->step != opts->long_step) return false;
