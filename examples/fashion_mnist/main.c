@@ -521,6 +521,53 @@ static keel_status parameters_update(keel_ctx *ctx, trainer *run, const options 
   return KEEL_OK;
 }
 
+/* The steps of training up to --steps (and, under ZeRO, the gather after them); returns -1
+ * when they are done, else the exit code. *step_p is the registered step counter. */
+static int train_steps(keel_ctx *ctx, trainer *run, const options *settings, uint64_t *step_p,
+                       int64_t started_ns, uint64_t *steps_done_p) {
+  keel_status status;
+  /* Under ZeRO one more transaction follows the last step: the gather of the trained
+   * parameters for the evaluation, which may fail (and go back to a step) like any. */
+  while (*step_p < settings->steps || run->sharded) {
+    status = keel_step_begin(ctx, *step_p);
+    if (status != KEEL_OK) return run_end("keel_step_begin", *step_p, status);
+    keel_comm *world = keel_world(ctx);
+    int rank = keel_comm_rank(world), size = keel_comm_size(world);
+    if (run->sharded) {
+      status = parameters_gather(ctx, run, *step_p);
+      /* Recovered: the registered state, `step` included, may now be an older step's. */
+      if (status == KEEL_EREDO) continue;
+      if (status != KEEL_OK) return keel_exit_code(status);
+      if (*step_p >= settings->steps) break; /* nothing changes in the final gather: no commit */
+    }
+    float totals[2];
+    status = gradient_local(ctx, run, settings, *step_p, rank, size, run->send, totals);
+    if (status == KEEL_OK)
+      status = run->sharded ? sharded_reduce(ctx, run, *step_p, totals)
+                            : replicated_reduce(ctx, run, *step_p, totals);
+    /* A failure was recovered and the step must be redone from the registered state. */
+    if (status == KEEL_EREDO) continue;
+    double loss = 0.0;
+    if (status == KEEL_OK) status = parameters_update(ctx, run, settings, *step_p, totals, &loss);
+    if (status != KEEL_OK) return keel_exit_code(status);
+    (*step_p)++;
+    status = keel_step_commit(ctx);
+    if (status != KEEL_OK) return run_end("commit", *step_p, status);
+    (*steps_done_p)++;
+    double elapsed_s = (double)(keel_now_ns() - started_ns) * 1e-9;
+    double samples_per_second =
+        elapsed_s > 0.0 ? (double)(*steps_done_p * settings->global_batch) / elapsed_s : 0.0;
+    keel_report(ctx, *step_p, loss, samples_per_second);
+    if (!settings->quiet && rank == 0 &&
+        (*step_p % PROGRESS_EVERY == 0 || *step_p == settings->steps)) {
+      fprintf(stderr, "step %llu/%llu  loss %.4f  world %d  %.0f samples/s\n",
+              (unsigned long long)*step_p, (unsigned long long)settings->steps, loss, size,
+              samples_per_second);
+    }
+  }
+  return -1;
+}
+
 static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, keel_ckpt_mem **mem_p, trainer *run,
                  const options *settings) {
   if (trainer_setup(ctx, run, settings) != KEEL_OK) return 1;
@@ -544,43 +591,16 @@ static int train(keel_ctx *ctx, keel_ckpt_jit **jit_p, keel_ckpt_mem **mem_p, tr
 
   int64_t started_ns = keel_now_ns();
   uint64_t steps_done = 0;
-  /* Under ZeRO one more transaction follows the last step: the gather of the trained
-   * parameters for the evaluation, which may fail (and go back to a step) like any. */
-  while (step < settings->steps || run->sharded) {
-    status = keel_step_begin(ctx, step);
-    if (status != KEEL_OK) return run_end("keel_step_begin", step, status);
-    keel_comm *world = keel_world(ctx);
-    int rank = keel_comm_rank(world), size = keel_comm_size(world);
-    if (run->sharded) {
-      status = parameters_gather(ctx, run, step);
-      /* Recovered: the registered state, `step` included, may now be an older step's. */
-      if (status == KEEL_EREDO) continue;
-      if (status != KEEL_OK) return keel_exit_code(status);
-      if (step >= settings->steps) break; /* nothing changes in the final gather: no commit */
-    }
-    float totals[2];
-    status = gradient_local(ctx, run, settings, step, rank, size, run->send, totals);
-    if (status == KEEL_OK)
-      status = run->sharded ? sharded_reduce(ctx, run, step, totals)
-                            : replicated_reduce(ctx, run, step, totals);
-    /* A failure was recovered and the step must be redone from the registered state. */
+  /* keel_finish after the last step: no rank leaves (rank 0 to evaluate) while another may
+   * still fail the last collective; a recovery there goes back to the steps (a gather, or a
+   * rolled-back step). */
+  for (;;) {
+    int code = train_steps(ctx, run, settings, &step, started_ns, &steps_done);
+    if (code >= 0) return code;
+    status = keel_finish(ctx);
     if (status == KEEL_EREDO) continue;
-    double loss = 0.0;
-    if (status == KEEL_OK) status = parameters_update(ctx, run, settings, step, totals, &loss);
-    if (status != KEEL_OK) return keel_exit_code(status);
-    step++;
-    status = keel_step_commit(ctx);
-    if (status != KEEL_OK) return run_end("commit", step, status);
-    steps_done++;
-    double elapsed_s = (double)(keel_now_ns() - started_ns) * 1e-9;
-    double samples_per_second =
-        elapsed_s > 0.0 ? (double)(steps_done * settings->global_batch) / elapsed_s : 0.0;
-    keel_report(ctx, step, loss, samples_per_second);
-    if (!settings->quiet && rank == 0 && (step % PROGRESS_EVERY == 0 || step == settings->steps)) {
-      fprintf(stderr, "step %llu/%llu  loss %.4f  world %d  %.0f samples/s\n",
-              (unsigned long long)step, (unsigned long long)settings->steps, loss, size,
-              samples_per_second);
-    }
+    if (status != KEEL_OK) return run_end("keel_finish", step, status);
+    break;
   }
 
   if (keel_comm_rank(keel_world(ctx)) != 0) return 0;

@@ -187,6 +187,14 @@ keel_status keel_step_commit(keel_ctx *ctx);
  * is sent; failure hooks of a process about to exit see it put back too. Register every
  * buffer before enabling it. */
 keel_status keel_step_undo(keel_ctx *ctx, bool enabled);
+/* The end of training, after the last commit: returns KEEL_OK once every member of the world
+ * has reached it, so that none leaves while another may still fail the last step's
+ * collective (a member that got its result out of a collective another did not would leave
+ * with a model the other then redoes alone, in a smaller world). A failure meanwhile is
+ * recovered as a commit's (the laggard receives the last committed state) and KEEL_EREDO
+ * returned: redo whatever depends on the world (a final gather) and call it again. Other
+ * returns as keel_step_commit's. */
+keel_status keel_finish(keel_ctx *ctx);
 
 /* What the last recovery did, with its time broken down. */
 typedef struct keel_recovery {

@@ -294,6 +294,19 @@ keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv
   return status;
 }
 
+/* A collective after a commit failed: the step is committed at every survivor, so the
+ * recovery moves the committed state (to a member still in the step, or a spare), and the
+ * next step begins in the new world whatever the plan says of redoing this one. */
+static keel_status committed_collective_failed(keel_ctx *ctx, keel_status status,
+                                               int64_t started_ns) {
+  if (is_interruption(status)) return step_interrupted(ctx, status);
+  if (!is_recoverable(status)) return status;
+  bool redo_step = false;
+  status = keel__recover(ctx, status, KEEL__REDO_NONE, started_ns, &redo_step);
+  if (is_interruption(status)) return step_interrupted(ctx, status);
+  return status;
+}
+
 /* When the world may grow, rank 0 says at every commit how many joiners wait (a 4-byte
  * broadcast, so that every member decides at the same step boundary); if any, the members
  * agree on a world with them and the survivors give them the committed state. */
@@ -305,14 +318,7 @@ static keel_status commit_grow(keel_ctx *ctx) {
   keel_status status = keel_comm_broadcast(world, &waiting, sizeof waiting, 0);
   if (status == KEEL_OK) keel__recovery_report(ctx, 0);
   if (status == KEEL_OK) return waiting > 0 ? keel__grow(ctx) : KEEL_OK;
-  if (is_interruption(status)) return step_interrupted(ctx, status);
-  if (!is_recoverable(status)) return status;
-  /* The step is committed at every survivor: the recovery moves the committed state, and
-   * the next step begins in the new world whatever the plan says of redoing this one. */
-  bool redo_step = false;
-  status = keel__recover(ctx, status, KEEL__REDO_NONE, started, &redo_step);
-  if (is_interruption(status)) return step_interrupted(ctx, status);
-  return status;
+  return committed_collective_failed(ctx, status, started);
 }
 
 keel_status keel_step_commit(keel_ctx *ctx) {
@@ -341,4 +347,18 @@ keel_status keel_step_commit(keel_ctx *ctx) {
   keel__finish_note(ctx, step->version);
   keel__resume_committed(ctx, step->step);
   return commit_grow(ctx);
+}
+
+/* A barrier: a member passes it only once every member has entered it, after its last
+ * commit, so a member that then fails it (a peer died in it) already holds the final state. */
+keel_status keel_finish(keel_ctx *ctx) {
+  if (ctx == NULL) return KEEL_EINVAL;
+  int64_t started = keel_now_ns();
+  keel_status status = keel_comm_barrier(keel_world(ctx));
+  if (status == KEEL_OK) {
+    keel__recovery_report(ctx, 0);
+    return KEEL_OK;
+  }
+  status = committed_collective_failed(ctx, status, started);
+  return status == KEEL_OK ? KEEL_EREDO : status;
 }

@@ -243,8 +243,8 @@ static void long_work(keel_ctx *ctx, toy_state *toy, const options *opts) {
           (long long)++toy->long_count, (long long)opts->long_ms, (unsigned long long)toy->step);
 }
 
-/* Returns the exit code (keel_exit_code of how the run ended). */
-static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
+/* The training steps up to --steps; returns -1 when they are done, else the exit code. */
+static int toy_steps(keel_ctx *ctx, toy_state *toy, const options *opts) {
   keel_status status;
   while (toy->step < (uint64_t)opts->steps) {
     if ((status = keel_step_begin(ctx, toy->step)) != KEEL_OK)
@@ -276,13 +276,32 @@ static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
     if ((status = keel_step_commit(ctx)) != KEEL_OK) return run_end(toy, "commit", status);
     keel_report(ctx, toy->step, (double)toy->recv[0], 0);
   }
-  /* The final assembly is a step of its own (it is a collective, and may fail too). */
+  return -1;
+}
+
+/* The final assembly is a step of its own (it is a collective, and may fail too); then
+ * keel_finish, so that no rank leaves while another may still fail the last step. */
+static keel_status toy_final(keel_ctx *ctx, toy_state *toy, const options *opts,
+                             const char **what_p) {
+  *what_p = "keel_step_begin";
+  keel_status status = keel_step_begin(ctx, toy->step);
+  if (status != KEEL_OK) return status;
+  *what_p = "final assembly";
+  if ((status = params_assemble(toy, opts, ctx)) != KEEL_OK) return status;
+  *what_p = "keel_finish";
+  return keel_finish(ctx);
+}
+
+/* Returns the exit code (keel_exit_code of how the run ended). */
+static int toy_run(keel_ctx *ctx, toy_state *toy, const options *opts) {
+  /* A recovery at the end may bring back an older step (a rollback): train on from it. */
   for (;;) {
-    if ((status = keel_step_begin(ctx, toy->step)) != KEEL_OK)
-      return run_end(toy, "keel_step_begin", status);
-    status = params_assemble(toy, opts, ctx);
+    int code = toy_steps(ctx, toy, opts);
+    if (code >= 0) return code;
+    const char *what = NULL;
+    keel_status status = toy_final(ctx, toy, opts, &what);
     if (status == KEEL_EREDO) continue;
-    if (status != KEEL_OK) return run_end(toy, "final assembly", status);
+    if (status != KEEL_OK) return run_end(toy, what, status);
     break;
   }
   keel_comm *world = keel_world(ctx);
