@@ -106,7 +106,8 @@ void keel_listener_close(keel_listener *listener);
 keel_status keel_link_connect(const char *address, const keel_auth *auth, int64_t deadline_ns,
                               keel_link **link_p);
 /* keel_link_connect that asks keep_trying(context) before each retry of a refused
- * connection: false ends the wait at once with KEEL_ECONNREFUSED, for a caller that learns
+ * connection, and every 100 ms while an attempt gets no answer at all (a partitioned host
+ * drops it): false ends the wait at once with KEEL_ECONNREFUSED, for a caller that learns
  * meanwhile that nobody will listen there again (the peer was declared dead). */
 typedef bool keel_link_retry_fn(void *context);
 keel_status keel_link_connect_while(const char *address, const keel_auth *auth, int64_t deadline_ns,

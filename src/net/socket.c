@@ -25,6 +25,9 @@
 #define ACCEPT_POLL_HANDSHAKE_NS ((int64_t)2000000000)
 #define CONNECT_BACKOFF_MIN_NS ((int64_t)1000000)
 #define CONNECT_BACKOFF_MAX_NS ((int64_t)10000000)
+/* A connection attempt that gets no answer (a partitioned host drops the SYN) asks its
+ * caller this often whether the peer is still worth waiting for. */
+#define CONNECT_LOOK_NS ((int64_t)100000000)
 #define HOST_BYTES 256
 #define PORT_BYTES 8
 
@@ -225,8 +228,10 @@ keel_status keel_listener_accept(keel_listener *listener, const keel_auth *auth,
 
 /* ---- connecting */
 
-/* One connection attempt to one address, bounded by the deadline. */
-static keel_status connect_once(const struct addrinfo *entry, int64_t deadline_ns, int *fd_p) {
+/* One connection attempt to one address, bounded by the deadline; keep_trying (may be NULL)
+ * false while no answer has come ends it as a refusal the caller will not retry. */
+static keel_status connect_once(const struct addrinfo *entry, int64_t deadline_ns,
+                                keel_link_retry_fn *keep_trying, void *context, int *fd_p) {
   int fd = socket(entry->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return keel_status_from_errno(errno);
   socket_tune(fd);
@@ -239,7 +244,9 @@ static keel_status connect_once(const struct addrinfo *entry, int64_t deadline_n
     }
     for (;;) {
       struct pollfd wait_entry = {.fd = fd, .events = POLLOUT};
-      int ready = poll(&wait_entry, 1, keel_poll_timeout_ms(deadline_ns));
+      int64_t look_ns = keel_now_ns() + CONNECT_LOOK_NS;
+      int ready =
+          poll(&wait_entry, 1, keel_poll_timeout_ms(look_ns < deadline_ns ? look_ns : deadline_ns));
       if (ready > 0) break;
       if (ready < 0 && errno != EINTR) {
         status = keel_status_from_errno(errno);
@@ -247,6 +254,10 @@ static keel_status connect_once(const struct addrinfo *entry, int64_t deadline_n
       }
       if (ready == 0 && keel_now_ns() >= deadline_ns) {
         status = KEEL_ETIMEDOUT;
+        goto fail_close_socket;
+      }
+      if (keep_trying != NULL && !keep_trying(context)) {
+        status = KEEL_ECONNREFUSED;
         goto fail_close_socket;
       }
     }
@@ -286,7 +297,7 @@ keel_status keel_link_connect_while(const char *address, const keel_auth *auth, 
   int64_t backoff_ns = CONNECT_BACKOFF_MIN_NS;
   for (;;) {
     for (const struct addrinfo *entry = list; entry != NULL; entry = entry->ai_next) {
-      status = connect_once(entry, deadline_ns, &fd);
+      status = connect_once(entry, deadline_ns, keep_trying, context, &fd);
       if (status != KEEL_ECONNREFUSED) break;
     }
     /* Refused: the peer may not be listening yet, so try again until the deadline. */

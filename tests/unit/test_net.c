@@ -476,6 +476,66 @@ static void test_connect_while_stops_when_told(void **state) {
   assert_null(link);
 }
 
+/* A loopback address that answers no connection attempt at all, as a partitioned host: a
+ * listener (never accepting) whose accept queue is full, so that the kernel drops further
+ * SYNs. fds[0] is the listener, the others the connections that fill it. Returns how many
+ * fds to close. */
+#define SILENT_FILLERS 8
+static int silent_address(char *address, size_t capacity, int *fds) {
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(listener >= 0);
+  struct sockaddr_in bound = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(listener, (struct sockaddr *)&bound, sizeof bound), 0);
+  assert_int_equal(listen(listener, 0), 0);
+  socklen_t length = sizeof bound;
+  assert_int_equal(getsockname(listener, (struct sockaddr *)&bound, &length), 0);
+  snprintf(address, capacity, "127.0.0.1:%u", (unsigned)ntohs(bound.sin_port));
+  fds[0] = listener;
+  int used = 1;
+  /* Connect until one gets no answer within 200 ms: the queue is full from then on. */
+  for (; used <= SILENT_FILLERS; used++) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    fds[used] = fd;
+    if (connect(fd, (struct sockaddr *)&bound, sizeof bound) == 0) continue;
+    assert_int_equal(errno, EINPROGRESS);
+    struct pollfd entry = {.fd = fd, .events = POLLOUT};
+    if (poll(&entry, 1, 200) == 0) return used + 1;
+  }
+  fail_msg("%d connections to a listener with a backlog of 0 were all answered", SILENT_FILLERS);
+  return used;
+}
+
+static bool keep_trying_never(void *context) {
+  int *asked = context;
+  ++*asked;
+  return false;
+}
+
+/* A connection attempt nobody answers (a partitioned peer drops the SYN) ends as soon as
+ * the caller learns the peer is dead, not at the deadline: before, a member that linked to a
+ * peer on a partitioned node waited out the collective deadline (30 s) in a recovery. */
+static void test_connect_while_stops_on_silence(void **state) {
+  (void)state;
+  char address[64];
+  int fds[SILENT_FILLERS + 2];
+  int count = silent_address(address, sizeof address, fds);
+  keel_auth auth = test_auth(1);
+  keel_link *link = NULL;
+  /* The address is silent: a plain connect waits out its deadline. */
+  assert_int_equal(keel_link_connect(address, &auth, keel_deadline_after_ns(SECONDS(1) / 2), &link),
+                   KEEL_ETIMEDOUT);
+  int asked = 0;
+  int64_t start = keel_now_ns();
+  assert_int_equal(keel_link_connect_while(address, &auth, keel_deadline_after_ns(SECONDS(10)),
+                                           keep_trying_never, &asked, &link),
+                   KEEL_ECONNREFUSED);
+  assert_true(keel_now_ns() - start < SECONDS(2));
+  assert_true(asked >= 1);
+  assert_null(link);
+  for (int i = 0; i < count; i++) close(fds[i]);
+}
+
 /* A connector that starts before the listener exists retries until it is there; one whose
  * peer never listens gives up at its deadline. */
 static void test_connect_retries_until_deadline(void **state) {
@@ -1245,6 +1305,7 @@ int main(void) {
       cmocka_unit_test(test_ipv6_loopback),
       cmocka_unit_test(test_connect_retries_until_deadline),
       cmocka_unit_test(test_connect_while_stops_when_told),
+      cmocka_unit_test(test_connect_while_stops_on_silence),
       cmocka_unit_test(test_wrong_token),
       cmocka_unit_test(test_impostor_acceptor),
       cmocka_unit_test(test_raw_clients),
