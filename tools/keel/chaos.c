@@ -1077,8 +1077,14 @@ static long floor_rise(const long *values, size_t count) {
  * with its links made; the store's count needs its warm-up quarter to be past the plateau. */
 #define MIN_PROCESS_SERIES 8
 #define MIN_STORE_SERIES 16
-static bool series_flat(long rise, size_t count, size_t minimum) {
-  return count < minimum || rise <= (long)(count / 8);
+/* The store's count is taken as a recovery ends, racing the clean-up of that recovery's own
+ * keys (dead/, the older agreement), so a single sample sits a few keys off the floor either
+ * way (a netns run of 16 recoveries: 2, 9, 12, 18, 11, 3, 0, 7, 2, 3, 3, 7, 5, 3, 7, 5).
+ * A leak of a key every recovery or two still rises past this within 16 samples. */
+#define STORE_SLACK_KEYS 4
+static bool series_flat(long rise, size_t count, size_t minimum, long slack) {
+  long allowed = (long)(count / 8) > slack ? (long)(count / 8) : slack;
+  return count < minimum || rise <= allowed;
 }
 
 /* The survivors' fds, threads and memory, and the store's keys, after each recovery: what
@@ -1091,8 +1097,8 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
     const keel__chaos_process *p = &run->processes[i];
     if (p->samples == 0) continue;
     if (longest == NULL || p->samples > longest->samples) longest = p;
-    bool flat = series_flat(floor_rise(p->fds, p->samples), p->samples, MIN_PROCESS_SERIES) &&
-                series_flat(floor_rise(p->threads, p->samples), p->samples, MIN_PROCESS_SERIES);
+    bool flat = series_flat(floor_rise(p->fds, p->samples), p->samples, MIN_PROCESS_SERIES, 0) &&
+                series_flat(floor_rise(p->threads, p->samples), p->samples, MIN_PROCESS_SERIES, 0);
     if (!flat && rising == NULL) rising = p;
   }
   /* The one that rose is shown, else the one sampled longest. */
@@ -1113,7 +1119,7 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
   }
   size_t n = run->store_key_count;
   long rise = n ? floor_rise(run->store_keys, n) : 0;
-  check(verdict, series_flat(rise, n, MIN_STORE_SERIES), "store-flat",
+  check(verdict, series_flat(rise, n, MIN_STORE_SERIES, STORE_SLACK_KEYS), "store-flat",
         "keys (less those of live processes, nodes and the newest agreements) after %zu "
         "recoveries: %ld "
         "first, %ld last, floor %+ld%s",
