@@ -90,7 +90,7 @@ void keel_ec_decoder_destroy(keel_ec_decoder *decoder);
 /* blocks: k + r pointers, the data blocks then the parity blocks, each `bytes` long;
  * present: k + r flags. Rebuilds every block whose flag is false (data or parity) in place,
  * in the buffer given for it, from the first k present blocks; present ones are only read.
- * Returns KEEL_EIO (not logged: the caller knows what it lost) when fewer than k blocks are
+ * Returns KEEL_EDATALOST (not logged: the caller knows what it lost) when fewer than k blocks are
  * present, with nothing written; KEEL_EINVAL for NULL arguments. */
 keel_status keel_ec_decode(keel_ec_decoder *decoder, size_t bytes, uint8_t *const *blocks,
                            const bool *present);

@@ -358,7 +358,7 @@ static keel_status pull_once(keel_ec_client *client, const uint64_t *rows, size_
   }
   /* A row whose every holder is lost has no server: more than r lost. */
   for (size_t i = 0; i < count; i++)
-    if (keel__ec_row_server(&client->layout, rows[i], client->lost) < 0) return KEEL_EIO;
+    if (keel__ec_row_server(&client->layout, rows[i], client->lost) < 0) return KEEL_EDATALOST;
   return KEEL_OK;
 }
 
@@ -594,7 +594,7 @@ static uint8_t *sweep_block(const keel_ec_client *client, const sweep *round, ui
 }
 
 /* Chooses the blocks of the round's groups to read: of each, the first `wanted` members on
- * servers not lost. KEEL_EIO when a group has fewer than k (more than r lost). */
+ * servers not lost. KEEL_EDATALOST when a group has fewer than k (more than r lost). */
 static keel_status sweep_choose(keel_ec_client *client, sweep *round) {
   int n = client->layout.data_blocks + client->layout.parity_blocks;
   for (uint64_t g = 0; g < round->count; g++) {
@@ -606,7 +606,7 @@ static keel_status sweep_choose(keel_ec_client *client, sweep *round) {
       chosen += take;
       round->present[(size_t)g * (size_t)n + (size_t)member] = take;
     }
-    if (chosen < client->layout.data_blocks) return KEEL_EIO;
+    if (chosen < client->layout.data_blocks) return KEEL_EDATALOST;
   }
   return KEEL_OK;
 }

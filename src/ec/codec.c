@@ -278,7 +278,7 @@ keel_status keel_ec_decode(keel_ec_decoder *decoder, size_t bytes, uint8_t *cons
   if (source_count < k) {
     KEEL_LOG_D(KEEL__EC_MODULE, "ec decode: %d of %d blocks present, %d needed", n - missing_count,
                n, k);
-    return KEEL_EIO;
+    return KEEL_EDATALOST;
   }
   if (missing_count == 0) return KEEL_OK;
   const uint8_t *tables = NULL;

@@ -189,7 +189,7 @@ static keel_status choose(keel_ec_server *server, group_read *reads, size_t coun
           chosen < k && at.server != server->index && view->standing[at.server] == KEEL__EC_LIVE;
       chosen += reads[g].present[member];
     }
-    if (chosen < k) return KEEL_EIO; /* more than r of the group lost */
+    if (chosen < k) return KEEL_EDATALOST; /* more than r of the group lost */
   }
   return KEEL_OK;
 }

@@ -125,7 +125,7 @@ typedef struct group_blocks {
 } group_blocks;
 
 /* Chooses k members of each group on servers not lost and copies those held here. The others
- * are left to read_from: present[] marks every chosen one. KEEL_EIO when a group has more
+ * are left to read_from: present[] marks every chosen one. KEEL_EDATALOST when a group has more
  * than r members lost. */
 static keel_status choose_sources(keel_ec_server *server, group_blocks *groups, size_t count,
                                   const bool *lost) {
@@ -148,7 +148,7 @@ static keel_status choose_sources(keel_ec_server *server, group_blocks *groups, 
       groups[g].present[member] = true;
       chosen++;
     }
-    if (chosen < k) return KEEL_EIO;
+    if (chosen < k) return KEEL_EDATALOST;
   }
   return KEEL_OK;
 }

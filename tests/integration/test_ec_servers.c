@@ -505,6 +505,36 @@ static void test_kill_server_process(void **state) {
   job_stop(&job);
 }
 
+/* More servers lost than the parity covers: a pull of every row fails with KEEL_EDATALOST,
+ * and the servers still up, which answered it so, stay live in the directory. Before, their
+ * answer (KEEL_EIO) was taken for their own loss: a CI rehearsal's launcher then counted 4
+ * servers dead of the 2 killed. */
+static void test_data_lost_beyond_parity(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 4, 3, 1, KEEL_EC_ADAGRAD);
+  servers_start(&job);
+  keel_ec_client *client = NULL;
+  assert_int_equal(
+      keel_ec_client_open(job.stores[job.config.servers], &job.auth, 0, NULL, &client), KEEL_OK);
+  server_lose(&job, 1);
+  server_lose(&job, 2);
+  uint64_t total = job.config.total_rows;
+  uint64_t *rows = malloc(sizeof *rows * total);
+  float *values = malloc(sizeof *values * total * (size_t)job.config.dim);
+  assert_non_null(rows);
+  assert_non_null(values);
+  for (uint64_t row = 0; row < total; row++) rows[row] = row;
+  assert_int_equal(keel_ec_client_pull_rows(client, rows, total, values), KEEL_EDATALOST);
+  assert_int_equal(keel_ec_client_lost(client), (uint64_t)0x6);
+  assert_string_equal(standing_read(&job, 0), "live");
+  assert_string_equal(standing_read(&job, 3), "live");
+  free(values);
+  free(rows);
+  keel_ec_client_close(client);
+  job_stop(&job);
+}
+
 /* The benchmarks' baseline: the same training, no parity kept. */
 static void test_without_parity(void **state) {
   (void)state;
@@ -620,6 +650,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_failure),
       cmocka_unit_test(test_without_parity),
+      cmocka_unit_test(test_data_lost_beyond_parity),
       cmocka_unit_test(test_lose_any_server_xor),
       cmocka_unit_test(test_lose_any_server_reed_solomon),
       cmocka_unit_test(test_bad_requests_refused),

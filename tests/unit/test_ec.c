@@ -326,7 +326,7 @@ static void test_update_equals_reencode(void **state) {
   for_each_code(0xEC03, check_update_equals_reencode);
 }
 
-/* More than r lost: KEEL_EIO and not a byte written. */
+/* More than r lost: KEEL_EDATALOST and not a byte written. */
 static void check_decode_too_many_erasures(keel_ec_code *code, int k, int r, keel_random *random) {
   int n = k + r;
   keel_ec_decoder *decoder = NULL;
@@ -348,7 +348,7 @@ static void check_decode_too_many_erasures(keel_ec_code *code, int k, int r, kee
         }
       }
       copy_blocks(&before, &set);
-      assert_int_equal(keel_ec_decode(decoder, set.bytes, set.block, present), KEEL_EIO);
+      assert_int_equal(keel_ec_decode(decoder, set.bytes, set.block, present), KEEL_EDATALOST);
       assert_blocks_equal(&set, &before);
       encode_random(code, random, &set);
     }
