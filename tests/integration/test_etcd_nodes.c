@@ -33,7 +33,7 @@ typedef struct node_run {
 } node_run;
 
 static void agent_start(node_run *node, int rank, const char *folder, const char *job_name) {
-  char rank_text[8], timeout[16], heartbeat[16];
+  char rank_text[12], timeout[16], heartbeat[16];
   snprintf(rank_text, sizeof rank_text, "%d", rank);
   /* Sanitizer builds run every process several times slower. The heartbeat (2 s, the
    * default) is the agents' lease: an etcd that a loaded machine stalls for more than 5/8 of

@@ -875,7 +875,7 @@ static void orderly_stop_check(void **state, int signal_number) {
   keel_test_events_assert_none_left(&log);
   keel_test_events_free(&log);
 
-  char expected[2 * STATE_DIR_BYTES + 128], last[2 * STATE_DIR_BYTES + 128];
+  char expected[2 * STATE_DIR_BYTES + 160], last[2 * STATE_DIR_BYTES + 160];
   for (long uid = 0; uid < WORLD; uid++) {
     snprintf(expected, sizeof expected,
              "uid %ld error runtime] the job is stopping; state saved in %s (go on with: keel "
