@@ -166,7 +166,10 @@ keel_status keel_ckpt_memory_restore(keel_registry *registry, const keel_ckpt_re
  * gets the snapshot of exactly the step the job is at from it. Call before keel_start, so
  * that a spare admitted there can restore from it. The caller owns *persist_p
  * and frees it after keel_finalize. KEEL_EINVAL, KEEL_ERANGE (no room for another hook or
- * source), or the status of making the folder. Event: persist_save (step, bytes, save_ms). */
+ * source), or the status of making the folder. Event: persist_save (step, bytes, save_ms,
+ * status: "ok" or the failure's name). A save that fails (a full or read-only disk) never fails
+ * the step: training goes on, the snapshots saved before stay whole and usable, and the log
+ * says why once per run of failures (and again when a save succeeds). */
 typedef struct keel_ckpt_persist keel_ckpt_persist;
 keel_status keel_ckpt_persist_enable(keel_ctx *ctx, const char *directory, uint64_t every_steps,
                                      keel_ckpt_persist **persist_p);
@@ -248,6 +251,8 @@ typedef struct keel_ckpt_agent_stats {
   uint64_t persisted;       /* snapshots written to the persistent tier */
   uint64_t persisted_bytes; /* their state bytes */
   int64_t persist_ns;       /* the time those writes took (fsyncs included) */
+  uint64_t persist_failed;  /* writes to the persistent tier that failed (a full disk) */
+  keel_status persist_last_status; /* the last failure's status; KEEL_OK before any */
 } keel_ckpt_agent_stats;
 void keel_ckpt_agent_stats_get(const keel_ckpt_agent *agent, keel_ckpt_agent_stats *stats_p);
 /* Stops the threads and closes every connection; the folder's files stay (the launcher

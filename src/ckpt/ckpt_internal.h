@@ -48,11 +48,13 @@ typedef struct keel__ckpt_file_ops {
 
 extern const keel__ckpt_file_ops keel__ckpt_posix_file_ops;
 
-/* keel_ckpt_persistent_save through the given operations. */
+/* keel_ckpt_persistent_save through the given operations. reason (KEEL__CKPT_REASON_BYTES
+ * bytes, or NULL): a failed save says there what failed instead of logging it, for a caller
+ * that logs a run of failures once (keel__ckpt_write_failed). */
 keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void *context,
                                             const keel_registry *registry, const char *root,
                                             const keel_ckpt_identity *identity,
-                                            uint64_t chunk_bytes);
+                                            uint64_t chunk_bytes, char *reason);
 
 /* ---- the in-memory tier's region header, its first 64 bytes. Host byte order: a region is
  * read on the host that holds it (a peer's copy is a byte copy between hosts of one job,
@@ -112,6 +114,19 @@ void keel__ckpt_region_seal_now(const keel_ckpt_region *region);
  * buffers' bytes. Reasons for refusal are written into reason (not logged: the restore
  * logs once, where it decides to skip the candidate). */
 #define KEEL__CKPT_REASON_BYTES 256
+
+/* A tier that writes every N steps, where each write may fail (a full or read-only disk)
+ * while training goes on: the first failure of a run of them is logged with its reason, the
+ * others only counted, and the first success after them is logged too, so that a full disk
+ * gives one clear message, not one a step. */
+typedef struct keel__ckpt_write_health {
+  _Atomic uint64_t failed; /* failed writes in all */
+  _Atomic int last_status; /* the last failure's status, KEEL_OK before any */
+  uint64_t in_a_row;       /* failures since the last success (the writer's own) */
+} keel__ckpt_write_health;
+void keel__ckpt_write_failed(keel__ckpt_write_health *health, const char *tier,
+                             const char *directory, keel_status status, const char *reason);
+void keel__ckpt_write_succeeded(keel__ckpt_write_health *health, const char *tier);
 typedef struct keel__ckpt_candidate keel__ckpt_candidate;
 
 typedef struct keel__ckpt_source_ops {

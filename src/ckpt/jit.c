@@ -141,8 +141,9 @@ static void jit_on_failure(void *arg, const keel_failure *failure) {
   int64_t started = keel_now_ns();
   keel__ckpt_file_ops operations = keel__ckpt_posix_file_ops;
   operations.renameat = fault_renameat;
-  keel_status status = keel__ckpt_persistent_save_with(
-      &operations, jit->ctx, jit->registry, jit->directory, &identity, jit->options.chunk_bytes);
+  keel_status status =
+      keel__ckpt_persistent_save_with(&operations, jit->ctx, jit->registry, jit->directory,
+                                      &identity, jit->options.chunk_bytes, NULL);
   int64_t save_ns = keel_now_ns() - started;
   if (status == KEEL_OK && keel_fault_point(jit->ctx, "saved")) snapshot_corrupt(jit, &identity);
   report_save(jit, failure, status, save_ns);

@@ -95,6 +95,7 @@ struct keel_ckpt_agent {
   pthread_cond_t persist_wake;
   _Atomic uint64_t persisted, persisted_bytes;
   _Atomic int64_t persist_ns;
+  keel__ckpt_write_health persist_health; /* written by the persist thread */
   /* KEEL_FAULT rules with node= this node (docs/RUNTIME.md): mem_send (after=K: the K-th
    * chunk this agent sent), mem_persist (after=K: its K-th persistent write, every file
    * written, before the manifest). Two
@@ -685,10 +686,15 @@ static void persist_write(keel_ckpt_agent *agent, const local_rank *local) {
   int64_t started = keel_now_ns();
   keel__ckpt_file_ops operations = keel__ckpt_posix_file_ops;
   operations.renameat = persist_renameat;
+  reason[0] = '\0';
   if (status == KEEL_OK)
     status = keel__ckpt_persistent_save_with(&operations, agent, view, agent->persist_directory,
-                                             &identity, manifest.chunk_bytes);
+                                             &identity, manifest.chunk_bytes, reason);
+  if (status != KEEL_OK)
+    keel__ckpt_write_failed(&agent->persist_health, "persistent", agent->persist_directory, status,
+                            reason[0] != '\0' ? reason : keel_strerror(status));
   if (status == KEEL_OK) {
+    keel__ckpt_write_succeeded(&agent->persist_health, "persistent");
     atomic_fetch_add(&agent->persisted, 1);
     atomic_fetch_add(&agent->persisted_bytes, manifest.total_bytes);
     atomic_fetch_add(&agent->persist_ns, keel_now_ns() - started);
@@ -1150,7 +1156,9 @@ void keel_ckpt_agent_stats_get(const keel_ckpt_agent *agent, keel_ckpt_agent_sta
                                      .received = agent->received,
                                      .persisted = agent->persisted,
                                      .persisted_bytes = agent->persisted_bytes,
-                                     .persist_ns = agent->persist_ns};
+                                     .persist_ns = agent->persist_ns,
+                                     .persist_failed = agent->persist_health.failed,
+                                     .persist_last_status = agent->persist_health.last_status};
 }
 
 void keel_ckpt_agent_stop(keel_ckpt_agent *agent) {

@@ -16,6 +16,7 @@ struct keel_ckpt_persist {
   char directory[PATH_MAX];
   uint64_t every_steps;
   uint64_t saves;
+  keel__ckpt_write_health health;
 };
 
 keel_ckpt_identity keel__ckpt_identity_now(keel_ctx *ctx, uint64_t step) {
@@ -38,20 +39,31 @@ keel_ckpt_selector keel__ckpt_selector_exact(uint64_t job_id, uint32_t index, ui
 }
 
 /* The commit of step s leaves the state at the start of step s + 1: that is what is saved,
- * under that step's name. */
+ * under that step's name. A save that fails (a full or read-only disk) does not fail the
+ * commit: training goes on, the snapshots saved before stay whole, and the event and the
+ * log say why (once per run of failures). */
 static keel_status persist_on_commit(void *arg, uint64_t step) {
   keel_ckpt_persist *persist = arg;
   if ((step + 1) % persist->every_steps != 0) return KEEL_OK;
   keel_ckpt_identity identity = keel__ckpt_identity_now(persist->ctx, step + 1);
   int64_t started = keel_now_ns();
-  keel_status status = keel_ckpt_persistent_save(keel_state(persist->ctx), persist->directory,
-                                                 &identity, 0);
-  if (status != KEEL_OK) return status;
-  persist->saves++;
+  char reason[KEEL__CKPT_REASON_BYTES] = "";
+  keel_status status =
+      keel__ckpt_persistent_save_with(&keel__ckpt_posix_file_ops, NULL, keel_state(persist->ctx),
+                                      persist->directory, &identity, 0, reason);
+  if (status == KEEL_OK) {
+    persist->saves++;
+    keel__ckpt_write_succeeded(&persist->health, "persistent");
+  } else {
+    keel__ckpt_write_failed(&persist->health, "persistent", persist->directory, status,
+                            reason[0] != '\0' ? reason : keel_strerror(status));
+  }
   char fields[160];
-  snprintf(fields, sizeof fields, "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"save_ms\":%.3f",
+  snprintf(fields, sizeof fields,
+           "\"step\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"save_ms\":%.3f,\"status\":\"%s\"",
            identity.step, keel_registry_bytes(keel_state(persist->ctx)),
-           (double)(keel_now_ns() - started) / 1e6);
+           (double)(keel_now_ns() - started) / 1e6,
+           status == KEEL_OK ? "ok" : keel_status_name(status));
   keel_report_event(persist->ctx, "persist_save", fields);
   return KEEL_OK;
 }

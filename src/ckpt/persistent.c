@@ -69,15 +69,30 @@ typedef struct save_io {
   const keel__ckpt_file_ops *ops;
   void *context;
   const char *where; /* the rank directory's path, for messages */
+  const char *label; /* "step-<s>/rank-<r>", for a reason */
+  char *reason;      /* NULL: failures are logged */
 } save_io;
 
-/* Logs the failure of one operation (the one place a save's error is decided) and returns
- * its status; errno is read here, right after the call that set it. */
+/* What one failed operation says: short enough to go into a reason with the label. */
+#define SAVE_WHAT_BYTES 160
+
+/* Says why a save failed: in io->reason when the caller asked for it, else in the log. */
+static void save_explain(const save_io *io, const char *what) {
+  if (io->reason != NULL) {
+    snprintf(io->reason, KEEL__CKPT_REASON_BYTES, "%s: %s", io->label, what);
+    return;
+  }
+  KEEL_LOG_E(KEEL__CKPT_MODULE, "checkpoint save in %s: %s", io->where, what);
+}
+
+/* Explains the failure of one operation (the one place a save's error is decided) and
+ * returns its status; errno is read here, right after the call that set it. */
 static keel_status save_failed(const save_io *io, const char *operation, const char *name) {
   int error_number = errno;
   keel_status status = keel_status_from_errno(error_number);
-  KEEL_LOG_E(KEEL__CKPT_MODULE, "checkpoint save in %s: %s %s: %s", io->where, operation, name,
-             strerror(error_number));
+  char what[SAVE_WHAT_BYTES];
+  snprintf(what, sizeof what, "%s %s: %s", operation, name, strerror(error_number));
+  save_explain(io, what);
   return status;
 }
 
@@ -212,7 +227,7 @@ remove_temporaries:
 keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void *context,
                                             const keel_registry *registry, const char *root,
                                             const keel_ckpt_identity *identity,
-                                            uint64_t chunk_bytes) {
+                                            uint64_t chunk_bytes, char *reason) {
   if (ops == NULL || registry == NULL || root == NULL) return KEEL_EINVAL;
   keel_status status = keel__ckpt_identity_check(identity);
   if (status != KEEL_OK) return status;
@@ -222,7 +237,9 @@ keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void
   snprintf(rank_name, sizeof rank_name, "rank-%" PRIu32, identity->rank);
   char where[PATH_MAX];
   snprintf(where, sizeof where, "%s/%s/%s/%s", root, job_name, step_name, rank_name);
-  save_io io = {.ops = ops, .context = context, .where = where};
+  char label[64];
+  snprintf(label, sizeof label, "%s/%s", step_name, rank_name);
+  save_io io = {.ops = ops, .context = context, .where = where, .label = label, .reason = reason};
 
   /* Only the rank directory is this save's alone: the job and step directories are shared
    * with the other ranks saving at the same time, and are never taken back. */
@@ -232,14 +249,15 @@ keel_status keel__ckpt_persistent_save_with(const keel__ckpt_file_ops *ops, void
   keel_ckpt_manifest manifest;
   status = keel_ckpt_manifest_build(registry, identity, chunk_bytes, &manifest);
   if (status != KEEL_OK) {
-    KEEL_LOG_E(KEEL__CKPT_MODULE, "checkpoint save in %s: cannot describe the state: %s", where,
-               keel_strerror(status));
+    char what[SAVE_WHAT_BYTES];
+    snprintf(what, sizeof what, "cannot describe the state: %s", keel_strerror(status));
+    save_explain(&io, what);
     return status;
   }
   size_t encoded_bytes = keel_ckpt_manifest_encoded_bytes(&manifest);
   encoded = malloc(encoded_bytes);
   if (encoded == NULL) {
-    KEEL_LOG_E(KEEL__CKPT_MODULE, "checkpoint save in %s: out of memory", where);
+    save_explain(&io, "out of memory");
     status = KEEL_ENOMEM;
     goto free_manifest;
   }
@@ -287,7 +305,26 @@ free_manifest:
 keel_status keel_ckpt_persistent_save(const keel_registry *registry, const char *root,
                                       const keel_ckpt_identity *identity, uint64_t chunk_bytes) {
   return keel__ckpt_persistent_save_with(&keel__ckpt_posix_file_ops, NULL, registry, root, identity,
-                                         chunk_bytes);
+                                         chunk_bytes, NULL);
+}
+
+void keel__ckpt_write_failed(keel__ckpt_write_health *health, const char *tier,
+                             const char *directory, keel_status status, const char *reason) {
+  atomic_fetch_add(&health->failed, 1);
+  atomic_store(&health->last_status, (int)status);
+  if (health->in_a_row++ > 0) return;
+  KEEL_LOG_E(KEEL__CKPT_MODULE,
+             "the %s tier cannot write to %s: %s (%s); training goes on, the complete "
+             "snapshots written before stay usable, and every later save is tried (failures "
+             "are counted, and logged again once one succeeds)",
+             tier, directory, reason, keel_status_name(status));
+}
+
+void keel__ckpt_write_succeeded(keel__ckpt_write_health *health, const char *tier) {
+  if (health->in_a_row == 0) return;
+  KEEL_LOG_W(KEEL__CKPT_MODULE, "the %s tier writes again, after %" PRIu64 " failed saves", tier,
+             health->in_a_row);
+  health->in_a_row = 0;
 }
 
 /* ---- restore: listing */

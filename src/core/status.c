@@ -56,6 +56,9 @@ keel_status keel_status_from_errno(int error_number) {
     case ENOSPC:
     case EDQUOT:
       return KEEL_ENOSPC;
+    case EROFS:
+    case EACCES:
+      return KEEL_EACCES;
     case EINVAL:
     case EBADF:
       return KEEL_EINVAL;

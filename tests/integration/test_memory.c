@@ -353,6 +353,56 @@ static void test_agent_killed_during_a_persistent_write_uses_the_one_before(void
   assert_int_equal(from_disk, 4);
 }
 
+/* ---- a persistent tier that cannot write */
+
+/* The persistent tier on a disk that fills up (a 400 KiB tmpfs: step 10 of the 4 ranks, 352
+ * KiB, fits; no later step does): training goes on from memory, node 1's loss is recovered
+ * from the peer copies, the job ends with the bits of a run without failure, each agent says
+ * once why it cannot write, the agents count the failures, and step 10 stays whole. */
+static void test_full_persistent_disk_keeps_training_from_memory(void **state) {
+  (void)state;
+  keel_test_job job;
+  assert_true(keel_test_job_prepare(&job, "keel-mem"));
+  char mounted[320];
+  snprintf(mounted, sizeof mounted, "%s/persist", job.folder);
+  if (!keel_test_tmpfs_mount(__func__, mounted, 0, "size=400k")) skip();
+  node_killed_run(&job, "mem", LIST("--ckpt-dir", mounted, "--ckpt-persist-every", "10steps"),
+                  NULL);
+  size_t from_peer = 0;
+  restores_check(&job, -1, "node-0", &from_peer);
+  assert_true(from_peer >= 2);
+
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  long long failed = 0;
+  for (size_t i = 0; i < log.count; i++) {
+    if (!keel_test_event_is(log.lines[i], "mem_service_end")) continue;
+    long long count = keel_test_event_long(log.lines[i], "persist_failed");
+    if (count > 0 && strstr(log.lines[i], "\"persist_last_failure\":\"KEEL_ENOSPC\"") == NULL)
+      fail_msg("a failure that is not a full disk: %s", log.lines[i]);
+    failed += count;
+  }
+  keel_test_events_free(&log);
+  if (failed < 4) fail_msg("%lld failed persistent writes counted (%s)", failed, job.events);
+
+  char *output = keel_test_read_file(job.output, NULL);
+  assert_non_null(output);
+  size_t said = 0;
+  for (const char *at = output; (at = strstr(at, "the persistent tier cannot write to")) != NULL;
+       at++)
+    said++;
+  free(output);
+  /* Once per agent that failed (2 nodes and the spare node), not once per failure. */
+  if (said < 1 || said > 3) fail_msg("the full disk was told %zu times (%s)", said, job.output);
+
+  char job_id[32], manifest[512];
+  job_id_get(&job, job_id, sizeof job_id);
+  for (int rank = 0; rank < 4; rank++) {
+    snprintf(manifest, sizeof manifest, "%s/%s/step-10/rank-%d/manifest", mounted, job_id, rank);
+    if (access(manifest, F_OK) != 0) fail_msg("step 10 of rank %d is gone: %s", rank, manifest);
+  }
+}
+
 /* ---- the launcher's refusals */
 static void test_bad_settings_are_refused(void **state) {
   (void)state;
@@ -391,7 +441,11 @@ int main(void) {
       cmocka_unit_test(test_agent_killed_during_a_transfer_keeps_the_copy_before),
       cmocka_unit_test(test_agent_killed_during_a_persistent_write_uses_the_one_before),
       cmocka_unit_test(test_every_copy_lost_falls_back_to_the_persistent_tier),
+      cmocka_unit_test_teardown(test_full_persistent_disk_keeps_training_from_memory,
+                                keel_test_tmpfs_release),
   };
+  /* KEEL_TEST_FILTER=test_full_* runs only the cases it names. */
+  if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
   return keel_test_finish(failed);

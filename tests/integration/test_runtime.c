@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 
 #include <cmocka.h>
 
@@ -167,6 +168,47 @@ static void test_lost_shard_comes_from_the_tier(void **state) {
   keel_test_events_free(&log);
 }
 
+/* The tier's directory is on a read-only file system: every save fails, and none fails a
+ * step. The job ends with the bits of a clean run, every save's event names KEEL_EACCES,
+ * and each process says once, not at every save, why it cannot write. */
+static void test_read_only_tier_never_stops_training(void **state) {
+  (void)state;
+  unsigned clean = clean_crc();
+  keel_test_job run;
+  assert_true(keel_test_job_prepare(&run, "keel-runtime"));
+  char mounted[420];
+  snprintf(mounted, sizeof mounted, "%s/persist", run.folder);
+  if (!keel_test_tmpfs_mount(__func__, mounted, MS_RDONLY, "size=64k")) skip();
+  const char *arguments[16];
+  toy_arguments(arguments, LIST("--persist-every", "2", "--persist-dir", mounted));
+  int code = keel_test_job_run(&run, JOB_TIMEOUT, JOB_TIMEOUT_MS, LIST("-n", "4"),
+                               keel_test_program("toy_train"), arguments, NULL);
+  if (code != 0) keel_test_print_file("job output", run.output);
+  assert_int_equal(code, 0);
+  assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
+  keel_test_events log = job_events(&run);
+  size_t saves = 0;
+  for (size_t i = 0; i < log.count; i++) {
+    if (!keel_test_event_is(log.lines[i], "persist_save")) continue;
+    saves++;
+    if (strstr(log.lines[i], "\"status\":\"KEEL_EACCES\"") == NULL)
+      fail_msg("a save on a read-only disk: %s", log.lines[i]);
+  }
+  keel_test_events_free(&log);
+  /* Steps 2, 4, ..., 20 of each of the 4 ranks. */
+  assert_int_equal(saves, 4 * TOY_STEP_COUNT / 2);
+  char *output = keel_test_read_file(run.output, NULL);
+  assert_non_null(output);
+  size_t said = 0;
+  for (const char *at = output; (at = strstr(at, "the persistent tier cannot write to")) != NULL;
+       at++) {
+    said++;
+    if (strstr(at, "Read-only file system") == NULL) fail_msg("no reason given: %s", at);
+  }
+  free(output);
+  assert_int_equal(said, 4);
+}
+
 /* The same loss without a tier: every process concludes that the job cannot go on (the same
  * verdict from the same decision), says why, and leaves; nothing hangs. */
 static void test_lost_shard_without_a_tier_stops_clearly(void **state) {
@@ -307,13 +349,15 @@ static undo_case undo_cases[] = {
 
 int main(void) {
   /* cmocka runs every element of the array it is given: it holds exactly the tests. */
-  struct CMUnitTest tests[7 + UNDO_CASES];
+  struct CMUnitTest tests[8 + UNDO_CASES];
   size_t count = 0;
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_from_the_holder);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_between_collectives);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_lost_shard_comes_from_the_tier);
   tests[count++] =
       (struct CMUnitTest)cmocka_unit_test(test_lost_shard_without_a_tier_stops_clearly);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test_teardown(
+      test_read_only_tier_never_stops_training, keel_test_tmpfs_release);
   for (size_t i = 0; i < UNDO_CASES; i++)
     tests[count++] = (struct CMUnitTest){undo_cases[i].name, test_undo_copy, NULL, NULL,
                                          &undo_cases[i]};

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -220,4 +221,31 @@ void keel_test_print_file(const char *what, const char *path) {
 bool keel_test_pid_exists(pid_t pid) {
   errno = 0;
   return kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+/* ---- small disks */
+
+#define TMPFS_MAX 8
+static char tmpfs_paths[TMPFS_MAX][PATH_MAX];
+static size_t tmpfs_count;
+
+bool keel_test_tmpfs_mount(const char *test, const char *path, unsigned long flags,
+                           const char *options) {
+  if (tmpfs_count == TMPFS_MAX || strlen(path) >= PATH_MAX) return false;
+  if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+    fprintf(stderr, "%s: cannot make %s: %s\n", test, path, strerror(errno));
+    return false;
+  }
+  if (mount("tmpfs", path, "tmpfs", flags, options) != 0) {
+    fprintf(stderr, "%s: skipped, cannot mount a tmpfs here (%s)\n", test, strerror(errno));
+    return false;
+  }
+  snprintf(tmpfs_paths[tmpfs_count++], PATH_MAX, "%s", path);
+  return true;
+}
+
+int keel_test_tmpfs_release(void **state) {
+  (void)state;
+  while (tmpfs_count > 0) umount2(tmpfs_paths[--tmpfs_count], MNT_DETACH);
+  return 0;
 }

@@ -51,5 +51,12 @@ void keel_test_print_file(const char *what, const char *path);
 /* Whether a process with this pid is still there (a zombie counts): kill(pid, 0) does not
  * fail with ESRCH. */
 bool keel_test_pid_exists(pid_t pid);
+/* Makes directory path and mounts a tmpfs there (mount(2)'s flags, "size=64k"): a small or
+ * read-only disk. False, after saying on stderr that `test` is skipped and why, where this
+ * process may not mount (not root). keel_test_tmpfs_release, a teardown, takes back every
+ * such mount, also when an assertion ended the test early. */
+bool keel_test_tmpfs_mount(const char *test, const char *path, unsigned long flags,
+                           const char *options);
+int keel_test_tmpfs_release(void **state);
 
 #endif

@@ -667,7 +667,7 @@ static int save_failing_each_operation(const char *root, state *s,
     fault_shim shim = {.fail_at = fail_at};
     state_fill(s, 0, identity->step, identity->sequence);
     keel_status status =
-        keel__ckpt_persistent_save_with(&shim_ops, &shim, s->registry, root, identity, 300);
+        keel__ckpt_persistent_save_with(&shim_ops, &shim, s->registry, root, identity, 300, NULL);
     if (status == KEEL_OK) {
       /* No failure, or one past the commit that does not matter (closing a directory). */
       keel_ckpt_selector selector = selector_of(JOB);
@@ -732,7 +732,7 @@ static int disk_full_setup(void **test_state) {
 
 static int disk_full_teardown(void **test_state) {
   char *root = *test_state;
-  umount2(root, MNT_DETACH); /* fails harmlessly when nothing was mounted */
+  keel_test_tmpfs_release(NULL);
   tree_remove(root);
   free(root);
   return 0;
@@ -741,11 +741,7 @@ static int disk_full_teardown(void **test_state) {
 /* A real full disk: a 64 KiB tmpfs holds one snapshot of a 40 KiB state, not two. */
 static void test_ckpt_disk_full(void **test_state) {
   const char *root = *test_state;
-  if (mount("tmpfs", root, "tmpfs", 0, "size=64k") != 0) {
-    fprintf(stderr, "test_ckpt_disk_full: skipped, cannot mount a tmpfs here (%s)\n",
-            strerror(errno));
-    skip();
-  }
+  if (!keel_test_tmpfs_mount(__func__, root, 0, "size=64k")) skip();
   static uint8_t big[40 * 1024];
   keel_registry *registry;
   assert_int_equal(keel_registry_create(&registry), KEEL_OK);
@@ -770,6 +766,38 @@ static void test_ckpt_disk_full(void **test_state) {
   assert_int_equal(used.step, 1);
   assert_int_equal(used.sequence, 0);
   for (size_t i = 0; i < sizeof big; i++) assert_int_equal(big[i], 1);
+  keel_registry_destroy(registry);
+}
+
+/* A disk that turns read-only (a remount, as after file-system errors): saves fail with
+ * KEEL_EACCES, whose name says why, the step's directory gets nothing torn, and the snapshot
+ * saved before still restores. */
+static void test_ckpt_disk_read_only(void **test_state) {
+  const char *root = *test_state;
+  if (!keel_test_tmpfs_mount(__func__, root, 0, "size=1m")) skip();
+  static uint8_t state_bytes[8 * 1024];
+  keel_registry *registry;
+  assert_int_equal(keel_registry_create(&registry), KEEL_OK);
+  assert_int_equal(keel_registry_add(registry, "state", state_bytes, sizeof state_bytes), KEEL_OK);
+  memset(state_bytes, 1, sizeof state_bytes);
+  keel_ckpt_identity first = identity_of(JOB, 0, 0, 1, 0);
+  assert_int_equal(keel_ckpt_persistent_save(registry, root, &first, 0), KEEL_OK);
+  assert_int_equal(mount("tmpfs", root, "tmpfs", MS_REMOUNT | MS_RDONLY, "size=1m"), 0);
+  memset(state_bytes, 2, sizeof state_bytes);
+  keel_ckpt_identity second = identity_of(JOB, 0, 0, 2, 0);
+  char reason[KEEL__CKPT_REASON_BYTES] = "";
+  assert_int_equal(keel__ckpt_persistent_save_with(&keel__ckpt_posix_file_ops, NULL, registry, root,
+                                                   &second, 0, reason),
+                   KEEL_EACCES);
+  if (strstr(reason, "Read-only file system") == NULL) fail_msg("reason: '%s'", reason);
+  assert_string_equal(keel_status_name(KEEL_EACCES), "KEEL_EACCES");
+  assert_false(temporaries_left(root, 2));
+  memset(state_bytes, 0, sizeof state_bytes);
+  keel_ckpt_selector selector = selector_of(JOB);
+  keel_ckpt_identity used;
+  assert_int_equal(keel_ckpt_persistent_restore(registry, root, &selector, &used), KEEL_OK);
+  assert_int_equal(used.step, 1);
+  for (size_t i = 0; i < sizeof state_bytes; i++) assert_int_equal(state_bytes[i], 1);
   keel_registry_destroy(registry);
 }
 
@@ -1131,6 +1159,8 @@ int main(void) {
       cmocka_unit_test(test_ckpt_shards_restore_one_common_step),
       cmocka_unit_test(test_ckpt_save_fails_at_each_operation),
       cmocka_unit_test_setup_teardown(test_ckpt_disk_full, disk_full_setup, disk_full_teardown),
+      cmocka_unit_test_setup_teardown(test_ckpt_disk_read_only, disk_full_setup,
+                                      disk_full_teardown),
       cmocka_unit_test(test_ckpt_memory_round_trip),
       cmocka_unit_test(test_ckpt_memory_replicas),
       cmocka_unit_test(test_ckpt_memory_concurrent_save),

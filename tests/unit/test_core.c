@@ -394,6 +394,8 @@ static void test_status_names(void **state) {
   assert_int_equal(keel_status_from_errno(EPIPE), KEEL_ECLOSED);
   assert_int_equal(keel_status_from_errno(ENOMEM), KEEL_ENOMEM);
   assert_int_equal(keel_status_from_errno(EXDEV), KEEL_EIO);
+  assert_int_equal(keel_status_from_errno(EROFS), KEEL_EACCES);
+  assert_int_equal(keel_status_from_errno(EPERM), KEEL_EIO); /* a dropped send, not a disk */
 }
 
 /* ---- clock */

@@ -71,10 +71,12 @@ void keel__mem_service_stop(keel__launcher *launcher) {
   keel_ckpt_agent_stats_get(launcher->mem_agent, &stats);
   keel__event_emit(launcher, "mem_service_end",
                    "\"sent\":%llu,\"received\":%llu,\"persisted\":%llu,"
-                   "\"persisted_bytes\":%llu,\"persist_ms\":%.3f",
+                   "\"persisted_bytes\":%llu,\"persist_ms\":%.3f,\"persist_failed\":%llu,"
+                   "\"persist_last_failure\":\"%s\"",
                    (unsigned long long)stats.sent, (unsigned long long)stats.received,
                    (unsigned long long)stats.persisted, (unsigned long long)stats.persisted_bytes,
-                   (double)stats.persist_ns / 1e6);
+                   (double)stats.persist_ns / 1e6, (unsigned long long)stats.persist_failed,
+                   stats.persist_failed > 0 ? keel_status_name(stats.persist_last_status) : "none");
   keel_ckpt_agent_stop(launcher->mem_agent);
   launcher->mem_agent = NULL;
   /* On one host the supervisor removes every node's folder at the end; an agent of a host of
