@@ -246,6 +246,21 @@ void keel_report_event(keel_ctx *ctx, const char *event, const char *json_fields
  * store, drops the lease and frees ctx. NULL is allowed. */
 void keel_finalize(keel_ctx *ctx);
 
+/* ---- event lines without a context: a process of the job that joins no communicator (a
+ * worker of parameter servers: ec_train, examples/dlrm) reports to the launcher's events
+ * file as keel_report_event does for a ctx, so that tools outside the job (keel chaos, keel
+ * report) see its progress and its end. From the environment keel run sets (KEEL_STATUS_FD,
+ * KEEL_UID); outside keel run every line goes nowhere. KEEL_ENOMEM or KEEL_EINVAL (a
+ * malformed variable). */
+typedef struct keel_reporter keel_reporter;
+keel_status keel_reporter_open(keel_reporter **reporter_p);
+/* One line {"event":event, uid, rank, "epoch":0, t_ns, json_fields}, on the terms of
+ * keel_report_event (the same checks of event and json_fields). Never blocks. */
+void keel_reporter_event(keel_reporter *reporter, int rank, const char *event,
+                         const char *json_fields);
+/* NULL is allowed. */
+void keel_reporter_close(keel_reporter *reporter);
+
 #ifdef __cplusplus
 }
 #endif

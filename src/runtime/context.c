@@ -118,10 +118,13 @@ static bool event_name_valid(const char *event) {
   return true;
 }
 
+bool keel__event_acceptable(const char *event, const char *json_fields) {
+  if (event == NULL || !event_name_valid(event)) return false;
+  return json_fields == NULL || strlen(json_fields) <= 3072;
+}
+
 void keel_report_event(keel_ctx *ctx, const char *event, const char *json_fields) {
-  if (event == NULL || !event_name_valid(event)) return;
-  if (json_fields != NULL && strlen(json_fields) > 3072) return;
-  keel__report_line(ctx, event, json_fields);
+  if (keel__event_acceptable(event, json_fields)) keel__report_line(ctx, event, json_fields);
 }
 
 bool keel_fault_point(keel_ctx *ctx, const char *point) {

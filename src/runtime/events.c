@@ -65,3 +65,40 @@ void keel__events_line(keel__events *events, uint32_t uid, int rank, uint64_t ep
     KEEL_LOG_W(MODULE, "KEEL_STATUS_FD %d is not the launcher's socket: status lines are lost",
                events->fd);
 }
+
+/* ---- keel_reporter: the same lines from a process without a context */
+
+struct keel_reporter {
+  keel__events *events;
+  uint32_t uid;
+};
+
+keel_status keel_reporter_open(keel_reporter **reporter_p) {
+  if (reporter_p == NULL) return KEEL_EINVAL;
+  int64_t fd = -1, uid = 0;
+  if (keel_env_int("KEEL_STATUS_FD", 0, 1 << 20, &fd) != KEEL_OK ||
+      keel_env_int("KEEL_UID", 0, UINT32_MAX, &uid) != KEEL_OK)
+    return KEEL_EINVAL;
+  keel_reporter *reporter = calloc(1, sizeof *reporter);
+  if (reporter == NULL) return KEEL_ENOMEM;
+  keel_status status = keel__events_create((int)fd, &reporter->events);
+  if (status != KEEL_OK) {
+    free(reporter);
+    return status;
+  }
+  reporter->uid = (uint32_t)uid;
+  *reporter_p = reporter;
+  return KEEL_OK;
+}
+
+void keel_reporter_event(keel_reporter *reporter, int rank, const char *event,
+                         const char *json_fields) {
+  if (reporter == NULL || !keel__event_acceptable(event, json_fields)) return;
+  keel__events_line(reporter->events, reporter->uid, rank, 0, event, json_fields);
+}
+
+void keel_reporter_close(keel_reporter *reporter) {
+  if (reporter == NULL) return;
+  keel__events_destroy(reporter->events);
+  free(reporter);
+}

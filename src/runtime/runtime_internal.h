@@ -66,6 +66,9 @@ void keel__events_destroy(keel__events *events);
  * through says how many were dropped). */
 void keel__events_line(keel__events *events, uint32_t uid, int rank, uint64_t epoch,
                        const char *event, const char *fields);
+/* Whether an application's event (keel_report_event, keel_reporter_event) may be sent: a
+ * name of 1..31 characters of [a-z0-9_], fields under 3 KiB. */
+bool keel__event_acceptable(const char *event, const char *json_fields);
 
 /* ---- detector.c */
 typedef struct keel__detector keel__detector;

@@ -5,6 +5,8 @@
  * on what it pulled, so a wrong degraded read changes the result. It prints
  *   progress step S rank R                          after each step
  *   params-crc32c XXXXXXXX lost-servers 0xBITS     worker 0, at the end
+ * and, for tools outside the job (keel chaos), worker 0 reports the events `progress` (step,
+ * world) after each step and `finish` (step, world, state_crc32c: that crc) at the end.
  * Synchronous jobs end with the same crc on every run, servers lost or not.
  * Flags: --steps N --rows N --dim D --dense N --rows-per-step N --seed S --step-ms MS
  * Like a keel process it leaves with KEEL_EXIT_STOPPED (77) once job/stop is set, every worker
@@ -33,6 +35,7 @@ typedef struct worker {
   options options;
   int64_t rank, world;
   keel_store *store; /* for job/stop only: the client has a store of its own */
+  keel_reporter *reporter;
   int64_t stop_step; /* the step every worker leaves at; -1 until job/stop is seen */
   keel_ec_client *client;
   uint64_t rows[MAX_ROWS_PER_STEP];
@@ -185,6 +188,18 @@ static keel_status identity_read(worker *self) {
   return status;
 }
 
+/* Worker 0's events: progress after each step, finish (with the model's crc) at the end. */
+static void report(worker *self, const char *event, int64_t step, uint32_t crc) {
+  if (self->rank != 0) return;
+  char fields[160];
+  int length = snprintf(fields, sizeof fields, "\"step\":%lld,\"world\":%lld", (long long)step,
+                        (long long)self->world);
+  if (strcmp(event, "finish") == 0)
+    snprintf(fields + length, sizeof fields - (size_t)length,
+             ",\"shard\":0,\"state_crc32c\":\"%08x\"", (unsigned)crc);
+  keel_reporter_event(self->reporter, 0, event, fields);
+}
+
 static int train(worker *self) {
   keel_status status = dense_initialize(self);
   for (int64_t step = 0; step < self->options.steps && status == KEEL_OK; step++) {
@@ -193,6 +208,7 @@ static int train(worker *self) {
     if (status != KEEL_OK) break;
     printf("progress step %lld rank %lld\n", (long long)step, (long long)self->rank);
     fflush(stdout);
+    report(self, "progress", step + 1, 0); /* no crc: only finish carries one */
     if (self->options.step_ms > 0) pause_ms(self->options.step_ms);
   }
   uint32_t crc = 0;
@@ -205,6 +221,7 @@ static int train(worker *self) {
     printf("params-crc32c %08x lost-servers 0x%llx\n", (unsigned)crc,
            (unsigned long long)keel_ec_client_lost(self->client));
     fflush(stdout);
+    report(self, "finish", self->options.steps, crc);
   }
   return 0;
 }
@@ -216,7 +233,8 @@ int main(int argc, char **argv) {
   int exit_code = 2;
   if (parse_options(argc, argv, &self->options) != 0) goto free_worker;
   exit_code = 1;
-  keel_status status = identity_read(self);
+  keel_status status = keel_reporter_open(&self->reporter);
+  if (status == KEEL_OK) status = identity_read(self);
   if (status != KEEL_OK) {
     fprintf(stderr, "ec_train: run me with keel run --servers S --ec k=K,r=R: %s\n",
             keel_strerror(status));
@@ -232,6 +250,7 @@ int main(int argc, char **argv) {
   keel_ec_client_close(self->client);
 close_store:
   keel_store_close(self->store);
+  keel_reporter_close(self->reporter);
 free_worker:
   free(self);
   return exit_code;

@@ -57,6 +57,12 @@
 #define ETCD_START_MS 30000
 #define ETCD_RESTART_MS 20000
 #define DELAY_MAX_NS (20 * MS_NS)
+/* server-kill: servers 0 and 1 may hold the dense block, which no replacement rebuilds yet
+ * (docs/ECREC.md), so the kills go to servers 2 and up. The job's standing of its servers
+ * (ec/lost/<i>) is read this often while a killed one is not back. */
+#define SERVER_KILL_FIRST 2
+#define SERVER_LOOK_NS (20 * MS_NS)
+#define SERVER_BACK_WAIT_NS (15 * SECOND_NS)
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
     "kill",      "stop",  "launcher-stop", "hang",      "bitflip",   "kill-node",
@@ -266,6 +272,9 @@ static bool hangs_caught_soon(const keel__run_options *run) {
 /* Why the job as its flags start it cannot take kind at all; NULL when it can. */
 static const char *kind_refusal(const chaos_options *options, keel__chaos_kind kind) {
   const keel__run_options *run = &options->run;
+  if (run->servers > 0 && kind != KEEL__CHAOS_SERVER_KILL && kind != KEEL__CHAOS_LAUNCHER_STOP)
+    return "a job on parameter servers takes server-kill and launcher-stop only: its workers "
+           "join no communicator, so keel recovers no worker of it";
   switch (kind) {
     case KEEL__CHAOS_KILL:
     case KEEL__CHAOS_STOP:
@@ -294,7 +303,14 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
       return NULL;
     case KEEL__CHAOS_SERVER_KILL:
       if (run->servers == 0) return "server-kill needs parameter servers (--servers)";
-      return "server-kill is not supported by keel chaos yet";
+      if (!run->replace_servers)
+        return "server-kill needs replacement servers (--ec-sync, whose default is "
+               "--on-server-failure replace): without them each kill leaves a server down, and "
+               "r + 1 of them lose rows of the model";
+      if (run->servers < SERVER_KILL_FIRST + 1)
+        return "server-kill needs --servers 3 or more: it kills servers 2 and up, since 0 and 1 "
+               "may hold the dense block, which a replacement cannot rebuild yet";
+      return NULL;
     case KEEL__CHAOS_ETCD_KILL:
     case KEEL__CHAOS_ETCD_STOP:
       if (run->rdzv_endpoint != NULL)
@@ -551,6 +567,10 @@ typedef struct chaos_job {
   /* --etcd: the job's store, and what became of its members' failures */
   keel__etcd_cluster *etcd;
   int64_t etcd_undone, etcd_undo_failed;
+  /* server-kill: the one whose replacement is not back yet (NULL: none), and when the
+   * servers' standing is read next */
+  keel__chaos_failure *server_down;
+  int64_t next_server_look_ns;
   bool stopping; /* keel chaos got SIGINT or SIGTERM */
 } chaos_job;
 
@@ -751,6 +771,105 @@ static bool etcd_failure_try(chaos_job *job, keel__chaos_failure *failure) {
   return true;
 }
 
+/* While the launcher is stopped its store answers nothing: chaos does not ask it. */
+static bool launcher_stopped(const chaos_job *job) {
+  return job->undo != NULL && job->undo->kind == KEEL__CHAOS_LAUNCHER_STOP;
+}
+
+/* The standing of server index in the job's directory (ec/lost/<i>: "lost", "rebuilding",
+ * "rebuilt", "back N"; absent while it serves), and that key's revision; false when the store
+ * cannot be read. */
+static bool server_standing(chaos_job *job, int64_t index, char *standing, size_t capacity,
+                            uint64_t *revision_p) {
+  keel_store *store = job_store(job);
+  if (store == NULL) return false;
+  char key[48];
+  snprintf(key, sizeof key, "ec/lost/%" PRId64, index);
+  keel_store_entry *entry = NULL;
+  keel_status status = keel_store_get(store, key, &entry);
+  if (status == KEEL_ENOTFOUND) {
+    snprintf(standing, capacity, "serving");
+    *revision_p = 0;
+    return true;
+  }
+  if (status != KEEL_OK) return false;
+  snprintf(standing, capacity, "%s", (const char *)entry->value);
+  *revision_p = entry->revision;
+  keel_store_entry_free(entry);
+  return true;
+}
+
+/* After a server's replacement is back (no recovery event says so): the survivors' fds,
+ * threads and memory, and the store's keys, which the launcher counts only at recoveries of
+ * ranks. A job on servers keeps a bounded set of keys (a standing and an address per
+ * server, the job's own): all are counted. */
+static void recovery_sample(chaos_job *job) {
+  keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
+  keel__chaos_survivors_sample(job->run);
+  keel_store *store = job_store(job);
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  keel__chaos_run *run = job->run;
+  if (store == NULL || keel_store_list(store, "", &entries, &count, NULL) != KEEL_OK) return;
+  keel_store_entries_free(entries, count);
+  if (run->store_key_count < KEEL__CHAOS_MAX_SAMPLES)
+    run->store_keys[run->store_key_count++] = (long)count;
+}
+
+/* Whether every server serves its rows: none lost or rebuilding (a replacement that is
+ * back, "back N", serves them). */
+static bool servers_all_serving(chaos_job *job) {
+  keel_store *store = job_store(job);
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (store == NULL || keel_store_list(store, "ec/lost/", &entries, &count, NULL) != KEEL_OK)
+    return false;
+  bool serving = true;
+  for (size_t i = 0; i < count; i++)
+    serving = serving && strncmp((const char *)entries[i].value, "back", 4) == 0;
+  keel_store_entries_free(entries, count);
+  return serving;
+}
+
+/* server-kill: SIGKILL to one of servers 2 and up through keel inject, once every server
+ * serves again: a second server lost while one is rebuilt could be more than the parity
+ * covers (r = 1), which no job survives. The kill's detection and recovery are read from
+ * the directory (servers_tick). */
+static bool server_failure_try(chaos_job *job, keel__chaos_failure *failure) {
+  if (job->server_down != NULL || !servers_all_serving(job)) return false;
+  int64_t killable = job->options->run.servers - SERVER_KILL_FIRST;
+  failure->node = SERVER_KILL_FIRST + failure->target % killable;
+  char standing[32], target[32], output[256];
+  if (!server_standing(job, failure->node, standing, sizeof standing, &failure->mark)) return false;
+  snprintf(target, sizeof target, "server:%" PRId64, failure->node);
+  const char *args[3] = {"kill", target, NULL};
+  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) return false;
+  victim_parse(output, failure);
+  job->server_down = failure;
+  return true;
+}
+
+/* While a killed server is not back: detected once the job marked it lost (or its
+ * replacement marked itself rebuilding), recovered once its replacement is back ("back N",
+ * a change after the kill). A replacement not back within SERVER_BACK_WAIT_NS is left
+ * unrecovered, and the next server-kill may come. */
+static void servers_tick(chaos_job *job, int64_t now) {
+  keel__chaos_failure *failure = job->server_down;
+  if (failure == NULL || launcher_stopped(job) || now < job->next_server_look_ns) return;
+  job->next_server_look_ns = now + SERVER_LOOK_NS;
+  char standing[32];
+  uint64_t revision = 0;
+  if (!server_standing(job, failure->node, standing, sizeof standing, &revision)) return;
+  bool changed = revision > failure->mark;
+  bool back = changed && strncmp(standing, "back", 4) == 0;
+  if (changed && failure->detect_ns < 0) failure->detect_ns = now - failure->injected_ns;
+  if (back) {
+    failure->recover_ns = now - failure->injected_ns;
+    recovery_sample(job);
+  }
+  if (back || now - failure->injected_ns > SERVER_BACK_WAIT_NS) job->server_down = NULL;
+}
+
 /* One try at the failure; true once it is done (injected, or given up). */
 static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
   failure->attempts++;
@@ -763,6 +882,8 @@ static bool failure_try(chaos_job *job, keel__chaos_failure *failure) {
     }
   } else if (kind_hits_etcd(failure->kind)) {
     done = etcd_failure_try(job, failure);
+  } else if (failure->kind == KEEL__CHAOS_SERVER_KILL) {
+    done = job->job_id != 0 && server_failure_try(job, failure);
   } else {
     done = job->job_id != 0 && (kind_hits_node(failure->kind) ? node_failure_try(job, failure)
                                                               : rank_failure_try(job, failure));
@@ -812,8 +933,7 @@ static void holders_check(chaos_job *job, const keel_store_entry *entries, size_
 
 /* Lists proc/ every CENSUS_INTERVAL_NS while the launcher (and its store) runs. */
 static void census_tick(chaos_job *job, int64_t now) {
-  bool launcher_stopped = job->undo != NULL && job->undo->kind == KEEL__CHAOS_LAUNCHER_STOP;
-  if (job->job_id == 0 || launcher_stopped || now < job->next_census_ns) return;
+  if (job->job_id == 0 || launcher_stopped(job) || now < job->next_census_ns) return;
   job->next_census_ns = now + CENSUS_INTERVAL_NS;
   keel_store *store = job_store(job);
   keel_store_entry *entries = NULL;
@@ -886,6 +1006,7 @@ static void job_run(chaos_job *job) {
     keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
     if (job->failures != NULL && !job->stopping) failures_tick(job, now);
     if (job->failures != NULL) census_tick(job, now);
+    if (job->failures != NULL) servers_tick(job, now);
     int status;
     pid_t done = waitpid(job->launcher, &status, WNOHANG);
     if (done == job->launcher) {
@@ -1018,7 +1139,10 @@ static void final_state_check(const chaos_job *job, const keel__chaos_run *refer
     check(verdict, false, "final-state", "no rank finished");
     return;
   }
-  if (job->options->run.on_failure == KEEL__ON_FAILURE_SHRINK || reference == NULL) {
+  /* A job on parameter servers has no world to shrink: its model is the servers'. */
+  bool shrinks =
+      job->options->run.on_failure == KEEL__ON_FAILURE_SHRINK && job->options->run.servers == 0;
+  if (shrinks || reference == NULL) {
     /* Shrink changes the math: the survivors must still agree with each other. */
     const keel__chaos_finish *first = &run->finishes[0];
     for (size_t i = 1; i < run->finish_count; i++) {
@@ -1119,12 +1243,13 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
   }
   size_t n = run->store_key_count;
   long rise = n ? floor_rise(run->store_keys, n) : 0;
-  check(verdict, series_flat(rise, n, MIN_STORE_SERIES, STORE_SLACK_KEYS), "store-flat",
-        "keys (less those of live processes, nodes and the newest agreements) after %zu "
-        "recoveries: %ld "
-        "first, %ld last, floor %+ld%s",
-        n, n ? run->store_keys[0] : 0, n ? run->store_keys[n - 1] : 0, rise,
-        n < MIN_STORE_SERIES ? " (too few recoveries to judge)" : "");
+  bool on_servers = job->options->run.servers > 0;
+  check(
+      verdict, series_flat(rise, n, MIN_STORE_SERIES, STORE_SLACK_KEYS), "store-flat",
+      "keys (%s) after %zu recoveries: %ld first, %ld last, floor %+ld%s",
+      on_servers ? "all of them" : "less those of live processes, nodes and the newest agreements",
+      n, n ? run->store_keys[0] : 0, n ? run->store_keys[n - 1] : 0, rise,
+      n < MIN_STORE_SERIES ? " (too few recoveries to judge)" : "");
 }
 
 /* Every etcd member failed was started again or resumed: the job ran on a whole cluster
@@ -1369,10 +1494,6 @@ int keel__command_chaos(int argc, char **argv) {
   keel__parse_result parsed =
       keel__run_options_parse(options.run_argc, options.run_argv, &options.run);
   if (parsed != KEEL__PARSE_OK) return parsed == KEEL__PARSE_HELP ? 0 : KEEL__EXIT_USAGE;
-  if (options.run.servers > 0)
-    return chaos_usage(
-        "jobs on parameter servers are not supported by keel chaos yet (their "
-        "workers write no finish events to compare)");
   if (options.run.events_path != NULL)
     return chaos_usage("--events is keel chaos's own (--keep keeps its events files)");
   if (options.etcd_members > 0 && options.run.rdzv_endpoint != NULL)

@@ -19,7 +19,7 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_KILL_NODE,     /* a node's agent and processes killed at once (--agents, --netns) */
   KEEL__CHAOS_PARTITION,     /* a node's link cut, healed later (--netns) */
   KEEL__CHAOS_DELAY,         /* a node's frames held back for a while (--agents, --netns) */
-  KEEL__CHAOS_SERVER_KILL,   /* named by issue 15 and refused: not supported yet */
+  KEEL__CHAOS_SERVER_KILL,   /* SIGKILL to a parameter server (2 and up), replaced by keel run */
   KEEL__CHAOS_ETCD_KILL,     /* an etcd member killed, started again later (--etcd) */
   KEEL__CHAOS_ETCD_STOP,     /* an etcd member stopped, resumed later (--etcd) */
   KEEL__CHAOS_KIND_COUNT,
@@ -36,7 +36,9 @@ typedef struct keel__chaos_failure {
   int64_t target;  /* the rank hit by kill and stop; for node kinds, which live node */
   int64_t hold_ns; /* launcher-stop, partition, delay: how long until it is undone */
   int64_t delay_ns; /* delay: how long each frame of the node waits */
-  int64_t node;     /* node kinds: the node hit; etcd kinds: the member; -1 otherwise */
+  int64_t node;     /* node kinds: the node hit; etcd kinds: the member; server-kill: the
+                     * server's index; -1 otherwise */
+  uint64_t mark;    /* server-kill: the revision of the server's standing when it was killed */
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
@@ -104,6 +106,9 @@ void keel__chaos_run_clear(keel__chaos_run *run);
 /* Reads the events written since the last call and updates run; failures (count of them)
  * get their detection and recovery times from recovery lines. */
 void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures, size_t count);
+/* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
+ * (while the next failure has not yet come). */
+void keel__chaos_survivors_sample(keel__chaos_run *run);
 /* The process of uid in run, or NULL. */
 keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid);
 /* Whether failure hit uid. */

@@ -88,12 +88,12 @@ static long live_processes(const keel__chaos_run *run) {
   return live;
 }
 
-/* Only rank holders are sampled: a spare that takes a rank opens its links then, which is
- * no leak. Its fds are counted beyond one per live process of the job: a process links to
- * its peers, and a job whose spare nodes came back holds more of them than before, which is
- * no leak either. */
+/* Only rank holders and parameter servers are sampled: a spare that takes a rank opens its
+ * links then, which is no leak. Its fds are counted beyond one per live process of the job: a
+ * process links to its peers, and a job whose spare nodes came back holds more of them than before,
+ * which is no leak either. */
 static void process_sample(keel__chaos_process *p, long live) {
-  if (p->exited || !p->holds_rank || !process_alive(p)) return;
+  if (p->exited || !(p->holds_rank || p->server) || !process_alive(p)) return;
   char state = 0;
   int parent = 0;
   /* A stopped process (an injected stop) is about to be fenced: not a survivor. */
@@ -210,7 +210,10 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
         run, (uint32_t)keel__json_int_or(json_array_get(transfers, i), "to", -1));
     if (p != NULL) p->holds_rank = true;
   }
-  /* The survivors are sampled now, while the next failure has not yet come. */
+  keel__chaos_survivors_sample(run);
+}
+
+void keel__chaos_survivors_sample(keel__chaos_run *run) {
   long live = live_processes(run);
   for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i], live);
   run->sampled_recoveries++;
