@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# `make soak`: keel chaos over long toy_train jobs, every kind chaos supports, until
-# SOAK_FAILURES failures (default 2000) were injected in all: two fifths on one host (kill,
-# stop, launcher-stop, hang, bitflip), two fifths on nodes (kill, stop, kill-node, delay, and
-# partition under --netns when root), a fifth on nodes whose store is a 3-member etcd that
-# chaos starts (kill, kill-node, etcd-kill, etcd-stop). Each run's report goes to $SOAK_DIR/<run>.txt and .json
-# (default soak/), and the script exits non-zero if any verdict failed. RELIABILITY.md keeps
-# the figures. Runs --no-reference: the failure-free comparison doubles the time, and
-# `make test`'s chaos cases check it; here the survivors must agree bit for bit.
+# `make soak`: keel chaos over long jobs, every kind chaos supports, until SOAK_FAILURES
+# failures (default 2000) were injected in all: a quarter on one host (kill, stop,
+# launcher-stop, hang, bitflip), a quarter on nodes (kill, stop, kill-node, delay, and
+# partition under --netns when root), 3/20 on nodes whose store is a 3-member etcd that
+# chaos starts (kill, kill-node, etcd-kill, etcd-stop), all of those on toy_train; and 7/20
+# on an ECRec job (ec_train on 4 parameter servers: server-kill). Each run's report goes to
+# $SOAK_DIR/<run>.txt and .json (default soak/), and the script exits non-zero if any
+# verdict failed. RELIABILITY.md keeps the figures. The toy_train runs are --no-reference:
+# the failure-free comparison doubles their time, and `make test`'s chaos cases check it;
+# there the survivors must agree bit for bit. The ECRec run has its failure-free run (its
+# one finisher has no peer to agree with), which its short gaps leave room for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 keel="$build/bin/keel"
 toy="$build/tests/programs/toy_train"
+ec_train="$build/tests/programs/ec_train"
 total="${SOAK_FAILURES:-2000}"
 seed="${SOAK_SEED:-1}"
 out="${SOAK_DIR:-soak}"
@@ -20,30 +24,44 @@ mkdir -p "$out"
 
 # Measured: about 6.6 ms a step for 4 to 6 ranks of this toy on 2 cores; a failure every
 # GAP_MS on average (its gap, plus the hold of those that last). The job is sized to outlast
-# its failures by half again.
+# its failures by a quarter (the first soak's half again left 100,000 failure-free steps to
+# run: the soak is to fit in 90 minutes).
 steps_for() { # failures, mean ms per failure
-  echo $(( $1 * $2 * 3 / 2 * 10 / 66 + 2000 ))
+  echo $(( $1 * $2 * 5 / 4 * 10 / 66 + 2000 ))
 }
 
-run() { # name, failures, every, mix, mean ms per failure, run flags...
+# name, failures, every, mix, then chaos's own flags up to "--", the run flags up to "--",
+# and the program with its arguments.
+chaos() {
+  local name="$1" failures="$2" every="$3" mix="$4"
+  shift 4
+  echo "soak: $name: $failures failures ($mix, every $every)"
+  local code=0
+  "$keel" chaos --failures "$failures" --every "$every" --seed "$seed" --mix "$mix" \
+    --json "$out/$name.json" "$@" >"$out/$name.txt" 2>&1 || code=$?
+  tail -n 20 "$out/$name.txt"
+  return "$code"
+}
+
+run() { # name, failures, every, mix, mean ms per failure, [--etcd N], run flags...
   local name="$1" failures="$2" every="$3" mix="$4" mean_ms="$5"
   shift 5
   local extra=()
   if [ "$1" = --etcd ]; then extra=(--etcd "$2"); shift 2; fi
   local steps
   steps="$(steps_for "$failures" "$mean_ms")"
-  echo "soak: $name: $failures failures ($mix, every $every), toy_train --steps $steps"
-  local code=0
-  "$keel" chaos --failures "$failures" --every "$every" --seed "$seed" --mix "$mix" \
-    "${extra[@]}" --no-reference --json "$out/$name.json" -- "$@" -- \
-    "$toy" --steps "$steps" --compute-ms 2 --params 20000 >"$out/$name.txt" 2>&1 || code=$?
-  tail -n 20 "$out/$name.txt"
-  return "$code"
+  echo "soak: $name: toy_train --steps $steps"
+  chaos "$name" "$failures" "$every" "$mix" "${extra[@]}" --no-reference -- "$@" -- \
+    "$toy" --steps "$steps" --compute-ms 2 --params 20000
 }
 
-host=$(( total * 2 / 5 ))
-etcd=$(( total / 5 ))
-nodes=$(( total - host - etcd ))
+# A failure costs about 3.4 s of soak on one host, 3 s on nodes, 4.4 s on etcd (its members'
+# holds) and 1.8 s on servers (two runs: with failures and without); these shares put 2000
+# in about 90 minutes.
+host=$(( total / 4 ))
+nodes=$(( total / 4 ))
+etcd=$(( total * 3 / 20 ))
+servers=$(( total - host - nodes - etcd ))
 failed=0
 # Hangs need gaps past their detection (a deadline of 1 s, then the agreement's).
 run host "$host" 2s..3s kill=4,stop=2,launcher-stop=1,hang=1,bitflip=1 2700 \
@@ -70,6 +88,15 @@ run nodes "$nodes" 1s..2s "$node_mix" 2400 "${node_flags[@]}" --nnodes 3 \
 run etcd "$etcd" 1s..2s kill=2,kill-node=1,etcd-kill=2,etcd-stop=2 1600 --etcd 3 --agents \
   --nnodes 3 --nproc-per-node 2 --spare-nodes 1 --heartbeat 4s --on-failure replace \
   --spares 1 --max-restarts "$total" || failed=1
+
+# Parameter servers: one of servers 2 and 3 killed every 0.5-1 s (a replacement is back in
+# about 50 ms), 4 servers with XOR parity, 2 synchronous workers. ec_train takes about 9 ms
+# a step here (5 of them a pause), so 0.75 s a failure is 83 steps, and the job outlasts
+# its failures by a fifth.
+ec_steps=$(( servers * 100 + 1000 ))
+echo "soak: servers: ec_train --steps $ec_steps"
+chaos servers "$servers" 500ms..1s server-kill=1 -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
+  -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
 
 [ "$failed" = 0 ] && echo "soak: every verdict passed" || echo "soak: a verdict failed" >&2
 exit "$failed"
