@@ -31,12 +31,12 @@
  * shorter than a stop's detection (667 ms) can stop every holder of the state at once, which
  * no in-process recovery survives (docs/CHAOS.md). */
 #define TOY_ARGS "--compute-ms", "2", "--params", "20000"
-/* Under the sanitizers a step takes 38 ms (alone) to 72 ms (a CI rehearsal, beside other
- * tests) while failures take about 4 times longer: there the 50 were over after 89 s (step
- * 1229 of 9000), and the two runs of 9000 steps (652 s and 564 s) outlasted the test's
- * limit (960 s). 5000 steps outlast the failures alone (190 s) and fit the limit loaded. */
+/* Under the sanitizers (built at -O1) the 50 failures take about 90 s, since their gaps and
+ * recoveries stretch 4 times, while a step takes about 15 ms: 5000 steps (sized for -O0's
+ * 38-72 ms) ended after 42 failures in a CI rehearsal. 12000 steps outlast them by half again,
+ * and two such runs (about 3 minutes each, 5 loaded) fit the test's limit (960 s). */
 #define TOY_STEPS "9000"
-#define TOY_STEPS_SANITIZED "5000"
+#define TOY_STEPS_SANITIZED "12000"
 
 typedef struct chaos_result {
   int code;
