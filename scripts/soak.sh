@@ -63,6 +63,15 @@ nodes=$(( total / 4 ))
 etcd=$(( total * 3 / 20 ))
 servers=$(( total - host - nodes - etcd ))
 failed=0
+# Parameter servers: one of servers 2 and 3 killed every 0.5-1 s (a replacement is back in
+# about 50 ms), 4 servers with XOR parity, 2 synchronous workers. ec_train takes about 9 ms
+# a step here (5 of them a pause), so 0.75 s a failure is 83 steps, and the job outlasts
+# its failures by a fifth.
+ec_steps=$(( servers * 100 + 1000 ))
+echo "soak: servers: ec_train --steps $ec_steps"
+chaos servers "$servers" 500ms..1s server-kill=1 -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
+  -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
+
 # Hangs need gaps past their detection (a deadline of 1 s, then the agreement's).
 run host "$host" 2s..3s kill=4,stop=2,launcher-stop=1,hang=1,bitflip=1 2700 \
   -n 4 --on-failure replace --spares 2 --max-restarts "$total" --collective-timeout auto \
@@ -88,15 +97,6 @@ run nodes "$nodes" 1s..2s "$node_mix" 2400 "${node_flags[@]}" --nnodes 3 \
 run etcd "$etcd" 1s..2s kill=2,kill-node=1,etcd-kill=2,etcd-stop=2 1600 --etcd 3 --agents \
   --nnodes 3 --nproc-per-node 2 --spare-nodes 1 --heartbeat 4s --on-failure replace \
   --spares 1 --max-restarts "$total" || failed=1
-
-# Parameter servers: one of servers 2 and 3 killed every 0.5-1 s (a replacement is back in
-# about 50 ms), 4 servers with XOR parity, 2 synchronous workers. ec_train takes about 9 ms
-# a step here (5 of them a pause), so 0.75 s a failure is 83 steps, and the job outlasts
-# its failures by a fifth.
-ec_steps=$(( servers * 100 + 1000 ))
-echo "soak: servers: ec_train --steps $ec_steps"
-chaos servers "$servers" 500ms..1s server-kill=1 -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
-  -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
 
 [ "$failed" = 0 ] && echo "soak: every verdict passed" || echo "soak: a verdict failed" >&2
 exit "$failed"
