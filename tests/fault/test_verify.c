@@ -102,6 +102,30 @@ static void keel_inject_bitflip_is_undone(void **state) {
   keel_test_events_free(&log);
 }
 
+/* Rank 1 dies as the check of step 40 begins (finding 20): the others' allgather fails, the
+ * check is left to the next one, the spare takes rank 1 at the next collective, and the job
+ * ends bit-identical to a run without failure. Before the fix the commit returned the
+ * allgather's KEEL_EPROCFAILED and every rank left with code 1. */
+static void a_death_during_the_check_is_recovered(void **state) {
+  (void)state;
+  static const char *const flags[] = {"--nproc",      "4",        "--verify-replicas",
+                                      "every=20",     "--spares", "1",
+                                      "--on-failure", "replace",  NULL};
+  static const char *const fault = "kill@rank=1,step=39,point=verify";
+  keel_test_job reference, job;
+  assert_int_equal(job_run(&reference, unverified, toy_args, NULL), 0);
+  unsigned expected = keel_test_toy_assert_consistent(reference.output, 4, 80);
+  assert_int_equal(job_run(&job, flags, toy_args, fault), 0);
+  assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, 80), expected);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  const char *fired = keel_test_events_find(&log, "fault", 1);
+  assert_non_null(fired);
+  assert_non_null(strstr(fired, "\"point\":\"verify\""));
+  assert_non_null(keel_test_events_find(&log, "recovery", -1));
+  keel_test_events_free(&log);
+}
+
 static void bad_flags_are_refused(void **state) {
   (void)state;
   static const char *const bad[][4] = {
@@ -121,6 +145,7 @@ int main(void) {
       cmocka_unit_test(a_flipped_bit_is_found_and_undone),
       cmocka_unit_test(unverified_the_flip_stays),
       cmocka_unit_test(keel_inject_bitflip_is_undone),
+      cmocka_unit_test(a_death_during_the_check_is_recovered),
   };
   int failures = cmocka_run_group_tests(tests, NULL, NULL);
   keel_test_kill_all();
