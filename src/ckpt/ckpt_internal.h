@@ -124,6 +124,8 @@ typedef struct keel__ckpt_write_health {
   _Atomic int last_status; /* the last failure's status, KEEL_OK before any */
   uint64_t in_a_row;       /* failures since the last success (the writer's own) */
 } keel__ckpt_write_health;
+/* reason: what the save said (keel__ckpt_persistent_save_with); empty or NULL: the status's
+ * text stands for it. */
 void keel__ckpt_write_failed(keel__ckpt_write_health *health, const char *tier,
                              const char *directory, keel_status status, const char *reason);
 void keel__ckpt_write_succeeded(keel__ckpt_write_health *health, const char *tier);

@@ -692,7 +692,7 @@ static void persist_write(keel_ckpt_agent *agent, const local_rank *local) {
                                              &identity, manifest.chunk_bytes, reason);
   if (status != KEEL_OK)
     keel__ckpt_write_failed(&agent->persist_health, "persistent", agent->persist_directory, status,
-                            reason[0] != '\0' ? reason : keel_strerror(status));
+                            reason);
   if (status == KEEL_OK) {
     keel__ckpt_write_succeeded(&agent->persist_health, "persistent");
     atomic_fetch_add(&agent->persisted, 1);

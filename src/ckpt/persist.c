@@ -55,8 +55,7 @@ static keel_status persist_on_commit(void *arg, uint64_t step) {
     persist->saves++;
     keel__ckpt_write_succeeded(&persist->health, "persistent");
   } else {
-    keel__ckpt_write_failed(&persist->health, "persistent", persist->directory, status,
-                            reason[0] != '\0' ? reason : keel_strerror(status));
+    keel__ckpt_write_failed(&persist->health, "persistent", persist->directory, status, reason);
   }
   char fields[160];
   snprintf(fields, sizeof fields,

@@ -317,7 +317,8 @@ void keel__ckpt_write_failed(keel__ckpt_write_health *health, const char *tier,
              "the %s tier cannot write to %s: %s (%s); training goes on, the complete "
              "snapshots written before stay usable, and every later save is tried (failures "
              "are counted, and logged again once one succeeds)",
-             tier, directory, reason, keel_status_name(status));
+             tier, directory, reason != NULL && reason[0] != '\0' ? reason : keel_strerror(status),
+             keel_status_name(status));
 }
 
 void keel__ckpt_write_succeeded(keel__ckpt_write_health *health, const char *tier) {

@@ -19,6 +19,7 @@
 #include "chaos.h"
 #include "etcd_cluster.h"
 #include "keel/core.h"
+#include "keel/ec.h"
 #include "launcher.h"
 #include "tool.h"
 
@@ -816,18 +817,16 @@ static void recovery_sample(chaos_job *job) {
     run->store_keys[run->store_key_count++] = (long)count;
 }
 
-/* Whether every server serves its rows: none lost or rebuilding (a replacement that is
- * back, "back N", serves them). */
+/* Whether every server serves its rows, as the directory says (keel_ec_servers_down: none
+ * lost, rebuilding or rebuilt; a replacement that is back serves them). */
 static bool servers_all_serving(chaos_job *job) {
   keel_store *store = job_store(job);
-  keel_store_entry *entries = NULL;
-  size_t count = 0;
-  if (store == NULL || keel_store_list(store, "ec/lost/", &entries, &count, NULL) != KEEL_OK)
-    return false;
-  bool serving = true;
-  for (size_t i = 0; i < count; i++)
-    serving = serving && strncmp((const char *)entries[i].value, "back", 4) == 0;
-  keel_store_entries_free(entries, count);
+  int servers = (int)job->options->run.servers;
+  bool *down = calloc((size_t)servers, sizeof *down);
+  bool serving =
+      store != NULL && down != NULL && keel_ec_servers_down(store, servers, down) == KEEL_OK;
+  for (int i = 0; serving && i < servers; i++) serving = !down[i];
+  free(down);
   return serving;
 }
 
