@@ -29,13 +29,14 @@ static void prepared_free(prepared_update *item) {
 static uint64_t update_stamp(const keel_ec_server *server, uint64_t id);
 
 /* Fires the fault rules at point in the update's step (a kill between or inside the phases
- * of a commit). */
-static void server_fault(keel_ec_server *server, const char *point, uint64_t update_id) {
+ * of a commit, or between two answers), counter the point's own count (0: none). */
+static void server_fault(keel_ec_server *server, const char *point, uint64_t update_id,
+                         int64_t counter) {
   if (server->faults == NULL) return;
   pthread_mutex_lock(&server->fault_lock);
   uint64_t stamp = update_stamp(server, update_id);
   if (stamp > 0) keel_fault_plan_set_step(server->faults, stamp - 1);
-  keel_fault_plan_fire(server->faults, point, 0);
+  keel_fault_plan_fire(server->faults, point, counter);
   pthread_mutex_unlock(&server->fault_lock);
 }
 
@@ -503,28 +504,43 @@ static keel_status holder_answers(keel_ec_server *server, const holder_calls *ca
   return status;
 }
 
+/* A mark: no change, folded at once. It tells a server that gets none of this step's changes
+ * that this one has applied its own rows of the step (marked_steps). */
+static keel__ec_request mark_request(uint64_t update_id) {
+  return (keel__ec_request){
+      .op = KEEL__EC_OP_PARITY_PREPARE, .flags = KEEL__EC_FLAG_APPLY_NOW, .id = update_id};
+}
+
 /* send_batches' second half: the parity held here is folded, then (with two-phase commit)
  * every holder that prepared is told to fold its part: the first alone (the fault point
- * ec_committing falls between it and the others), the others at once. */
+ * ec_committing falls between it and the others), the others at once, with the marks. */
 static keel_status commit_batches(keel_ec_server *server, const parity_batch *batches,
-                                  uint64_t update_id, const bool *prepared, holder_calls *calls) {
+                                  uint64_t update_id, const bool *prepared, const bool *marks,
+                                  holder_calls *calls) {
   bool prepare_first = two_phase(server);
-  if (prepare_first) server_fault(server, "ec_prepared", update_id);
+  if (prepare_first) server_fault(server, "ec_prepared", update_id, 0);
   const parity_batch *local = &batches[server->index];
   keel_status status =
       fold_here(server, local->refs, local->deltas, local->count, update_stamp(server, update_id));
   if (!prepare_first || status != KEEL_OK) return status;
   int first = 0;
   while (first < server->servers && !prepared[first]) first++;
-  if (first == server->servers) return KEEL_OK;
-  status = send_commit(server, first, update_id, 0);
-  server_fault(server, "ec_committing", update_id);
-  if (status != KEEL_OK) return status;
-  for (int holder = 0; holder < server->servers; holder++) {
-    calls->targets[holder] = holder > first && prepared[holder];
-    calls->requests[holder] =
-        (keel__ec_request){.op = KEEL__EC_OP_PARITY_COMMIT, .flags = 0, .id = update_id};
+  if (first < server->servers) {
+    status = send_commit(server, first, update_id, 0);
+    server_fault(server, "ec_committing", update_id, 0);
+    if (status != KEEL_OK) return status;
   }
+  /* Marks go with the commits, not before: a mark says the step is in. */
+  bool any = false;
+  for (int holder = 0; holder < server->servers; holder++) {
+    bool mark = marks != NULL && marks[holder];
+    calls->targets[holder] = (holder > first && prepared[holder]) || mark;
+    calls->requests[holder] =
+        mark ? mark_request(update_id)
+             : (keel__ec_request){.op = KEEL__EC_OP_PARITY_COMMIT, .flags = 0, .id = update_id};
+    any |= calls->targets[holder];
+  }
+  if (!any) return KEEL_OK;
   status =
       keel__ec_server_call_each(server, calls->targets, calls->requests, NULL, calls->statuses);
   return status == KEEL_OK ? holder_answers(server, calls, NULL) : status;
@@ -534,8 +550,10 @@ static keel_status commit_batches(keel_ec_server *server, const parity_batch *ba
  * two-phase commit each holder folds its part at once. With it, every holder first prepares
  * its part (keeps it aside), and only then is each told to fold: a server lost in between
  * leaves prepared parts that the holders decide together (resolve_lost_updates), all in or
- * all out. The parity held here is folded with the commits. */
-static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id) {
+ * all out. The parity held here is folded with the commits. marks (NULL: none): the servers
+ * that get a mark, with the changes folded at once or with the commits. */
+static keel_status send_batches(keel_ec_server *server, parity_batch *batches, uint64_t update_id,
+                                const bool *marks) {
   bool prepare_first = two_phase(server);
   /* Only the holders that prepared are told to commit: one found lost while preparing may
    * have a replacement at its address by the commit, which never saw the update (its rebuild
@@ -546,6 +564,10 @@ static keel_status send_batches(keel_ec_server *server, parity_batch *batches, u
   if (status == KEEL_OK && prepared == NULL) status = KEEL_ENOMEM;
   for (int holder = 0; holder < server->servers && status == KEEL_OK; holder++) {
     const parity_batch *batch = &batches[holder];
+    if (!prepare_first && marks != NULL && marks[holder]) {
+      calls.targets[holder] = true;
+      calls.requests[holder] = mark_request(update_id);
+    }
     if (holder == server->index || batch->count == 0) continue;
     /* A batch over one request's count goes alone, in pieces. */
     if (batch->count > KEEL__EC_MAX_COUNT) {
@@ -564,7 +586,8 @@ static keel_status send_batches(keel_ec_server *server, parity_batch *batches, u
   if (status == KEEL_OK)
     status = keel__ec_server_call_each(server, calls.targets, calls.requests, NULL, calls.statuses);
   if (status == KEEL_OK) status = holder_answers(server, &calls, prepared);
-  if (status == KEEL_OK) status = commit_batches(server, batches, update_id, prepared, &calls);
+  if (status == KEEL_OK)
+    status = commit_batches(server, batches, update_id, prepared, marks, &calls);
   holder_calls_free(&calls);
   free(prepared);
   return status;
@@ -658,6 +681,21 @@ static void batches_free(parity_batch *batches, int servers) {
   free(batches);
 }
 
+/* The servers a synchronous step's own rows mark: every other one that gets changes but none
+ * of this step's. A worker that lost this server in the step's first phase, even after it
+ * answered another worker, learns from them that the step is in (step_join). */
+static keel_status marks_make(keel_ec_server *server, const parity_batch *batches,
+                              const keel__ec_view *view, bool **marks_p) {
+  *marks_p = NULL;
+  if (server->wire.options & KEEL__EC_OPTION_NO_PARITY) return KEEL_OK;
+  bool *marks = calloc((size_t)server->servers, sizeof *marks);
+  if (marks == NULL) return KEEL_ENOMEM;
+  for (int i = 0; i < server->servers; i++)
+    marks[i] = i != server->index && gets_changes(view, i) && batches[i].count == 0;
+  *marks_p = marks;
+  return KEEL_OK;
+}
+
 /* One step of merged row gradients: applied, its changes folded everywhere, then answered. */
 static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size_t count,
                               const float *gradients, bool acting, uint64_t step,
@@ -678,8 +716,12 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
     status = apply_acting(server, rows, count, gradients, &view, stamp, batches, delta);
   else if (status == KEEL_OK)
     status = apply_own(server, rows, count, gradients, &view, stamp, batches, delta);
-  if (status == KEEL_OK) status = send_batches(server, batches, update_id);
+  bool *marks = NULL;
+  if (status == KEEL_OK && synchronous && !acting)
+    status = marks_make(server, batches, &view, &marks);
+  if (status == KEEL_OK) status = send_batches(server, batches, update_id, marks);
   pthread_rwlock_unlock(&server->updates_lock);
+  free(marks);
   if (batches != NULL) batches_free(batches, server->servers);
   free(delta);
   keel__ec_view_free(&view);
@@ -687,6 +729,20 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
 }
 
 /* ---- the parity holder's side of two-phase commit */
+
+/* An update of another server's own rows of a synchronous step is in here (folded, or a
+ * mark): that server has applied the step. Wakes the phase-2 pushes waiting on it. */
+static void step_mark_note(keel_ec_server *server, uint64_t id) {
+  uint64_t stamp = update_stamp(server, id);
+  int origin = update_origin(id);
+  if (stamp == 0 || (id & 1u) != 0 || origin < 0 || origin >= server->servers) return;
+  pthread_mutex_lock(&server->step_lock);
+  if (server->marked_steps[origin] < stamp) {
+    server->marked_steps[origin] = stamp;
+    pthread_cond_broadcast(&server->step_done);
+  }
+  pthread_mutex_unlock(&server->step_lock);
+}
 
 /* Refs must name parity blocks held here: anything else is refused before it is kept. */
 static keel_status refs_held(keel_ec_server *server, const keel__ec_ref *refs, size_t count) {
@@ -699,9 +755,12 @@ static keel_status refs_held(keel_ec_server *server, const keel__ec_ref *refs, s
 static keel_status parity_prepare(keel_ec_server *server, const keel__ec_request *request) {
   keel_status status = refs_held(server, request->refs, request->count);
   if (status != KEEL_OK) return status;
-  if (request->flags & KEEL__EC_FLAG_APPLY_NOW)
-    return fold_here(server, request->refs, request->blocks, request->count,
-                     update_stamp(server, request->id));
+  if (request->flags & KEEL__EC_FLAG_APPLY_NOW) {
+    status = fold_here(server, request->refs, request->blocks, request->count,
+                       update_stamp(server, request->id));
+    if (status == KEEL_OK) step_mark_note(server, request->id);
+    return status;
+  }
   size_t block_bytes = server->shard.block_bytes;
   prepared_update *kept = calloc(1, sizeof *kept);
   if (kept == NULL) return KEEL_ENOMEM;
@@ -770,6 +829,7 @@ static keel_status update_finish(keel_ec_server *server, uint64_t id, bool commi
       status = fold_here(server, item->refs, item->deltas, item->count, update_stamp(server, id));
     prepared_free(item);
   }
+  if (commit && status == KEEL_OK) step_mark_note(server, id);
   return status;
 }
 
@@ -1003,8 +1063,19 @@ static void step_free(keel_ec_server *server, step_slot *slot) {
   free(slot);
 }
 
+/* Whether every other server has applied its own rows of step (marked_steps): then a
+ * phase-2 push of the step carries only rows that are in. A worker sends one when it lost a
+ * server in the first phase, also when that server had applied the step and answered the
+ * other workers, which then send none (finding 19). Caller holds step_lock. */
+static bool step_marked_by_all(const keel_ec_server *server, uint64_t step) {
+  for (int i = 0; i < server->servers; i++)
+    if (i != server->index && server->marked_steps[i] <= step) return false;
+  return true;
+}
+
 /* Joins this push to its step; the worker whose push completes the step applies it, the
- * others wait for that (bounded). The slot takes the payload. */
+ * others wait for that (bounded). A phase-2 push of a step that every other server marked
+ * is answered at once, and so are those waiting for it. The slot takes the payload. */
 static keel_status step_join(keel_ec_server *server, const keel__ec_request *request, void *payload,
                              bool acting) {
   if (request->workers != server->wire.workers) {
@@ -1012,6 +1083,15 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     return KEEL_EINVAL;
   }
   pthread_mutex_lock(&server->step_lock);
+  if (acting && step_marked_by_all(server, request->step)) {
+    pthread_mutex_unlock(&server->step_lock);
+    KEEL_LOG_I(MODULE,
+               "server %d: worker %u's second phase of step %llu is void: every server "
+               "applied the step",
+               server->index, request->worker, (unsigned long long)request->step);
+    free(payload);
+    return KEEL_OK;
+  }
   step_slot *slot = step_find(server, request->op, acting, request->step);
   if (slot == NULL || slot->pushes[request->worker].payload != NULL || slot->applied) {
     pthread_mutex_unlock(&server->step_lock);
@@ -1021,6 +1101,7 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
   slot->pushes[request->worker] = (step_push){.request = *request, .payload = payload};
   slot->arrived++;
   if (slot->arrived == (int)server->wire.workers) {
+    slot->applying = true;
     pthread_mutex_unlock(&server->step_lock);
     keel_status result = step_apply(server, slot);
     pthread_mutex_lock(&server->step_lock);
@@ -1030,6 +1111,16 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
   }
   int64_t deadline = keel_deadline_after_ns(2 * KEEL__EC_CALL_TIMEOUT_NS);
   while (!slot->applied && !atomic_load(&server->stopping) && keel_now_ns() < deadline) {
+    if (slot->acting && !slot->applying && step_marked_by_all(server, slot->step)) {
+      KEEL_LOG_I(MODULE,
+                 "server %d: the second phase of step %llu is void: every server "
+                 "applied the step",
+                 server->index, (unsigned long long)slot->step);
+      slot->result = KEEL_OK;
+      slot->applied = true;
+      pthread_cond_broadcast(&server->step_done);
+      break;
+    }
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_nsec += 100 * 1000 * 1000;
@@ -1082,11 +1173,32 @@ static keel_status serve(keel_ec_server *server, const keel__ec_request *request
   }
 }
 
+/* With fault rules, the answers to a synchronous step's pushes of own rows go out one at a
+ * time, and the point ec_answered fires after each with its count in the step: a rule with
+ * after=1 kills the server once one worker has its answer and before the next one has
+ * (RELIABILITY.md, finding 19). Without rules they go out as they come. */
+static bool answer_counted(const keel_ec_server *server, const keel__ec_request *request,
+                           keel_status status) {
+  return server->faults != NULL && server->wire.workers > 0 && status == KEEL_OK &&
+         request->op == KEEL__EC_OP_PUSH_ROWS && (request->flags & KEEL__EC_FLAG_ACTING) == 0;
+}
+
+/* After one counted answer went out; the caller holds answer_lock. */
+static void answer_fault(keel_ec_server *server, const keel__ec_request *request) {
+  if (server->answered_step != request->step) {
+    server->answered_step = request->step;
+    server->answered_count = 0;
+  }
+  server->answered_count++;
+  server_fault(server, "ec_answered", update_id_make(server, request->step, false, true),
+               server->answered_count);
+}
+
 /* Answers one request frame: decoded (a malformed one is refused with its status), served,
  * the reply sent. Only a link failure ends the connection. */
 static keel_status answer(keel_ec_server *server, keel_link *link, const keel_frame *frame,
                           void **payload) {
-  keel__ec_request request;
+  keel__ec_request request = {0};
   keel_status status =
       frame->type == KEEL_FRAME_EC_REQUEST
           ? keel__ec_request_decode(*payload, frame->length, &server->limits, &request)
@@ -1105,8 +1217,14 @@ static keel_status answer(keel_ec_server *server, keel_link *link, const keel_fr
   }
   keel__ec_reply_encode_header(op, status, body_bytes, reply);
   keel_frame out = {.type = KEEL_FRAME_EC_REPLY, .tag = frame->tag};
+  bool counted = answer_counted(server, &request, status);
+  if (counted) pthread_mutex_lock(&server->answer_lock);
   keel_status sent = keel_link_send(link, &out, reply, KEEL__EC_REPLY_HEADER_BYTES + body_bytes,
                                     keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS));
+  if (counted) {
+    if (sent == KEEL_OK) answer_fault(server, &request);
+    pthread_mutex_unlock(&server->answer_lock);
+  }
   free(reply);
   return sent;
 }
@@ -1205,7 +1323,9 @@ static keel_status server_prepare(keel_ec_server *server, const keel_ec_config *
   status = keel_ec_decoder_create(server->shard.code, 0, &server->decoder);
   server->peers = calloc((size_t)config->servers, sizeof *server->peers);
   server->standing = calloc((size_t)config->servers, sizeof *server->standing);
-  if (status == KEEL_OK && (server->peers == NULL || server->standing == NULL))
+  server->marked_steps = calloc((size_t)config->servers, sizeof *server->marked_steps);
+  if (status == KEEL_OK &&
+      (server->peers == NULL || server->standing == NULL || server->marked_steps == NULL))
     status = KEEL_ENOMEM;
   for (int i = 0; status == KEEL_OK && i < config->servers; i++)
     keel__ec_peer_init(&server->peers[i], i);
@@ -1294,6 +1414,7 @@ static keel_status server_launch(const keel_ec_config *config, int index,
   pthread_rwlock_init(&server->updates_lock, &writer_first);
   pthread_rwlockattr_destroy(&writer_first);
   pthread_mutex_init(&server->fault_lock, NULL);
+  pthread_mutex_init(&server->answer_lock, NULL);
   pthread_condattr_t attributes;
   pthread_condattr_init(&attributes);
   pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC);
@@ -1411,6 +1532,7 @@ void keel_ec_server_stop(keel_ec_server *server) {
     prepared_free(item);
   }
   keel_fault_plan_destroy(server->faults);
+  pthread_mutex_destroy(&server->answer_lock);
   pthread_mutex_destroy(&server->fault_lock);
   pthread_mutex_destroy(&server->prepared_lock);
   pthread_rwlock_destroy(&server->updates_lock);
@@ -1418,6 +1540,7 @@ void keel_ec_server_stop(keel_ec_server *server) {
     for (int i = 0; i < server->servers; i++) keel__ec_peer_destroy(&server->peers[i]);
   free(server->peers);
   free(server->standing);
+  free(server->marked_steps);
   keel_ec_decoder_destroy(server->decoder);
   if (server->shard.code != NULL) keel__ec_shard_destroy(&server->shard);
   keel__ec_directory_destroy(&server->directory);

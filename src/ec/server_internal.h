@@ -31,7 +31,7 @@ typedef struct step_slot {
   bool acting;
   uint64_t step;
   int arrived, left;
-  bool applied;
+  bool applying, applied;
   keel_status result;
   step_push *pushes; /* workers of them */
 } step_slot;
@@ -66,8 +66,12 @@ struct keel_ec_server {
   pthread_mutex_t lost_lock;
   uint64_t *standing; /* under lost_lock: each server's (service.h), as last read */
   pthread_mutex_t step_lock;
-  pthread_cond_t step_done;
+  pthread_cond_t step_done; /* a slot applied, or a server's step marked */
   step_slot *steps;
+  /* Under step_lock: for each server, 1 + the last synchronous step whose own rows it has
+   * applied and whose changes (or, with none for this server, a mark) have reached this one.
+   * A phase-2 push of a step every other server has marked carries only rows that are in. */
+  uint64_t *marked_steps;
   atomic_uint_fast64_t next_update;
   /* Held shared by every update from its role check to its last change sent; a rebuild's
    * barrier takes it alone once, so that updates begun before it are done. */
@@ -77,7 +81,11 @@ struct keel_ec_server {
   uint64_t committed[COMMITTED_MEMORY];
   size_t committed_next;
   pthread_mutex_t fault_lock;
-  keel_fault_plan *faults;   /* KEEL_FAULT, points ec_prepared and ec_committing */
+  keel_fault_plan *faults; /* KEEL_FAULT: points ec_prepared, ec_committing, ec_answered */
+  /* With fault rules only: a step's answers go out one at a time, counted (answer()). */
+  pthread_mutex_t answer_lock;
+  uint64_t answered_step;
+  int64_t answered_count;
   keel__ec_rebuild *rebuild; /* a replacement's, until it is complete (rebuild.c) */
   uint32_t rebuild_chunk_groups, rebuild_pause_ms; /* keel_ec_config's */
 };

@@ -232,11 +232,9 @@ static void test_chaos_hangs_and_bit_flips(void **state) {
  * killed again and again, each replaced by keel run and rebuilt from the parity while
  * training goes on, and the launcher stopped now and then. The model on the servers ends
  * bit-identical to the failure-free run's, nothing leaks across the replacements.
- * Finding 19 (RELIABILITY.md, open): a kill that lands after the server answered one worker's
- * push of a step and before it answered the other's deadlocks the step's second phase (about
- * 1 kill in 70 at 6 ms steps). Steps of about 20 ms make that window a third as likely per
- * kill, yet it still met the case once in 9 runs: the case is kept, so that it fails when it
- * happens. */
+ * Finding 19 (RELIABILITY.md, fixed): a kill that landed after the server answered one
+ * worker's push of a step and before it answered the other's deadlocked the step's second
+ * phase, in about 1 run of this case in 10; test_ec_servers makes that kill on purpose. */
 static void test_chaos_servers(void **state) {
   (void)state;
   chaos_result result;

@@ -209,7 +209,8 @@ static void process_spawn(ec_job *job, int index, bool replace) {
   for (int i = 0; i < KEEL_TOKEN_BYTES; i++)
     at += snprintf(token_env + at, sizeof token_env - (size_t)at, "%02x", job->auth.token[i]);
   snprintf(fault_env, sizeof fault_env, "KEEL_FAULT=%s", job->fault);
-  char *const environment[] = {id_env, token_env, fault_env, NULL};
+  /* At info, a server says what it decided (test_killed_between_its_answers reads it). */
+  char *const environment[] = {id_env, token_env, fault_env, "KEEL_LOG=info", NULL};
   char number[16], output[640];
   snprintf(number, sizeof number, "%d", index);
   snprintf(output, sizeof output, "%s/server-%d%s.txt", job->folder, index,
@@ -553,15 +554,28 @@ static void test_lose_any_server_two_phase_commit(void **state) {
   check_lose_each_server(5, 3, 2, KEEL_EC_MOMENTUM, true);
 }
 
-/* Two-phase commit: server 2 kills itself inside an update of step 12 (KEEL_FAULT at point),
- * its parity holders decide the update together, and every row still ends exact. */
-static void check_killed_inside_commit(const char *point) {
+/* Whether some server's output has text. */
+static bool servers_said(const ec_job *job, const char *text) {
+  bool said = false;
+  for (int i = 0; i < job->config.servers && !said; i++) {
+    char path[640];
+    snprintf(path, sizeof path, "%s/server-%d.txt", job->folder, i);
+    char *output = keel_test_read_file(path, NULL);
+    said = output != NULL && strstr(output, text) != NULL;
+    free(output);
+  }
+  return said;
+}
+
+/* Server 2 kills itself at a fault point in step 12 (KEEL_FAULT, `rule` names the point), and
+ * every row still ends exact and every parity consistent. */
+static void check_killed_at(const char *rule, bool two_phase_commit, const char *decided) {
   ec_job job;
   job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
-  job.config.two_phase_commit = true;
-  char fault[96];
-  snprintf(fault, sizeof fault, "kill@uid=2,point=%s,step=%d", point, STEPS / 2);
-  processes_start(&job, keel_test_tempdir("keel-ec-commit"), fault);
+  job.config.two_phase_commit = two_phase_commit;
+  char fault[128];
+  snprintf(fault, sizeof fault, "kill@uid=2,step=%d,%s", STEPS / 2, rule);
+  processes_start(&job, keel_test_tempdir("keel-ec-killed"), fault);
   job.lose_at = -1;
   run_job(&job);
   /* The server died of its own rule, not of anything this test sent. */
@@ -570,17 +584,37 @@ static void check_killed_inside_commit(const char *point) {
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   job.processes[2] = 0;
   check_job(&job, (uint64_t)1 << 2);
+  if (decided != NULL) assert_true(servers_said(&job, decided));
   job_stop(&job);
 }
 
+/* Two-phase commit: the server dies inside an update, and its parity holders decide the
+ * update together. */
 static void test_killed_between_the_phases(void **state) {
   (void)state;
-  check_killed_inside_commit("ec_prepared");
+  check_killed_at("point=ec_prepared", true, NULL);
 }
 
 static void test_killed_during_the_commits(void **state) {
   (void)state;
-  check_killed_inside_commit("ec_committing");
+  check_killed_at("point=ec_committing", true, NULL);
+}
+
+/* Finding 19: the server answers one worker's push of the step and dies before its answer to
+ * the other goes out. That worker sends the server's rows again in a second phase, which the
+ * first never sends; the holders see that the server had applied the step (its marks) and
+ * answer at once instead of waiting for the first worker until the deadline. The servers'
+ * logs show that this happened. */
+#define VOID_SECOND_PHASE "is void: every server applied the step"
+
+static void test_killed_between_its_answers(void **state) {
+  (void)state;
+  check_killed_at("point=ec_answered,after=1", true, VOID_SECOND_PHASE);
+}
+
+static void test_killed_between_its_answers_without_two_phase_commit(void **state) {
+  (void)state;
+  check_killed_at("point=ec_answered,after=1", false, VOID_SECOND_PHASE);
 }
 
 /* A server lost, then replaced while training goes on: the replacement rebuilds its rows and
@@ -658,6 +692,8 @@ int main(void) {
       cmocka_unit_test(test_lose_any_server_two_phase_commit),
       cmocka_unit_test(test_killed_between_the_phases),
       cmocka_unit_test(test_killed_during_the_commits),
+      cmocka_unit_test(test_killed_between_its_answers),
+      cmocka_unit_test(test_killed_between_its_answers_without_two_phase_commit),
       cmocka_unit_test(test_replacement_rebuilt_in_process),
       cmocka_unit_test(test_replacement_process_after_kill),
       cmocka_unit_test(test_server_lost_during_a_rebuild),
