@@ -197,11 +197,14 @@ static bool fire(keel_fault_plan *plan, fault_rule *rule, const char *point) {
   rule->fired = true;
   announce(plan, rule->action, point);
   switch (rule->action) {
+    /* To the calling thread (raise), so that it takes the signal before it runs on: a
+     * process-directed SIGSTOP wakes one thread, maybe another, and the caller could still
+     * act (release a lock, send an answer) before the stop reached it. */
     case FAULT_KILL:
-      kill(getpid(), SIGKILL);
+      raise(SIGKILL);
       break;
     case FAULT_STOP:
-      kill(getpid(), SIGSTOP);
+      raise(SIGSTOP);
       break;
     case FAULT_DELAY: {
       struct timespec pause = {(time_t)(rule->milliseconds / 1000),

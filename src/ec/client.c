@@ -424,6 +424,23 @@ static keel_status push_part(keel_ec_client *client, int server, bool acting, ui
   return KEEL_OK;
 }
 
+/* Whether a server that refused a push of own rows (KEEL_EAGAIN) is lost in the directory
+ * now: a replacement still rebuilt, which took the push resent to its address after the link
+ * to the server it replaces broke. Its rows go with phase 2, as the other workers' do. */
+static bool lost_since(keel_ec_client *client, int server, keel_status status) {
+  if (status != KEEL_EAGAIN) return false;
+  /* Only this server's routing changes mid-step: the others' pushes are answered already. */
+  if (keel__ec_directory_standing(&client->directory, client->servers, client->standing) != KEEL_OK)
+    return false;
+  client->lost[server] = keel__ec_lost_at(client->standing[server], client->next_step);
+  if (client->lost[server])
+    KEEL_LOG_W(MODULE,
+               "worker %d: server %d is lost (a replacement not serving yet refused the "
+               "push)",
+               client->worker, server);
+  return client->lost[server];
+}
+
 /* Phase 1 pushes own rows to every server not lost; a server lost meanwhile has its rows moved
  * to phase 2, which pushes the rows of lost servers to their acting holders (every server not
  * lost gets one in synchronous mode: each waits for every worker's). */
@@ -453,7 +470,7 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
       if (!client->sending[server]) continue;
       keel_status status = client->statuses[server];
       /* A server lost in phase 1: its rows go with phase 2, its stamp guards a redo. */
-      if (!acting && keel__ec_unreachable(status)) continue;
+      if (!acting && (keel__ec_unreachable(status) || lost_since(client, server, status))) continue;
       if (status != KEEL_OK) return status;
     }
   }

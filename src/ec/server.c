@@ -463,11 +463,19 @@ static keel_status send_batch(keel_ec_server *server, int holder, const parity_b
   return KEEL_OK;
 }
 
+/* A holder's answer to a commit or an abort. A holder lost meanwhile is passed over, and so
+ * is one that has nothing of the update (KEEL_ENOTFOUND): a replacement at its address, to
+ * which the commit went again after the link to the one that prepared broke. Its rebuild
+ * waits for this update and reads the change from the rows; the holders that decide a lost
+ * server's update also answer so when another thread decided it first. */
+static keel_status commit_answer(keel_status status) {
+  return keel__ec_unreachable(status) || status == KEEL_ENOTFOUND ? KEEL_OK : status;
+}
+
 static keel_status send_commit(keel_ec_server *server, int holder, uint64_t update_id,
                                uint16_t flags) {
   keel__ec_request request = {.op = KEEL__EC_OP_PARITY_COMMIT, .flags = flags, .id = update_id};
-  keel_status status = keel__ec_server_call(server, holder, &request, NULL);
-  return keel__ec_unreachable(status) ? KEEL_OK : status;
+  return commit_answer(keel__ec_server_call(server, holder, &request, NULL));
 }
 
 /* Room for one request to each server (keel__ec_server_call_each). */
@@ -543,6 +551,9 @@ static keel_status commit_batches(keel_ec_server *server, const parity_batch *ba
   if (!any) return KEEL_OK;
   status =
       keel__ec_server_call_each(server, calls->targets, calls->requests, NULL, calls->statuses);
+  for (int holder = 0; holder < server->servers; holder++)
+    if (calls->targets[holder] && calls->requests[holder].op == KEEL__EC_OP_PARITY_COMMIT)
+      calls->statuses[holder] = commit_answer(calls->statuses[holder]);
   return status == KEEL_OK ? holder_answers(server, calls, NULL) : status;
 }
 
@@ -890,7 +901,6 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
   for (int other = 0; other < server->servers && status == KEEL_OK; other++)
     if (holders[other] && states[other] == KEEL_EAGAIN)
       status = send_commit(server, other, id, commit ? 0 : KEEL__EC_FLAG_ABORT);
-  if (status == KEEL_ENOTFOUND) status = KEEL_OK;
   free(states);
   free(holders);
   return status;
@@ -1136,10 +1146,27 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
 
 /* ---- requests */
 
+/* Whether this server is lost at step in its own view (read anew once when it is): a
+ * replacement still rebuilt. It gets no push then, since the workers route around it, but a
+ * worker whose link to the server it replaces broke mid-push sends it the push again. */
+static bool lost_at(keel_ec_server *server, uint64_t step) {
+  bool lost = true;
+  for (int attempt = 0; attempt < 2 && lost; attempt++) {
+    if (attempt == 1) keel__ec_server_refresh(server);
+    pthread_mutex_lock(&server->lost_lock);
+    lost = keel__ec_lost_at(server->standing[server->index], step);
+    pthread_mutex_unlock(&server->lost_lock);
+  }
+  return lost;
+}
+
 static keel_status push(keel_ec_server *server, const keel__ec_request *request, void **payload) {
   bool acting = (request->flags & KEEL__EC_FLAG_ACTING) != 0;
   if (request->op == KEEL__EC_OP_PUSH_DENSE && !server->shard.holds_dense) return KEEL_EAGAIN;
   if (server->wire.workers > 0) {
+    /* Refused at once, never kept: the step's other pushes go to the acting holders, and a
+     * push kept here would wait for them until the deadline (a chaos run, this session). */
+    if (request->op == KEEL__EC_OP_PUSH_ROWS && lost_at(server, request->step)) return KEEL_EAGAIN;
     void *kept = *payload;
     *payload = NULL;
     return step_join(server, request, kept, acting);

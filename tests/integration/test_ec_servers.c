@@ -38,6 +38,8 @@ typedef struct ec_job {
   int second_lose_at; /* the step before which server second_lose is stopped, while
                        * the replacement is rebuilt; 0: never */
   int second_lose;
+  int stopped_replace_at; /* the step inside which server `lose` stops itself (a fault rule) and
+                           * is replaced before it is killed; 0: never */
   char folder[512], fault[128]; /* processes' output folder and KEEL_FAULT */
   keel_status worker_status[WORKERS];
   /* reference */
@@ -330,6 +332,32 @@ static void standing_wait_past(ec_job *job, int index, const char *left) {
   }
 }
 
+/* Server index stopped itself inside a step (a `stop` fault rule). Its replacement starts
+ * and marks itself rebuilding before the stopped one is killed, so that a worker whose push
+ * it never answered finds the link broken and the new address published: the push goes
+ * again, to the replacement. */
+static void server_replace_stopped(ec_job *job, int index) {
+  pid_t stopped = job->processes[index];
+  int64_t deadline = keel_deadline_after_ns(10000000000);
+  char state = 0;
+  int parent = 0;
+  while (keel_process_stat(stopped, &state, &parent) == KEEL_OK && state != 'T') {
+    if (keel_now_ns() > deadline) fail_msg("server %d never stopped", index);
+    poll(NULL, 0, 2);
+  }
+  assert_int_equal(state, 'T');
+  job->fault[0] = '\0'; /* the replacement has the same uid: the rule is not for it */
+  process_spawn(job, index, true);
+  /* Rebuilding, or rebuilt already (a few ms): either way not serving until moved back. */
+  standing_wait_past(job, index, "live");
+  const char *standing = standing_read(job, index);
+  assert_true(strcmp(standing, "rebuilding") == 0 || strcmp(standing, "rebuilt") == 0);
+  assert_int_equal(kill(stopped, SIGKILL), 0);
+  int status = 0;
+  assert_true(keel_test_wait(stopped, 10000, &status));
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
 static void run_job(ec_job *job) {
   pthread_barrier_init(&job->barrier, NULL, WORKERS + 1);
   pthread_t threads[WORKERS];
@@ -348,6 +376,8 @@ static void run_job(ec_job *job) {
       server_lose(job, job->second_lose);
     }
     pthread_barrier_wait(&job->barrier);
+    if (step == job->stopped_replace_at && job->stopped_replace_at > 0)
+      server_replace_stopped(job, job->lose);
     reference_step(job, step);
   }
   for (int w = 0; w < WORKERS; w++) pthread_join(threads[w], NULL);
@@ -617,6 +647,30 @@ static void test_killed_between_its_answers_without_two_phase_commit(void **stat
   check_killed_at("point=ec_answered,after=1", false, VOID_SECOND_PHASE);
 }
 
+/* Finding 21: the server answers one worker's push of step 12 and stops; its replacement is
+ * rebuilding when it is killed. The other worker's link breaks and its push goes again, to
+ * the replacement, which used to keep it until the deadline while the first worker waited
+ * for the second on the dense block. Now the replacement refuses it at once, and the worker
+ * pushes the rows again in a second phase, which the marks make void. */
+static void test_push_sent_again_to_a_replacement(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  char fault[128];
+  snprintf(fault, sizeof fault, "stop@uid=2,point=ec_answered,step=%d,after=1", STEPS / 2);
+  processes_start(&job, keel_test_tempdir("keel-ec-resent"), fault);
+  job.lose_at = -1;
+  job.lose = 2;
+  job.stopped_replace_at = STEPS / 2;
+  run_job(&job);
+  assert_true(servers_said(&job, VOID_SECOND_PHASE));
+  standing_wait_past(&job, 2, "rebuilding");
+  bool live = strcmp(standing_read(&job, 2), "live") == 0;
+  check_job(&job, live ? 0u : 1u << 2);
+  job_stop(&job);
+}
+
 /* A server lost, then replaced while training goes on: the replacement rebuilds its rows and
  * parity blocks, comes back at a step boundary and serves them; every row ends exact and every
  * parity block consistent, the replaced server live again. */
@@ -694,6 +748,7 @@ int main(void) {
       cmocka_unit_test(test_killed_during_the_commits),
       cmocka_unit_test(test_killed_between_its_answers),
       cmocka_unit_test(test_killed_between_its_answers_without_two_phase_commit),
+      cmocka_unit_test(test_push_sent_again_to_a_replacement),
       cmocka_unit_test(test_replacement_rebuilt_in_process),
       cmocka_unit_test(test_replacement_process_after_kill),
       cmocka_unit_test(test_server_lost_during_a_rebuild),
