@@ -36,16 +36,23 @@ static int job_run(keel_test_job *job, const char *const *flags, const char *con
   return code;
 }
 
+/* The failure-free run of toy_args, then the run of flags with fault: both end with the same
+ * parameters in every rank. The second run's events go into log (freed by the caller). */
+static void run_against_reference(const char *const *flags, const char *fault,
+                                  keel_test_events *log) {
+  keel_test_job reference, job;
+  assert_int_equal(job_run(&reference, unverified, toy_args, NULL), 0);
+  unsigned expected = keel_test_toy_assert_consistent(reference.output, 4, 80);
+  assert_int_equal(job_run(&job, flags, toy_args, fault), 0);
+  assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, 80), expected);
+  keel_test_events_read(job.events, MAX_EVENTS, log);
+}
+
 /* The flip at step 30 is found at the check of step 40, and every rank goes back to step 20. */
 static void a_flipped_bit_is_found_and_undone(void **state) {
   (void)state;
-  keel_test_job reference, flipped;
-  assert_int_equal(job_run(&reference, unverified, toy_args, NULL), 0);
-  unsigned expected = keel_test_toy_assert_consistent(reference.output, 4, 80);
-  assert_int_equal(job_run(&flipped, verified, toy_args, FLIP_RANK_2), 0);
-  assert_int_equal(keel_test_toy_assert_consistent(flipped.output, 4, 80), expected);
   keel_test_events log;
-  keel_test_events_read(flipped.events, MAX_EVENTS, &log);
+  run_against_reference(verified, FLIP_RANK_2, &log);
   const char *fault = keel_test_events_find(&log, "fault", 2);
   assert_non_null(fault);
   assert_non_null(strstr(fault, "\"action\":\"bitflip\""));
@@ -112,13 +119,8 @@ static void a_death_during_the_check_is_recovered(void **state) {
                                       "every=20",     "--spares", "1",
                                       "--on-failure", "replace",  NULL};
   static const char *const fault = "kill@rank=1,step=39,point=verify";
-  keel_test_job reference, job;
-  assert_int_equal(job_run(&reference, unverified, toy_args, NULL), 0);
-  unsigned expected = keel_test_toy_assert_consistent(reference.output, 4, 80);
-  assert_int_equal(job_run(&job, flags, toy_args, fault), 0);
-  assert_int_equal(keel_test_toy_assert_consistent(job.output, 4, 80), expected);
   keel_test_events log;
-  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  run_against_reference(flags, fault, &log);
   const char *fired = keel_test_events_find(&log, "fault", 1);
   assert_non_null(fired);
   assert_non_null(strstr(fired, "\"point\":\"verify\""));
