@@ -431,9 +431,6 @@ void keel__root_leave(keel__launcher *launcher);
 void keel__launcher_metrics_start(keel__launcher *launcher);
 
 /* run_servers.c: the parameter servers of --servers (RUNTIME.md, "Parameter servers"). */
-/* The processes one server index may have over the job (itself and its replacements): the
- * servers' uids are budgeted for that many. */
-#define KEEL__SERVER_GENERATIONS 64
 /* Starts `keel server --index i --store <the job's>` for every i, before the workers; on a
  * failure the job is killed and it returns false. */
 bool keel__servers_spawn(keel__launcher *launcher);

@@ -655,9 +655,9 @@ static bool options_resolve(keel__run_options *options, bool *given) {
   int64_t restarted = options->on_failure == KEEL__ON_FAILURE_RESTART
                           ? options->world * options->max_restarts
                           : options->max_restarts;
-  /* The servers' uids follow the rest (run_servers.c). */
-  int64_t processes = options->world + options->spares + restarted + options->max_world +
-                      options->servers * KEEL__SERVER_GENERATIONS;
+  /* The servers' uids follow the rest (run_servers.c); their replacements take what is left. */
+  int64_t processes =
+      options->world + options->spares + restarted + options->max_world + options->servers;
   if (processes > MAX_PROCESSES_OVER_JOB)
     return reject(
         "-n %lld, --spares %lld, --max-restarts %lld, --max-world %lld and --servers %lld "

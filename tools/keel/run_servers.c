@@ -55,9 +55,9 @@ static keel_status server_spawn(keel__launcher *launcher, const char *keel_path,
                   replacement ? "--replace" : NULL,
                   NULL};
   /* After every uid the children's table can give (run.c's launcher_init), so that a
-   * server's uid is never a worker's, a spare's or a joiner's; replacements after those. */
-  size_t budget = (size_t)launcher->options.servers * KEEL__SERVER_GENERATIONS;
-  if (launcher->server_count >= budget) return KEEL_ERANGE;
+   * server's uid is never a worker's, a spare's or a joiner's; replacements after those, as
+   * many as the uid space holds: a job of any length replaces its servers (finding 22). */
+  if (launcher->child_capacity + launcher->server_count >= KEEL_MAX_UIDS) return KEEL_ERANGE;
   keel_status status = servers_reserve(launcher);
   if (status != KEEL_OK) return status;
   keel__child server = {
