@@ -84,6 +84,7 @@ typedef struct keel__peer {
   uint32_t uid;
   keel_link *link;
   bool failed;       /* its link broke: it is suspected */
+  bool declared_dead; /* the job's verdict (keel_endpoint_declare_dead): it never links again */
   bool left;         /* it said goodbye: end of stream is not a failure */
   bool told_goodbye; /* we said ours (a link accepted while we linger gets it too) */
   keel__send_item *queue_head, *queue_tail;

@@ -163,11 +163,17 @@ void keel_endpoint_delay_sends(keel_endpoint *endpoint, int64_t delay_ns) {
   atomic_store(&endpoint->send_delay_ns, delay_ns > 0 ? delay_ns : 0);
 }
 
-/* Called with accepted_mutex held. */
+/* Called with accepted_mutex held. A uid is never reused, so the verdict is kept even for a
+ * peer never linked yet: a later decision may still name it (a spare that died as it was
+ * chosen), and linking to it must then fail at once, not retry until the deadline. */
 static void fail_declared_dead(keel_endpoint *endpoint) {
   for (int i = 0; i < endpoint->declared_dead_count; i++) {
-    keel__peer *peer = keel__peer_find(endpoint, endpoint->declared_dead[i]);
-    if (peer != NULL && !peer->left) keel__peer_fail(endpoint, peer, "declared dead by the job");
+    uint32_t uid = endpoint->declared_dead[i];
+    keel__peer *peer = uid != endpoint->config.uid ? keel__peer_get(endpoint, uid) : NULL;
+    if (peer == NULL) continue;
+    peer->declared_dead = true;
+    if (peer->link == NULL) peer->failed = true; /* nothing of it to fail: no suspicion */
+    if (!peer->left) keel__peer_fail(endpoint, peer, "declared dead by the job");
   }
   endpoint->declared_dead_count = 0;
 }
@@ -206,39 +212,52 @@ typedef struct link_attempt {
   keel__peer *peer;
 } link_attempt;
 
-static bool peer_may_listen(void *context) {
-  const link_attempt *attempt = context;
-  keel_endpoint *endpoint = attempt->endpoint;
-  const keel__peer *peer = attempt->peer;
+/* The job's verdict on the peer, taken already or still queued. */
+static bool peer_declared_dead(keel_endpoint *endpoint, const keel__peer *peer) {
+  if (peer->declared_dead) return true;
   pthread_mutex_lock(&endpoint->accepted_mutex);
   bool declared_dead = false;
   for (int i = 0; i < endpoint->declared_dead_count && !declared_dead; i++)
     declared_dead = endpoint->declared_dead[i] == peer->uid;
   pthread_mutex_unlock(&endpoint->accepted_mutex);
-  return !declared_dead && !peer->failed && keel__interrupted(endpoint) == KEEL_OK;
+  return declared_dead;
+}
+
+static bool peer_may_listen(void *context) {
+  const link_attempt *attempt = context;
+  keel_endpoint *endpoint = attempt->endpoint;
+  return !peer_declared_dead(endpoint, attempt->peer) && !attempt->peer->failed &&
+         keel__interrupted(endpoint) == KEEL_OK;
+}
+
+/* Why linking to a peer that will never listen ends: this process's interruption, or else
+ * the peer's death. */
+static keel_status never_listens(keel_endpoint *endpoint) {
+  keel_status status = keel__interrupted(endpoint);
+  return status != KEEL_OK ? status : KEEL_EPROCFAILED;
 }
 
 static keel_status connect_to(keel_endpoint *endpoint, keel__peer *peer, int64_t deadline_ns) {
   const keel_endpoint_config *config = &endpoint->config;
   char address[128];
   keel_status status;
-  /* The peer may not have published its address yet. */
+  link_attempt attempt = {endpoint, peer};
+  if (peer_declared_dead(endpoint, peer)) return never_listens(endpoint);
+  /* The peer may not have published its address yet; a dead one never will (its address
+   * goes with it), so the job's verdict ends the wait. */
   while ((status = config->membership->address(config->membership_context, peer->uid, address,
                                                sizeof address)) == KEEL_ENOTFOUND) {
     if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
-    if ((status = keel__interrupted(endpoint)) != KEEL_OK) return status;
+    if (peer_declared_dead(endpoint, peer) || keel__interrupted(endpoint) != KEEL_OK)
+      return never_listens(endpoint);
     int64_t wake = keel_now_ns() + ADDRESS_RETRY_NS;
     keel__progress(endpoint, wake < deadline_ns ? wake : deadline_ns);
   }
   if (status != KEEL_OK) return status;
   keel_link *link = NULL;
-  link_attempt attempt = {endpoint, peer};
   status = keel_link_connect_while(address, &config->auth, deadline_ns, peer_may_listen, &attempt,
                                    &link);
-  if (status == KEEL_ECONNREFUSED && !peer_may_listen(&attempt)) {
-    status = keel__interrupted(endpoint);
-    if (status == KEEL_OK) status = KEEL_EPROCFAILED;
-  }
+  if (status == KEEL_ECONNREFUSED && !peer_may_listen(&attempt)) status = never_listens(endpoint);
   if (status != KEEL_OK) {
     KEEL_LOG_W(MODULE, "cannot link to uid %u at %s: %s", peer->uid, address,
                keel_strerror(status));
