@@ -23,7 +23,7 @@ extern "C" {
 /* The version of the binary interface of libkeel.so: a binding loaded at run time (python/keel)
  * refuses a library whose version differs from the one it was written for. It grows with
  * every change of a signature or structure a binding uses. */
-#define KEEL_ABI_VERSION 1
+#define KEEL_ABI_VERSION 2
 int keel_abi_version(void);
 
 #ifdef __cplusplus

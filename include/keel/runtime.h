@@ -200,6 +200,10 @@ keel_status keel_finish(keel_ctx *ctx);
 typedef struct keel_recovery {
   bool recovered;     /* a failure happened and was recovered during the call */
   bool redo_step;     /* the step must begin again (KEEL_EREDO) */
+  /* This process's registered state was replaced by a survivor's: it lacked state, or it was
+   * behind (its collective failed after the others had the result and committed the step),
+   * and then the state received is of a later step than the one it was in. */
+  bool state_received;
   uint64_t old_epoch, new_epoch;
   int old_size, new_size;
   int failed_count;
@@ -207,6 +211,11 @@ typedef struct keel_recovery {
   int joined_count;
   int64_t detect_ns, revoke_ns, agree_ns, rebuild_ns, state_transfer_ns, redo_ns;
 } keel_recovery;
+/* How many recoveries this process has taken part in, and the last one in *recovery_p
+ * (optional; zeroed when there was none). After KEEL_EREDO it says whether the registered
+ * state changed under the caller (state_received): a caller that keeps its own copy of the
+ * state (the PyTorch binding packs tensors into registered buffers) must take it back then. */
+uint64_t keel_last_recovery(const keel_ctx *ctx, keel_recovery *recovery_p);
 /* The step allreduce with the recovery's breakdown (the one-collective step): as
  * keel_step_allreduce; send must differ from recv. *recovery_p is optional. */
 keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv, size_t count,

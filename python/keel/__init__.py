@@ -8,7 +8,7 @@ import ctypes
 
 from keel import _library
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Status codes (include/keel/core.h) that callers branch on.
 OK = 0
@@ -88,6 +88,23 @@ class _Failure(ctypes.Structure):
 
 _FailureHook = ctypes.CFUNCTYPE(None, _void_p, ctypes.POINTER(_Failure))
 _declare("keel_on_failure", _status, _void_p, _FailureHook, _void_p)
+
+
+class Recovery(ctypes.Structure):
+    """keel_recovery (include/keel/runtime.h): what the last recovery did; .count (set by
+    Context.last_recovery) is how many this process has taken part in."""
+    _fields_ = [("recovered", ctypes.c_bool), ("redo_step", ctypes.c_bool),
+                ("state_received", ctypes.c_bool),
+                ("old_epoch", ctypes.c_uint64), ("new_epoch", ctypes.c_uint64),
+                ("old_size", ctypes.c_int), ("new_size", ctypes.c_int),
+                ("failed_count", ctypes.c_int), ("replaced_count", ctypes.c_int),
+                ("joined_count", ctypes.c_int),
+                ("detect_ns", ctypes.c_int64), ("revoke_ns", ctypes.c_int64),
+                ("agree_ns", ctypes.c_int64), ("rebuild_ns", ctypes.c_int64),
+                ("state_transfer_ns", ctypes.c_int64), ("redo_ns", ctypes.c_int64)]
+
+
+_declare("keel_last_recovery", ctypes.c_uint64, _void_p, ctypes.POINTER(Recovery))
 
 if _lib.keel_abi_version() != ABI_VERSION:
     raise ImportError("keel: %s has binary interface %d, this package needs %d: rebuild with make"
@@ -184,6 +201,12 @@ class Context:
 
     def is_newcomer(self):
         return bool(_lib.keel_is_newcomer(self._handle))
+
+    def last_recovery(self):
+        """keel_last_recovery: the last recovery (a Recovery), its .count how many there were."""
+        recovery = Recovery()
+        recovery.count = _lib.keel_last_recovery(self._handle, ctypes.byref(recovery))
+        return recovery
 
     def job_id(self):
         return _lib.keel_job_id(self._handle)

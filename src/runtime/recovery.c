@@ -72,8 +72,8 @@ keel_status keel_on_failure(keel_ctx *ctx, keel_failure_hook hook, void *arg) {
   return KEEL_OK;
 }
 
-uint64_t keel__recovery_last(const keel_ctx *ctx, keel_recovery *recovery_p) {
-  *recovery_p = ctx->recovery->last;
+uint64_t keel_last_recovery(const keel_ctx *ctx, keel_recovery *recovery_p) {
+  if (recovery_p != NULL) *recovery_p = ctx->recovery->last;
   return ctx->recovery->count;
 }
 
@@ -318,6 +318,7 @@ keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo
   world = keel_world(ctx);
   info.recovered = true;
   info.redo_step = info.redo_step || !result.forward;
+  info.state_received = info.state_received || result.received;
   info.new_epoch = keel_comm_epoch(world);
   info.new_size = keel_comm_size(world);
   recovery_settled(ctx, &info, policy->name, detected);

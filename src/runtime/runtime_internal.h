@@ -224,7 +224,6 @@ void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns);
 /* Admits waiting joiners at a step boundary (no failure: no revoke, no hooks). */
 keel_status keel__grow(keel_ctx *ctx);
 /* The last recovery's breakdown; returns how many recoveries this process has seen. */
-uint64_t keel__recovery_last(const keel_ctx *ctx, keel_recovery *recovery_p);
 /* A spare or joiner waits for its admission and takes its state. */
 keel_status keel__admission(keel_ctx *ctx);
 /* resumed events: keel_mark_resume and the report when the step commits. */

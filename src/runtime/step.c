@@ -284,10 +284,10 @@ keel_status keel_allreduce_resilient(keel_ctx *ctx, const void *send, void *recv
                                      keel_recovery *recovery_p) {
   if (send == recv && count > 0) return KEEL_EINVAL;
   keel_recovery last;
-  uint64_t before = keel__recovery_last(ctx, &last);
+  uint64_t before = keel_last_recovery(ctx, &last);
   keel_status status = keel_step_allreduce(ctx, send, recv, count, dtype, op);
   if (recovery_p != NULL) {
-    bool recovered = keel__recovery_last(ctx, &last) != before;
+    bool recovered = keel_last_recovery(ctx, &last) != before;
     if (recovered) *recovery_p = last;
     else memset(recovery_p, 0, sizeof *recovery_p);
   }

@@ -116,7 +116,7 @@ void keel__watchdog_step_begin(keel_ctx *ctx) {
   if (!watchdog->automatic) return;
   int64_t now = keel_now_ns();
   keel_recovery last;
-  uint64_t recoveries = keel__recovery_last(ctx, &last);
+  uint64_t recoveries = keel_last_recovery(ctx, &last);
   /* An interval with a recovery or declared long work in it says nothing of a normal step. */
   bool sample = watchdog->last_begin_ns != 0 && recoveries == watchdog->recoveries_at_begin &&
                 !watchdog->section_since_begin;

@@ -35,7 +35,7 @@ CHECKSUM = re.compile(r"rank (\d+) world (\d+) steps (\d+) step_ms [\d.]+ checks
 class Job:
     """One `python3 -m keel.torch` job, bounded in time; its output and its events."""
 
-    def __init__(self, flags, script, arguments=(), fault=None):
+    def __init__(self, flags, script, arguments=(), fault=None, transport=None):
         self.folder = tempfile.mkdtemp(prefix="keel-test-torch-")
         events = os.path.join(self.folder, "events.jsonl")
         environment = dict(os.environ)
@@ -46,6 +46,8 @@ class Job:
         environment.pop("PYTHONUNBUFFERED", None)
         if fault is not None:
             environment["KEEL_FAULT"] = fault
+        if transport is not None:
+            environment["KEEL_TRANSPORT"] = transport
         command = [sys.executable, "-m", "keel.torch", "--quiet", "--events", events]
         command += list(flags)
         if "--ckpt" in flags:
@@ -81,8 +83,8 @@ class Job:
         return "exit %s\n%s" % (self.code, self.output[-6000:])
 
 
-def example(flags, arguments=TRAINING, fault=None):
-    return Job(flags, EXAMPLE, arguments, fault)
+def example(flags, arguments=TRAINING, fault=None, transport=None):
+    return Job(flags, EXAMPLE, arguments, fault, transport)
 
 
 class Recovery(unittest.TestCase):
@@ -142,6 +144,45 @@ class Recovery(unittest.TestCase):
         # 960 samples of epoch 1, 96 a step went by before it, then 64 a step; epoch 2 is 15
         # steps of 2 x 32. Without that, each survivor would go on with 10 steps an epoch.
         self.assertEqual(job.steps(), {0: steps, 1: steps}, job.describe())
+
+    def survivor_a_step_behind(self, policy):
+        """Over tcp a ring allreduce can succeed at some ranks and fail at others: rank 0
+        dies after its second send of step 6's gradient allreduce, ranks ahead commit the
+        step, and rank 2 is left in it. The recovery gives rank 2 the committed state (step
+        7's start), so the binding must take that state and end its step there: redoing step
+        6's allreduce against the others' step 7 would train another model, silently. The
+        job; its checks are the caller's."""
+        flags = ["--nproc-per-node", "3", "--on-failure", policy]
+        if policy == "replace":
+            flags += ["--spares", "1"]
+        job = example(flags, fault="kill@rank=0,step=6,point=allreduce,after=2", transport="tcp")
+        self.assertEqual(job.code, 0, job.describe())
+        # The split happened: a survivor (not a spare) was given state, and it said so.
+        survivors_given = [t["to"] for r in job.of("recovery") for t in r["transfers"]
+                           if t["to"] < 3]
+        self.assertTrue(survivors_given, job.describe())
+        adopted = job.of("step_adopted")
+        self.assertEqual([(e["uid"], e["from_step"], e["step"]) for e in adopted],
+                         [(survivors_given[0], 6, 7)], job.describe())
+        return job
+
+    def test_replace_a_survivor_a_step_behind(self):
+        expected = self.reference_checksum()
+        job = self.survivor_a_step_behind("replace")
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1, 2], job.describe())
+        for rank, (world, checksum) in sums.items():
+            self.assertEqual((world, checksum), (3, expected), job.describe())
+
+    def test_shrink_a_survivor_a_step_behind(self):
+        # Both survivors go on in a world of 2 with the same model and the same batches: the
+        # one behind keeps the old world's shard for its next batch, as the other did.
+        job = self.survivor_a_step_behind("shrink")
+        sums = job.checksums()
+        self.assertEqual(sorted(sums), [0, 1], job.describe())
+        self.assertEqual({world for world, _c in sums.values()}, {2}, job.describe())
+        self.assertEqual(len({c for _w, c in sums.values()}), 1, job.describe())
+        self.assertEqual(len(set(job.steps().values())), 1, job.describe())
 
     def test_replace_kill_in_forward(self):
         """At the first step of the second epoch: the newcomer's loop passes the finished

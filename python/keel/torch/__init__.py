@@ -449,6 +449,13 @@ class _Runtime:
         self.covered = 0
         self.pending = []
         self.deferred = None
+        # The job did this iteration's step while this process was a step behind: its state
+        # arrived (_adopt_received), and the iteration ends without communicating or updating.
+        self.adopted = False
+        self.recoveries_seen = 0
+        # After an adopted step the next batch keeps the old world's shard, as the batch of
+        # the step the others redid did: the shard follows the new world from the one after.
+        self.shard_held = False
         self.layout = []
         self.reported_layout = None
         # The sampler's position: (epoch, global samples consumed in it).
@@ -468,8 +475,12 @@ class _Runtime:
 
     def collective(self, operation):
         in_step = self.recovery and self.step_open
+        if self.adopted:
+            return  # the iteration was done by the job: nothing of it is sent again
         status = operation.run(in_step)
         while in_step and status == keel.EREDO:
+            if self._adopt_received():
+                return
             self._redo()
             status = operation.run(True)
         if status != keel.OK:
@@ -478,6 +489,34 @@ class _Runtime:
             operation.finish()
         if in_step:
             self.journal.append(operation)
+
+    def _adopt_received(self):
+        """After a recovery that replaced this process's registered state with a survivor's:
+        the tensors take it back. When it is of a later step than the one in progress, this
+        process was a step behind (its collective failed after the others had the result and
+        committed the step), so the job has done this step: it ends here, and neither the
+        collectives sent again nor the optimizer's update may happen. True in that case."""
+        recovery = self.context.last_recovery()
+        if recovery.count == self.recoveries_seen:
+            return False
+        self.recoveries_seen = recovery.count
+        if not recovery.state_received:
+            return False
+        in_progress = self.step
+        self._unpack()
+        # Mid-pass, the random state goes back at once, not at the next pass's first batch.
+        if self.rng_pending:
+            self.rng_pending = False
+            _rng_restore(self.rng_state)
+        if self.step <= in_progress:
+            return False  # the same step's starting state: the step begins again
+        self.context.report_event("step_adopted", '"step":%d,"from_step":%d'
+                                  % (self.step, in_progress))
+        self.step_open = False
+        self.journal = []
+        self.adopted = True
+        self.shard_held = True
+        return True
 
     def _redo(self):
         """The runtime recovered and the step begins again: the collectives already done in
@@ -512,6 +551,7 @@ class _Runtime:
         self._raise_deferred()
         if not torch.is_grad_enabled():
             return
+        self.adopted = False  # a new iteration
         if not self.registered:
             raise RuntimeError("keel.torch: call keel.torch.register(model, optimizer, sampler) "
                                "before the first training step")
@@ -532,6 +572,8 @@ class _Runtime:
 
     def _optimizer_step(self, original, arguments, keywords):
         self._raise_deferred()
+        if self.adopted:
+            return None  # the state received holds this step's update already
         if self.step_open:
             self.context.fault_point("optimizer")
         result = original(*arguments, **keywords)
@@ -541,6 +583,7 @@ class _Runtime:
 
     def _commit(self):
         self.step += 1
+        self.shard_held = False
         if not self.skip_epoch:
             self.consumed += self.batch_samples * (self.iteration_world or self.size())
         self.rng_state = _rng_capture()
@@ -597,7 +640,7 @@ class _Runtime:
         pending, self.pending, self.covered = self.pending, [], 0
         self._layout_report()
         try:
-            if not self.step_open:
+            if not self.step_open and not self.adopted:
                 self._begin()
             self.context.fault_point("backward")
             send, receive = self.gradients_send, self.gradients_receive
@@ -670,6 +713,7 @@ class _Runtime:
         if status != keel.OK:
             self._raise("keel_start", status)
         self.started = True
+        self.recoveries_seen = self.context.last_recovery().count
         restored = self.context.enable_jit()
         if self.context.is_newcomer() or restored:
             self._unpack()
@@ -766,7 +810,7 @@ class _Runtime:
             indices = self._sampler_indices(sampler)
             world = self.iteration_world
             for index in indices:
-                if self.size() != world and not self.step_open:
+                if self.size() != world and not self.step_open and not self.shard_held:
                     break
                 yield index
             else:
