@@ -223,7 +223,6 @@ keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo
 void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns);
 /* Admits waiting joiners at a step boundary (no failure: no revoke, no hooks). */
 keel_status keel__grow(keel_ctx *ctx);
-/* The last recovery's breakdown; returns how many recoveries this process has seen. */
 /* A spare or joiner waits for its admission and takes its state. */
 keel_status keel__admission(keel_ctx *ctx);
 /* resumed events: keel_mark_resume and the report when the step commits. */

@@ -479,9 +479,8 @@ class _Runtime:
             return  # the iteration was done by the job: nothing of it is sent again
         status = operation.run(in_step)
         while in_step and status == keel.EREDO:
-            if self._adopt_received():
+            if self._adopt_received() or self._redo():
                 return
-            self._redo()
             status = operation.run(True)
         if status != keel.OK:
             self._raise(operation.name, status)
@@ -520,7 +519,8 @@ class _Runtime:
 
     def _redo(self):
         """The runtime recovered and the step begins again: the collectives already done in
-        it are sent again, with the same inputs, for the newcomer that does the step anew."""
+        it are sent again, with the same inputs, for the newcomer that does the step anew.
+        True when a recovery meanwhile gave this process a later step's state instead."""
         while True:
             status = self.context.step_begin(self.step)
             if status != keel.OK:
@@ -530,9 +530,11 @@ class _Runtime:
                 if status != keel.OK:
                     break
             if status == keel.OK:
-                return
+                return False
             if status != keel.EREDO:
                 self._raise(operation.name, status)
+            if self._adopt_received():
+                return True
 
     def _raise(self, what, status):
         if _ending(status):
