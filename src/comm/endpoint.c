@@ -172,8 +172,10 @@ static void fail_declared_dead(keel_endpoint *endpoint) {
     keel__peer *peer = uid != endpoint->config.uid ? keel__peer_get(endpoint, uid) : NULL;
     if (peer == NULL) continue;
     peer->declared_dead = true;
-    if (peer->link == NULL) peer->failed = true; /* nothing of it to fail: no suspicion */
-    if (!peer->left) keel__peer_fail(endpoint, peer, "declared dead by the job");
+    if (peer->link == NULL)
+      peer->failed = true; /* nothing of it to fail, and the job knows: no suspicion */
+    else if (!peer->left)
+      keel__peer_fail(endpoint, peer, "declared dead by the job");
   }
   endpoint->declared_dead_count = 0;
 }

@@ -351,10 +351,10 @@ static void outcome_read_finals(const keel_test_job *run, outcome *result) {
       result->agree = false;
   }
   if (kept >= 0 && (size_t)kept < total) result->agree = false;
-  /* Every rank of the final world finished. One may have finished twice, with the same
-   * model: a member that passed keel_finish's barrier and left before the others, who
-   * failed it, recovered is replaced under replace too (docs/RUNTIME.md, "The end of
-   * training"). */
+  /* Every rank of the final world finished, and one may have finished twice with the same
+   * model: a member that passed keel_finish's barrier and left is gone for the others that
+   * failed the barrier, and under replace a spare takes its rank (docs/RUNTIME.md, "The end
+   * of training"). */
   if (ranks == 0 || ranks != result->world) result->agree = false;
 }
 

@@ -502,11 +502,7 @@ class _Runtime:
         if not recovery.state_received:
             return False
         in_progress = self.step
-        self._unpack()
-        # Mid-pass, the random state goes back at once, not at the next pass's first batch.
-        if self.rng_pending:
-            self.rng_pending = False
-            _rng_restore(self.rng_state)
+        self._unpack(mid_pass=True)
         if self.step <= in_progress:
             return False  # the same step's starting state: the step begins again
         self.context.report_event("step_adopted", '"step":%d,"from_step":%d'
@@ -738,7 +734,7 @@ class _Runtime:
         self.rng_buffer.copy_(self.rng_state)
         self.progress.copy_(torch.tensor([self.step, self.epoch, self.consumed]))
 
-    def _unpack(self):
+    def _unpack(self, mid_pass=False):
         offset = 0
         with torch.no_grad():
             for tensor in self.tensors:
@@ -748,8 +744,9 @@ class _Runtime:
                 offset += size
         self.rng_state = self.rng_buffer.clone()
         # With a sampler the random state goes back where the survivors took it: at the
-        # first batch of the pass (_sampler_iteration_starts).
-        self.rng_pending = self.sampler is not None
+        # first batch of the pass (_sampler_iteration_starts). A survivor that was a step
+        # behind is mid-pass already: it takes it back at once.
+        self.rng_pending = self.sampler is not None and not mid_pass
         if not self.rng_pending:
             _rng_restore(self.rng_state)
         self.step, self.epoch, self.consumed = (int(v) for v in self.progress.tolist())
