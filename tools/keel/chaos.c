@@ -672,8 +672,13 @@ static void failure_undo(chaos_job *job) {
 
 static void victim_add(keel__chaos_failure *failure, uint32_t uid) {
   if (keel__chaos_failure_hit(failure, uid)) return;
-  if (failure->victim_count < KEEL__CHAOS_MAX_VICTIMS)
+  if (failure->victim_count < KEEL__CHAOS_MAX_VICTIMS) {
     failure->victims[failure->victim_count++] = uid;
+    return;
+  }
+  /* Left out, the process's death would read as one no failure explains: say why. */
+  fprintf(stderr, "keel chaos: a failure hit more than %d processes; uid %u is not listed\n",
+          KEEL__CHAOS_MAX_VICTIMS, (unsigned)uid);
 }
 
 /* "killed rank 1 (uid 5, pid 1234)": the victim's uid. */
@@ -685,16 +690,18 @@ static void victim_parse(const char *output, keel__chaos_failure *failure) {
 }
 
 /* The processes of the node a kill-node or a partition hits, as the events say (read up to
- * now: a spare its agent started a moment ago counts). At the injection (born_since_ns 0):
- * those that live. At a partition's heal: those born on the node since the cut, live or
- * already fenced with it. */
+ * now: a spare its agent started a moment ago counts). Just before the injection
+ * (born_since_ns 0): those that live, by /proc, since the processes of a node killed before
+ * never had an exit event. Just after it, and at a partition's heal: those born on the node
+ * since, live or already fenced with it. */
 static void node_victims_note(chaos_job *job, keel__chaos_failure *failure, int64_t born_since_ns) {
   keel__chaos_events_read(job->run, job->failures, (size_t)job->capacity);
   const keel__chaos_run *run = job->run;
   for (size_t i = 0; i < run->process_count; i++) {
     const keel__chaos_process *p = &run->processes[i];
     if (p->agent || p->node != failure->node) continue;
-    bool hit = born_since_ns == 0 ? !p->exited : p->spawn_ns >= born_since_ns;
+    bool hit = born_since_ns == 0 ? !p->exited && keel__chaos_process_alive(p)
+                                  : p->spawn_ns >= born_since_ns;
     if (hit) victim_add(failure, p->uid);
   }
 }
@@ -739,8 +746,15 @@ static bool node_failure_try(chaos_job *job, keel__chaos_failure *failure) {
   snprintf(delay, sizeof delay, "%" PRId64 "us", failure->delay_ns / 1000);
   const char *args[5] = {kind_names[failure->kind], node, NULL};
   if (failure->kind == KEEL__CHAOS_DELAY) args[2] = delay;
-  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) return false;
-  if (failure->kind != KEEL__CHAOS_DELAY) node_victims_note(job, failure, 0);
+  bool victims = failure->kind != KEEL__CHAOS_DELAY;
+  int64_t before_ns = keel_now_ns();
+  failure->victim_count = 0;
+  if (victims) node_victims_note(job, failure, 0); /* a killed process is no longer alive after */
+  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) {
+    failure->victim_count = 0;
+    return false;
+  }
+  if (victims) node_victims_note(job, failure, before_ns);
   if (failure->kind != KEEL__CHAOS_KILL_NODE) {
     job->undo = failure;
     job->undo_ns = keel_now_ns() + failure->hold_ns;

@@ -109,6 +109,9 @@ void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures
 /* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
  * (while the next failure has not yet come). */
 void keel__chaos_survivors_sample(keel__chaos_run *run);
+/* Whether the process recorded as p still lives, as that process (a reused pid has another
+ * start time). */
+bool keel__chaos_process_alive(const keel__chaos_process *p);
 /* The process of uid in run, or NULL. */
 keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid);
 /* Whether failure hit uid. */

@@ -43,9 +43,7 @@ unsigned long long keel__chaos_start_ticks(pid_t pid) {
   return ticks;
 }
 
-/* Whether the process recorded as p is still that process (a reused pid has another start
- * time). */
-static bool process_alive(const keel__chaos_process *p) {
+bool keel__chaos_process_alive(const keel__chaos_process *p) {
   if (p->start_ticks == 0) return false;
   char state = 0;
   int parent = 0;
@@ -80,11 +78,14 @@ static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
   return *threads_p >= 0 && *rss_kib_p >= 0;
 }
 
-/* The job's processes that live now, as its events tell (agents aside). */
+/* The job's processes that live now (agents aside). /proc decides, not the events alone: the
+ * processes of a killed node die with their agent, and no exit event is written for them. */
 static long live_processes(const keel__chaos_run *run) {
   long live = 0;
-  for (size_t i = 0; i < run->process_count; i++)
-    live += !run->processes[i].exited && !run->processes[i].agent;
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    live += !p->exited && !p->agent && keel__chaos_process_alive(p);
+  }
   return live;
 }
 
@@ -93,7 +94,7 @@ static long live_processes(const keel__chaos_run *run) {
  * process links to its peers, and a job whose spare nodes came back holds more of them than before,
  * which is no leak either. */
 static void process_sample(keel__chaos_process *p, long live) {
-  if (p->exited || !(p->holds_rank || p->server) || !process_alive(p)) return;
+  if (p->exited || !(p->holds_rank || p->server) || !keel__chaos_process_alive(p)) return;
   char state = 0;
   int parent = 0;
   /* A stopped process (an injected stop) is about to be fenced: not a survivor. */
@@ -330,7 +331,7 @@ void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id, pid_t 
   char what[320];
   for (size_t i = 0; i < run->process_count; i++) {
     const keel__chaos_process *p = &run->processes[i];
-    if (!process_alive(p)) continue;
+    if (!keel__chaos_process_alive(p)) continue;
     leaks->processes++;
     snprintf(what, sizeof what, "%s uid %u (pid %ld)", p->agent ? "agent" : "process",
              (unsigned)p->uid, (long)p->pid);
@@ -356,5 +357,5 @@ void keel__chaos_leaks_count(const keel__chaos_run *run, uint64_t job_id, pid_t 
 
 void keel__chaos_processes_kill(const keel__chaos_run *run) {
   for (size_t i = 0; i < run->process_count; i++)
-    if (process_alive(&run->processes[i])) kill(run->processes[i].pid, SIGKILL);
+    if (keel__chaos_process_alive(&run->processes[i])) kill(run->processes[i].pid, SIGKILL);
 }
