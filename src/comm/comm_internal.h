@@ -210,6 +210,8 @@ keel_status keel__progress(keel_endpoint *endpoint, int64_t deadline_ns);
 typedef bool (*keel__ready_fn)(void *state);
 keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
                         void *state);
+/* Whether comm's epoch was revoked, here or by any member. */
+bool keel__comm_revoked(const keel_comm *comm);
 /* Status of comm as the engine sees it: KEEL_EREVOKED, KEEL_EPROCFAILED or KEEL_OK. */
 keel_status keel__comm_health(keel_comm *comm);
 /* Whether now is past *deadline_ns. A member's declared long work (membership's

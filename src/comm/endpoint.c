@@ -74,6 +74,12 @@ static void peer_attach(keel_endpoint *endpoint, keel__peer *peer, keel_link *li
   peer->left = false;
   peer->told_goodbye = false;
   keel__peer_linked(endpoint, peer);
+  /* A revocation goes out once, over the links there are. A member that links after this
+   * process ended the epoch (it had gone on linking while this one found another member
+   * dead) would wait for it until the deadline: it hears now. */
+  keel_comm *current = endpoint->current;
+  if (current != NULL && keel__comm_revoked(current) && keel_comm_rank_of(current, peer->uid) >= 0)
+    keel__send_control(endpoint, peer->uid, KEEL_FRAME_REVOKE, current->epoch);
 }
 
 /* Closes a peer's link and drops what was queued for it; operations that still counted on
@@ -285,26 +291,42 @@ keel_status keel_endpoint_link(keel_endpoint *endpoint, uint32_t uid, int64_t de
   return connect_to(endpoint, peer, deadline_ns);
 }
 
-/* Makes sure every member other than this process has a live link: connects to lower uids,
- * waits for higher ones to connect. A member whose link broke is not waited for: the new
- * communicator's first operation will report it. */
-static keel_status ensure_links(keel_endpoint *endpoint, const uint32_t *uids, int count,
-                                int64_t deadline_ns) {
-  uint32_t self = endpoint->config.uid;
-  for (int i = 0; i < count; i++) {
-    if (uids[i] >= self) continue;
-    keel__peer *peer = keel__peer_get(endpoint, uids[i]);
+/* Connects to the members of lower uid. One found dead does not stop the others being linked:
+ * this process is about to revoke the epoch, and a revocation travels over links only. A
+ * member left unlinked would wait for this process's link until the deadline, and hold the
+ * next agreement up as long (a joiner named with a dead spare waited 30 s). */
+static keel_status link_lower_members(keel_endpoint *endpoint, const keel_comm *comm,
+                                      int64_t deadline_ns) {
+  keel_status first_death = KEEL_OK;
+  for (int i = 0; i < comm->size; i++) {
+    if (comm->uids[i] >= endpoint->config.uid) continue;
+    keel__peer *peer = keel__peer_get(endpoint, comm->uids[i]);
     if (peer == NULL) return KEEL_ENOMEM;
     if (peer->link != NULL) continue;
     keel_status status = connect_to(endpoint, peer, deadline_ns);
+    if (status == KEEL_EPROCFAILED) {
+      first_death = status;
+      continue;
+    }
     if (status != KEEL_OK) return status;
   }
+  return first_death;
+}
+
+/* Makes sure every member other than this process has a live link: connects to lower uids,
+ * waits for higher ones to connect. A member whose link broke is not waited for: the new
+ * communicator's first operation will report it. */
+static keel_status ensure_links(keel_endpoint *endpoint, keel_comm *comm, int64_t deadline_ns) {
+  keel_status status = link_lower_members(endpoint, comm, deadline_ns);
+  if (status != KEEL_OK) return status;
   for (;;) {
     keel__take_accepted_links(endpoint);
+    /* A member found another dead and ended the epoch: no link still missing will come. */
+    if (keel__comm_revoked(comm)) return KEEL_EREVOKED;
     bool missing = false;
-    for (int i = 0; i < count && !missing; i++) {
-      if (uids[i] <= self) continue;
-      keel__peer *peer = keel__peer_get(endpoint, uids[i]);
+    for (int i = 0; i < comm->size && !missing; i++) {
+      if (comm->uids[i] <= endpoint->config.uid) continue;
+      keel__peer *peer = keel__peer_get(endpoint, comm->uids[i]);
       if (peer == NULL) return KEEL_ENOMEM;
       missing = peer->link == NULL;
       /* A member that will never link: the job declared it dead while the decision that
@@ -314,7 +336,7 @@ static keel_status ensure_links(keel_endpoint *endpoint, const uint32_t *uids, i
     }
     if (!missing) return KEEL_OK;
     if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
-    keel_status status = keel__interrupted(endpoint);
+    status = keel__interrupted(endpoint);
     if (status != KEEL_OK) return status;
     /* Keeps links moving while waiting (a goodbye or a revoke may arrive). */
     int64_t wake = keel_now_ns() + 50 * (int64_t)1000000;
@@ -381,7 +403,7 @@ keel_status keel_comm_create(keel_endpoint *endpoint, uint64_t epoch, const uint
   *comm_p = comm;
   if (endpoint->standalone) return KEEL_OK;
   close_failed_peers(endpoint, uids, count);
-  return ensure_links(endpoint, uids, count, deadline_ns);
+  return ensure_links(endpoint, comm, deadline_ns);
 }
 
 keel_status keel__comm_from_decision(keel_endpoint *endpoint, const keel_decision *decision,

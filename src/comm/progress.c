@@ -531,11 +531,14 @@ bool keel__deadline_passed(keel_comm *comm, int64_t *deadline_ns) {
   return false;
 }
 
+bool keel__comm_revoked(const keel_comm *comm) {
+  const keel_endpoint *endpoint = comm->endpoint;
+  return comm->revoked_locally || (endpoint->any_revoked && comm->epoch <= endpoint->revoked_epoch);
+}
+
 keel_status keel__comm_health(keel_comm *comm) {
   keel_endpoint *endpoint = comm->endpoint;
-  if (comm->revoked_locally || (endpoint->any_revoked && comm->epoch <= endpoint->revoked_epoch) ||
-      comm != endpoint->current)
-    return KEEL_EREVOKED;
+  if (keel__comm_revoked(comm) || comm != endpoint->current) return KEEL_EREVOKED;
   if (!endpoint->config.failure_detection) return KEEL_OK;
   for (int rank = 0; rank < comm->size; rank++) {
     if (rank == comm->rank) continue;

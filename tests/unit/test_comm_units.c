@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -606,6 +607,19 @@ static void store_start(keel_auth *auth, keel_store_server **server_p, keel_stor
                    KEEL_OK);
 }
 
+/* An endpoint of uid on store, failures detected, addresses from membership. */
+static keel_endpoint *endpoint_start(uint32_t uid, const keel_auth *auth, keel_store *store,
+                                     const keel_membership_ops *membership) {
+  keel_endpoint_config config = {.uid = uid,
+                                 .auth = *auth,
+                                 .store = store,
+                                 .failure_detection = true,
+                                 .membership = membership};
+  keel_endpoint *endpoint = NULL;
+  assert_int_equal(keel_endpoint_create(&config, &endpoint), KEEL_OK);
+  return endpoint;
+}
+
 /* A dead peer's address is gone with it. */
 static keel_status no_address(void *context, uint32_t uid, char *address, size_t capacity) {
   (void)context, (void)uid, (void)address, (void)capacity;
@@ -644,12 +658,7 @@ static void declared_death_start(declared_death *death, uint32_t dead_uid,
   *death = (declared_death){.dead_uid = dead_uid, .before = before};
   keel_auth auth;
   store_start(&auth, &death->server, &death->store);
-  keel_endpoint_config config = {.uid = 1,
-                                 .auth = auth,
-                                 .store = death->store,
-                                 .failure_detection = true,
-                                 .membership = membership};
-  assert_int_equal(keel_endpoint_create(&config, &death->endpoint), KEEL_OK);
+  death->endpoint = endpoint_start(1, &auth, death->store, membership);
   if (before) {
     keel_endpoint_declare_dead(death->endpoint, dead_uid);
     /* A world of one: making it takes in the endpoint's news, this death among them. */
@@ -785,12 +794,11 @@ static void links_taken_in_while_others_have_news(void **state) {
   store_start(&auth, &server, &store);
   keel_endpoint *hub = NULL, *spokes[SPOKES] = {0};
   for (uint32_t uid = 0; uid <= SPOKES; uid++) {
-    keel_endpoint_config config = {.uid = uid,
-                                   .auth = auth,
-                                   .store = store,
-                                   .failure_detection = true,
-                                   .membership = &hub_membership};
-    assert_int_equal(keel_endpoint_create(&config, uid == 0 ? &hub : &spokes[uid - 1]), KEEL_OK);
+    keel_endpoint *endpoint = endpoint_start(uid, &auth, store, &hub_membership);
+    if (uid == 0)
+      hub = endpoint;
+    else
+      spokes[uid - 1] = endpoint;
     if (uid == 0) snprintf(hub_address, sizeof hub_address, "%s", keel_endpoint_address(hub));
   }
   int64_t deadline = keel_deadline_after_ns(5000000000);
@@ -819,6 +827,109 @@ static void links_taken_in_while_others_have_news(void **state) {
   keel_store_server_stop(server);
 }
 
+/* ---- a member that finds another dead still links the rest */
+
+/* Four members, each at its own address: 0 lives, 1 (a joiner) linked to it earlier, 2 (a
+ * survivor) was told 0 died, 3 comes late. */
+#define MEMBERS 4
+static char member_addresses[MEMBERS][128];
+static const uint32_t member_uids[MEMBERS] = {0, 1, 2, 3};
+
+static keel_status member_address_of(void *context, uint32_t uid, char *address, size_t capacity) {
+  (void)context;
+  if (uid >= MEMBERS || member_addresses[uid][0] == '\0') return KEEL_ENOTFOUND;
+  snprintf(address, capacity, "%s", member_addresses[uid]);
+  return KEEL_OK;
+}
+
+static const keel_membership_ops member_membership = {
+    .address = member_address_of,
+    .suspect = suspect_nobody,
+    .interrupted = never_interrupted,
+};
+
+/* A member's part in its thread: the new epoch, then the state uid 2 was to send it. */
+typedef struct member_run {
+  keel_endpoint *endpoint;
+  pthread_t thread;
+  keel_status created, received;
+  int64_t took_ms;
+  atomic_bool done;
+} member_run;
+
+static void *member_main(void *argument) {
+  member_run *run = argument;
+  int64_t started = keel_now_ns();
+  keel_comm *comm = NULL;
+  run->created = keel_comm_create(run->endpoint, 2, member_uids, MEMBERS,
+                                  keel_deadline_after_ns(10000000000), &comm);
+  run->received = run->created;
+  if (run->created == KEEL_OK) {
+    uint8_t state = 0;
+    keel_request *request = NULL;
+    run->received = keel_comm_irecv(comm, 2, 1, &state, 1, &request);
+    if (run->received == KEEL_OK)
+      run->received = keel_request_wait(request, keel_deadline_after_ns(10000000000));
+    keel_request_free(request);
+  }
+  run->took_ms = (keel_now_ns() - started) / 1000000;
+  atomic_store(&run->done, true);
+  return NULL;
+}
+
+/* The member's epoch ended as revoked, well before its 10 s deadline. */
+static void expect_revoked_soon(const member_run *run, const char *who) {
+  if (run->received != KEEL_EREVOKED || run->took_ms >= 5000)
+    fail_msg("the %s's epoch ended with %s (creating it: %s) after %lld ms", who,
+             keel_status_name(run->received), keel_status_name(run->created),
+             (long long)run->took_ms);
+}
+
+/* Finding 24 (RELIABILITY.md). A decision named a joiner (uid 1) and a member the survivor
+ * (uid 2) knew dead (uid 0). The survivor failed on uid 0 and left the epoch before it
+ * linked the joiner, so its revocation (links only) never reached it: the joiner waited for
+ * the survivor's link until the deadline (30 s in the soak), and every member's next
+ * agreement with it. The survivor must link the rest all the same, and a member that links
+ * to it after it revoked the epoch (uid 3) must hear the revocation too. */
+static void member_that_finds_another_dead_still_links_the_rest(void **state) {
+  (void)state;
+  keel_auth auth;
+  keel_store_server *server = NULL;
+  keel_store *store = NULL;
+  store_start(&auth, &server, &store);
+  keel_endpoint *endpoints[MEMBERS] = {0};
+  for (uint32_t uid = 0; uid < MEMBERS; uid++) {
+    endpoints[uid] = endpoint_start(uid, &auth, store, &member_membership);
+    snprintf(member_addresses[uid], sizeof member_addresses[uid], "%s",
+             keel_endpoint_address(endpoints[uid]));
+  }
+  assert_int_equal(keel_endpoint_link(endpoints[1], 0, keel_deadline_after_ns(5000000000)),
+                   KEEL_OK);
+  keel_endpoint_declare_dead(endpoints[2], 0);
+  member_run joiner = {.endpoint = endpoints[1]}, late = {.endpoint = endpoints[3]};
+  atomic_init(&joiner.done, false);
+  atomic_init(&late.done, false);
+  assert_int_equal(pthread_create(&joiner.thread, NULL, member_main, &joiner), 0);
+  keel_comm *comm = NULL;
+  keel_status status = keel_comm_create(endpoints[2], 2, member_uids, MEMBERS,
+                                        keel_deadline_after_ns(10000000000), &comm);
+  assert_int_equal(status, KEEL_EPROCFAILED);
+  /* What the survivor's next recovery round does first; then it waits on the store for the
+   * next agreement, its links moving meanwhile. */
+  keel_comm_revoke(comm);
+  assert_int_equal(pthread_create(&late.thread, NULL, member_main, &late), 0);
+  int64_t deadline = keel_deadline_after_ns(15000000000);
+  while (!(atomic_load(&joiner.done) && atomic_load(&late.done)) && keel_now_ns() < deadline)
+    keel__progress(endpoints[2], keel_deadline_after_ns(50000000));
+  pthread_join(joiner.thread, NULL);
+  pthread_join(late.thread, NULL);
+  for (uint32_t uid = 0; uid < MEMBERS; uid++) keel_endpoint_close(endpoints[uid], 0);
+  keel_store_close(store);
+  keel_store_server_stop(server);
+  expect_revoked_soon(&joiner, "joiner");
+  expect_revoked_soon(&late, "late member");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_match_reference),
@@ -841,6 +952,7 @@ int main(void) {
       cmocka_unit_test(link_to_a_peer_declared_dead_before_it_was_named_gives_up),
       cmocka_unit_test(links_taken_in_while_others_have_news),
       cmocka_unit_test(epoch_with_a_member_declared_dead_fails_at_once),
+      cmocka_unit_test(member_that_finds_another_dead_still_links_the_rest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
