@@ -54,6 +54,13 @@ size_t keel_registry_count(const keel_registry *registry);
 uint64_t keel_registry_bytes(const keel_registry *registry);
 /* Buffer index (< count), or NULL past the end. Valid while the registry lives. */
 const keel_state_buffer *keel_registry_entry(const keel_registry *registry, size_t index);
+/* Marks the buffer called name as each process's own: state that moves with the rest (a
+ * newcomer receives it, a checkpoint holds it) but that replicas need not hold alike, such
+ * as random streams each process seeded for itself. The replicas' checksums (--verify-replicas)
+ * and the final state's (KEEL_FINISH_CRC) leave it out. KEEL_ENOTFOUND for an unknown name. */
+keel_status keel_registry_mark_per_process(keel_registry *registry, const char *name);
+/* Whether buffer index (< count) is marked each process's own. */
+bool keel_registry_per_process(const keel_registry *registry, size_t index);
 /* Whether name is a valid buffer name. */
 bool keel_state_name_valid(const char *name, size_t length);
 

@@ -54,6 +54,8 @@ _declare("keel_exit_code", _int, _status)
 _declare("keel_init", _status, ctypes.POINTER(_void_p))
 _declare("keel_finalize", None, _void_p)
 _declare("keel_state_register", _status, _void_p, ctypes.c_char_p, _void_p, _size_t)
+_declare("keel_state", _void_p, _void_p)
+_declare("keel_registry_mark_per_process", _status, _void_p, ctypes.c_char_p)
 _declare("keel_start", _status, _void_p)
 _declare("keel_world", _void_p, _void_p)
 _declare("keel_is_newcomer", ctypes.c_bool, _void_p)
@@ -164,6 +166,12 @@ class Context:
         """Registers size bytes at address (memory the caller keeps alive and unmoved)."""
         check("keel_state_register(%s)" % name,
               _lib.keel_state_register(self._handle, name.encode(), address, size))
+
+    def mark_per_process(self, name):
+        """Marks a registered buffer as each process's own (keel_registry_mark_per_process):
+        moved with the state, left out of the replicas' checksums."""
+        check("keel_registry_mark_per_process(%s)" % name,
+              _lib.keel_registry_mark_per_process(_lib.keel_state(self._handle), name.encode()))
 
     def on_failure(self, function):
         """function(cause_status, step_or_None, in_process) runs before every recovery."""

@@ -11,6 +11,7 @@ struct keel_registry {
   size_t count;
   uint64_t total_bytes;
   keel_state_buffer buffers[KEEL_MAX_STATE_BUFFERS];
+  bool per_process[KEEL_MAX_STATE_BUFFERS];
 };
 
 bool keel_state_name_valid(const char *name, size_t length) {
@@ -67,10 +68,25 @@ const keel_state_buffer *keel_registry_entry(const keel_registry *registry, size
   return &registry->buffers[index];
 }
 
+keel_status keel_registry_mark_per_process(keel_registry *registry, const char *name) {
+  if (registry == NULL || name == NULL) return KEEL_EINVAL;
+  for (size_t i = 0; i < registry->count; i++) {
+    if (strcmp(registry->buffers[i].name, name) != 0) continue;
+    registry->per_process[i] = true;
+    return KEEL_OK;
+  }
+  return KEEL_ENOTFOUND;
+}
+
+bool keel_registry_per_process(const keel_registry *registry, size_t index) {
+  return registry != NULL && index < registry->count && registry->per_process[index];
+}
+
 uint32_t keel__registry_crc32c(const keel_registry *registry) {
   uint32_t crc = 0;
   for (size_t i = 0; i < registry->count; i++)
-    crc = keel_crc32c(crc, registry->buffers[i].data, registry->buffers[i].bytes);
+    if (!registry->per_process[i])
+      crc = keel_crc32c(crc, registry->buffers[i].data, registry->buffers[i].bytes);
   return crc;
 }
 

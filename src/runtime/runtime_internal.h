@@ -241,7 +241,7 @@ extern const keel__policy_ops keel__policy_restart;
 
 /* ---- the context: pointers to the parts, owned by context.c (init and finalize). */
 /* ---- registry.c: the whole registered state at once */
-/* crc32c over every buffer, in order. */
+/* crc32c over every buffer but those each process's own, in order: what replicas hold alike. */
 uint32_t keel__registry_crc32c(const keel_registry *registry);
 /* Copies every buffer, in order, into copy (back == false) or from it (back == true); the
  * buffers beyond capacity (registered after copy was sized) are left out. */

@@ -35,7 +35,7 @@ CHECKSUM = re.compile(r"rank (\d+) world (\d+) steps (\d+) step_ms [\d.]+ checks
 class Job:
     """One `python3 -m keel.torch` job, bounded in time; its output and its events."""
 
-    def __init__(self, flags, script, arguments=(), fault=None, transport=None):
+    def __init__(self, flags, script, arguments=(), fault=None, transport=None, variables=None):
         self.folder = tempfile.mkdtemp(prefix="keel-test-torch-")
         events = os.path.join(self.folder, "events.jsonl")
         environment = dict(os.environ)
@@ -48,6 +48,7 @@ class Job:
             environment["KEEL_FAULT"] = fault
         if transport is not None:
             environment["KEEL_TRANSPORT"] = transport
+        environment.update(variables or {})
         command = [sys.executable, "-m", "keel.torch", "--quiet", "--events", events]
         command += list(flags)
         if "--ckpt" in flags:
@@ -83,8 +84,8 @@ class Job:
         return "exit %s\n%s" % (self.code, self.output[-6000:])
 
 
-def example(flags, arguments=TRAINING, fault=None, transport=None):
-    return Job(flags, EXAMPLE, arguments, fault, transport)
+def example(flags, arguments=TRAINING, fault=None, transport=None, variables=None):
+    return Job(flags, EXAMPLE, arguments, fault, transport, variables)
 
 
 class Recovery(unittest.TestCase):
@@ -283,6 +284,28 @@ class Api(unittest.TestCase):
         self.assertIn("caught CollectiveError at step 0, parameters unchanged: True",
                       job.output, job.describe())
         self.assertIn("KEEL_EPROCFAILED", job.output)
+
+    def test_finish_checksum_is_the_models(self):
+        """With KEEL_FINISH_CRC=1 (as keel chaos sets it) each rank's `finish` event carries
+        a crc32c of the model as its last commit left it: the same in every replica and in
+        every run. It used to be taken over a buffer packed at failures only, and over
+        Python's and numpy's generators, which each process seeds for itself."""
+        crcs = []
+        for _run in range(2):
+            job = example(["--nproc-per-node", "2"], variables={"KEEL_FINISH_CRC": "1"})
+            self.assertEqual(job.code, 0, job.describe())
+            finishes = job.of("finish")
+            self.assertEqual(sorted(f["rank"] for f in finishes), [0, 1], job.describe())
+            crcs.append({f["state_crc32c"] for f in finishes})
+        self.assertEqual(len(crcs[0]), 1, crcs)
+        self.assertEqual(crcs[0], crcs[1])
+
+    def test_verify_replicas_is_refused(self):
+        """--verify-replicas rolls the registered buffers back, which the binding does not
+        unpack: refused at register, in words, rather than served wrong."""
+        job = example(["--nproc-per-node", "2", "--verify-replicas", "every=10"])
+        self.assertNotEqual(job.code, 0, job.describe())
+        self.assertIn("--verify-replicas is not supported", job.output)
 
     def test_alone_without_launcher(self):
         """Without `keel run` the same script is a world of one."""

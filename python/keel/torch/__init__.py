@@ -19,6 +19,7 @@ import math
 import os
 import random
 import sys
+import time
 
 import numpy
 
@@ -443,6 +444,11 @@ class _Runtime:
         self.journal = []
         self.batch_samples = 0
         self.iteration_world = 0
+        self.committed_ns = 0
+        # The registered buffer is packed when a failure needs it. A tool that asked for the
+        # final state's checksum (KEEL_FINISH_CRC, set by `keel chaos`), taken at each commit,
+        # needs it packed at each commit too, or it reads a stale buffer.
+        self.pack_at_commit = os.environ.get("KEEL_FINISH_CRC") == "1"
         # The gradient reduction (set by attach).
         self.offsets = None
         self.total = 0
@@ -587,9 +593,22 @@ class _Runtime:
         self.rng_state = _rng_capture()
         self.step_open = False
         self.journal = []
+        if self.pack_at_commit:
+            self._pack()
         status = self.context.step_commit() if self.recovery else keel.OK
         if status != keel.OK:
             self._raise("keel_step_commit", status)
+        self._progress_report()
+
+    def _progress_report(self):
+        """A progress event, as a C program writes it with keel_report (at most one each
+        100 ms): the step and the samples per second, so that `keel status` and `keel chaos`
+        see the job train. The loss is the script's: not known here."""
+        now = time.monotonic_ns()
+        elapsed = now - self.committed_ns if self.committed_ns else 0
+        samples = self.batch_samples * (self.iteration_world or self.size())
+        self.committed_ns = now
+        self.context.report(self.step, math.nan, samples * 1e9 / elapsed if elapsed else math.nan)
 
     # ---- the gradient reduction: one allreduce of every gradient, in parameter order
 
@@ -679,6 +698,9 @@ class _Runtime:
     def register(self, model, optimizer, sampler):
         if self.registered:
             raise RuntimeError("keel.torch.register() was already called")
+        if os.environ.get("KEEL_VERIFY_EVERY", "0") not in ("", "0"):
+            raise UnsupportedError("keel.torch.register: --verify-replicas is not supported "
+                                   "(its roll-back restores buffers the binding does not unpack)")
         self.attach(model)
         _optimizer_state_create(optimizer)
         self.tensors = list(model.module.parameters()) + list(model.module.buffers())
@@ -702,6 +724,9 @@ class _Runtime:
         for name, tensor in (("torch.state", self.packed), ("torch.rng", self.rng_buffer),
                              ("torch.progress", self.progress)):
             self.context.register(name, tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        # Python's and numpy's generators are seeded by each process for itself unless the
+        # script seeds them: moved with the state, but no part of what replicas hold alike.
+        self.context.mark_per_process("torch.rng")
         self.context.on_failure(self._pack_on_failure)
         optimizer_step = optimizer.step
         optimizer.step = lambda *a, **k: self._optimizer_step(optimizer_step, a, k)
