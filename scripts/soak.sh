@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # `make soak`: keel chaos over long jobs, every kind chaos supports, until SOAK_FAILURES
-# failures (default 2000) were injected in all: a quarter on one host (kill, stop,
-# launcher-stop, hang, bitflip), a quarter on nodes (kill, stop, kill-node, delay, and
+# failures (default 2000) were injected in all: 9/40 on one host (kill, stop,
+# launcher-stop, hang, bitflip), 9/40 on nodes (kill, stop, kill-node, delay, and
 # partition under --netns when root), 3/20 on nodes whose store is a 3-member etcd that
-# chaos starts (kill, kill-node, etcd-kill, etcd-stop), all of those on toy_train; and 7/20
-# on an ECRec job (ec_train on 4 parameter servers: server-kill). Each run's report goes to
-# $SOAK_DIR/<run>.txt and .json (default soak/), and the script exits non-zero if any
-# verdict failed. RELIABILITY.md keeps the figures. The toy_train runs are --no-reference:
-# the failure-free comparison doubles their time, and `make test`'s chaos cases check it;
-# there the survivors must agree bit for bit. The ECRec run has its failure-free run (its
-# one finisher has no peer to agree with), which its short gaps leave room for.
+# chaos starts (kill, kill-node, etcd-kill, etcd-stop), all of those on toy_train; 1/10 on
+# a PyTorch DDP job (examples/python/fashion_mnist_ddp.py: kill, stop, launcher-stop, hang);
+# and the rest on an ECRec job (ec_train on 4 parameter servers: server-kill).
+# SOAK_PARTS (default "servers host nodes etcd torch") runs some of them only. Each run's
+# report goes to $SOAK_DIR/<run>.txt and .json (default soak/), and the script exits
+# non-zero if any verdict failed. RELIABILITY.md keeps the figures. The toy_train and
+# PyTorch runs are --no-reference: the failure-free comparison doubles their time, and
+# `make test`'s chaos cases and test_torch check it; there the survivors must agree bit for
+# bit. The ECRec run has its failure-free run (its one finisher has no peer to agree with),
+# which its short gaps leave room for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -21,6 +24,8 @@ seed="${SOAK_SEED:-1}"
 out="${SOAK_DIR:-soak}"
 mkdir -p "$out"
 [ -x "$keel" ] && [ -x "$toy" ] || { echo "soak: build first ($keel, $toy)" >&2; exit 2; }
+parts="${SOAK_PARTS:-servers host nodes etcd torch}"
+wanted() { [[ " $parts " == *" $1 "* ]]; }
 
 # Measured: about 6.6 ms a step for 4 to 6 ranks of this toy on 2 cores; a failure every
 # GAP_MS on average (its gap, plus the hold of those that last). The job is sized to outlast
@@ -56,26 +61,46 @@ run() { # name, failures, every, mix, mean ms per failure, [--etcd N], run flags
 }
 
 # A failure costs about 3.4 s of soak on one host, 3 s on nodes, 4.4 s on etcd (its members'
-# holds) and 1.8 s on servers (two runs: with failures and without); these shares put 2000
-# in about 90 minutes.
-host=$(( total / 4 ))
-nodes=$(( total / 4 ))
+# holds), 3.2 s on the PyTorch job and 1.8 s on servers (two runs: with failures and
+# without); these shares put 2000 in about 95 minutes, an estimate from the parts' own runs
+# (RELIABILITY.md), not from one soak of them all.
+host=$(( total * 9 / 40 ))
+nodes=$(( total * 9 / 40 ))
 etcd=$(( total * 3 / 20 ))
-servers=$(( total - host - nodes - etcd ))
+torch=$(( total / 10 ))
+servers=$(( total - host - nodes - etcd - torch ))
 failed=0
 # Parameter servers: one of servers 2 and 3 killed every 0.5-1 s (a replacement is back in
 # about 50 ms), 4 servers with XOR parity, 2 synchronous workers. Measured on 2026-11-30:
 # 71,000 steps took 475 s with 619 kills, 6.7 ms a step and 0.77 s a failure, so a failure
 # is 115 steps; 135 a failure lets the job outlast its failures by a sixth.
 ec_steps=$(( servers * 135 + 1000 ))
-echo "soak: servers: ec_train --steps $ec_steps"
-chaos servers "$servers" 500ms..1s server-kill=1 -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
-  -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
+if wanted servers; then
+  echo "soak: servers: ec_train --steps $ec_steps"
+  chaos servers "$servers" 500ms..1s server-kill=1 -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
+    -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
+fi
 
 # Hangs need gaps past their detection (a deadline of 1 s, then the agreement's).
-run host "$host" 2s..3s kill=4,stop=2,launcher-stop=1,hang=1,bitflip=1 2700 \
-  -n 4 --on-failure replace --spares 2 --max-restarts "$total" --collective-timeout auto \
-  --verify-replicas every=50 || failed=1
+if wanted host; then
+  run host "$host" 2s..3s kill=4,stop=2,launcher-stop=1,hang=1,bitflip=1 2700 \
+    -n 4 --on-failure replace --spares 2 --max-restarts "$total" --collective-timeout auto \
+    --verify-replicas every=50 || failed=1
+fi
+
+# The stock DDP script of examples/python on 3 ranks and 2 spares. Measured on 2026-11-30:
+# 12 failures at 1-2 s gaps in 29.5 s, 625 steps (one epoch of Fashion-MNIST at 32 samples
+# a rank) in that time, so a failure is about 52 steps; 65 a failure outlasts them by a
+# quarter. (--verify-replicas is not served by the binding, so no bitflip.)
+if wanted torch; then
+  epochs=$(( torch * 65 / 625 + 1 ))
+  echo "soak: torch: fashion_mnist_ddp.py --epochs $epochs"
+  PYTHONPATH="$PWD/python" KEEL_BUILD="$(cd "$build" && pwd)" OMP_NUM_THREADS=1 \
+    chaos torch "$torch" 1s..2s kill=3,stop=2,launcher-stop=1,hang=1 --no-reference -- \
+    -n 3 --on-failure replace --spares 2 --max-restarts "$total" --collective-timeout auto \
+    -- /usr/bin/python3 examples/python/fashion_mnist_ddp.py --epochs "$epochs" \
+    --test-samples 1000 || failed=1
+fi
 
 node_flags=(--agents)
 node_mix=kill=2,stop=1,kill-node=2,delay=1
@@ -85,18 +110,22 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "soak: not root: the nodes share this host's network (no partitions)"
 fi
-run nodes "$nodes" 1s..2s "$node_mix" 2400 "${node_flags[@]}" --nnodes 3 \
-  --nproc-per-node 2 --spare-nodes 1 --on-failure replace --spares 1 \
-  --max-restarts "$total" || failed=1
+if wanted nodes; then
+  run nodes "$nodes" 1s..2s "$node_mix" 2400 "${node_flags[@]}" --nnodes 3 \
+    --nproc-per-node 2 --spare-nodes 1 --on-failure replace --spares 1 \
+    --max-restarts "$total" || failed=1
+fi
 
 # etcd's members listen on 127.0.0.1, out of the namespaces' reach: agents on this host.
 # A heartbeat of 4 s rides out etcd's leader elections (RELIABILITY.md, finding 8). A
 # failure every 3.5 s on average (the members' holds: 0.5-4 s, 0.2-2 s); steps on etcd took
 # 2.2 times as long as on the embedded store (1000 steps of 4 ranks, 21.3 s against 9.9 s,
 # on a loaded machine), so the same time is 2.2 times fewer steps: 3500 / 2.2 = 1600.
-run etcd "$etcd" 1s..2s kill=2,kill-node=1,etcd-kill=2,etcd-stop=2 1600 --etcd 3 --agents \
-  --nnodes 3 --nproc-per-node 2 --spare-nodes 1 --heartbeat 4s --on-failure replace \
-  --spares 1 --max-restarts "$total" || failed=1
+if wanted etcd; then
+  run etcd "$etcd" 1s..2s kill=2,kill-node=1,etcd-kill=2,etcd-stop=2 1600 --etcd 3 --agents \
+    --nnodes 3 --nproc-per-node 2 --spare-nodes 1 --heartbeat 4s --on-failure replace \
+    --spares 1 --max-restarts "$total" || failed=1
+fi
 
 [ "$failed" = 0 ] && echo "soak: every verdict passed" || echo "soak: a verdict failed" >&2
 exit "$failed"
