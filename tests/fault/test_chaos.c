@@ -187,6 +187,25 @@ static void test_chaos_fifty_failures(void **state) {
   chaos_result_free(&result);
 }
 
+/* Stops of single ranks 100-200 ms apart, quicker than a stop is detected (667 ms): chaos
+ * must not stop the third rank of three while the other two are still being recovered from,
+ * which would leave no holder of the state (a PyTorch job of three ended so in a soak). */
+static void test_chaos_never_takes_the_last_holder(void **state) {
+  (void)state;
+  chaos_result result;
+  char every[32];
+  every_scaled(every, sizeof every, 100, 200);
+  chaos_run((const char *const[]){"--failures", "8", "--every", every, "--seed", "2", "--mix",
+                                  "stop=1", NULL},
+            (const char *const[]){"-n", "3", "--on-failure", "replace", "--spares", "3",
+                                  "--max-restarts", "20", NULL},
+            (const char *const[]){"--steps", "3000", TOY_ARGS, NULL}, NULL, CHAOS_TIMEOUT_MS,
+            &result);
+  expect_pass(&result);
+  assert_int_equal(kind_field(result.json, "stop", "recovered"), 8);
+  chaos_result_free(&result);
+}
+
 /* --seed job makes every run of toy_train compute something else: the run with failures
  * cannot match the failure-free one, and chaos must say so. */
 static void test_chaos_catches_a_different_result(void **state) {
@@ -559,6 +578,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chaos_refusals),
       cmocka_unit_test(test_chaos_stops_its_job_on_sigint),
+      cmocka_unit_test(test_chaos_never_takes_the_last_holder),
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_fifty_failures),

@@ -962,13 +962,28 @@ static void census_tick(chaos_job *job, int64_t now) {
  * than RECOVERY_WAIT_NS ago (a partition healed in time is never recovered from), and no
  * recovery seen for it yet. */
 #define RECOVERY_WAIT_NS (15 * SECOND_NS)
-static bool recovery_pending(const chaos_job *job, int64_t now) {
+static int64_t recoveries_pending(const chaos_job *job, int64_t now) {
+  int64_t pending = 0;
   for (int64_t i = 0; i < job->next; i++) {
     const keel__chaos_failure *f = &job->failures[i];
     bool costly = kind_takes_rank(f->kind) || kind_takes_node(f->kind);
-    if (f->injected && costly && f->recover_ns < 0 && now - f->injected_ns < RECOVERY_WAIT_NS)
-      return true;
+    pending +=
+        f->injected && costly && f->recover_ns < 0 && now - f->injected_ns < RECOVERY_WAIT_NS;
   }
+  return pending;
+}
+
+/* Whether the failure must wait for earlier ones to be recovered from. A node's failure
+ * during an earlier one's recovery may take every holder of the state at once (two nodes'
+ * ranks, all replicas), which no in-memory recovery survives. A rank's may too, once
+ * world - 1 failures are still being recovered from: a PyTorch job of three ranks had one
+ * hung, one stopped and the third stopped within 4 s, and no holder of the state was left.
+ * Otherwise single ranks fail during recoveries. */
+static bool failure_must_wait(const chaos_job *job, const keel__chaos_failure *failure,
+                              int64_t now) {
+  if (kind_takes_node(failure->kind)) return recoveries_pending(job, now) > 0;
+  if (kind_takes_rank(failure->kind))
+    return recoveries_pending(job, now) >= job->options->run.world - 1;
   return false;
 }
 
@@ -980,10 +995,7 @@ static void failures_tick(chaos_job *job, int64_t now) {
   keel__chaos_failure *failure = &job->failures[job->next];
   if (job->due_ns == 0) job->due_ns = job->run->training_ns + failure->gap_ns;
   if (now < job->due_ns) return;
-  /* A node's failure during an earlier one's recovery may take every holder of the state at
-   * once (two nodes' ranks, all replicas), which no in-memory recovery survives: it waits.
-   * Single ranks still fail during recoveries. */
-  if (kind_takes_node(failure->kind) && recovery_pending(job, now)) return;
+  if (failure_must_wait(job, failure, now)) return;
   if (!failure_try(job, failure)) {
     job->due_ns = now + RETRY_NS;
     return;
