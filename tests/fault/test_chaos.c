@@ -1,5 +1,6 @@
 /* `keel chaos` end to end: a toy_train job of 4 ranks through 50 failures (kills, stops and
- * launcher stops) drawn from a fixed seed must pass every invariant, each kind having hit,
+ * launcher stops) drawn from a fixed seed must pass every invariant, each kind having hit, a
+ * job of 3 through stops quicker than their detection (never all holders at once),
  * as must jobs through hangs and bit flips, and jobs of several nodes through kills of whole
  * nodes, delays and (as network namespaces) partitions; a job that cannot match its
  * failure-free run, and one where a process dies that chaos did not hit, must each fail the
