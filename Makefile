@@ -38,8 +38,8 @@ fuzz:
 	@scripts/fuzz.sh
 
 # keel chaos through SOAK_FAILURES failures (default 2000) of every kind it supports, on one
-# host, on nodes, on etcd and on parameter servers; reports in soak/ (RELIABILITY.md). Not
-# part of `make test`.
+# host, on nodes, on etcd, on parameter servers and on a PyTorch DDP job (SOAK_PARTS picks
+# some); reports in soak/ (RELIABILITY.md). Not part of `make test`.
 soak: build
 	@scripts/soak.sh $(BUILD)
 
