@@ -8,11 +8,11 @@
 # and the rest on an ECRec job (ec_train on 4 parameter servers: server-kill).
 # SOAK_PARTS (default "servers host nodes etcd torch") runs some of them only. Each run's
 # report goes to $SOAK_DIR/<run>.txt and .json (default soak/), and the script exits
-# non-zero if any verdict failed. RELIABILITY.md keeps the figures. The toy_train and
-# PyTorch runs are --no-reference: the failure-free comparison doubles their time, and
-# `make test`'s chaos cases and test_torch check it; there the survivors must agree bit for
-# bit. The ECRec run has its failure-free run (its one finisher has no peer to agree with),
-# which its short gaps leave room for.
+# non-zero if any verdict failed. RELIABILITY.md keeps the figures. The toy_train runs are
+# --no-reference: the failure-free comparison doubles their time, and `make test`'s chaos
+# cases check it; there the survivors must agree bit for bit. The ECRec run has its
+# failure-free run (its one finisher has no peer to agree with), which its short gaps leave
+# room for, and so has the PyTorch run (its failure-free run takes half as long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -61,7 +61,7 @@ run() { # name, failures, every, mix, mean ms per failure, [--etcd N], run flags
 }
 
 # A failure costs about 3.4 s of soak on one host, 3 s on nodes, 4.4 s on etcd (its members'
-# holds), 3.2 s on the PyTorch job and 1.8 s on servers (two runs: with failures and
+# holds), 2.9 s on the PyTorch job and 1.8 s on servers (two runs: with failures and
 # without); these shares put 2000 in about 95 minutes, an estimate from the parts' own runs
 # (RELIABILITY.md), not from one soak of them all.
 host=$(( total * 9 / 40 ))
@@ -91,12 +91,13 @@ fi
 # The stock DDP script of examples/python on 3 ranks and 2 spares. Measured on 2026-11-30:
 # 12 failures at 1-2 s gaps in 29.5 s, 625 steps (one epoch of Fashion-MNIST at 32 samples
 # a rank) in that time, so a failure is about 52 steps; 65 a failure outlasts them by a
-# quarter. (--verify-replicas is not served by the binding, so no bitflip.)
+# quarter (200 failures: 384 s, the failure-free run 180 s). (--verify-replicas is not
+# served by the binding, so no bitflip.)
 if wanted torch; then
   epochs=$(( torch * 65 / 625 + 1 ))
   echo "soak: torch: fashion_mnist_ddp.py --epochs $epochs"
   PYTHONPATH="$PWD/python" KEEL_BUILD="$(cd "$build" && pwd)" OMP_NUM_THREADS=1 \
-    chaos torch "$torch" 1s..2s kill=3,stop=2,launcher-stop=1,hang=1 --no-reference -- \
+    chaos torch "$torch" 1s..2s kill=3,stop=2,launcher-stop=1,hang=1 -- \
     -n 3 --on-failure replace --spares 2 --max-restarts "$total" --collective-timeout auto \
     -- /usr/bin/python3 examples/python/fashion_mnist_ddp.py --epochs "$epochs" \
     --test-samples 1000 || failed=1
