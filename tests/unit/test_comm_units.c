@@ -592,11 +592,11 @@ static keel_status never_interrupted(void *context) {
   return KEEL_OK;
 }
 
-static const keel_membership_ops closed_port_membership = {
-    .address = closed_port_address,
-    .suspect = suspect_nobody,
-    .interrupted = never_interrupted,
-};
+/* A membership whose addresses come from address_of; nobody is suspected or interrupted. */
+#define MEMBERSHIP_OF(address_of) \
+  { .address = (address_of), .suspect = suspect_nobody, .interrupted = never_interrupted }
+
+static const keel_membership_ops closed_port_membership = MEMBERSHIP_OF(closed_port_address);
 
 /* A fresh job's auth, an embedded store server for it, and a client of it. */
 static void store_start(keel_auth *auth, keel_store_server **server_p, keel_store **store_p) {
@@ -626,11 +626,7 @@ static keel_status no_address(void *context, uint32_t uid, char *address, size_t
   return KEEL_ENOTFOUND;
 }
 
-static const keel_membership_ops no_address_membership = {
-    .address = no_address,
-    .suspect = suspect_nobody,
-    .interrupted = never_interrupted,
-};
+static const keel_membership_ops no_address_membership = MEMBERSHIP_OF(no_address);
 
 /* uid 1's endpoint on a fresh store with the given membership; a thread declares dead_uid
  * dead 200 ms after the start, or it is declared before the start (and the endpoint takes
@@ -765,11 +761,7 @@ static keel_status hub_address_of(void *context, uint32_t uid, char *address, si
   return KEEL_OK;
 }
 
-static const keel_membership_ops hub_membership = {
-    .address = hub_address_of,
-    .suspect = suspect_nobody,
-    .interrupted = never_interrupted,
-};
+static const keel_membership_ops hub_membership = MEMBERSHIP_OF(hub_address_of);
 
 #define SPOKES 20
 #define HUB_ROOM 16 /* links the hub's poll list holds before it first grows */
@@ -795,11 +787,12 @@ static void links_taken_in_while_others_have_news(void **state) {
   keel_endpoint *hub = NULL, *spokes[SPOKES] = {0};
   for (uint32_t uid = 0; uid <= SPOKES; uid++) {
     keel_endpoint *endpoint = endpoint_start(uid, &auth, store, &hub_membership);
-    if (uid == 0)
-      hub = endpoint;
-    else
+    if (uid > 0) {
       spokes[uid - 1] = endpoint;
-    if (uid == 0) snprintf(hub_address, sizeof hub_address, "%s", keel_endpoint_address(hub));
+      continue;
+    }
+    hub = endpoint;
+    snprintf(hub_address, sizeof hub_address, "%s", keel_endpoint_address(hub));
   }
   int64_t deadline = keel_deadline_after_ns(5000000000);
   for (int i = 0; i < HUB_ROOM; i++)
@@ -842,11 +835,7 @@ static keel_status member_address_of(void *context, uint32_t uid, char *address,
   return KEEL_OK;
 }
 
-static const keel_membership_ops member_membership = {
-    .address = member_address_of,
-    .suspect = suspect_nobody,
-    .interrupted = never_interrupted,
-};
+static const keel_membership_ops member_membership = MEMBERSHIP_OF(member_address_of);
 
 /* A member's part in its thread: the new epoch, then the state uid 2 was to send it. */
 typedef struct member_run {

@@ -957,10 +957,9 @@ static void census_tick(chaos_job *job, int64_t now) {
   job->censuses++;
 }
 
-/* Injects what is due; the next failure is due its gap after this one was done. */
-/* Whether an earlier failure that cost ranks may still be recovered from: injected less
+/* How many earlier failures that cost ranks may still be recovered from: injected less
  * than RECOVERY_WAIT_NS ago (a partition healed in time is never recovered from), and no
- * recovery seen for it yet. */
+ * recovery seen for them yet. */
 #define RECOVERY_WAIT_NS (15 * SECOND_NS)
 static int64_t recoveries_pending(const chaos_job *job, int64_t now) {
   int64_t pending = 0;
@@ -987,6 +986,7 @@ static bool failure_must_wait(const chaos_job *job, const keel__chaos_failure *f
   return false;
 }
 
+/* Injects what is due; the next failure is due its gap after this one was done. */
 static void failures_tick(chaos_job *job, int64_t now) {
   if (job->undo != NULL && now >= job->undo_ns) failure_undo(job);
   if (!job->run->training || job->undo != NULL || job->next >= job->capacity) return;
