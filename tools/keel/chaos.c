@@ -667,18 +667,9 @@ static void failure_undo(chaos_job *job) {
   if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0)
     fprintf(stderr, "keel chaos: could not undo %s of node %" PRId64 ": %s\n",
             kind_names[failure->kind], failure->node, output);
-  if (failure->kind == KEEL__CHAOS_PARTITION) node_victims_note(job, failure, failure->injected_ns);
-}
-
-static void victim_add(keel__chaos_failure *failure, uint32_t uid) {
-  if (keel__chaos_failure_hit(failure, uid)) return;
-  if (failure->victim_count < KEEL__CHAOS_MAX_VICTIMS) {
-    failure->victims[failure->victim_count++] = uid;
-    return;
-  }
-  /* Left out, the process's death would read as one no failure explains: say why. */
-  fprintf(stderr, "keel chaos: a failure hit more than %d processes; uid %u is not listed\n",
-          KEEL__CHAOS_MAX_VICTIMS, (unsigned)uid);
+  if (failure->kind != KEEL__CHAOS_PARTITION) return;
+  failure->healed_ns = keel_now_ns();
+  node_victims_note(job, failure, failure->injected_ns);
 }
 
 /* "killed rank 1 (uid 5, pid 1234)": the victim's uid. */
@@ -686,7 +677,8 @@ static void victim_parse(const char *output, keel__chaos_failure *failure) {
   const char *open = strstr(output, "(uid ");
   unsigned uid;
   long pid;
-  if (open != NULL && sscanf(open, "(uid %u, pid %ld)", &uid, &pid) == 2) victim_add(failure, uid);
+  if (open != NULL && sscanf(open, "(uid %u, pid %ld)", &uid, &pid) == 2)
+    keel__chaos_victim_add(failure, uid);
 }
 
 /* The processes of the node a kill-node or a partition hits, as the events say (read up to
@@ -702,7 +694,7 @@ static void node_victims_note(chaos_job *job, keel__chaos_failure *failure, int6
     if (p->agent || p->node != failure->node) continue;
     bool hit = born_since_ns == 0 ? !p->exited && keel__chaos_process_alive(p)
                                   : p->spawn_ns >= born_since_ns;
-    if (hit) victim_add(failure, p->uid);
+    if (hit) keel__chaos_victim_add(failure, p->uid);
   }
 }
 

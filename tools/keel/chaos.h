@@ -42,8 +42,10 @@ typedef struct keel__chaos_failure {
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
+  int64_t healed_ns;   /* partition: when its link healed; 0 until then */
   /* The processes hit: a rank's for kill, stop, hang and bitflip; the node's live ones for
-   * kill-node and partition; none for launcher-stop and delay. */
+   * kill-node and partition, and for a partition those born during it and those killed by the
+   * fence it caused; none for launcher-stop and delay. */
   uint32_t victims[KEEL__CHAOS_MAX_VICTIMS];
   size_t victim_count;
   int64_t detect_ns;  /* injection to the recovery's detection; -1: not seen */
@@ -116,6 +118,8 @@ bool keel__chaos_process_alive(const keel__chaos_process *p);
 keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid);
 /* Whether failure hit uid. */
 bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid);
+/* Lists uid among failure's victims (once); a full list says on stderr whom it leaves out. */
+void keel__chaos_victim_add(keel__chaos_failure *failure, uint32_t uid);
 
 /* What the checks found once the job is over. */
 typedef struct keel__chaos_leaks {

@@ -169,6 +169,64 @@ bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid) {
   return false;
 }
 
+void keel__chaos_victim_add(keel__chaos_failure *failure, uint32_t uid) {
+  if (keel__chaos_failure_hit(failure, uid)) return;
+  if (failure->victim_count < KEEL__CHAOS_MAX_VICTIMS) {
+    failure->victims[failure->victim_count++] = uid;
+    return;
+  }
+  /* Left out, the process's death would read as one no failure explains: say why. */
+  fprintf(stderr, "keel chaos: a failure hit more than %d processes; uid %u is not listed\n",
+          KEEL__CHAOS_MAX_VICTIMS, (unsigned)uid);
+}
+
+/* The partition of node that explains a fence at t_ns after silent_ns without its lease: the
+ * last one injected before the fence whose cut overlaps that silence. A lease request lost to
+ * the cut is sent again by TCP only after its backoff, so a node may fence a little after its
+ * link healed, which is the partition's doing. NULL when none: the fence is unexplained. */
+static keel__chaos_failure *partition_of_fence(keel__chaos_failure *failures, size_t count,
+                                               int64_t node, int64_t t_ns, int64_t silent_ns) {
+  keel__chaos_failure *cause = NULL;
+  for (size_t i = 0; i < count; i++) {
+    keel__chaos_failure *f = &failures[i];
+    if (!f->injected || f->kind != KEEL__CHAOS_PARTITION || f->node != node ||
+        f->injected_ns > t_ns)
+      continue;
+    bool healed_before_silence = f->healed_ns > 0 && f->healed_ns < t_ns - silent_ns;
+    if (!healed_before_silence) cause = f;
+  }
+  return cause;
+}
+
+/* The agent whose life on node spans t_ns: the last one spawned there before it. */
+static const keel__chaos_process *agent_at(const keel__chaos_run *run, int64_t node, int64_t t_ns) {
+  const keel__chaos_process *agent = NULL;
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    if (p->agent && p->node == node && p->spawn_ns <= t_ns) agent = p;
+  }
+  return agent;
+}
+
+/* A node fenced itself (its agent killed its processes): those of the agent's life that had not
+ * exited are victims of the partition that caused it, including one born after the heal. */
+static void node_fence_read(keel__chaos_run *run, json_t *event, keel__chaos_failure *failures,
+                            size_t count) {
+  int64_t node = keel__json_int_or(event, "node", -1);
+  int64_t t_ns = keel__json_int_or(event, "t_ns", 0);
+  json_t *silent = json_object_get(event, "silent_ms");
+  int64_t silent_ns = json_is_number(silent) ? (int64_t)(json_number_value(silent) * 1e6) : 0;
+  keel__chaos_failure *cause = partition_of_fence(failures, count, node, t_ns, silent_ns);
+  const keel__chaos_process *agent = agent_at(run, node, t_ns);
+  if (cause == NULL || agent == NULL) return;
+  for (size_t i = 0; i < run->process_count; i++) {
+    const keel__chaos_process *p = &run->processes[i];
+    if (!p->agent && !p->exited && p->node == node && p->spawn_ns >= agent->spawn_ns &&
+        p->spawn_ns <= t_ns)
+      keel__chaos_victim_add(cause, p->uid);
+  }
+}
+
 /* The injected failure whose victim is uid and that no recovery has yet been matched to. */
 static keel__chaos_failure *failure_of_victim(keel__chaos_failure *failures, size_t count,
                                               uint32_t uid, int64_t t_ns) {
@@ -278,6 +336,8 @@ static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure 
     exit_read(run, event);
   } else if (strcmp(name, "fence") == 0) {
     fence_read(run, event);
+  } else if (strcmp(name, "node_fence") == 0) {
+    node_fence_read(run, event, failures, count);
   } else if (strcmp(name, "recovery") == 0) {
     recovery_read(run, event, failures, count);
   } else if (strcmp(name, "replica_mismatch") == 0) {
