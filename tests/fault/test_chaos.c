@@ -3,8 +3,9 @@
  * job of 3 through stops quicker than their detection (never all holders at once),
  * as must jobs through hangs and bit flips, and jobs of several nodes through kills of whole
  * nodes, delays and (as network namespaces) partitions; a job that cannot match its
- * failure-free run, and one where a process dies that chaos did not hit, must each fail the
- * invariant that says so; and jobs whose flags cannot survive the failures asked for are
+ * failure-free run, one where a process dies that chaos did not hit, and one that stands
+ * still past its deadlines with no failure to explain it, must each fail the invariant that
+ * says so; and jobs whose flags cannot survive the failures asked for are
  * refused before anything starts. */
 #include <setjmp.h>
 #include <signal.h>
@@ -238,6 +239,28 @@ static void test_chaos_catches_a_death_it_did_not_cause(void **state) {
   assert_int_equal(result.code, 1);
   assert_non_null(result.json);
   assert_true(check_is(result.json, "no-false-death", false));
+  chaos_result_free(&result);
+}
+
+/* A job that stands still with no failure to explain it, for longer than its deadlines allow
+ * (collective deadline 1 s + heartbeat 2 s + 10 s of recovery): every rank sleeps 18 s at step
+ * 300 (KEEL_FAULT delay), as all would behind a wait past its deadline. The launcher stop
+ * that chaos injects comes about step 15 and is undone 2.1 s later at most, so at least
+ * 15.9 s of the stillness follow it. Every other invariant holds. */
+static void test_chaos_catches_a_standstill(void **state) {
+  (void)state;
+  chaos_result result;
+  chaos_run((const char *const[]){"--failures", "1", "--every", "100ms", "--mix", "launcher-stop=1",
+                                  "--no-reference", NULL},
+            (const char *const[]){"-n", "2", "--collective-timeout", "1s", NULL},
+            (const char *const[]){"--steps", "400", "--compute-ms", "2", NULL},
+            "delay@step=300,ms=18000", CHAOS_TIMEOUT_MS, &result);
+  if (result.code != 1 || result.json == NULL) show(&result);
+  assert_int_equal(result.code, 1);
+  assert_non_null(result.json);
+  assert_true(check_is(result.json, "deadlines-kept", false));
+  assert_true(check_is(result.json, "job-exit", true));
+  assert_true(check_is(result.json, "no-false-death", true));
   chaos_result_free(&result);
 }
 
@@ -582,6 +605,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_never_takes_the_last_holder),
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
+      cmocka_unit_test(test_chaos_catches_a_standstill),
       cmocka_unit_test(test_chaos_fifty_failures),
       cmocka_unit_test(test_chaos_hangs_and_bit_flips),
       cmocka_unit_test(test_chaos_servers),

@@ -1,6 +1,7 @@
 /* Unit tests of what `keel chaos` concludes from a job's events file: which processes a node's
- * fence killed, and which injected partition (if any) explains that fence. The events are
- * written by the test, so each case pins down one timing that a soak met only by chance. */
+ * fence killed, which injected partition (if any) explains that fence, and how long the job
+ * stood still with no failure to explain it. The events are written by the test, so each case
+ * pins down one timing that a soak met only by chance. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -128,6 +129,52 @@ static void test_fence_during_the_partition_is_its(void **state) {
   assert_victims(&o->partition, victims, 2);
 }
 
+/* A progress line of rank 0 at ms. */
+static const char *progress_at(char *line, size_t size, int64_t ms) {
+  snprintf(line, size, "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"step\":1,\"t_ns\":%lld}\n",
+           (long long)(ms * MS));
+  return line;
+}
+
+/* The job's stillness is counted from the later of the last progress and the last failure
+ * (or its undo, for one that lasts) or declared section's end: a failure that stops the job
+ * for a while is what chaos asked for; stillness with none explains it is a wait past a
+ * deadline. */
+static void test_stillness_is_counted_from_the_last_failure(void **state) {
+  observed *o = *state;
+  char line[160];
+  /* A kill at 1.15 s between progress at 1.1 s and at 3 s: still for 1.85 s. */
+  o->partition = (keel__chaos_failure){.kind = KEEL__CHAOS_KILL,
+                                       .injected = true,
+                                       .injected_ns = 1150 * MS,
+                                       .hold_ns = 700 * MS, /* drawn for every kind: not used */
+                                       .detect_ns = -1,
+                                       .recover_ns = -1};
+  events_read(o, progress_at(line, sizeof line, 1000));
+  events_read(o, progress_at(line, sizeof line, 1100));
+  events_read(o, progress_at(line, sizeof line, 3000));
+  assert_int_equal(o->run->still_longest_ns, 1850 * MS);
+  assert_int_equal(o->run->still_end_ns, 3000 * MS);
+  /* A partition from 4 s, healed 2 s later: from progress at 3.1 s to 6.5 s, still since the
+   * heal, 0.5 s, which is less. */
+  partition_set(&o->partition, 0);
+  o->partition.injected_ns = 4000 * MS;
+  o->partition.hold_ns = 2000 * MS;
+  events_read(o, progress_at(line, sizeof line, 3100));
+  events_read(o, progress_at(line, sizeof line, 6500));
+  assert_int_equal(o->run->still_longest_ns, 1850 * MS);
+  /* A section that ended at 8 s, progress at 7 s and 8.3 s: still 0.3 s after it. */
+  events_read(o, progress_at(line, sizeof line, 7000));
+  events_read(o, "{\"event\":\"section_end\",\"uid\":1,\"t_ns\":8000000000}\n");
+  events_read(o, progress_at(line, sizeof line, 8300));
+  assert_int_equal(o->run->still_longest_ns, 1850 * MS);
+  /* Nothing between 9 s and 14 s: 5 s still, the longest. */
+  events_read(o, progress_at(line, sizeof line, 9000));
+  events_read(o, progress_at(line, sizeof line, 14000));
+  assert_int_equal(o->run->still_longest_ns, 5000 * MS);
+  assert_int_equal(o->run->still_end_ns, 14000 * MS);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
@@ -137,6 +184,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fence_of_another_node_or_before_is_unexplained, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_during_the_partition_is_its, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stillness_is_counted_from_the_last_failure, setup,
+                                      teardown),
   };
   return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

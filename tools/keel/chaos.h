@@ -26,6 +26,8 @@ typedef enum keel__chaos_kind {
 } keel__chaos_kind;
 
 const char *keel__chaos_kind_name(keel__chaos_kind kind);
+/* Whether a failure of kind lasts until chaos undoes it (hold_ns later). */
+bool keel__chaos_kind_lasts(keel__chaos_kind kind);
 
 #define KEEL__CHAOS_MAX_VICTIMS 32
 
@@ -97,6 +99,13 @@ typedef struct keel__chaos_run {
   int64_t timeouts; /* failure events with cause KEEL_ETIMEDOUT */
   size_t mismatches;           /* replica_mismatch events (--verify-replicas) */
   int64_t verified_redo_steps; /* the steps they sent the job back */
+  /* The longest the job stood still since its last failure (or that failure's undo): from one
+   * progress line to the next, less the time before an injection between them; and when that
+   * stillness ended. A wait past its deadline shows as one longer than the deadlines allow. */
+  int64_t progress_last_ns;
+  int64_t still_longest_ns, still_end_ns;
+  int64_t collective_deadline_ns; /* the longest a `collective_timeout` line set (auto) */
+  int64_t section_end_ns;         /* the last `section_end` line's time */
   long store_keys[KEEL__CHAOS_MAX_SAMPLES];
   size_t store_key_count;
   size_t recovery_count;

@@ -163,6 +163,12 @@ static void fence_read(keel__chaos_run *run, json_t *event) {
   if (p != NULL) p->fenced = true;
 }
 
+bool keel__chaos_kind_lasts(keel__chaos_kind kind) {
+  return kind == KEEL__CHAOS_LAUNCHER_STOP || kind == KEEL__CHAOS_PARTITION ||
+         kind == KEEL__CHAOS_DELAY || kind == KEEL__CHAOS_ETCD_KILL ||
+         kind == KEEL__CHAOS_ETCD_STOP;
+}
+
 bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid) {
   for (size_t i = 0; i < failure->victim_count; i++)
     if (failure->victims[i] == uid) return true;
@@ -294,6 +300,49 @@ static void mismatch_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
   }
 }
 
+/* The last moment before t_ns when a failure came or was undone (0: none). */
+static int64_t failure_last_moment(const keel__chaos_failure *failures, size_t count,
+                                   int64_t t_ns) {
+  int64_t last = 0;
+  for (size_t i = 0; i < count; i++) {
+    const keel__chaos_failure *f = &failures[i];
+    if (!f->injected || f->injected_ns > t_ns) continue;
+    int64_t undone_ns = keel__chaos_kind_lasts(f->kind) ? f->injected_ns + f->hold_ns : 0;
+    int64_t moment = undone_ns > f->injected_ns && undone_ns <= t_ns ? undone_ns : f->injected_ns;
+    if (moment > last) last = moment;
+  }
+  return last;
+}
+
+/* Each rank reports progress every 100 ms or so while it trains: the stillness before this
+ * line, counted from the previous line, the failure that came since, or the end of a declared
+ * long section (keel_section_begin: the others wait past their deadline by design),
+ * whichever is latest. */
+static void progress_read(keel__chaos_run *run, json_t *event, const keel__chaos_failure *failures,
+                          size_t count) {
+  int64_t t_ns = keel__json_int_or(event, "t_ns", 0);
+  if (!run->training) {
+    run->training = true;
+    run->training_ns = t_ns > 0 ? t_ns : keel_now_ns();
+  } else if (t_ns > run->progress_last_ns) {
+    int64_t since = run->progress_last_ns;
+    int64_t failure = failure_last_moment(failures, count, t_ns);
+    if (failure > since) since = failure;
+    if (run->section_end_ns > since) since = run->section_end_ns;
+    if (t_ns - since > run->still_longest_ns) {
+      run->still_longest_ns = t_ns - since;
+      run->still_end_ns = t_ns;
+    }
+  }
+  if (t_ns > run->progress_last_ns) run->progress_last_ns = t_ns;
+}
+
+static void collective_timeout_read(keel__chaos_run *run, json_t *event) {
+  json_t *timeout = json_object_get(event, "timeout_ms");
+  int64_t ns = json_is_number(timeout) ? (int64_t)(json_number_value(timeout) * 1e6) : 0;
+  if (ns > run->collective_deadline_ns) run->collective_deadline_ns = ns;
+}
+
 static void finish_read(keel__chaos_run *run, json_t *event) {
   if (run->finish_count == KEEL__CHAOS_MAX_FINISHES) return;
   keel__chaos_finish *f = &run->finishes[run->finish_count++];
@@ -325,9 +374,12 @@ static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure 
                        size_t count) {
   char name[32] = "";
   if (!keel__json_string(event, "event", name, sizeof name)) return;
-  if (strcmp(name, "progress") == 0 && !run->training) {
-    run->training = true;
-    run->training_ns = keel__json_int_or(event, "t_ns", keel_now_ns());
+  if (strcmp(name, "progress") == 0) {
+    progress_read(run, event, failures, count);
+  } else if (strcmp(name, "collective_timeout") == 0) {
+    collective_timeout_read(run, event);
+  } else if (strcmp(name, "section_end") == 0) {
+    run->section_end_ns = keel__json_int_or(event, "t_ns", 0);
   } else if (strcmp(name, "spawn") == 0) {
     spawn_read(run, event, false);
   } else if (strcmp(name, "agent_spawn") == 0) {
