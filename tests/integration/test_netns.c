@@ -37,6 +37,8 @@
 #define FLOOD_SECONDS 2
 /* TEST-NET-1: never one of a job's addresses, and no node has a route to it. */
 #define OUTSIDE_ADDRESS "192.0.2.1"
+/* A port on the bridge of a network of no nodes (route_reaches_a_service_network). */
+#define SERVICE_PORT 7103
 #define CHANNELS_MAX 8
 #define CHANNEL_BYTES 8192
 #define CHILD_LIFETIME_S 60
@@ -158,7 +160,9 @@ static void child_end(pid_t pid) {
   }
 }
 
-/* ---- children: each enters its node, then runs a body */
+/* ---- children: each enters its node (or stays in the root namespace), then runs a body */
+
+#define ROOT_NAMESPACE SIZE_MAX
 
 static channel *child_start(fixture *state, size_t node, child_body body, const char *argument) {
   assert_true(state->channel_count < CHANNELS_MAX);
@@ -174,7 +178,7 @@ static channel *child_start(fixture *state, size_t node, child_body body, const 
     alarm(CHILD_LIFETIME_S);
     close(commands[1]);
     close(reports[0]);
-    if (keel__netns_enter(state->net, node) != KEEL_OK) {
+    if (node != ROOT_NAMESPACE && keel__netns_enter(state->net, node) != KEEL_OK) {
       report(reports[1], "enter-failed %d\n", errno);
       _exit(1);
     }
@@ -398,6 +402,35 @@ static void outside_probe(const keel__netns *net, size_t node, int commands, int
   int64_t elapsed = now_ms() - start;
   report(reports, "probe tcp=%d udp=%d sent=%llu ms=%lld\n", tcp_error, udp_error,
          sent_packets() - before, (long long)elapsed);
+}
+
+/* In the root namespace: makes a network of no nodes (a process has one network at a time,
+ * so not the test's own), reports its bridge address, and holds it until the test closes the
+ * command pipe or kills it (the fixture's clean-up of dead owners then removes it). */
+static void service_network_hold(const keel__netns *net, size_t node, int commands, int reports,
+                                 const char *argument) {
+  (void)net, (void)node, (void)argument;
+  keel__netns *service = NULL;
+  char reason[KEEL__NETNS_REASON_BYTES] = "";
+  if (keel__netns_create(0, 0, &service, reason, sizeof reason) != KEEL_OK) {
+    report(reports, "service failed: %s\n", reason);
+    return;
+  }
+  report(reports, "service %s\n", keel__netns_bridge_address(service));
+  char byte;
+  while (read(commands, &byte, 1) > 0) {
+  }
+  keel__netns_destroy(service);
+}
+
+/* Connects to argument (an address) at SERVICE_PORT and reports the errno, 0 on success. */
+static void service_dial(const keel__netns *net, size_t node, int commands, int reports,
+                         const char *argument) {
+  (void)net, (void)node, (void)commands;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in service = socket_address(argument, SERVICE_PORT);
+  int error = connect(fd, (struct sockaddr *)&service, sizeof service) == 0 ? 0 : errno;
+  report(reports, "dial %d\n", error);
 }
 
 /* ---- fixture */
@@ -652,6 +685,41 @@ static void no_route_beyond_the_job(void **state) {
   network_destroy(made);
 }
 
+/* A service on another network's bridge (etcd that keel chaos starts for a job on netns
+ * nodes): unreachable from a node until keel__netns_route_add gives it a route, then
+ * reachable; an address the nodes could never reach is refused with the reason. */
+static void route_reaches_a_service_network(void **state) {
+  fixture *made = *state;
+  network_create(made, 1, 0);
+  char line[128], service[INET_ADDRSTRLEN];
+  channel *holder = child_start(made, ROOT_NAMESPACE, service_network_hold, NULL);
+  assert_true(channel_wait(holder, "service", patient_ms(10000), line, sizeof line));
+  snprintf(service, sizeof service, "%.15s", line + strlen("service "));
+  if (!in_bench_network(service)) fprintf(stderr, "test_netns: %s\n", line);
+  assert_true(in_bench_network(service));
+  made->listener = listener_open(service, SERVICE_PORT);
+  assert_true(made->listener >= 0);
+  channel *before = child_start(made, 0, service_dial, service);
+  assert_true(channel_wait(before, "dial", patient_ms(5000), line, sizeof line));
+  int error = -1;
+  assert_int_equal(sscanf(line, "dial %d", &error), 1);
+  assert_int_equal(error, ENETUNREACH);
+  char reason[KEEL__NETNS_REASON_BYTES] = "";
+  assert_int_equal(keel__netns_route_add(made->net, "127.0.0.1", reason, sizeof reason),
+                   KEEL_EINVAL);
+  assert_non_null(strstr(reason, "127.0.0.1 is not one"));
+  assert_int_equal(keel__netns_route_add(made->net, keel__netns_node_address(made->net, 0), reason,
+                                         sizeof reason),
+                   KEEL_EINVAL);
+  assert_int_equal(keel__netns_route_add(made->net, "etcd-host", reason, sizeof reason),
+                   KEEL_EINVAL);
+  assert_int_equal(keel__netns_route_add(made->net, service, reason, sizeof reason), KEEL_OK);
+  channel *after = child_start(made, 0, service_dial, service);
+  assert_true(channel_wait(after, "dial", patient_ms(5000), line, sizeof line));
+  assert_string_equal(line, "dial 0");
+  network_destroy(made);
+}
+
 static void shaped_link_carries_its_rate(void **state) {
   fixture *made = *state;
   network_create(made, 2, RATE_100MBIT);
@@ -862,6 +930,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tcp_survives_partition_and_heal, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(no_route_beyond_the_job, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(route_reaches_a_service_network, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(shaped_link_carries_its_rate, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(stale_names_of_gone_owners_are_removed, fixture_setup,

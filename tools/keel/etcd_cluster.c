@@ -49,7 +49,7 @@ typedef struct etcd_member {
   int client_port;
   int peer_port;
   char name[16];
-  char address[32]; /* 127.0.0.1:client_port */
+  char address[32]; /* client_host:client_port */
   char data_dir[FOLDER_MAX + 32];
   char log_path[FOLDER_MAX + 32];
 } etcd_member;
@@ -59,6 +59,7 @@ struct keel__etcd_cluster {
   int time_scale;      /* every wait stretches this many times */
   char etcd[PATH_MAX]; /* the etcd program */
   char parent[FOLDER_MAX];
+  char client_host[INET_ADDRSTRLEN]; /* where clients reach it (it listens on 127.0.0.1 too) */
   char folder[FOLDER_MAX];
   char token[80];
   char initial_cluster[KEEL__ETCD_MAX_MEMBERS * 48];
@@ -254,7 +255,8 @@ static bool lay_out(keel__etcd_cluster *cluster, int attempt, char *reason, size
     char name[16];
     snprintf(name, sizeof name, "m%d", i);
     snprintf(member->name, sizeof member->name, "%s", name);
-    snprintf(member->address, sizeof member->address, "127.0.0.1:%d", member->client_port);
+    snprintf(member->address, sizeof member->address, "%s:%d", cluster->client_host,
+             member->client_port);
     snprintf(member->data_dir, sizeof member->data_dir, "%s/%s", folder, name);
     snprintf(member->log_path, sizeof member->log_path, "%s/%s.log", folder, name);
     const char *comma = i > 0 ? "," : "";
@@ -269,8 +271,14 @@ static bool lay_out(keel__etcd_cluster *cluster, int attempt, char *reason, size
  * data dir it already has. Its output is appended to its log, across restarts. */
 static bool spawn_member(keel__etcd_cluster *cluster, int index, const char *state) {
   etcd_member *member = &cluster->member[index];
-  char client_url[48], peer_url[48];
+  char client_url[48], listen_urls[96], peer_url[48];
   snprintf(client_url, sizeof client_url, "http://%s", member->address);
+  /* Its own checks (health, leader) go to 127.0.0.1; clients to the address it advertises. */
+  if (strcmp(cluster->client_host, "127.0.0.1") == 0)
+    snprintf(listen_urls, sizeof listen_urls, "%s", client_url);
+  else
+    snprintf(listen_urls, sizeof listen_urls, "http://127.0.0.1:%d,%s", member->client_port,
+             client_url);
   snprintf(peer_url, sizeof peer_url, "http://127.0.0.1:%d", member->peer_port);
   char *const argv[] = {cluster->etcd,
                         "--name",
@@ -278,7 +286,7 @@ static bool spawn_member(keel__etcd_cluster *cluster, int index, const char *sta
                         "--data-dir",
                         member->data_dir,
                         "--listen-client-urls",
-                        client_url,
+                        listen_urls,
                         "--advertise-client-urls",
                         client_url,
                         "--listen-peer-urls",
@@ -567,6 +575,18 @@ static bool start_attempt(keel__etcd_cluster *cluster, int attempt, int64_t dead
 
 keel__etcd_cluster *keel__etcd_cluster_start(int members, const char *parent, int time_scale,
                                              int timeout_ms, char *reason, size_t capacity) {
+  return keel__etcd_cluster_start_at(members, NULL, parent, time_scale, timeout_ms, reason,
+                                     capacity);
+}
+
+keel__etcd_cluster *keel__etcd_cluster_start_at(int members, const char *client_host,
+                                                const char *parent, int time_scale, int timeout_ms,
+                                                char *reason, size_t capacity) {
+  struct in_addr parsed;
+  if (client_host != NULL && inet_pton(AF_INET, client_host, &parsed) != 1) {
+    format_into(reason, capacity, "etcd's client address %s is no IPv4 address", client_host);
+    return NULL;
+  }
   if (members < 1 || members > KEEL__ETCD_MAX_MEMBERS) {
     format_into(reason, capacity, "an etcd cluster has 1 to %d members, not %d",
                 KEEL__ETCD_MAX_MEMBERS, members);
@@ -589,6 +609,8 @@ keel__etcd_cluster *keel__etcd_cluster_start(int members, const char *parent, in
     return NULL;
   }
   snprintf(cluster->parent, sizeof cluster->parent, "%s", parent);
+  snprintf(cluster->client_host, sizeof cluster->client_host, "%s",
+           client_host != NULL ? client_host : "127.0.0.1");
   cluster->members = members;
   cluster->time_scale = time_scale > 1 ? time_scale : 1;
   int64_t deadline = deadline_after(cluster->time_scale, timeout_ms);

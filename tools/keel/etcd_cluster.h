@@ -1,5 +1,6 @@
-/* etcd clusters that keel starts itself: members as processes on 127.0.0.1 with free ports
- * and their data in a folder of the caller's, killed, frozen, resumed and restarted by pid.
+/* etcd clusters that keel starts itself: members as processes on 127.0.0.1 (or an address of
+ * this host that network namespaces reach) with free ports and their data in a folder of the
+ * caller's, killed, frozen, resumed and restarted by pid.
  * `keel chaos --etcd N` fails the members of its job's store with it, and keel's tests use
  * it (tests/support/test_etcd.h) so that the etcd backend meets real leader changes and real
  * dead members. A cluster is used from one thread; several clusters may run at once. */
@@ -31,6 +32,13 @@ typedef struct keel__etcd_cluster keel__etcd_cluster;
  * else found on PATH or in /usr/bin. */
 keel__etcd_cluster *keel__etcd_cluster_start(int members, const char *parent, int time_scale,
                                              int timeout_ms, char *reason, size_t capacity);
+/* The same with the members' client address client_host (IPv4 text; NULL: 127.0.0.1), an
+ * address of this host where clients in other network namespaces reach them (the bridge of
+ * a network of no nodes, netns.h): they listen there and on 127.0.0.1, advertise it, and
+ * the endpoint names it. Their peer traffic stays on 127.0.0.1. */
+keel__etcd_cluster *keel__etcd_cluster_start_at(int members, const char *client_host,
+                                                const char *parent, int time_scale, int timeout_ms,
+                                                char *reason, size_t capacity);
 
 int keel__etcd_cluster_members(const keel__etcd_cluster *cluster);
 /* "etcd://127.0.0.1:A,127.0.0.1:B,...": every member's client address, killed ones

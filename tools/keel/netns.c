@@ -837,7 +837,7 @@ static void node_remove(keel__netns *net, size_t index) {
 
 /* Root, iproute2 and a sane node count: the reasons a user can act on, said up front. */
 static keel_status preconditions_check(size_t node_count, char *reason, size_t reason_capacity) {
-  if (node_count == 0 || node_count > KEEL__NETNS_MAX_NODES) {
+  if (node_count > KEEL__NETNS_MAX_NODES) {
     text_set(reason, reason_capacity, "--netns takes 1 to %d nodes (one /24 per job), not %zu",
              KEEL__NETNS_MAX_NODES, node_count);
     return KEEL_EINVAL;
@@ -1008,6 +1008,35 @@ bool keel__netns_link_name(pid_t owner, size_t node, char *name, size_t capacity
   int length =
       snprintf(name, capacity, LINK_PREFIX "%ld" LINK_NODE_SEPARATOR "%zu", (long)owner, node);
   return length > 0 && (size_t)length < capacity;
+}
+
+keel_status keel__netns_route_add(keel__netns *net, const char *address, char *reason,
+                                  size_t reason_capacity) {
+  struct in_addr parsed;
+  if (inet_pton(AF_INET, address, &parsed) != 1) {
+    text_set(reason, reason_capacity, "--netns: %s is no IPv4 address", address);
+    return KEEL_EINVAL;
+  }
+  uint32_t host = ntohl(parsed.s_addr);
+  bool benchmark_range = host - BENCH_NETWORK < SUBNET_COUNT * SUBNET_SIZE;
+  if (!benchmark_range || host - net->subnet < SUBNET_SIZE) {
+    text_set(reason, reason_capacity,
+             "--netns: the nodes reach nothing beyond their /24 but addresses of "
+             "198.18.0.0/15 on this host, and %s is not one",
+             address);
+    return KEEL_EINVAL;
+  }
+  char route[INET_ADDRSTRLEN + 3], error[ERROR_BYTES];
+  snprintf(route, sizeof route, "%s/32", address);
+  for (size_t i = 0; i < net->node_count; i++) {
+    keel_status status = run_command(error, sizeof error, "ip", "-n", net->nodes[i].namespace_name,
+                                     "route", "replace", route, "via", net->bridge_address, NULL);
+    if (status != KEEL_OK) {
+      text_set(reason, reason_capacity, "--netns: %s", error);
+      return status;
+    }
+  }
+  return KEEL_OK;
 }
 
 keel_status keel__netns_partition(keel__netns *net, size_t node) {

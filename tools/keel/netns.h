@@ -34,7 +34,7 @@ typedef struct keel__netns keel__netns;
  * a rate outside [1mbit, 1tbit]. */
 keel_status keel__netns_rate_parse(const char *text, uint64_t *bits_per_second_p);
 
-/* Makes node_count simulated hosts (1..KEEL__NETNS_MAX_NODES) for this process: a bridge
+/* Makes node_count simulated hosts (0..KEEL__NETNS_MAX_NODES) for this process: a bridge
  * with the job's first address, and for each node a namespace, a veth pair (one end on the
  * bridge, the other inside as KEEL__NETNS_NODE_DEVICE), loopback up, the node's address and
  * no route beyond the job's /24. The /24 is one of 198.18.0.0/15 that no address or route
@@ -48,6 +48,14 @@ keel_status keel__netns_rate_parse(const char *text, uint64_t *bits_per_second_p
  * The caller destroys *net_p. */
 keel_status keel__netns_create(size_t node_count, uint64_t rate_bits_per_second,
                                keel__netns **net_p, char *reason, size_t reason_capacity);
+/* A network of no nodes is a bridge that holds an address of its own /24 on this host: a
+ * service listening there (the etcd cluster of `keel chaos --etcd`) is reachable from the
+ * nodes of other networks that are given a route to it: */
+/* A host route in every node to address, through the bridge: an address of this host in
+ * 198.18.0.0/15 outside the job's /24 (another network's bridge address). KEEL_EINVAL, with
+ * the reason, for any other address: the nodes reach nothing else. */
+keel_status keel__netns_route_add(keel__netns *net, const char *address, char *reason,
+                                  size_t reason_capacity);
 
 /* Removes every namespace, veth and the bridge the network made (processes still inside a
  * namespace keep it alive, unnamed, until they exit) and frees it. NULL allowed. */

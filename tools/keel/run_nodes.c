@@ -365,6 +365,32 @@ static void supervisor_loop(nodes_supervisor *supervisor, int64_t timeout_deadli
     supervisor->base.exit_code = 128 + supervisor->base.stop_signal;
 }
 
+/* An outside store (--rdzv-endpoint): the nodes reach nothing beyond their /24, so each
+ * gets a route to each of its members, which must be addresses of this host in
+ * 198.18.0.0/15 (keel chaos --etcd serves its cluster on a network of its own there). One on
+ * 127.0.0.1 or elsewhere is refused before anything starts: the nodes could not reach it. */
+static keel_status store_routes_add(nodes_supervisor *supervisor) {
+  const char *hosts = supervisor->base.options.rdzv_endpoint;
+  if (hosts == NULL) return KEEL_OK;
+  const char *scheme_end = strstr(hosts, "://");
+  if (scheme_end != NULL) hosts = scheme_end + 3;
+  while (*hosts != '\0') {
+    size_t length = strcspn(hosts, ",");
+    char host[64], reason[KEEL__NETNS_REASON_BYTES];
+    snprintf(host, sizeof host, "%.*s", (int)length, hosts);
+    char *port = strrchr(host, ':');
+    if (port != NULL) *port = '\0';
+    keel_status status = keel__netns_route_add(supervisor->net, host, reason, sizeof reason);
+    if (status != KEEL_OK) {
+      fprintf(stderr, "keel run: %s (the store member at %.*s)\n", reason, (int)length, hosts);
+      return status;
+    }
+    hosts += length;
+    if (*hosts == ',') hosts++;
+  }
+  return KEEL_OK;
+}
+
 /* --netns: the nodes' namespaces, made before the store so that it listens on the bridge.
  * Without root the job still runs, its nodes sharing this host's network, and says why. */
 static keel_status network_make(nodes_supervisor *supervisor) {
@@ -386,7 +412,13 @@ static keel_status network_make(nodes_supervisor *supervisor) {
   }
   snprintf(supervisor->base.store_listen, sizeof supervisor->base.store_listen, "%s:0",
            keel__netns_bridge_address(supervisor->net));
+  status = store_routes_add(supervisor);
+  if (status != KEEL_OK) goto fail_destroy_network;
   return KEEL_OK;
+fail_destroy_network:
+  keel__netns_destroy(supervisor->net);
+  supervisor->net = NULL;
+  return status;
 }
 
 int keel__nodes_run(const keel__run_options *options) {
