@@ -2,10 +2,11 @@
 # `make soak`: keel chaos over long jobs, every kind chaos supports, until SOAK_FAILURES
 # failures (default 2000) were injected in all: 9/40 on one host (kill, stop,
 # launcher-stop, hang, bitflip), 9/40 on nodes (kill, stop, kill-node, delay, and
-# partition under --netns when root), 3/20 on nodes whose store is a 3-member etcd that
-# chaos starts (kill, kill-node, etcd-kill, etcd-stop), all of those on toy_train; 1/10 on
-# a PyTorch DDP job (examples/python/fashion_mnist_ddp.py: kill, stop, launcher-stop, hang);
-# and the rest on an ECRec job (ec_train on 4 parameter servers: server-kill).
+# partition under --netns when root), 3/20 on such nodes whose store is a 3-member etcd that
+# chaos starts (kill, kill-node, etcd-kill, etcd-stop, partition), all of those on toy_train;
+# 1/10 on a PyTorch DDP job (examples/python/fashion_mnist_ddp.py: kill, stop,
+# launcher-stop, hang); and the rest on an ECRec job (ec_train on 4 parameter servers:
+# server-kill).
 # SOAK_PARTS (default "servers host nodes etcd torch") runs some of them only. Each run's
 # report goes to $SOAK_DIR/<run>.txt and .json (default soak/), and the script exits
 # non-zero if any verdict failed. RELIABILITY.md keeps the figures. The toy_train runs are
@@ -117,13 +118,16 @@ if wanted nodes; then
     --max-restarts "$total" || failed=1
 fi
 
-# etcd's members listen on 127.0.0.1, out of the namespaces' reach: agents on this host.
-# A heartbeat of 4 s rides out etcd's leader elections (RELIABILITY.md, finding 8). A
-# failure every 3.5 s on average (the members' holds: 0.5-4 s, 0.2-2 s); steps on etcd took
+# The same nodes (network namespaces when root) on a 3-member etcd that chaos starts on a
+# network of its own, which keel run routes the nodes to; partitions cut a node off from
+# etcd too. A heartbeat of 4 s rides out etcd's leader elections (RELIABILITY.md, finding 8).
+# A failure every 3.5 s on average (the members' holds: 0.5-4 s, 0.2-2 s); steps on etcd took
 # 2.2 times as long as on the embedded store (1000 steps of 4 ranks, 21.3 s against 9.9 s,
 # on a loaded machine), so the same time is 2.2 times fewer steps: 3500 / 2.2 = 1600.
+etcd_mix=kill=2,kill-node=1,etcd-kill=2,etcd-stop=2
+[ "$(id -u)" = 0 ] && etcd_mix="$etcd_mix,partition=1"
 if wanted etcd; then
-  run etcd "$etcd" 1s..2s kill=2,kill-node=1,etcd-kill=2,etcd-stop=2 1600 --etcd 3 --agents \
+  run etcd "$etcd" 1s..2s "$etcd_mix" 1600 --etcd 3 "${node_flags[@]}" \
     --nnodes 3 --nproc-per-node 2 --spare-nodes 1 --heartbeat 4s --on-failure replace \
     --spares 1 --max-restarts "$total" || failed=1
 fi
