@@ -44,6 +44,11 @@ static void chaos_read(const uint8_t *data, size_t size) {
                                         .victim_count = 2,
                                         .detect_ns = -1,
                                         .recover_ns = -1};
+  /* A partition of node 1, healed: what a node's fence is matched with. */
+  failures[2].kind = KEEL__CHAOS_PARTITION;
+  failures[2].node = 1;
+  failures[2].hold_ns = 1500;
+  failures[2].healed_ns = 3500;
   run->events = fmemopen((void *)data, size, "r");
   if (run->events == NULL) return; /* fmemopen refuses an empty buffer on some libcs */
   keel__chaos_events_read(run, failures, 4);
@@ -106,6 +111,13 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
       "{\"event\":\"fence\",\"uid\":3,\"pid\":9,\"reason\":\"stopped for 667 ms\",\"t_ns\":5}\n"
       "{\"event\":\"resumed\",\"uid\":2,\"rank\":0,\"step\":20,\"kind\":\"restart\",\"t_ns\":7}\n"
       "not json\n{\"event\":\"node_lost\",\"node\":1,\"t_ns\":9",
+      "{\"event\":\"agent_spawn\",\"node\":1,\"pid\":20,\"t_ns\":100}\n"
+      "{\"event\":\"spawn\",\"uid\":2,\"pid\":21,\"role\":\"worker\",\"node\":1,\"t_ns\":200}\n"
+      "{\"event\":\"collective_timeout\",\"uid\":0,\"timeout_ms\":1000.0,\"t_ns\":900}\n"
+      "{\"event\":\"progress\",\"uid\":0,\"step\":3,\"t_ns\":1000}\n"
+      "{\"event\":\"section_end\",\"uid\":1,\"elapsed_ms\":3.0,\"t_ns\":2500}\n"
+      "{\"event\":\"node_fence\",\"node\":1,\"silent_ms\":0.0025,\"ttl_ms\":0.004,\"t_ns\":4000}\n"
+      "{\"event\":\"progress\",\"uid\":0,\"step\":9,\"t_ns\":9000}\n",
   };
   return keel_fuzz_text_seed(seeds, sizeof seeds / sizeof seeds[0], index, buffer, capacity);
 }
