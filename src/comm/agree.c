@@ -299,6 +299,15 @@ static bool any_vote_wants(const agreement *round, bool spares) {
   return false;
 }
 
+/* Every member alive has voted and some vote admits spares: the round waits for a
+ * replacement to be ready (the decision holds off until one is, or the spare wait ends),
+ * not for a silent member. */
+static bool round_waits_for_spares(const agreement *round) {
+  for (int rank = 0; rank < round->comm->size; rank++)
+    if (round->ballots[rank].state == KEEL__BALLOT_PENDING) return false;
+  return any_vote_wants(round, true);
+}
+
 /* Members alive but silent past the deadline are suspected: the job fences them, which
  * settles the round. */
 static void suspect_silent(const agreement *round) {
@@ -533,6 +542,14 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
       store_warned = true;
     }
     if ((status = keel__interrupted(endpoint)) != KEEL_OK) break;
+    /* A spare that is still starting (a Python one imports torch for seconds) is no reason to
+     * give up the round: its members' deadlines differ (`auto` sets each from its own steps),
+     * so one that gave up would start the next round and suspect a member still waiting,
+     * in time, in this one. The round waits as long as the decision does, then a deadline. */
+    if (!waited && round_waits_for_spares(&round)) {
+      int64_t spare_deadline = started + endpoint->config.spare_wait_ns + comm->timeout_ns;
+      if (deadline < spare_deadline) deadline = spare_deadline;
+    }
     if (keel_now_ns() >= deadline) {
       if (suspected) {
         KEEL_LOG_E(MODULE, "the agreement of epoch %" PRIu64 " did not settle in two deadlines",

@@ -919,6 +919,127 @@ static void member_that_finds_another_dead_still_links_the_rest(void **state) {
   expect_revoked_soon(&late, "late member");
 }
 
+/* ---- an agreement that waits for a spare keeps its round */
+
+/* Three members at their own addresses; uid 2 dies once the epoch is made (the detector's
+ * view: `spare_dead`), and a suspicion of a live member is counted. */
+#define SPARE_MEMBERS 3
+static char spare_member_addresses[SPARE_MEMBERS][128];
+static const uint32_t spare_member_uids[SPARE_MEMBERS] = {0, 1, 2};
+static atomic_bool spare_dead;
+static atomic_int spare_suspicions;
+
+static keel_status spare_member_address(void *context, uint32_t uid, char *address,
+                                        size_t capacity) {
+  (void)context;
+  if (uid >= SPARE_MEMBERS || spare_member_addresses[uid][0] == '\0') return KEEL_ENOTFOUND;
+  snprintf(address, capacity, "%s", spare_member_addresses[uid]);
+  return KEEL_OK;
+}
+
+static bool spare_member_dead(void *context, uint32_t uid) {
+  (void)context;
+  return uid == 2 && atomic_load(&spare_dead);
+}
+
+/* Suspicions of the live members only: uid 2's broken links are suspected too, rightly. */
+static void spare_member_suspect(void *context, uint32_t uid, const char *reason) {
+  (void)context, (void)reason;
+  if (uid != 2) atomic_fetch_add(&spare_suspicions, 1);
+}
+
+static const keel_membership_ops spare_membership = {.address = spare_member_address,
+                                                     .suspect = spare_member_suspect,
+                                                     .dead = spare_member_dead,
+                                                     .interrupted = never_interrupted};
+
+typedef struct spare_member {
+  keel_store *store; /* its own client, as a process has: a store wait holds its client */
+  keel_endpoint *endpoint;
+  keel_comm *comm;
+  int64_t timeout_ns;
+  pthread_t thread;
+  keel_status status;
+  keel_decision decision;
+} spare_member;
+
+static void *spare_member_create(void *argument) {
+  spare_member *member = argument;
+  member->status = keel_comm_create(member->endpoint, 3, spare_member_uids, SPARE_MEMBERS,
+                                    keel_deadline_after_ns(10000000000), &member->comm);
+  return NULL;
+}
+
+static void *spare_member_decide(void *argument) {
+  spare_member *member = argument;
+  keel_comm_set_timeout(member->comm, member->timeout_ns);
+  keel_rebuild_vote vote = {.rebuild = true, .admit_spares = true};
+  member->status = keel_comm_decide(member->comm, &vote, &member->decision);
+  return NULL;
+}
+
+/* Finding 32 (RELIABILITY.md). uid 2 died and the survivors' agreement waited for a spare
+ * that took longer to start than two of a member's deadlines (a Python spare imports torch).
+ * The member with the shorter deadline gave the round up, began the next, and suspected the
+ * other, still waiting in time in the first: a live process fenced. A round whose members
+ * have all voted and that waits only for a spare must wait as long as the decision does:
+ * here deadlines of 150 and 400 ms, a spare registered 1.2 s in, and one decision in the
+ * first round, with uid 3 in uid 2's place, nobody suspected. */
+static void agreement_waiting_for_a_spare_keeps_its_round(void **state) {
+  (void)state;
+  keel_auth auth;
+  keel_store_server *server = NULL;
+  keel_store *store = NULL;
+  store_start(&auth, &server, &store);
+  atomic_store(&spare_dead, false);
+  atomic_store(&spare_suspicions, 0);
+  spare_member members[SPARE_MEMBERS] = {{.timeout_ns = 150000000}, {.timeout_ns = 400000000}};
+  for (uint32_t uid = 0; uid < SPARE_MEMBERS; uid++) {
+    assert_int_equal(keel_store_connect(keel_store_server_address(server), &auth,
+                                        keel_deadline_after_ns(5000000000), &members[uid].store),
+                     KEEL_OK);
+    keel_endpoint_config config = {.uid = uid,
+                                   .auth = auth,
+                                   .store = members[uid].store,
+                                   .failure_detection = true,
+                                   .spare_wait_ns = 5000000000,
+                                   .membership = &spare_membership};
+    assert_int_equal(keel_endpoint_create(&config, &members[uid].endpoint), KEEL_OK);
+    snprintf(spare_member_addresses[uid], sizeof spare_member_addresses[uid], "%s",
+             keel_endpoint_address(members[uid].endpoint));
+  }
+  for (int i = 0; i < SPARE_MEMBERS; i++)
+    assert_int_equal(pthread_create(&members[i].thread, NULL, spare_member_create, &members[i]), 0);
+  for (int i = 0; i < SPARE_MEMBERS; i++) {
+    pthread_join(members[i].thread, NULL);
+    assert_int_equal(members[i].status, KEEL_OK);
+  }
+  keel_endpoint_close(members[2].endpoint, 0);
+  atomic_store(&spare_dead, true);
+  int64_t started = keel_now_ns();
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&members[i].thread, NULL, spare_member_decide, &members[i]), 0);
+  struct timespec pause = {1, 200 * 1000 * 1000};
+  nanosleep(&pause, NULL);
+  assert_int_equal(keel_store_put(store, "spare/3", "ready", 5, 0, NULL), KEEL_OK);
+  for (int i = 0; i < 2; i++) pthread_join(members[i].thread, NULL);
+  int64_t took_ms = (keel_now_ns() - started) / 1000000;
+  for (int i = 0; i < 2; i++) {
+    if (members[i].status != KEEL_OK)
+      fail_msg("uid %d's agreement ended with %s after %lld ms", i,
+               keel_status_name(members[i].status), (long long)took_ms);
+    assert_int_equal(members[i].decision.round, 0);
+    assert_int_equal(members[i].decision.member_count, 3);
+    assert_int_equal(members[i].decision.members[2], 3);
+  }
+  assert_int_equal(atomic_load(&spare_suspicions), 0);
+  assert_true(took_ms >= 1200 && took_ms < 5000);
+  for (int i = 0; i < 2; i++) keel_endpoint_close(members[i].endpoint, 0);
+  for (int i = 0; i < SPARE_MEMBERS; i++) keel_store_close(members[i].store);
+  keel_store_close(store);
+  keel_store_server_stop(server);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_match_reference),
@@ -942,6 +1063,7 @@ int main(void) {
       cmocka_unit_test(links_taken_in_while_others_have_news),
       cmocka_unit_test(epoch_with_a_member_declared_dead_fails_at_once),
       cmocka_unit_test(member_that_finds_another_dead_still_links_the_rest),
+      cmocka_unit_test(agreement_waiting_for_a_spare_keeps_its_round),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
