@@ -613,9 +613,6 @@ static void test_chaos_refusals(void **state) {
                  (const char *const[]){"-n", "2", "--on-failure", "replace", "--rdzv-endpoint",
                                        "etcd://127.0.0.1:2379", NULL},
                  "leave --rdzv-endpoint out");
-  expect_refusal((const char *const[]){"--etcd", "3", NULL},
-                 (const char *const[]){"--netns", "--nnodes", "2", "--on-failure", "replace", NULL},
-                 "--etcd with --netns is not supported yet");
   expect_refusal((const char *const[]){"--etcd", "9", NULL}, replace, "bad value for --etcd");
   expect_refusal(
       (const char *const[]){"--etcd", "3", "--mix", "etcd-stop=1", NULL},
