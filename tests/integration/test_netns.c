@@ -427,10 +427,8 @@ static void service_network_hold(const keel__netns *net, size_t node, int comman
 static void service_dial(const keel__netns *net, size_t node, int commands, int reports,
                          const char *argument) {
   (void)net, (void)node, (void)commands;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in service = socket_address(argument, SERVICE_PORT);
-  int error = connect(fd, (struct sockaddr *)&service, sizeof service) == 0 ? 0 : errno;
-  report(reports, "dial %d\n", error);
+  int fd = connection_open(argument, SERVICE_PORT);
+  report(reports, "dial %d\n", fd >= 0 ? 0 : errno);
 }
 
 /* ---- fixture */

@@ -186,13 +186,12 @@ void keel__chaos_victim_add(keel__chaos_failure *failure, uint32_t uid) {
           KEEL__CHAOS_MAX_VICTIMS, (unsigned)uid);
 }
 
-/* A duration in milliseconds (a JSON number) in nanoseconds, within [0, a day]: the events
+/* The event's key, a duration in milliseconds, in nanoseconds within [0, a day]: the events
  * file is written by the job and may hold anything, and a double beyond int64's range has
- * no conversion. 0 for anything that is not a number. */
-static int64_t json_ms_to_ns(const json_t *value) {
-  if (!json_is_number(value)) return 0;
-  double ms = json_number_value(value);
-  if (!(ms > 0)) return 0;
+ * no conversion. 0 for anything that is not a finite number. */
+static int64_t json_ms_to_ns(const json_t *event, const char *key) {
+  double ms = 0;
+  if (!keel__json_double(event, key, &ms) || !(ms > 0)) return 0;
   return ms < 86400e3 ? (int64_t)(ms * 1e6) : (int64_t)86400e3 * 1000000;
 }
 
@@ -230,7 +229,7 @@ static void node_fence_read(keel__chaos_run *run, json_t *event, keel__chaos_fai
                             size_t count) {
   int64_t node = keel__json_int_or(event, "node", -1);
   int64_t t_ns = keel__json_int_or(event, "t_ns", 0);
-  int64_t silent_ns = json_ms_to_ns(json_object_get(event, "silent_ms"));
+  int64_t silent_ns = json_ms_to_ns(event, "silent_ms");
   keel__chaos_failure *cause = partition_of_fence(failures, count, node, t_ns, silent_ns);
   const keel__chaos_process *agent = agent_at(run, node, t_ns);
   if (cause == NULL || agent == NULL) return;
@@ -347,7 +346,7 @@ static void progress_read(keel__chaos_run *run, json_t *event, const keel__chaos
 }
 
 static void collective_timeout_read(keel__chaos_run *run, json_t *event) {
-  int64_t ns = json_ms_to_ns(json_object_get(event, "timeout_ms"));
+  int64_t ns = json_ms_to_ns(event, "timeout_ms");
   if (ns > run->collective_deadline_ns) run->collective_deadline_ns = ns;
 }
 
