@@ -17,6 +17,7 @@
 /* A leaving process reads its peers' last frames for at most this long. */
 #define LINGER_NS ((int64_t)1000 * 1000 * 1000)
 #define REPORT_INTERVAL_NS (100 * (int64_t)1000000)
+#define COMMITS_INTERVAL_NS (1000 * (int64_t)1000000)
 
 /* ---- the endpoint's membership questions */
 
@@ -319,6 +320,42 @@ keel_status keel_start(keel_ctx *ctx) {
   return status;
 }
 
+static void commits_report(keel_ctx *ctx) {
+  keel__commit_run *run = &ctx->commits;
+  if (!run->open || run->reported) return;
+  char fields[160];
+  snprintf(fields, sizeof fields,
+           "\"run\":%" PRIu32 ",\"run_epoch\":%" PRIu64 ",\"from\":%" PRIu64 ",\"to\":%" PRIu64,
+           run->number, run->epoch, run->first, run->last);
+  keel__report_line(ctx, "commits", fields);
+  run->reported = true;
+  run->reported_ns = keel_now_ns();
+}
+
+/* A step that does not follow the run's last in the same epoch (a recovery moved the world
+ * on; a verification rolled the state back) starts a new run, after a last line for the old
+ * one. Lines come at most once a second otherwise: a run's tail not yet said when the process
+ * dies is said by the other ranks that committed the same steps. */
+void keel__commit_note(keel_ctx *ctx, uint64_t step) {
+  if (!ctx->config.finish_crc) return;
+  keel__commit_run *run = &ctx->commits;
+  keel_comm *world = keel_world(ctx);
+  uint64_t epoch = world != NULL ? keel_comm_epoch(world) : 0;
+  if (run->open && (epoch != run->epoch || step != run->last + 1)) {
+    commits_report(ctx);
+    run->number++;
+    run->open = false;
+  }
+  if (!run->open) {
+    run->open = true;
+    run->epoch = epoch;
+    run->first = step;
+  }
+  run->last = step;
+  run->reported = false;
+  if (keel_now_ns() - run->reported_ns >= COMMITS_INTERVAL_NS) commits_report(ctx);
+}
+
 void keel__finish_note(keel_ctx *ctx, uint64_t version) {
   if (!ctx->config.finish_crc) return;
   ctx->finish_known = true;
@@ -350,7 +387,10 @@ void keel_finalize(keel_ctx *ctx) {
   /* After the launcher is gone (its store with it) or a failed init, nothing is said to
    * anyone: the peers learn from their links. */
   bool orderly = !ctx->abandon && interruption != KEEL_EORPHANED;
-  if (orderly) finish_event(ctx);
+  if (orderly) {
+    commits_report(ctx);
+    finish_event(ctx);
+  }
   keel__session_detach(ctx->session);
   keel_endpoint_close(ctx->endpoint, orderly ? LINGER_NS : 0);
   keel__session_close(ctx->session, orderly);

@@ -279,6 +279,16 @@ void keel__watchdog_adopt(keel_ctx *ctx);
  * other processes than own_uid); 0: none. */
 int64_t keel__sections_until(const keel_store_entry *entries, size_t count, uint32_t own_uid);
 
+/* The run of consecutive steps that this process committed in one epoch, as the `commits`
+ * lines report it: each line repeats the run from its first step, so a lost line (a launcher
+ * that does not read) costs nothing once a later one arrives. */
+typedef struct keel__commit_run {
+  bool open, reported; /* reported: the last line said every step of the run */
+  uint32_t number;     /* of the run in this process, from 0 */
+  uint64_t epoch, first, last;
+  int64_t reported_ns;
+} keel__commit_run;
+
 struct keel_ctx {
   keel__config config;
   keel_fault_plan *faults;
@@ -304,8 +314,12 @@ struct keel_ctx {
   bool finish_known;
   uint32_t finish_crc;
   uint64_t finish_step;
+  keel__commit_run commits; /* KEEL_FINISH_CRC: the steps committed, for `commits` lines */
 };
 
+/* context.c: with KEEL_FINISH_CRC, notes that this process committed step (called by
+ * keel_step_commit once the commit hooks ran) for the `commits` lines. */
+void keel__commit_note(keel_ctx *ctx, uint64_t step);
 /* context.c: with KEEL_FINISH_CRC, keeps the crc32c of the registered state that the commit
  * of step version - 1 left (called by keel_step_commit). */
 void keel__finish_note(keel_ctx *ctx, uint64_t version);

@@ -344,6 +344,7 @@ keel_status keel_step_commit(keel_ctx *ctx) {
   step->open = false;
   step->version = step->step + 1;
   step->has_state = true;
+  keel__commit_note(ctx, step->step);
   keel__finish_note(ctx, step->version);
   keel__resume_committed(ctx, step->step);
   return commit_grow(ctx);

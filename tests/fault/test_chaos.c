@@ -211,6 +211,7 @@ static void test_chaos_fifty_failures(void **state) {
   assert_true(check_is(result.json, "final-state", true));
   assert_true(check_is(result.json, "nothing-left", true));
   assert_true(check_is(result.json, "one-holder", true));
+  assert_true(check_is(result.json, "steps-once", true));
   chaos_result_free(&result);
 }
 
@@ -286,6 +287,26 @@ static void test_chaos_catches_a_standstill(void **state) {
   assert_true(check_is(result.json, "deadlines-kept", false));
   assert_true(check_is(result.json, "job-exit", true));
   assert_true(check_is(result.json, "no-false-death", true));
+  chaos_result_free(&result);
+}
+
+/* A program that skips a step (toy_train --skip-step: from step 199 to 201, as a data
+ * position that loses a minibatch would) in both runs, so that its final state matches:
+ * step 200 was committed by no process, and chaos must say so. */
+static void test_chaos_catches_a_skipped_step(void **state) {
+  (void)state;
+  chaos_result result;
+  chaos_run((const char *const[]){"--failures", "1", "--every", "100ms", "--mix", "kill=1", NULL},
+            (const char *const[]){"-n", "2", "--on-failure", "replace", NULL},
+            (const char *const[]){"--steps", "400", "--skip-step", "200", NULL}, NULL,
+            CHAOS_TIMEOUT_MS, &result);
+  if (result.code != 1 || result.json == NULL) show(&result);
+  assert_int_equal(result.code, 1);
+  assert_non_null(result.json);
+  assert_true(check_is(result.json, "steps-once", false));
+  assert_non_null(strstr(result.output, "1 committed by no process (the first: 200)"));
+  assert_true(check_is(result.json, "final-state", true));
+  assert_true(check_is(result.json, "job-exit", true));
   chaos_result_free(&result);
 }
 
@@ -639,6 +660,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_catches_a_standstill),
+      cmocka_unit_test(test_chaos_catches_a_skipped_step),
       cmocka_unit_test(test_chaos_fifty_failures),
       cmocka_unit_test(test_chaos_hangs_and_bit_flips),
       cmocka_unit_test(test_chaos_servers),

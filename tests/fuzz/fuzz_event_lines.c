@@ -58,6 +58,9 @@ static void chaos_read(const uint8_t *data, size_t size) {
   if (run->finish_count > KEEL__CHAOS_MAX_FINISHES) abort();
   for (size_t i = 0; i < 4; i++)
     if (failures[i].recover_ns >= 0 && !failures[i].injected) abort();
+  keel__chaos_steps steps;
+  keel__chaos_steps_count(run, &steps);
+  if (steps.known && (steps.redone < 0 || steps.skipped > steps.last - steps.first + 1)) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

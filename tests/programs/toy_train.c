@@ -6,6 +6,7 @@
  * Flags: --steps N --params P --global-batch B --compute-ms M --seed S|job --shards K
  *        --persist-every N --persist-dir DIR --second-allreduce --undo
  *        --long-step N --long-ms M [--section] [--long-every-ms E] [--long-spin]
+ *        --skip-step N
  * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
  * the parameters and momentum, replicated by every group of K ranks: each step allgathers
  * the shards, reduces the whole gradient and updates its own shard. The arithmetic is the
@@ -20,7 +21,9 @@
  * --long-ms M, uid 1 works M ms longer once, at step N (an evaluation the others wait for),
  * inside a keel_section_begin/end with --section. With --long-every-ms E it does so again at
  * the first step after each E ms of its life (an uneven step, not a hang); with --long-spin it
- * computes (a busy loop, competing for the cores) instead of sleeping. */
+ * computes (a busy loop, competing for the cores) instead of sleeping. --skip-step N makes the
+ * program jump from step N-1 to N+1, as a data position that skips a minibatch would: step N
+ * is never committed, which `keel chaos` must see. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,7 +35,7 @@
 
 typedef struct options {
   int64_t steps, params, global_batch, compute_ms, shards, persist_every, long_step, long_ms,
-      long_every_ms;
+      long_every_ms, skip_step;
   uint64_t seed;
   const char *persist_directory;
   bool second_allreduce, undo, section, long_spin;
@@ -45,7 +48,8 @@ static int parse_options(int argc, char **argv, options *opts) {
                     .compute_ms = 2,
                     .shards = 1,
                     .seed = 7,
-                    .long_step = -1};
+                    .long_step = -1,
+                    .skip_step = -1};
   static const struct option long_options[] = {{"steps", required_argument, 0, 's'},
                                                {"params", required_argument, 0, 'p'},
                                                {"global-batch", required_argument, 0, 'b'},
@@ -61,6 +65,7 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"section", no_argument, 0, 'S'},
                                                {"long-every-ms", required_argument, 0, 'E'},
                                                {"long-spin", no_argument, 0, 'B'},
+                                               {"skip-step", required_argument, 0, 'K'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
@@ -93,6 +98,7 @@ static int parse_options(int argc, char **argv, options *opts) {
     if (option == 'L') opts->long_step = value;
     if (option == 'M') opts->long_ms = value;
     if (option == 'E') opts->long_every_ms = value;
+    if (option == 'K') opts->skip_step = value;
   }
   if (opts->persist_every > 0 && opts->persist_directory == NULL) {
     fprintf(stderr, "toy_train: --persist-every needs --persist-dir\n");
@@ -273,6 +279,7 @@ static int toy_steps(keel_ctx *ctx, toy_state *toy, const options *opts) {
       if (status != KEEL_OK) return run_end(toy, "second allreduce", status);
     }
     toy->step++;
+    if ((int64_t)toy->step == opts->skip_step) toy->step++;
     if ((status = keel_step_commit(ctx)) != KEEL_OK) return run_end(toy, "commit", status);
     keel_report(ctx, toy->step, (double)toy->recv[0], 0);
   }

@@ -1,7 +1,7 @@
 /* Unit tests of what `keel chaos` concludes from a job's events file: which processes a node's
- * fence killed, which injected partition (if any) explains that fence, and how long the job
- * stood still with no failure to explain it. The events are written by the test, so each case
- * pins down one timing that a soak met only by chance. */
+ * fence killed, which injected partition (if any) explains that fence, how long the job stood
+ * still with no failure to explain it, and which steps it committed how often. The events are
+ * written by the test, so each case pins down one timing that a soak met only by chance. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -175,6 +175,78 @@ static void test_stillness_is_counted_from_the_last_failure(void **state) {
   assert_int_equal(o->run->still_end_ns, 14000 * MS);
 }
 
+/* Reads one `commits` line: uid's run number `run`, steps from..to committed in epoch. */
+static void commits_line(observed *o, unsigned uid, unsigned run, int epoch, int from, int to) {
+  char line[256];
+  snprintf(line, sizeof line,
+           "{\"event\":\"commits\",\"uid\":%u,\"rank\":0,\"epoch\":%d,\"t_ns\":1,"
+           "\"run\":%u,\"run_epoch\":%d,\"from\":%d,\"to\":%d}\n",
+           uid, epoch, run, epoch, from, to);
+  events_read(o, line);
+}
+
+static keel__chaos_steps steps_counted(observed *o) {
+  keel__chaos_steps steps;
+  keel__chaos_steps_count(o->run, &steps);
+  assert_true(steps.known);
+  return steps;
+}
+
+/* A replace: uid 2 died after step 9 having said up to 7 (its tail is lost with it), uid 1
+ * said 0..5 then 0..9 (a later line repeats the run), and in epoch 2 uid 1 and the
+ * replacement (uid 3) committed 10..19: each step once. */
+static void test_steps_of_a_replace_are_committed_once(void **state) {
+  observed *o = *state;
+  commits_line(o, 1, 0, 1, 0, 5);
+  commits_line(o, 2, 0, 1, 0, 7);
+  commits_line(o, 1, 0, 1, 0, 9);
+  commits_line(o, 1, 1, 2, 10, 19);
+  commits_line(o, 3, 0, 2, 10, 19);
+  keel__chaos_steps steps = steps_counted(o);
+  assert_int_equal(steps.first, 0);
+  assert_int_equal(steps.last, 19);
+  assert_int_equal(steps.skipped, 0);
+  assert_int_equal(steps.redone, 0);
+  assert_int_equal(o->run->commit_count, 4);
+}
+
+/* Epoch 2 resumed at step 11: step 10 was committed by no process. */
+static void test_a_step_no_process_committed_is_found(void **state) {
+  observed *o = *state;
+  commits_line(o, 1, 0, 1, 0, 9);
+  commits_line(o, 2, 0, 1, 0, 9);
+  commits_line(o, 1, 1, 2, 11, 19);
+  keel__chaos_steps steps = steps_counted(o);
+  assert_int_equal(steps.skipped, 1);
+  assert_int_equal(steps.first_skipped, 10);
+  assert_int_equal(steps.redone, 0);
+}
+
+/* Step 10 committed in epoch 1 by uid 1 (uid 2 died in it) and again in epoch 2: redone once.
+ * A roll-back within epoch 2 (a second run of each process from step 15) redoes 15..19 once
+ * more, counted once for the epoch however many ranks redid them. */
+static void test_steps_committed_again_are_redone(void **state) {
+  observed *o = *state;
+  commits_line(o, 1, 0, 1, 0, 10);
+  commits_line(o, 2, 0, 1, 0, 9);
+  commits_line(o, 1, 1, 2, 10, 19);
+  commits_line(o, 3, 0, 2, 10, 19);
+  commits_line(o, 1, 2, 2, 15, 25);
+  commits_line(o, 3, 1, 2, 15, 25);
+  keel__chaos_steps steps = steps_counted(o);
+  assert_int_equal(steps.first, 0);
+  assert_int_equal(steps.last, 25);
+  assert_int_equal(steps.skipped, 0);
+  assert_int_equal(steps.redone, 1 + 5);
+  assert_int_equal(steps.most_redone, 10); /* the first of the steps committed twice */
+  assert_int_equal(steps.most_redone_times, 2);
+  /* Nothing reported: nothing known. */
+  keel__chaos_run_clear(o->run);
+  keel__chaos_steps none;
+  keel__chaos_steps_count(o->run, &none);
+  assert_false(none.known);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
@@ -186,6 +258,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fence_during_the_partition_is_its, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stillness_is_counted_from_the_last_failure, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_steps_of_a_replace_are_committed_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_step_no_process_committed_is_found, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_steps_committed_again_are_redone, setup, teardown),
   };
   return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -77,6 +77,24 @@ typedef struct keel__chaos_finish {
   char crc[16];
 } keel__chaos_finish;
 
+/* A run of consecutive steps one process committed in one epoch (its `commits` lines). */
+typedef struct keel__chaos_commits {
+  uint32_t uid, number;
+  int64_t epoch, from, to;
+} keel__chaos_commits;
+
+/* What the commits of a run add up to: every step from the first to the last, each committed
+ * once by the job (by the ranks of one epoch), less the ones redone. */
+typedef struct keel__chaos_steps {
+  bool known;             /* some commits were reported */
+  int64_t first, last;    /* the first and the last step committed */
+  int64_t redone;         /* commits of a step after its first (in a later epoch, or again) */
+  int64_t skipped;        /* steps between first and last that no process committed */
+  int64_t first_skipped;  /* the first of them */
+  int64_t most_redone;    /* the first step committed most often, and how often */
+  int64_t most_redone_times;
+} keel__chaos_steps;
+
 #define KEEL__CHAOS_MAX_PROCESSES 4096
 #define KEEL__CHAOS_MAX_FINISHES 256
 #define KEEL__CHAOS_MAX_SAMPLES 8192
@@ -110,6 +128,8 @@ typedef struct keel__chaos_run {
   size_t store_key_count;
   size_t recovery_count;
   size_t sampled_recoveries; /* recoveries after which the live processes were sampled */
+  keel__chaos_commits *commits; /* allocated; freed with the run */
+  size_t commit_count, commit_capacity;
 } keel__chaos_run;
 
 /* Frees what the run's processes allocated. */
@@ -117,6 +137,9 @@ void keel__chaos_run_clear(keel__chaos_run *run);
 /* Reads the events written since the last call and updates run; failures (count of them)
  * get their detection and recovery times from recovery lines. */
 void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures, size_t count);
+/* Adds up the commits reported in run (KEEL_FINISH_CRC): which steps the job committed,
+ * which it committed more than once and which none of its processes did. */
+void keel__chaos_steps_count(const keel__chaos_run *run, keel__chaos_steps *steps);
 /* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
  * (while the next failure has not yet come). */
 void keel__chaos_survivors_sample(keel__chaos_run *run);

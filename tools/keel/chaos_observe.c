@@ -124,6 +124,9 @@ void keel__chaos_run_clear(keel__chaos_run *run) {
     free(run->processes[i].threads);
     free(run->processes[i].rss_kib);
   }
+  free(run->commits);
+  run->commits = NULL;
+  run->commit_count = run->commit_capacity = 0;
 }
 
 /* ---- events */
@@ -345,6 +348,31 @@ static void progress_read(keel__chaos_run *run, json_t *event, const keel__chaos
   if (t_ns > run->progress_last_ns) run->progress_last_ns = t_ns;
 }
 
+/* A `commits` line repeats its run from the first step: it replaces the run's last line. */
+static void commits_read(keel__chaos_run *run, json_t *event) {
+  keel__chaos_commits line = {.uid = (uint32_t)keel__json_int_or(event, "uid", -1),
+                              .number = (uint32_t)keel__json_int_or(event, "run", -1),
+                              .epoch = keel__json_int_or(event, "run_epoch", -1),
+                              .from = keel__json_int_or(event, "from", -1),
+                              .to = keel__json_int_or(event, "to", -1)};
+  if (line.epoch < 0 || line.from < 0 || line.to < line.from) return;
+  /* The run's earlier line is among the last few: one per rank and second. */
+  for (size_t i = run->commit_count; i-- > 0;) {
+    keel__chaos_commits *known = &run->commits[i];
+    if (known->uid != line.uid || known->number != line.number) continue;
+    if (line.to > known->to) known->to = line.to;
+    return;
+  }
+  if (run->commit_count == run->commit_capacity) {
+    size_t capacity = run->commit_capacity ? run->commit_capacity * 2 : 256;
+    keel__chaos_commits *grown = realloc(run->commits, capacity * sizeof *grown);
+    if (grown == NULL) return;
+    run->commits = grown;
+    run->commit_capacity = capacity;
+  }
+  run->commits[run->commit_count++] = line;
+}
+
 static void collective_timeout_read(keel__chaos_run *run, json_t *event) {
   int64_t ns = json_ms_to_ns(event, "timeout_ms");
   if (ns > run->collective_deadline_ns) run->collective_deadline_ns = ns;
@@ -383,6 +411,8 @@ static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure 
   if (!keel__json_string(event, "event", name, sizeof name)) return;
   if (strcmp(name, "progress") == 0) {
     progress_read(run, event, failures, count);
+  } else if (strcmp(name, "commits") == 0) {
+    commits_read(run, event);
   } else if (strcmp(name, "collective_timeout") == 0) {
     collective_timeout_read(run, event);
   } else if (strcmp(name, "section_end") == 0) {
@@ -429,6 +459,91 @@ void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures
     event_read(run, event, failures, count);
     json_decref(event);
   }
+}
+
+/* ---- the steps committed */
+
+/* Beyond this many steps between the first and the last, the count is not made (4 bytes a
+ * step and two more). */
+#define STEPS_COUNTED_MAX ((int64_t)1 << 24)
+
+static int commits_order(const void *a, const void *b) {
+  const keel__chaos_commits *left = a, *right = b;
+  if (left->epoch != right->epoch) return left->epoch < right->epoch ? -1 : 1;
+  if (left->uid != right->uid) return left->uid < right->uid ? -1 : 1;
+  return 0;
+}
+
+/* One process's commits of each step in one epoch: more than one is a roll-back (a replica
+ * verification) that redid those steps. The epoch's count of a step is its most by any one
+ * rank, since every rank commits every step once. */
+static void process_counted(const keel__chaos_commits *runs, size_t count, int64_t first,
+                            uint16_t *process, uint16_t *epoch) {
+  for (size_t i = 0; i < count; i++)
+    for (int64_t s = runs[i].from; s <= runs[i].to; s++) process[s - first]++;
+  for (size_t i = 0; i < count; i++)
+    for (int64_t s = runs[i].from; s <= runs[i].to; s++) {
+      if (process[s - first] > epoch[s - first]) epoch[s - first] = process[s - first];
+      process[s - first] = 0;
+    }
+}
+
+static void times_counted(keel__chaos_commits *runs, size_t count, int64_t first, int32_t *times,
+                          uint16_t *process, uint16_t *epoch) {
+  qsort(runs, count, sizeof *runs, commits_order);
+  for (size_t start = 0; start < count;) {
+    size_t end = start;
+    int64_t low = runs[start].from, high = runs[start].to;
+    while (end < count && runs[end].epoch == runs[start].epoch) {
+      size_t uid_end = end;
+      while (uid_end < count && runs[uid_end].epoch == runs[end].epoch &&
+             runs[uid_end].uid == runs[end].uid) {
+        if (runs[uid_end].from < low) low = runs[uid_end].from;
+        if (runs[uid_end].to > high) high = runs[uid_end].to;
+        uid_end++;
+      }
+      process_counted(&runs[end], uid_end - end, first, process, epoch);
+      end = uid_end;
+    }
+    for (int64_t s = low; s <= high; s++) {
+      times[s - first] += epoch[s - first];
+      epoch[s - first] = 0;
+    }
+    start = end;
+  }
+}
+
+void keel__chaos_steps_count(const keel__chaos_run *run, keel__chaos_steps *steps) {
+  *steps = (keel__chaos_steps){.first_skipped = -1, .most_redone = -1};
+  if (run->commit_count == 0) return;
+  int64_t first = run->commits[0].from, last = run->commits[0].to;
+  for (size_t i = 1; i < run->commit_count; i++) {
+    if (run->commits[i].from < first) first = run->commits[i].from;
+    if (run->commits[i].to > last) last = run->commits[i].to;
+  }
+  size_t span = (size_t)(last - first + 1);
+  if (last - first + 1 > STEPS_COUNTED_MAX) return;
+  keel__chaos_commits *runs = malloc(run->commit_count * sizeof *runs);
+  int32_t *times = calloc(span, sizeof *times);
+  uint16_t *process = calloc(span, sizeof *process), *epoch = calloc(span, sizeof *epoch);
+  if (runs != NULL && times != NULL && process != NULL && epoch != NULL) {
+    memcpy(runs, run->commits, run->commit_count * sizeof *runs);
+    times_counted(runs, run->commit_count, first, times, process, epoch);
+    *steps = (keel__chaos_steps){.known = true, .first = first, .last = last,
+                                 .first_skipped = -1, .most_redone = -1};
+    for (size_t i = 0; i < span; i++) {
+      if (times[i] == 0 && steps->skipped++ == 0) steps->first_skipped = first + (int64_t)i;
+      if (times[i] > 1) steps->redone += times[i] - 1;
+      if (times[i] > 1 && times[i] > steps->most_redone_times) {
+        steps->most_redone = first + (int64_t)i;
+        steps->most_redone_times = times[i];
+      }
+    }
+  }
+  free(epoch);
+  free(process);
+  free(times);
+  free(runs);
 }
 
 /* ---- after the job */
