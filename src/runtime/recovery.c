@@ -37,6 +37,14 @@ struct keel__recovery {
   int64_t detected_ns;
   uint32_t failed[KEEL_MAX_WORLD]; /* every uid lost across the rounds */
   int failed_count;
+  uint32_t reporter_uid; /* who writes the event of the last round's decision */
+  /* The last recovery's failed uids, kept by a member that did not write its event (or took
+   * a rank in it): if its writer is among the next recovery's failed, that event may never
+   * have come, and the next one names these uids too. */
+  uint32_t unsure[KEEL_MAX_WORLD];
+  int unsure_count;
+  uint32_t unsure_reporter;
+  bool unsure_open;     /* kept by a newcomer whose new epoch has not yet seen a collective */
   char transfers[1024]; /* the last round's plan, for the event */
   /* keel_mark_resume */
   bool resume_pending;
@@ -130,26 +138,53 @@ void keel__resume_committed(keel_ctx *ctx, uint64_t step) {
 
 /* ---- one round */
 
+static bool failed_has(const keel__recovery *recovery, uint32_t uid) {
+  for (int i = 0; i < recovery->failed_count; i++)
+    if (recovery->failed[i] == uid) return true;
+  return false;
+}
+
+static void failed_add(keel__recovery *recovery, const uint32_t *uids, int count) {
+  for (int i = 0; i < count; i++)
+    if (!failed_has(recovery, uids[i]) && recovery->failed_count < KEEL_MAX_WORLD)
+      recovery->failed[recovery->failed_count++] = uids[i];
+}
+
 static void failed_note(keel__recovery *recovery, const keel_decision *decision) {
-  for (int i = 0; i < decision->failed_count; i++) {
-    bool known = false;
-    for (int j = 0; j < recovery->failed_count && !known; j++)
-      known = recovery->failed[j] == decision->failed[i];
-    if (!known && recovery->failed_count < KEEL_MAX_WORLD)
-      recovery->failed[recovery->failed_count++] = decision->failed[i];
-  }
+  failed_add(recovery, decision->failed, decision->failed_count);
 }
 
 /* The member that writes the event: the first of the new epoch that held state when it
  * voted (a newcomer never saw the failure). Every member computes the same. */
-static bool is_reporter(const keel_decision *decision, uint32_t self) {
+static uint32_t reporter_of(const keel_decision *decision) {
   for (int m = 0; m < decision->member_count; m++) {
     keel__position position;
     if (keel__position_parse(decision->notes[m], &position) != KEEL_OK || !position.has_state)
       continue;
-    return decision->members[m] == self;
+    return decision->members[m];
   }
-  return false;
+  return UINT32_MAX;
+}
+
+/* Keeps uids (a recovery's failed) in case the event that names them never comes: its
+ * writer, reporter, may die before the new epoch's first collective, or that epoch may end
+ * before any (open: no collective has succeeded here since). */
+static void unsure_keep(keel__recovery *recovery, const uint32_t *uids, int count,
+                        uint32_t reporter, bool open) {
+  recovery->unsure_count = count < KEEL_MAX_WORLD ? count : KEEL_MAX_WORLD;
+  memcpy(recovery->unsure, uids, sizeof *uids * (size_t)recovery->unsure_count);
+  recovery->unsure_reporter = reporter;
+  recovery->unsure_open = open;
+}
+
+/* The last recovery's event may never have come (its writer failed in this recovery, or its
+ * epoch ended before a collective): its uids join this one's (named twice if it did come;
+ * never not at all). */
+static void unsure_settle(keel__recovery *recovery) {
+  if (recovery->unsure_count > 0 &&
+      (recovery->unsure_open || failed_has(recovery, recovery->unsure_reporter)))
+    failed_add(recovery, recovery->unsure, recovery->unsure_count);
+  recovery->unsure_count = 0;
 }
 
 /* No survivor held this member's shard and no tier had it. It does not leave on its own:
@@ -224,7 +259,8 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   keel__step_state_set(ctx->step, plan.version, true);
   result->forward = plan.forward;
   result->received = transfer.received;
-  recovery->reporter = is_reporter(decision, ctx->config.uid);
+  recovery->reporter_uid = reporter_of(decision);
+  recovery->reporter = recovery->reporter_uid == ctx->config.uid;
   if (recovery->reporter && keel__state_plan_describe(decision, recovery->transfers,
                                                       sizeof recovery->transfers) != KEEL_OK)
     snprintf(recovery->transfers, sizeof recovery->transfers, "[]");
@@ -315,6 +351,7 @@ keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo
   round_result result = {0};
   keel_status status = rounds_run(ctx, &vote, &position, &info, &result);
   if (status != KEEL_OK) return failure_cause(ctx, status);
+  unsure_settle(recovery);
   world = keel_world(ctx);
   info.recovered = true;
   info.redo_step = info.redo_step || !result.forward;
@@ -322,6 +359,8 @@ keel_status keel__recover(keel_ctx *ctx, keel_status cause, keel__redo_kind redo
   info.new_epoch = keel_comm_epoch(world);
   info.new_size = keel_comm_size(world);
   recovery_settled(ctx, &info, policy->name, detected);
+  /* A failure just after a recovery, before the new epoch's first collective. */
+  keel_fault_plan_fire(ctx->faults, "recovered", 0);
   uint64_t step = 0;
   if (keel_current_step(ctx, &step)) keel_mark_resume(ctx, step, "in-process");
   *redo_step_p = info.redo_step;
@@ -377,11 +416,14 @@ static void recovery_event(keel_ctx *ctx) {
 
 void keel__recovery_report(keel_ctx *ctx, int64_t redo_ns) {
   keel__recovery *recovery = ctx->recovery;
+  recovery->unsure_open = false;
   if (!recovery->report_pending) return;
   if (recovery->kind != NULL && strcmp(recovery->kind, "grow") != 0)
     recovery->last.redo_ns = redo_ns;
   recovery->report_pending = false;
   if (recovery->reporter) recovery_event(ctx);
+  if (!recovery->reporter)
+    unsure_keep(recovery, recovery->failed, recovery->failed_count, recovery->reporter_uid, false);
   collect_finished_keys(ctx);
 }
 
@@ -422,6 +464,9 @@ static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p,
   *failed_p = transfer;
   if (transfer.tier_failed) status = tier_failed_round(comm);
   if (status == KEEL_OK) keel__step_state_set(ctx->step, plan.version, true);
+  if (status == KEEL_OK)
+    unsure_keep(ctx->recovery, decision->failed, decision->failed_count, reporter_of(decision),
+                true);
   return status;
 }
 

@@ -286,6 +286,66 @@ static void test_forward_recovery_redoes_one_collective(void **state) {
 /* Growth at a step boundary: a joiner enters; nothing failed, so no failure hooks run
  * (no `failure` event), nothing is fenced, and the growth is one recovery line of policy
  * grow with no one failed. */
+/* The uids that the job's recovery lines name as failed, any line (at most capacity). */
+static size_t recovered_uids(const keel_test_events *log, long *uids, size_t capacity) {
+  size_t count = 0;
+  for (size_t i = 0; i < log->count; i++) {
+    if (!keel_test_event_is(log->lines[i], "recovery")) continue;
+    const char *at = keel_test_event_field(log->lines[i], "failed");
+    if (at == NULL || *at != '[') continue;
+    for (at++; *at != ']' && *at != '\0' && count < capacity;) {
+      char *end;
+      long uid = strtol(at, &end, 10);
+      if (end == at) break;
+      uids[count++] = uid;
+      at = *end == ',' ? end + 1 : end;
+    }
+  }
+  return count;
+}
+
+static bool uid_listed(const long *uids, size_t count, long uid) {
+  for (size_t i = 0; i < count; i++)
+    if (uids[i] == uid) return true;
+  return false;
+}
+
+/* Runs a 4-rank job with 2 spares under fault, in which first dies and then second, before
+ * the new epoch's first collective: the recovery lines together must name both (a soak's
+ * chaos counted kills with no recovery when they did not). */
+static void recovery_lines_name_both(const char *fault, long first, long second) {
+  unsigned clean = clean_crc();
+  keel_test_job run;
+  assert_int_equal(
+      toy_job(&run, LIST("-n", "4", "--spares", "2", "--on-failure", "replace"), NULL, fault), 0);
+  assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  long uids[16];
+  size_t count = recovered_uids(&log, uids, 16);
+  if (!uid_listed(uids, count, first) || !uid_listed(uids, count, second))
+    fail_msg("the recovery lines name %zu failed uids, not both %ld and %ld (%s)", count, first,
+             second, run.events);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
+/* uid 1 dies at step 5; uid 0, which writes the recovery's line (the first member that held
+ * state), dies as its recovery settles: that line never comes. The next one is written by
+ * the spare that took rank 1, which did not write the first. */
+static void test_recovery_line_survives_its_writer(void **state) {
+  (void)state;
+  recovery_lines_name_both("kill@uid=1,step=5,point=step;kill@uid=0,point=recovered", 1, 0);
+}
+
+/* uid 0 dies at step 5 (a spare takes rank 0; uid 1 is to write the line); uid 2 dies as its
+ * recovery settles, before any collective of the new epoch: no line comes, and the writer of
+ * the next recovery is the spare that took rank 0, now the first member with state. */
+static void test_recovery_line_survives_an_epoch_without_collective(void **state) {
+  (void)state;
+  recovery_lines_name_both("kill@uid=0,step=5,point=step;kill@uid=2,point=recovered", 0, 2);
+}
+
 static void test_growth_fires_no_failure_machinery(void **state) {
   (void)state;
   keel_test_job run;
@@ -349,7 +409,7 @@ static undo_case undo_cases[] = {
 
 int main(void) {
   /* cmocka runs every element of the array it is given: it holds exactly the tests. */
-  struct CMUnitTest tests[8 + UNDO_CASES];
+  struct CMUnitTest tests[10 + UNDO_CASES];
   size_t count = 0;
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_from_the_holder);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_between_collectives);
@@ -363,7 +423,12 @@ int main(void) {
                                          &undo_cases[i]};
   tests[count++] =
       (struct CMUnitTest)cmocka_unit_test(test_forward_recovery_redoes_one_collective);
+  tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_recovery_line_survives_its_writer);
+  tests[count++] =
+      (struct CMUnitTest)cmocka_unit_test(test_recovery_line_survives_an_epoch_without_collective);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_growth_fires_no_failure_machinery);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_store_stays_flat_over_recoveries);
+  /* KEEL_TEST_FILTER=test_recovery_* runs only the cases it names. */
+  if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
   return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }
