@@ -91,10 +91,16 @@ static size_t reply_collect(char *data, size_t size, size_t count, void *user) {
   return keel_buffer_append(reply, data, size * count) == KEEL_OK ? size * count : 0;
 }
 
-/* Options every transfer of this handle has; TLS material comes from the environment. */
+/* Options every transfer of this handle has; TLS material comes from the environment. A
+ * client talks to one member at a time, so each of its two connection caches (the handle's,
+ * and the multi's that drives watches) keeps one connection: a fail-over closes the one to
+ * the member left behind instead of keeping it beside the new one, and a process's fds stay
+ * flat over any number of fail-overs. */
 static keel_status curl_configure(etcd_client *client) {
   CURL *curl = client->curl;
   bool ok =
+      curl_easy_setopt(curl, CURLOPT_MAXCONNECTS, 1L) == CURLE_OK &&
+      curl_multi_setopt(client->multi, CURLMOPT_MAXCONNECTS, 1L) == CURLM_OK &&
       curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L) == CURLE_OK &&
       curl_easy_setopt(curl, CURLOPT_POST, 1L) == CURLE_OK &&
       curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L) == CURLE_OK &&
