@@ -129,6 +129,29 @@ static void test_fence_during_the_partition_is_its(void **state) {
   assert_victims(&o->partition, victims, 2);
 }
 
+/* A partition of node 2 from 1 s, healed at 2.5 s unseen (shorter than the lease): its
+ * victims live on. A recovery at 40 s that lists uid 4 (killed then with its node by
+ * something else) is past the partition's aftermath, and must not end it: the partition's
+ * recovery time would read 39 s. One within the aftermath does. */
+static void test_recovery_after_a_partitions_aftermath_is_not_its(void **state) {
+  observed *o = *state;
+  partition_set(&o->partition, 2500);
+  o->partition.aftermath_end_ns = (2500 + 4000 + 10000) * MS;
+  o->partition.victims[0] = 4;
+  o->partition.victims[1] = 5;
+  o->partition.victim_count = 2;
+  events_read(o, node_lives);
+  events_read(o,
+              "{\"event\":\"recovery\",\"policy\":\"replace\",\"failed\":[4,5],"
+              "\"t_detect_ns\":39900000000,\"t_ns\":40000000000}\n");
+  assert_int_equal(o->partition.recover_ns, -1);
+  events_read(o,
+              "{\"event\":\"recovery\",\"policy\":\"replace\",\"failed\":[4],"
+              "\"t_detect_ns\":5900000000,\"t_ns\":6000000000}\n");
+  assert_int_equal(o->partition.recover_ns, 5000 * MS);
+  assert_int_equal(o->partition.detect_ns, 4900 * MS);
+}
+
 /* A progress line of rank 0 at ms. */
 static const char *progress_at(char *line, size_t size, int64_t ms) {
   snprintf(line, size, "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"step\":1,\"t_ns\":%lld}\n",
@@ -256,6 +279,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fence_of_another_node_or_before_is_unexplained, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_during_the_partition_is_its, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_recovery_after_a_partitions_aftermath_is_not_its, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_stillness_is_counted_from_the_last_failure, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_steps_of_a_replace_are_committed_once, setup, teardown),

@@ -44,6 +44,10 @@
  * the node: both happen at the default 2 s heartbeat. */
 #define PARTITION_MIN_NS (500 * MS_NS)
 #define PARTITION_MAX_NS (4 * SECOND_NS)
+/* After a partition heals, its node may still fence within a heartbeat (a keepalive lost to
+ * the cut is resent only after TCP's backoff, finding 28), and the recovery from that fence
+ * takes a few seconds more: a victim's recovery after this long is not the partition's. */
+#define PARTITION_AFTERMATH_NS (10 * SECOND_NS)
 /* What each frame of a delayed node waits: slow, never past a step's deadline. */
 #define DELAY_MIN_NS (2 * MS_NS)
 /* etcd-kill: the member starts again 0.5-4 s later; etcd-stop: it resumes 0.2-2 s later,
@@ -672,6 +676,8 @@ static void failure_undo(chaos_job *job) {
             kind_names[failure->kind], failure->node, output);
   if (failure->kind != KEEL__CHAOS_PARTITION) return;
   failure->healed_ns = keel_now_ns();
+  failure->aftermath_end_ns =
+      failure->healed_ns + job->options->run.heartbeat_ns + PARTITION_AFTERMATH_NS;
   node_victims_note(job, failure, failure->injected_ns);
 }
 

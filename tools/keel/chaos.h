@@ -45,6 +45,9 @@ typedef struct keel__chaos_failure {
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
   int64_t healed_ns;   /* partition: when its link healed; 0 until then */
+  /* partition: the last moment a recovery of one of its victims is its (heal + heartbeat +
+   * a recovery's time): a victim that lived on dies later of something else; 0 until then */
+  int64_t aftermath_end_ns;
   /* The processes hit: a rank's for kill, stop, hang and bitflip; the node's live ones for
    * kill-node and partition, and for a partition those born during it and those killed by the
    * fence it caused; none for launcher-stop and delay. */

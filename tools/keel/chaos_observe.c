@@ -250,7 +250,7 @@ static keel__chaos_failure *failure_of_victim(keel__chaos_failure *failures, siz
   for (size_t i = 0; i < count; i++) {
     keel__chaos_failure *f = &failures[i];
     if (f->injected && keel__chaos_failure_hit(f, uid) && f->recover_ns < 0 &&
-        f->injected_ns <= t_ns)
+        f->injected_ns <= t_ns && (f->aftermath_end_ns == 0 || t_ns <= f->aftermath_end_ns))
       return f;
   }
   return NULL;
