@@ -1246,7 +1246,7 @@ static bool series_flat(long rise, size_t count, size_t minimum, long slack) {
  * rise of the floor (+2 over 9 samples of a netns run on etcd; +2 over 10 in a soak). On
  * etcd, a process's connections to the members also move with each fail-over (each of its
  * store clients keeps one per connection cache, and one more while a request is in flight):
- * sampled every 1.5 s through a run of etcd kills and stops, a worker held 1 to 3 (4 to 8
+ * sampled every 1.5 s through a run of etcd kills and stops, a worker held 1 to 3 (up to 8
  * before the caches were held to one connection), so one more per member may come and go. */
 static long fds_slack(const chaos_job *job) {
   const keel__run_options *run = &job->options->run;
