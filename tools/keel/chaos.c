@@ -1420,8 +1420,9 @@ static void checks_run(const chaos_job *job, const keel__chaos_run *reference, i
         leaks.first);
   deadline_check(job, verdict);
   if (!steps_check(job, verdict))
-    printf("  not checked: each step committed once (%s)\n",
-           "no process committed a step: a job on parameter servers, or one that did not train");
+    printf(
+        "  not checked: each step committed once (no process committed a step: a job on\n"
+        "    parameter servers, or one that did not train)\n");
   flat_check(job, verdict);
   if (job->etcd != NULL) etcd_check(job, verdict);
 }

@@ -521,16 +521,17 @@ void keel__chaos_steps_count(const keel__chaos_run *run, keel__chaos_steps *step
     if (run->commits[i].from < first) first = run->commits[i].from;
     if (run->commits[i].to > last) last = run->commits[i].to;
   }
-  size_t span = (size_t)(last - first + 1);
   if (last - first + 1 > STEPS_COUNTED_MAX) return;
+  size_t span = (size_t)(last - first + 1);
   keel__chaos_commits *runs = malloc(run->commit_count * sizeof *runs);
   int32_t *times = calloc(span, sizeof *times);
   uint16_t *process = calloc(span, sizeof *process), *epoch = calloc(span, sizeof *epoch);
   if (runs != NULL && times != NULL && process != NULL && epoch != NULL) {
     memcpy(runs, run->commits, run->commit_count * sizeof *runs);
     times_counted(runs, run->commit_count, first, times, process, epoch);
-    *steps = (keel__chaos_steps){.known = true, .first = first, .last = last,
-                                 .first_skipped = -1, .most_redone = -1};
+    steps->known = true;
+    steps->first = first;
+    steps->last = last;
     for (size_t i = 0; i < span; i++) {
       if (times[i] == 0 && steps->skipped++ == 0) steps->first_skipped = first + (int64_t)i;
       if (times[i] > 1) steps->redone += times[i] - 1;
