@@ -379,13 +379,16 @@ static void test_chaos_nodes(void **state) {
   chaos_result result;
   char every[32];
   every_scaled(every, sizeof every, 1000, 2000);
-  bool sanitized = keel_test_slowdown() > 1; /* fewer failures: each takes several times longer */
-  chaos_run((const char *const[]){"--failures", sanitized ? "8" : "12", "--every", every, "--seed",
+  /* Sanitized: fewer failures, each takes several times longer, and more steps, so that the
+   * job outlasts its failures even when it runs fast (8 failures at 4 s to 8 s apart once
+   * outran 4000 sanitized steps: 56 s). */
+  bool sanitized = keel_test_slowdown() > 1;
+  chaos_run((const char *const[]){"--failures", sanitized ? "6" : "12", "--every", every, "--seed",
                                   "3", "--mix", "kill=1,delay=1,kill-node=3", NULL},
             (const char *const[]){"--agents", "--nnodes", "3", "--nproc-per-node", "2",
                                   "--spare-nodes", "1", "--on-failure", "replace", "--spares", "1",
                                   "--max-restarts", "20", NULL},
-            (const char *const[]){"--steps", sanitized ? "4000" : "6000", "--compute-ms", "2",
+            (const char *const[]){"--steps", sanitized ? "5000" : "6000", "--compute-ms", "2",
                                   "--params", "20000", NULL},
             NULL, CHAOS_TIMEOUT_MS, &result);
   expect_pass(&result);

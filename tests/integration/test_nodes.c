@@ -659,6 +659,43 @@ static void a_node_whose_holders_were_replaced_ends_with_the_job(void **state) {
   keel_test_events_free(&log);
 }
 
+/* Finding 37: the store out of every node's reach at once (here the embedded store, stopped
+ * with the launcher that holds it) fences every node, and no process holds the job's state
+ * any more. The agents come back as spare nodes once the store answers (--rejoin-wait); they
+ * never saw a rank in their new lives, and waited for one that could not come. They must end
+ * the job with an error instead. */
+static void a_job_fenced_on_every_node_ends_with_an_error(void **state) {
+  (void)state;
+  static const char *const long_args[] = {"--steps", "100000", "--params", "100000", NULL};
+  char heartbeat[16], rejoin_wait[16];
+  keel_test_seconds_flag(1, heartbeat, sizeof heartbeat);
+  keel_test_seconds_flag(60, rejoin_wait, sizeof rejoin_wait);
+  const char *const flags[] = {"--agents",  "--nnodes",    "2",       "--nproc-per-node",
+                               "1",         "--spares",    "1",       "--on-failure",
+                               "replace",   "--heartbeat", heartbeat, "--rejoin-wait",
+                               rejoin_wait, NULL};
+  keel_test_job job;
+  char job_id[32];
+  pid_t launcher = job_start_training_with(&job, flags, long_args, job_id, sizeof job_id);
+  assert_int_equal(kill(launcher, SIGSTOP), 0);
+  events_wait(&job, (event_want){"node_fence", 0, 1});
+  events_wait(&job, (event_want){"node_fence", 1, 1});
+  assert_int_equal(kill(launcher, SIGCONT), 0);
+  int code = job_finish(&job, launcher);
+  if (code != 1) keel_test_print_file("output", job.output);
+  assert_int_equal(code, 1);
+  char *output = keel_test_read_file(job.output, NULL);
+  assert_non_null(output);
+  assert_non_null(strstr(output, "no process of the job holds a rank and none finished"));
+  free(output);
+  keel_test_events log;
+  keel_test_events_read(job.events, MAX_EVENTS, &log);
+  assert_non_null(keel_test_events_find(&log, "agent_rejoin", -1));
+  assert_non_null(keel_test_events_find(&log, "ranks_lost", -1));
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
 static void node_flags_are_checked(void **state) {
   (void)state;
   char output[2048];
@@ -777,6 +814,7 @@ int main(void) {
       cmocka_unit_test(delayed_node_slows_every_step_until_it_ends),
       cmocka_unit_test(late_node_joins_at_a_step_boundary),
       cmocka_unit_test(healed_node_rejoins_as_a_spare_node),
+      cmocka_unit_test(a_job_fenced_on_every_node_ends_with_an_error),
       cmocka_unit_test(a_node_whose_holders_were_replaced_ends_with_the_job),
   };
   /* KEEL_TEST_FILTER=a_node_whose* runs only the cases it names. */

@@ -393,6 +393,8 @@ void keel__agent_event_note(keel__launcher *launcher, const char *event);
 int64_t keel__agent_deadline(const keel__launcher *launcher);
 /* The job is over when no process of any node holds a rank: puts job/done then. */
 void keel__agent_check_end(keel__launcher *launcher);
+/* A process of the job showed a rank: the job has begun (job/began, for agents started later). */
+void keel__agent_note_ranks(keel__launcher *launcher);
 /* Revokes the node's lease (its node/ key goes with it). */
 void keel__agent_close(keel__launcher *launcher);
 /* After a fence, with --rejoin-wait: waits for the store to answer again (a healed

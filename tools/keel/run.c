@@ -143,7 +143,7 @@ void keel__launcher_begin_ending(keel__launcher *launcher, int exit_code) {
 
 static void launcher_note_proc(keel__launcher *launcher, uint32_t uid, int64_t rank,
                                int64_t epoch) {
-  if (rank >= 0) launcher->agent.ranks_seen = true;
+  if (rank >= 0) keel__agent_note_ranks(launcher);
   keel__child *child = keel__child_by_uid(launcher, uid);
   /* A process of an earlier incarnation (restart) is gone; its key may linger. */
   if (child == NULL || uid < launcher->incarnation.first_uid) return;

@@ -313,6 +313,27 @@ int64_t keel__agent_deadline(const keel__launcher *launcher) {
   return agent->next_keepalive_ns < fence_at ? agent->next_keepalive_ns : fence_at;
 }
 
+/* job/began (docs/RUNTIME.md): some process of the job held a rank. An agent's own sighting
+ * dies with it, and an agent started again after its fence or its node's loss has seen
+ * none: the key tells it that the job has begun (finding 37: with every node fenced at once,
+ * the agents started again never saw a rank, and never ended a job that had none left). */
+#define JOB_BEGAN_KEY "job/began"
+
+void keel__agent_note_ranks(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  if (agent->ranks_seen) return;
+  agent->ranks_seen = true;
+  if (!agent->active || launcher->store == NULL) return;
+  keel_status status = keel_store_put(launcher->store, JOB_BEGAN_KEY, "", 0, 0, NULL);
+  if (status != KEEL_OK)
+    KEEL_LOG_W("agent", "node %lld: cannot put " JOB_BEGAN_KEY ": %s", (long long)agent->node,
+               keel_strerror(status));
+}
+
+static bool job_began(keel__launcher *launcher) {
+  return launcher->agent.ranks_seen || keel__store_has(launcher->store, JOB_BEGAN_KEY);
+}
+
 /* Whether a process of any node still holds a rank: its proc/ value shows one. */
 static bool ranks_held_anywhere(keel__launcher *launcher, bool *known_p) {
   keel_store_entry *entries = NULL;
@@ -354,7 +375,7 @@ void keel__agent_check_end(keel__launcher *launcher) {
   if (!keel__launcher_refresh_ranks(launcher)) return;
   if (keel__children_alive(launcher, true) > 0) return;
   bool known;
-  bool over = launcher->agent.ranks_seen && !ranks_held_anywhere(launcher, &known) && known;
+  bool over = job_began(launcher) && !ranks_held_anywhere(launcher, &known) && known;
   bool done = keel__store_has(launcher->store, "job/done");
   bool finished = (over || done) && ranks_finished(launcher);
   if (done)
