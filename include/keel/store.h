@@ -115,6 +115,39 @@ keel_status keel_store_lease_revoke(keel_store *store, int64_t lease);
 keel_status keel_store_lease_ttl(keel_store *store, int64_t lease, int64_t *left_ns_p,
                                  int64_t *ttl_ns_p);
 
+/* ---- the election state of a replicated store (etcd), for fencing (docs/NODES.md) */
+#define KEEL_STORE_MAX_MEMBERS 16
+
+typedef struct keel_store_member_state {
+  uint64_t id;     /* the member's id */
+  uint64_t term;   /* its raft term when it answered */
+  bool has_leader; /* it knew a leader then */
+} keel_store_member_state;
+
+typedef struct keel_store_quorum {
+  int64_t asked_ns; /* keel_now_ns() before the first question: every answer came after */
+  size_t voters;    /* the cluster's voting members, as a member listed them */
+  size_t answered;  /* voting members that answered, each once */
+  keel_store_member_state members[KEEL_STORE_MAX_MEMBERS];
+} keel_store_quorum;
+
+/* Asks every member the store was given for its election state, by deadline_ns, each in
+ * its share of the time (a stopped member does not answer). KEEL_ENOTSUP for a store that
+ * is one process (embedded); KEEL_ETIMEDOUT when no member listed the cluster. */
+keel_status keel_store_quorum_read(keel_store *store, int64_t deadline_ns,
+                                   keel_store_quorum *quorum);
+/* The highest term a reading's members answered at. */
+uint64_t keel_store_quorum_term(const keel_store_quorum *quorum);
+/* Whether later shows that no leader of the store that existed when earlier was asked can
+ * still commit a write: earlier read a majority of the voters, and later a majority with no
+ * leader, each at a term above every term earlier read. A leader that commits afterwards
+ * then won an election that a member of earlier's majority voted in after answering, so it
+ * was elected after earlier->asked_ns; and etcd's new leader gives every lease its full
+ * time again: no lease can expire before earlier->asked_ns plus its ttl. (A member that
+ * answers without a leader at a term already seen may still follow that term's leader: a
+ * vote cast but not yet heard of, or etcd's pre-vote.) */
+bool keel_store_quorum_moved_on(const keel_store_quorum *earlier, const keel_store_quorum *later);
+
 void keel_store_entry_free(keel_store_entry *entry);
 void keel_store_entries_free(keel_store_entry *entries, size_t count);
 

@@ -166,6 +166,32 @@ keel_status keel_store_lease_revoke(keel_store *store, int64_t lease) {
   return store->ops->lease_revoke(store->backend, lease);
 }
 
+keel_status keel_store_quorum_read(keel_store *store, int64_t deadline_ns,
+                                   keel_store_quorum *quorum) {
+  if (quorum == NULL) return KEEL_EINVAL;
+  if (store->ops->quorum_read == NULL) return KEEL_ENOTSUP;
+  return store->ops->quorum_read(store->backend, deadline_ns, quorum);
+}
+
+uint64_t keel_store_quorum_term(const keel_store_quorum *quorum) {
+  uint64_t term = 0;
+  for (size_t i = 0; i < quorum->answered; i++)
+    if (quorum->members[i].term > term) term = quorum->members[i].term;
+  return term;
+}
+
+static bool is_majority(size_t count, size_t voters) { return voters > 0 && count > voters / 2; }
+
+bool keel_store_quorum_moved_on(const keel_store_quorum *earlier, const keel_store_quorum *later) {
+  if (earlier->voters != later->voters || !is_majority(earlier->answered, earlier->voters))
+    return false;
+  uint64_t earlier_term = keel_store_quorum_term(earlier);
+  size_t moved = 0;
+  for (size_t i = 0; i < later->answered; i++)
+    moved += !later->members[i].has_leader && later->members[i].term > earlier_term;
+  return is_majority(moved, later->voters);
+}
+
 void keel_store_entry_free(keel_store_entry *entry) {
   if (entry == NULL) return;
   free(entry->key);

@@ -677,6 +677,60 @@ static keel_status etcd_lease_revoke(void *backend, int64_t lease) {
                    read_revoke, NULL, "a lease revoke");
 }
 
+/* ---- the members' election state, asked of each member in turn (etcd_quorum_read) */
+
+/* One request to member in its share of what is left before deadline_ns (of members_left):
+ * a POST of "{}", or a GET; the reply in client->reply. */
+static bool member_answered(etcd_client *client, size_t member, const char *path, bool get,
+                            size_t members_left, int64_t deadline_ns) {
+  int64_t share_ns = (deadline_ns - keel_now_ns()) / (int64_t)members_left;
+  if (share_ns < MS) return false;
+  member_prepare(client, member, path, get ? NULL : "{}", keel_now_ns() + share_ns, NULL, NULL);
+  /* The next member_prepare's body makes the handle POST again. */
+  if (get) curl_easy_setopt(client->curl, CURLOPT_HTTPGET, 1L);
+  CURLcode code = curl_easy_perform(client->curl);
+  long http = 0;
+  curl_easy_getinfo(client->curl, CURLINFO_RESPONSE_CODE, &http);
+  return code == CURLE_OK && http == 200;
+}
+
+/* A member's answer, once per member id, among the voters only. */
+static void quorum_note(keel_store_quorum *quorum, const keel_store_member_state *state,
+                        const uint64_t *voters, size_t voter_count) {
+  bool voter = false;
+  for (size_t i = 0; i < voter_count; i++) voter = voter || voters[i] == state->id;
+  for (size_t i = 0; i < quorum->answered; i++)
+    if (quorum->members[i].id == state->id) return;
+  if (voter && quorum->answered < KEEL_STORE_MAX_MEMBERS)
+    quorum->members[quorum->answered++] = *state;
+}
+
+static keel_status etcd_quorum_read(void *backend, int64_t deadline_ns, keel_store_quorum *quorum) {
+  etcd_client *client = backend;
+  memset(quorum, 0, sizeof *quorum);
+  uint64_t voters[KEEL_STORE_MAX_MEMBERS];
+  size_t voter_count = 0;
+  char message[256];
+  pthread_mutex_lock(&client->lock);
+  quorum->asked_ns = keel_now_ns();
+  for (size_t i = 0; i < client->member_count; i++) {
+    size_t left = client->member_count - i;
+    /* The cluster's voters, from the first member that lists them. */
+    if (voter_count == 0 &&
+        member_answered(client, i, "/v3/cluster/member/list", false, left, deadline_ns))
+      keel__etcd_member_list_reply((const char *)client->reply.data, client->reply.length, voters,
+                                   KEEL_STORE_MAX_MEMBERS, &voter_count, message, sizeof message);
+    keel_store_member_state state;
+    if (voter_count > 0 && member_answered(client, i, "/debug/vars", true, left, deadline_ns) &&
+        keel__etcd_raft_status_reply((const char *)client->reply.data, client->reply.length,
+                                     &state) == KEEL_OK)
+      quorum_note(quorum, &state, voters, voter_count);
+  }
+  pthread_mutex_unlock(&client->lock);
+  quorum->voters = voter_count;
+  return voter_count > 0 ? KEEL_OK : KEEL_ETIMEDOUT;
+}
+
 /* ---- the handle */
 
 static keel_status etcd_set_timeout(void *backend, int64_t timeout_ns) {
@@ -788,13 +842,14 @@ static keel_status etcd_connect_tls(const char *address, const keel_auth *auth, 
   return etcd_open(address, auth, true, deadline_ns, backend_p);
 }
 
-#define ETCD_OPS(scheme_text, connect_function)                                                  \
-  {                                                                                              \
-    .scheme = scheme_text, .connect = connect_function, .close = etcd_close, .put = etcd_put,    \
-    .get = etcd_get, .remove = etcd_remove, .list = etcd_list,                                   \
-    .list_prefixes = etcd_list_prefixes, .wait = etcd_wait, .lease_grant = etcd_lease_grant,     \
-    .lease_keepalive = etcd_lease_keepalive, .lease_revoke = etcd_lease_revoke,                  \
-    .lease_ttl = etcd_lease_ttl, .set_timeout = etcd_set_timeout, .reconnects = etcd_reconnects, \
+#define ETCD_OPS(scheme_text, connect_function)                                                    \
+  {                                                                                                \
+    .scheme = scheme_text, .connect = connect_function, .close = etcd_close, .put = etcd_put,      \
+    .get = etcd_get, .remove = etcd_remove, .list = etcd_list,                                     \
+    .list_prefixes = etcd_list_prefixes, .wait = etcd_wait, .lease_grant = etcd_lease_grant,       \
+    .lease_keepalive = etcd_lease_keepalive, .lease_revoke = etcd_lease_revoke,                    \
+    .lease_ttl = etcd_lease_ttl, .quorum_read = etcd_quorum_read, .set_timeout = etcd_set_timeout, \
+    .reconnects = etcd_reconnects,                                                                 \
   }
 
 /* etcd:// speaks plain HTTP to the members; https:// TLS, with KEEL_RDZV_CA/CERT/KEY. */

@@ -605,6 +605,87 @@ keel_status keel__etcd_lease_ttl_reply(const char *body, size_t length, int64_t 
   return KEEL_OK;
 }
 
+/* A uint64 field (member ids use all 64 bits): a decimal string; absent is 0. */
+static bool uint64_field(const json_t *object, const char *name, uint64_t *value_p) {
+  const json_t *field = json_object_get(object, name);
+  if (field == NULL) {
+    *value_p = 0;
+    return true;
+  }
+  if (!json_is_string(field)) return false;
+  const char *text = json_string_value(field);
+  size_t length = json_string_length(field);
+  if (length == 0 || length > 20 || strspn(text, "0123456789") != length) return false;
+  uint64_t value = 0;
+  for (size_t i = 0; i < length; i++) {
+    uint64_t digit = (uint64_t)(text[i] - '0');
+    if (value > (UINT64_MAX - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  *value_p = value;
+  return true;
+}
+
+/* A raft id as /debug/vars writes it: lowercase hex, at most 16 digits. */
+static bool hex_id(const json_t *field, uint64_t *value_p) {
+  if (!json_is_string(field)) return false;
+  const char *text = json_string_value(field);
+  size_t length = json_string_length(field);
+  if (length == 0 || length > 16 || strspn(text, "0123456789abcdef") != length) return false;
+  uint64_t value = 0;
+  for (size_t i = 0; i < length; i++)
+    value = value << 4 | (uint64_t)(text[i] <= '9' ? text[i] - '0' : text[i] - 'a' + 10);
+  *value_p = value;
+  return true;
+}
+
+keel_status keel__etcd_raft_status_reply(const char *body, size_t length,
+                                         keel_store_member_state *state) {
+  json_t *reply = json_loadb(body, length, JSON_REJECT_DUPLICATES, NULL);
+  const json_t *raft = json_object_get(reply, "raft.status");
+  const json_t *term = json_object_get(raft, "term");
+  keel_store_member_state read = {0};
+  uint64_t leader = 0;
+  keel_status status = KEEL_OK;
+  if (!json_is_object(raft) || !hex_id(json_object_get(raft, "id"), &read.id) || read.id == 0 ||
+      !json_is_integer(term) || json_integer_value(term) < 0 ||
+      !hex_id(json_object_get(raft, "lead"), &leader))
+    status = KEEL_ECORRUPT;
+  if (status == KEEL_OK) read.term = (uint64_t)json_integer_value(term);
+  json_decref(reply);
+  if (status != KEEL_OK) return status;
+  read.has_leader = leader != 0;
+  *state = read;
+  return KEEL_OK;
+}
+
+keel_status keel__etcd_member_list_reply(const char *body, size_t length, uint64_t *voters,
+                                         size_t capacity, size_t *count_p, char *message,
+                                         size_t message_capacity) {
+  json_t *reply = NULL;
+  keel_status status = reply_open(body, length, &reply, message, message_capacity);
+  if (status != KEEL_OK) return status;
+  const json_t *members = json_object_get(reply, "members");
+  size_t count = 0;
+  if (!json_is_array(members)) status = KEEL_ECORRUPT;
+  for (size_t i = 0; status == KEEL_OK && i < json_array_size(members); i++) {
+    const json_t *member = json_array_get(members, i);
+    uint64_t id = 0;
+    bool learner = false;
+    if (!json_is_object(member) || !uint64_field(member, "ID", &id) || id == 0 ||
+        !bool_field(member, "isLearner", &learner))
+      status = KEEL_ECORRUPT;
+    else if (!learner && count == capacity)
+      status = KEEL_ERANGE;
+    else if (!learner)
+      voters[count++] = id;
+  }
+  json_decref(reply);
+  if (status == KEEL_OK && count == 0) status = KEEL_ECORRUPT;
+  if (status == KEEL_OK) *count_p = count;
+  return status;
+}
+
 /* One message of a watch stream: {"result": {"header", "created", "events", "canceled",
  * "compact_revision"}}. A compacted start is a cancel with compact_revision set. */
 keel_status keel__etcd_watch_reply(const char *body, size_t length,

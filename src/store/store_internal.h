@@ -180,6 +180,8 @@ typedef struct keel__store_ops {
   keel_status (*lease_keepalive)(void *backend, int64_t lease);
   keel_status (*lease_revoke)(void *backend, int64_t lease);
   keel_status (*lease_ttl)(void *backend, int64_t lease, int64_t *left_ns_p, int64_t *ttl_ns_p);
+  /* NULL for a store of one process: keel_store_quorum_read says KEEL_ENOTSUP. */
+  keel_status (*quorum_read)(void *backend, int64_t deadline_ns, keel_store_quorum *quorum);
   /* Every backend fills these two: the handle's request timeout (> 0, checked by
    * client.c) and how many times it re-established its connection. */
   keel_status (*set_timeout)(void *backend, int64_t timeout_ns);
@@ -255,6 +257,16 @@ keel_status keel__etcd_keepalive_reply(const char *body, size_t length, int64_t 
  * is gone (KEEL_ENOTFOUND), one left out is 0 s left. */
 keel_status keel__etcd_lease_ttl_reply(const char *body, size_t length, int64_t *left_seconds_p,
                                        int64_t *granted_seconds_p, char *message, size_t capacity);
+/* GET /debug/vars: its "raft.status" (etcd's raft node: "id" and "lead" in hex, "lead" "0"
+ * without a leader, "term" the current term). The term /v3/maintenance/status reports is
+ * the last applied entry's, which stands still while the members campaign. */
+keel_status keel__etcd_raft_status_reply(const char *body, size_t length,
+                                         keel_store_member_state *state);
+/* /v3/cluster/member/list: the ids of the members that vote (learners do not), at most
+ * capacity of them (KEEL_ERANGE beyond). */
+keel_status keel__etcd_member_list_reply(const char *body, size_t length, uint64_t *voters,
+                                         size_t capacity, size_t *count_p, char *message,
+                                         size_t message_capacity);
 /* One message of a watch stream, as far as a wait needs it. */
 typedef struct keel__etcd_watch_message {
   uint64_t revision; /* the header's: the store's revision when the message was sent */

@@ -51,7 +51,11 @@ static void others_once(const char *body, size_t size) {
   int64_t number = 0, ttl = 0;
   size_t listed = 0;
   keel__etcd_watch_message watch;
+  keel_store_member_state member;
+  uint64_t voters[4];
   keel_status statuses[] = {
+      keel__etcd_raft_status_reply(body, size, &member),
+      keel__etcd_member_list_reply(body, size, voters, 4, &listed, NULL, 0),
       keel__etcd_txn_reply(body, size, &succeeded, &revision, NULL, 0),
       keel__etcd_write_reply(body, size, &number, &revision, NULL, 0),
       keel__etcd_lease_grant_reply(body, size, &number, &ttl, NULL, 0),

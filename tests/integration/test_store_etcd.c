@@ -152,6 +152,78 @@ static void test_leader_stopped(void **state) {
   assert_int_equal(count, written);
 }
 
+/* Reads the members' election state until done(reading) or timeout_ms pass. */
+static bool quorum_read_until(keel_store *store, bool (*done)(const keel_store_quorum *),
+                              keel_store_quorum *reading, int timeout_ms) {
+  int64_t deadline = keel_deadline_after_ns(timeout_ms * MS);
+  while (keel_now_ns() < deadline) {
+    if (keel_store_quorum_read(store, keel_deadline_after_ns(1500 * MS), reading) == KEEL_OK &&
+        done(reading))
+      return true;
+    usleep(50000);
+  }
+  return false;
+}
+
+static size_t members_with_leader(const keel_store_quorum *reading) {
+  size_t count = 0;
+  for (size_t i = 0; i < reading->answered; i++) count += reading->members[i].has_leader;
+  return count;
+}
+
+static bool all_led(const keel_store_quorum *reading) {
+  return reading->voters == MEMBERS && reading->answered == MEMBERS &&
+         members_with_leader(reading) == MEMBERS;
+}
+
+/* The term a reading must be above (one_campaigning's). */
+static uint64_t term_floor;
+
+/* One member answered, without a leader, at a term above term_floor. (It may first answer
+ * without one at its old term: etcd updates the leader it reports before the term.) */
+static bool one_campaigning(const keel_store_quorum *reading) {
+  return reading->answered == 1 && members_with_leader(reading) == 0 &&
+         keel_store_quorum_term(reading) > term_floor;
+}
+
+/* The members' election state, as an agent reads it before it fences (finding 37): a healthy
+ * cluster answers with a leader at one term, and no later reading of it moved on. With the
+ * leader and a follower stopped, the member left campaigns alone at rising terms, but one
+ * member of three proves nothing (a partition's minority looks the same): never moved on.
+ * Once they resume, a leader again, at a later term. */
+static void test_quorum_read(void **state) {
+  etcd_fixture *fixture = *state;
+  keel_store *store = fixture->store;
+  keel_store_quorum first, second, alone, later, healed;
+  assert_true(quorum_read_until(store, all_led, &first, 10000));
+  for (size_t i = 1; i < first.answered; i++)
+    assert_true(first.members[i].term == first.members[0].term);
+  assert_true(quorum_read_until(store, all_led, &second, 10000));
+  assert_false(keel_store_quorum_moved_on(&first, &second));
+  int leader = keel__etcd_cluster_leader(cluster, 10000);
+  assert_true(leader >= 0);
+  int follower = (leader + 1) % MEMBERS;
+  assert_true(keel__etcd_cluster_stop(cluster, leader));
+  assert_true(keel__etcd_cluster_stop(cluster, follower));
+  term_floor = keel_store_quorum_term(&first);
+  bool campaigned = quorum_read_until(store, one_campaigning, &alone, 10000);
+  /* Its term rises with each election it calls. */
+  term_floor = keel_store_quorum_term(&alone);
+  bool rose = campaigned && quorum_read_until(store, one_campaigning, &later, 10000);
+  assert_int_equal(keel__etcd_cluster_state(cluster, leader), 'T');
+  assert_true(keel__etcd_cluster_resume(cluster, leader));
+  assert_true(keel__etcd_cluster_resume(cluster, follower));
+  assert_true(campaigned);
+  assert_true(rose);
+  /* One member of three, however far its terms go: nothing moved on. */
+  assert_false(keel_store_quorum_moved_on(&first, &alone));
+  assert_false(keel_store_quorum_moved_on(&first, &later));
+  assert_false(keel_store_quorum_moved_on(&alone, &later));
+  assert_true(quorum_read_until(store, all_led, &healed, 20000));
+  assert_true(keel_store_quorum_term(&healed) > keel_store_quorum_term(&first));
+  assert_false(keel_store_quorum_moved_on(&first, &healed));
+}
+
 /* ---- endpoints that are down, wrong, or answer garbage */
 
 /* A port nobody listens on: bound, then closed. */
@@ -294,6 +366,7 @@ int main(void) {
       cmocka_unit_test(test_first_endpoint_down),
       cmocka_unit_test_setup_teardown(test_member_and_leader_killed, client_setup, client_teardown),
       cmocka_unit_test_setup_teardown(test_leader_stopped, client_setup, client_teardown),
+      cmocka_unit_test_setup_teardown(test_quorum_read, client_setup, client_teardown),
   };
   failures += cmocka_run_group_tests_name("etcd members and endpoints", tests, NULL, NULL);
   if (failures != 0) keel__etcd_cluster_print_logs(cluster);

@@ -446,6 +446,18 @@ static void test_two_servers_in_one_process(void **state) {
   keel_store_server_stop(second.server);
 }
 
+/* The embedded store is one process: no members to ask about an election (an agent then
+ * fences as the heartbeat says, finding 37). */
+static void test_quorum_read_needs_members(void **state) {
+  server_fixture *fixture = *state;
+  keel_store_quorum quorum;
+  assert_int_equal(
+      keel_store_quorum_read(fixture->store, keel_deadline_after_ns(1000 * MS), &quorum),
+      KEEL_ENOTSUP);
+  assert_int_equal(keel_store_quorum_read(fixture->store, keel_deadline_after_ns(1000 * MS), NULL),
+                   KEEL_EINVAL);
+}
+
 static void test_stop_while_waiting(void **state) {
   server_fixture *fixture = *state;
   uint64_t revision = keel_test_store_revision(fixture->store);
@@ -833,6 +845,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_two_servers_in_one_process, server_setup,
                                       server_teardown),
       cmocka_unit_test_setup_teardown(test_stop_while_waiting, server_setup, server_teardown),
+      cmocka_unit_test_setup_teardown(test_quorum_read_needs_members, server_setup,
+                                      server_teardown),
       cmocka_unit_test_setup_teardown(test_reconnect_after_server_restart, server_setup,
                                       server_teardown),
       cmocka_unit_test_setup_teardown(test_client_reconnects_after_server_stall, child_setup,

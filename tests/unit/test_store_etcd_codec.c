@@ -367,6 +367,100 @@ static void test_malformed_replies_are_refused(void **unused) {
                    KEEL_ECORRUPT);
 }
 
+/* ---- the members' election state (fencing, finding 37) */
+
+static void test_status_and_member_list_replies(void **unused) {
+  (void)unused;
+  /* /debug/vars as etcd 3.4 writes it (cut short): ids in hex, some past INT64_MAX. */
+  static const char vars[] =
+      "{\"cmdline\":[\"etcd\"],\"raft.status\":{\"id\":\"94da3f1e5a2c7b15\",\"term\":31,"
+      "\"vote\":\"0\",\"commit\":5073,\"lead\":\"2e1259d415f2a040\",\"raftState\":"
+      "\"StateFollower\",\"applied\":5073,\"progress\":{},\"leadtransferee\":\"0\"}}";
+  keel_store_member_state state;
+  assert_int_equal(keel__etcd_raft_status_reply(vars, strlen(vars), &state), KEEL_OK);
+  assert_true(state.id == UINT64_C(0x94da3f1e5a2c7b15));
+  assert_true(state.term == 31);
+  assert_true(state.has_leader);
+  static const char candidate[] =
+      "{\"raft.status\":{\"id\":\"7\",\"term\":32,\"lead\":\"0\",\"raftState\":"
+      "\"StateCandidate\"}}";
+  assert_int_equal(keel__etcd_raft_status_reply(candidate, strlen(candidate), &state), KEEL_OK);
+  assert_false(state.has_leader);
+  assert_true(state.id == 7 && state.term == 32);
+  static const char *const bad_status[] = {
+      "{}",                                                                         /* no raft */
+      "{\"raft.status\":{\"id\":\"0\",\"term\":1,\"lead\":\"0\"}}",                 /* no id */
+      "{\"raft.status\":{\"id\":\"10000000000000000\",\"term\":1,\"lead\":\"0\"}}", /* 65 bits */
+      "{\"raft.status\":{\"id\":\"5\",\"term\":\"1\",\"lead\":\"0\"}}",             /* a string */
+      "{\"raft.status\":{\"id\":\"5\",\"term\":-1,\"lead\":\"0\"}}",                /* negative */
+      "{\"raft.status\":{\"id\":\"5X\",\"term\":1,\"lead\":\"0\"}}",                /* not hex */
+      "{\"raft.status\":{\"id\":\"5\",\"term\":1}}",                                /* no lead */
+      "not json",
+  };
+  for (size_t i = 0; i < sizeof bad_status / sizeof bad_status[0]; i++)
+    assert_int_equal(keel__etcd_raft_status_reply(bad_status[i], strlen(bad_status[i]), &state),
+                     KEEL_ECORRUPT);
+  static const char list[] =
+      "{\"header\":{\"member_id\":\"1\"},\"members\":[{\"ID\":\"1\",\"name\":\"a\"},"
+      "{\"ID\":\"18446744073709551615\",\"name\":\"b\"},{\"ID\":\"3\",\"isLearner\":true}]}";
+  uint64_t voters[4];
+  size_t count = 0;
+  assert_int_equal(keel__etcd_member_list_reply(list, strlen(list), voters, 4, &count, NULL, 0),
+                   KEEL_OK);
+  assert_int_equal(count, 2);
+  assert_true(voters[0] == 1 && voters[1] == UINT64_MAX);
+  assert_int_equal(keel__etcd_member_list_reply(list, strlen(list), voters, 1, &count, NULL, 0),
+                   KEEL_ERANGE);
+  static const char empty[] = "{\"header\":{}}";
+  assert_int_equal(keel__etcd_member_list_reply(empty, strlen(empty), voters, 4, &count, NULL, 0),
+                   KEEL_ECORRUPT);
+}
+
+/* A reading of voters members: each entry {term, has_leader}; answered as many as given. */
+static keel_store_quorum quorum_of(size_t voters, size_t answered, const uint64_t *terms,
+                                   const bool *leaders) {
+  keel_store_quorum quorum = {.voters = voters, .answered = answered};
+  for (size_t i = 0; i < answered; i++)
+    quorum.members[i] = (keel_store_member_state){i + 1, terms[i], leaders[i]};
+  return quorum;
+}
+
+static void test_quorum_moved_on(void **unused) {
+  (void)unused;
+  const bool led[] = {true, true, true}, none[] = {false, false, false},
+             mixed[] = {false, true, true};
+  /* Finding 37: a leader at term 30 (stalled), the other two campaigning at 31 and 32. */
+  keel_store_quorum before = quorum_of(3, 3, (const uint64_t[]){30, 30, 30}, led);
+  keel_store_quorum after = quorum_of(3, 2, (const uint64_t[]){31, 32}, none);
+  assert_true(keel_store_quorum_moved_on(&before, &after));
+  /* The same terms without a leader: a vote cast for a leader not heard of yet, or a
+   * pre-vote, may still follow that term's leader. */
+  keel_store_quorum same = quorum_of(3, 2, (const uint64_t[]){30, 30}, none);
+  assert_false(keel_store_quorum_moved_on(&before, &same));
+  /* One member above the earlier terms is no majority of three. */
+  keel_store_quorum one = quorum_of(3, 2, (const uint64_t[]){31, 30}, none);
+  assert_false(keel_store_quorum_moved_on(&before, &one));
+  /* Later terms, but two of the three follow a leader: no majority without one. */
+  keel_store_quorum led_later = quorum_of(3, 3, (const uint64_t[]){31, 31, 31}, mixed);
+  assert_false(keel_store_quorum_moved_on(&before, &led_later));
+  /* A minority answered (a partition's side, or members stopped): never. */
+  keel_store_quorum alone = quorum_of(3, 1, (const uint64_t[]){40}, none);
+  assert_false(keel_store_quorum_moved_on(&before, &alone));
+  /* The earlier reading must have heard a majority: a term it did not see could be anywhere. */
+  keel_store_quorum earlier_minority = quorum_of(3, 1, (const uint64_t[]){30}, led);
+  assert_false(keel_store_quorum_moved_on(&earlier_minority, &after));
+  /* Any earlier term counts, a leaderless one too. */
+  keel_store_quorum earlier_mixed = quorum_of(3, 2, (const uint64_t[]){33, 30}, none);
+  assert_false(keel_store_quorum_moved_on(&earlier_mixed, &after));
+  /* Readings of clusters of different sizes are not compared; five members need three. */
+  keel_store_quorum five = quorum_of(5, 3, (const uint64_t[]){31, 31, 32}, none);
+  assert_false(keel_store_quorum_moved_on(&before, &five));
+  keel_store_quorum five_before = quorum_of(5, 3, (const uint64_t[]){30, 30, 30}, led);
+  assert_true(keel_store_quorum_moved_on(&five_before, &five));
+  keel_store_quorum five_two = quorum_of(5, 2, (const uint64_t[]){31, 31}, none);
+  assert_false(keel_store_quorum_moved_on(&five_before, &five_two));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_base64_vectors),
@@ -383,6 +477,8 @@ int main(void) {
       cmocka_unit_test(test_lease_replies),
       cmocka_unit_test(test_error_replies_map_to_statuses),
       cmocka_unit_test(test_malformed_replies_are_refused),
+      cmocka_unit_test(test_status_and_member_list_replies),
+      cmocka_unit_test(test_quorum_moved_on),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

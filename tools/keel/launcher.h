@@ -190,6 +190,8 @@ typedef struct keel__restart_round {
 
 /* An agent that lost its node's lease killed its workers and exits with this code. */
 #define KEEL__EXIT_FENCED 78
+/* The readings of the store's election state an agent keeps while its lease is unconfirmed. */
+#define KEEL__AGENT_QUORUM_READINGS 8
 
 /* A launcher that is one node's agent (docs/NODES.md): its part of the uid space, its node's
  * lease in the store, and when it must fence itself. */
@@ -206,8 +208,15 @@ typedef struct keel__agent_state {
   int64_t extras_started;
   int64_t lease;
   int64_t ttl_ns;
-  int64_t lease_confirmed_ns; /* when the last keepalive the store answered was sent */
+  int64_t lease_confirmed_ns; /* when the last keepalive the store answered was sent, or the
+                                 time a reading of its members' election shows the lease safe */
   int64_t next_keepalive_ns;
+  /* The store's election state, read after each failed keepalive (oldest first): a majority
+   * electing at later terms than an earlier reading means no lease can expire (finding 37). */
+  keel_store_quorum quorum_readings[KEEL__AGENT_QUORUM_READINGS];
+  size_t quorum_reading_count;
+  bool quorum_unsupported; /* the store is one process (embedded): nothing to read */
+  bool leaderless_said;    /* the store_leaderless event of this outage is out */
   bool fenced;
   bool ranks_seen; /* some process of the job showed a rank: the job has begun */
   bool rejoined;   /* fenced, healed and started again as a spare node (KEEL_AGENT_REJOIN) */

@@ -282,6 +282,54 @@ static void last_event_send(keel__launcher *launcher) {
     agent->last_event_unsent = false;
 }
 
+/* Finding 37: an etcd cluster without a leader for longer than the fence's 5/8 of the
+ * heartbeat read, to every agent, like its own cut from the store, and every node fenced at
+ * once. A store without a leader expires no lease, and its next leader gives every lease its
+ * full time again; but an agent cut off from a store that still has one must fence. Only
+ * the members tell these apart: a reading of a majority electing at terms above every term
+ * an earlier reading saw (keel_store_quorum_moved_on) confirms the lease as of that earlier
+ * reading. A minority's view (a partition's side, a majority stopped) proves nothing: the
+ * fence goes on as before. */
+static void quorum_reading_keep(keel__agent_state *agent, const keel_store_quorum *reading) {
+  if (agent->quorum_reading_count == KEEL__AGENT_QUORUM_READINGS) {
+    memmove(agent->quorum_readings, agent->quorum_readings + 1,
+            (KEEL__AGENT_QUORUM_READINGS - 1) * sizeof agent->quorum_readings[0]);
+    agent->quorum_reading_count--;
+  }
+  agent->quorum_readings[agent->quorum_reading_count++] = *reading;
+}
+
+static void agent_quorum_read(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  if (agent->quorum_unsupported) return;
+  keel_store_quorum reading;
+  keel_status status = keel_store_quorum_read(
+      launcher->store, keel_deadline_after_ns(request_timeout_ns(agent)), &reading);
+  if (status == KEEL_ENOTSUP) agent->quorum_unsupported = true;
+  if (status != KEEL_OK) return;
+  /* The newest earlier reading it moved on from: older ones confirm less. */
+  for (size_t i = agent->quorum_reading_count; i-- > 0;) {
+    const keel_store_quorum *earlier = &agent->quorum_readings[i];
+    if (earlier->asked_ns <= agent->lease_confirmed_ns) break;
+    if (!keel_store_quorum_moved_on(earlier, &reading)) continue;
+    agent->lease_confirmed_ns = earlier->asked_ns;
+    if (!agent->leaderless_said) {
+      agent->leaderless_said = true;
+      KEEL_LOG_W("agent",
+                 "node %lld: the store has no leader: a majority of its members elect one at "
+                 "terms above %llu; no lease can expire before the next leader renews them all, "
+                 "so the node waits instead of fencing",
+                 (long long)agent->node, (unsigned long long)keel_store_quorum_term(earlier));
+      keel__event_emit(launcher, "store_leaderless",
+                       "\"node\":%lld,\"term\":%llu,\"voters\":%zu,\"answered\":%zu",
+                       (long long)agent->node, (unsigned long long)keel_store_quorum_term(&reading),
+                       reading.voters, reading.answered);
+    }
+    break;
+  }
+  quorum_reading_keep(agent, &reading);
+}
+
 void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
   keel__agent_state *agent = &launcher->agent;
   if (!agent->active || agent->lease == 0 || agent->fenced) return;
@@ -296,6 +344,8 @@ void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
   if (status == KEEL_OK) keel__metrics_store_request(launcher->metrics, answered_ns - now_ns);
   if (status == KEEL_OK) {
     agent->lease_confirmed_ns = now_ns;
+    agent->quorum_reading_count = 0;
+    agent->leaderless_said = false;
     if (agent->last_event_unsent) last_event_send(launcher);
     return;
   }
@@ -303,7 +353,11 @@ void keel__agent_tick(keel__launcher *launcher, int64_t now_ns) {
              keel_strerror(status));
   /* A lease the store no longer has cannot come back: the rest of the job may be replacing
    * this node already. */
-  if (status == KEEL_ENOTFOUND) agent_fence(launcher, keel_now_ns());
+  if (status == KEEL_ENOTFOUND) {
+    agent_fence(launcher, keel_now_ns());
+    return;
+  }
+  agent_quorum_read(launcher);
 }
 
 int64_t keel__agent_deadline(const keel__launcher *launcher) {
