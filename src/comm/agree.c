@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm_internal.h"
 
@@ -498,7 +499,7 @@ static keel_status agreement_vote(agreement *round, const keel_rebuild_vote *vot
 /* A store that did not answer in time, or whose link broke, may answer the next request
  * (the client reconnects): the agreement keeps trying until its own deadline. */
 static bool store_transient(keel_status status) {
-  return status == KEEL_ETIMEDOUT || status == KEEL_ECLOSED;
+  return status == KEEL_ETIMEDOUT || status == KEEL_ECLOSED || status == KEEL_EAGAIN;
 }
 
 /* One look at the round: vote if not done yet, read the decision, else try to settle it.
@@ -670,11 +671,29 @@ static void offer_key(const keel_endpoint *endpoint, keel_offer offer, char *key
            endpoint->config.uid);
 }
 
+/* How long a spare or joiner pauses before it sends an offer the store did not take again. */
+#define OFFER_RETRY_PAUSE_NS (100 * 1000000L)
+
 keel_status keel_endpoint_offer(keel_endpoint *endpoint, keel_offer offer) {
   if (endpoint == NULL || endpoint->standalone) return KEEL_EINVAL;
   char key[64];
   offer_key(endpoint, offer, key, sizeof key);
-  return keel_store_put(endpoint->config.store, key, "", 0, endpoint->config.lease, NULL);
+  /* The put is the same every time: one whose fate a store fail-over left unknown is simply
+   * sent again, within the operations' deadline. The soak's etcd part saw a spare that
+   * started during an etcd election leave with its offer's first failure (finding 38). */
+  int64_t deadline = keel_deadline_after_ns(endpoint->config.timeout_ns);
+  for (bool warned = false;; warned = true) {
+    keel_status status =
+        keel_store_put(endpoint->config.store, key, "", 0, endpoint->config.lease, NULL);
+    if (!store_transient(status) || keel_now_ns() >= deadline ||
+        keel__interrupted(endpoint) != KEEL_OK)
+      return status;
+    if (!warned)
+      KEEL_LOG_W(MODULE, "the store does not take the offer (%s): trying again",
+                 keel_strerror(status));
+    struct timespec pause = {0, OFFER_RETRY_PAUSE_NS};
+    nanosleep(&pause, NULL);
+  }
 }
 
 /* The newest rebuild decision that names this process and is newer than the epoch it has,

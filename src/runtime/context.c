@@ -317,6 +317,10 @@ keel_status keel_start(keel_ctx *ctx) {
   if (ctx->config.standalone || ctx->config.role == KEEL__ROLE_WORKER) return KEEL_OK;
   keel_status status = keel__admission(ctx);
   if (status == KEEL_ESTOPPED || status == KEEL_EORPHANED) keel__leaving_message(ctx, status);
+  /* Said here, since a program may leave with the status alone (finding 38's spare did). */
+  else if (keel_exit_code(status) == 1) /* none of the orderly ends */
+    KEEL_LOG_E(MODULE, "this %s could not wait for its admission: %s",
+               ctx->config.role == KEEL__ROLE_SPARE ? "spare" : "joiner", keel_strerror(status));
   return status;
 }
 

@@ -1040,6 +1040,35 @@ static void agreement_waiting_for_a_spare_keeps_its_round(void **state) {
   keel_store_server_stop(server);
 }
 
+/* Finding 38: a spare that started during an etcd election left with its offer's first
+ * failure. A store that comes back on the same address breaks the client's link: the first
+ * put after it fails (KEEL_ECLOSED), and the offer, the same put each time, is sent again. */
+static void offer_survives_a_store_restart(void **unused) {
+  (void)unused;
+  keel_auth auth;
+  keel_store_server *server = NULL;
+  keel_store *store = NULL;
+  store_start(&auth, &server, &store);
+  keel_endpoint *endpoint = endpoint_start(5, &auth, store, &no_address_membership);
+  char address[64];
+  snprintf(address, sizeof address, "%s", keel_store_server_address(server));
+  keel_store_server_stop(server);
+  assert_int_equal(keel_store_server_start(address, &auth, &server), KEEL_OK);
+  uint64_t reconnects = keel_store_reconnects(store);
+  assert_int_equal(keel_endpoint_offer(endpoint, KEEL_OFFER_SPARE), KEEL_OK);
+  /* The link really broke, and the offer is in the new server's keys. */
+  assert_true(keel_store_reconnects(store) > reconnects);
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  assert_int_equal(keel_store_list(store, "spare/", &entries, &count, NULL), KEEL_OK);
+  assert_int_equal(count, 1);
+  assert_string_equal(entries[0].key, "spare/5");
+  keel_store_entries_free(entries, count);
+  keel_endpoint_close(endpoint, 0);
+  keel_store_close(store);
+  keel_store_server_stop(server);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(kernels_match_reference),
@@ -1064,6 +1093,7 @@ int main(void) {
       cmocka_unit_test(epoch_with_a_member_declared_dead_fails_at_once),
       cmocka_unit_test(member_that_finds_another_dead_still_links_the_rest),
       cmocka_unit_test(agreement_waiting_for_a_spare_keeps_its_round),
+      cmocka_unit_test(offer_survives_a_store_restart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
