@@ -270,6 +270,24 @@ static void test_steps_committed_again_are_redone(void **state) {
   assert_false(none.known);
 }
 
+/* An idle spare killed once a rank has finished is the launcher's cleanup after job/done;
+ * the same kill before any rank finished, or of a spare that held a rank, is a death. */
+static void test_spares_killed_after_the_finish_are_cleanup(void **state) {
+  observed *o = *state;
+  events_read(
+      o,
+      "{\"event\":\"spawn\",\"node\":3,\"uid\":8,\"pid\":0,\"role\":\"spare\",\"t_ns\":1}\n"
+      "{\"event\":\"spawn\",\"node\":3,\"uid\":9,\"pid\":0,\"role\":\"spare\",\"t_ns\":1}\n"
+      "{\"event\":\"spawn\",\"node\":3,\"uid\":10,\"pid\":0,\"role\":\"spare\",\"t_ns\":1}\n"
+      "{\"event\":\"exit\",\"uid\":8,\"rank\":-1,\"signal\":\"SIGKILL\",\"t_ns\":2}\n"
+      "{\"event\":\"finish\",\"uid\":0,\"rank\":0,\"step\":5,\"world\":1,\"t_ns\":3}\n"
+      "{\"event\":\"exit\",\"uid\":9,\"rank\":-1,\"signal\":\"SIGKILL\",\"t_ns\":4}\n"
+      "{\"event\":\"exit\",\"uid\":10,\"rank\":2,\"signal\":\"SIGKILL\",\"t_ns\":4}\n");
+  assert_false(keel__chaos_process_find(o->run, 8)->killed_at_end);
+  assert_true(keel__chaos_process_find(o->run, 9)->killed_at_end);
+  assert_false(keel__chaos_process_find(o->run, 10)->killed_at_end);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
@@ -286,6 +304,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_steps_of_a_replace_are_committed_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_step_no_process_committed_is_found, setup, teardown),
       cmocka_unit_test_setup_teardown(test_steps_committed_again_are_redone, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_spares_killed_after_the_finish_are_cleanup, setup,
+                                      teardown),
   };
   return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -157,7 +157,13 @@ static void exit_read(keel__chaos_run *run, json_t *event) {
     snprintf(p->ended, sizeof p->ended, "%s", text);
   else if (keel__json_int(event, "code", &code))
     snprintf(p->ended, sizeof p->ended, "code %" PRId64, code);
-  p->killed_at_end = run->ended;
+  /* A spare or joiner still waiting once ranks have finished is killed by its launcher after
+   * a 2 s grace (docs/RUNTIME.md): the job's cleanup, not a death. Under sanitizers a spare
+   * once took longer than that to read job/done, from an agent whose node held no rank and
+   * so ended first (test_chaos_netns_etcd in a CI rehearsal). */
+  bool idle = !p->server && keel__json_int_or(event, "rank", -1) < 0;
+  bool cleaned_up = idle && run->finish_count > 0 && strcmp(p->ended, "SIGKILL") == 0;
+  p->killed_at_end = run->ended || cleaned_up;
 }
 
 static void fence_read(keel__chaos_run *run, json_t *event) {
