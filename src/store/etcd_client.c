@@ -138,10 +138,13 @@ static void member_prepare(etcd_client *client, size_t member, const char *path,
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, on_data != NULL ? data_user : (void *)&client->reply);
 }
 
-/* One POST, its reply in client->reply and its HTTP code in *http_p. */
+/* One POST of body (a GET when body is NULL), its reply in client->reply and its HTTP code
+ * in *http_p. */
 static CURLcode member_post(etcd_client *client, size_t member, const char *path, const char *body,
                             int64_t deadline_ns, long *http_p) {
   member_prepare(client, member, path, body, deadline_ns, NULL, NULL);
+  /* The next member_prepare's body makes the handle POST again. */
+  if (body == NULL) curl_easy_setopt(client->curl, CURLOPT_HTTPGET, 1L);
   CURLcode code = curl_easy_perform(client->curl);
   *http_p = 0;
   curl_easy_getinfo(client->curl, CURLINFO_RESPONSE_CODE, http_p);
@@ -679,18 +682,15 @@ static keel_status etcd_lease_revoke(void *backend, int64_t lease) {
 
 /* ---- the members' election state, asked of each member in turn (etcd_quorum_read) */
 
-/* One request to member in its share of what is left before deadline_ns (of members_left):
- * a POST of "{}", or a GET; the reply in client->reply. */
+/* One request to member (a POST of "{}", or a GET) in its share of what is left before
+ * deadline_ns (of members_left); the reply in client->reply. */
 static bool member_answered(etcd_client *client, size_t member, const char *path, bool get,
                             size_t members_left, int64_t deadline_ns) {
   int64_t share_ns = (deadline_ns - keel_now_ns()) / (int64_t)members_left;
   if (share_ns < MS) return false;
-  member_prepare(client, member, path, get ? NULL : "{}", keel_now_ns() + share_ns, NULL, NULL);
-  /* The next member_prepare's body makes the handle POST again. */
-  if (get) curl_easy_setopt(client->curl, CURLOPT_HTTPGET, 1L);
-  CURLcode code = curl_easy_perform(client->curl);
   long http = 0;
-  curl_easy_getinfo(client->curl, CURLINFO_RESPONSE_CODE, &http);
+  CURLcode code =
+      member_post(client, member, path, get ? NULL : "{}", keel_now_ns() + share_ns, &http);
   return code == CURLE_OK && http == 200;
 }
 
@@ -710,7 +710,6 @@ static keel_status etcd_quorum_read(void *backend, int64_t deadline_ns, keel_sto
   memset(quorum, 0, sizeof *quorum);
   uint64_t voters[KEEL_STORE_MAX_MEMBERS];
   size_t voter_count = 0;
-  char message[256];
   pthread_mutex_lock(&client->lock);
   quorum->asked_ns = keel_now_ns();
   for (size_t i = 0; i < client->member_count; i++) {
@@ -719,7 +718,7 @@ static keel_status etcd_quorum_read(void *backend, int64_t deadline_ns, keel_sto
     if (voter_count == 0 &&
         member_answered(client, i, "/v3/cluster/member/list", false, left, deadline_ns))
       keel__etcd_member_list_reply((const char *)client->reply.data, client->reply.length, voters,
-                                   KEEL_STORE_MAX_MEMBERS, &voter_count, message, sizeof message);
+                                   KEEL_STORE_MAX_MEMBERS, &voter_count, NULL, 0);
     keel_store_member_state state;
     if (voter_count > 0 && member_answered(client, i, "/debug/vars", true, left, deadline_ns) &&
         keel__etcd_raft_status_reply((const char *)client->reply.data, client->reply.length,
