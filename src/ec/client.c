@@ -532,15 +532,19 @@ keel_status keel_ec_client_push_rows(keel_ec_client *client, uint64_t step, cons
 
 /* ---- dense parameters */
 
+/* A dense request, routed by the standing at step: a push by its own step (after the step's
+ * rows, client->lost is the next step's already), a pull by the next push's. */
 static keel_status dense_call(keel_ec_client *client, keel__ec_request *request, void *body,
-                              bool every_replica) {
+                              bool every_replica, uint64_t step) {
   bool replicated = (client->wire.options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0;
   for (int attempt = 0;; attempt++) {
+    bool lost[2] = {keel__ec_lost_at(client->standing[0], step),
+                    client->servers > 1 && keel__ec_lost_at(client->standing[1], step)};
     keel_status status = KEEL_EIO;
-    int first = keel__ec_dense_server(client->servers, replicated, client->lost);
+    int first = keel__ec_dense_server(client->servers, replicated, lost);
     if (first >= 0) status = call(client, first, request, body);
     /* Updates go to both replicas, in the same order from every worker. */
-    if (status == KEEL_OK && every_replica && replicated && first == 0 && !client->lost[1]) {
+    if (status == KEEL_OK && every_replica && replicated && first == 0 && !lost[1]) {
       status = call(client, 1, request, NULL);
       if (keel__ec_unreachable(status)) status = KEEL_OK;
     }
@@ -552,7 +556,7 @@ keel_status keel_ec_client_pull_dense(keel_ec_client *client, float *values) {
   if (client == NULL || values == NULL) return keel__ec_invalid("ec client: NULL argument");
   keel__ec_request request = {.op = KEEL__EC_OP_PULL_DENSE,
                               .count = (uint32_t)client->wire.dense_count};
-  return dense_call(client, &request, values, false);
+  return dense_call(client, &request, values, false, client->next_step);
 }
 
 keel_status keel_ec_client_push_dense(keel_ec_client *client, uint64_t step,
@@ -565,14 +569,14 @@ keel_status keel_ec_client_push_dense(keel_ec_client *client, uint64_t step,
                               .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
                               .workers = client->wire.workers > 0 ? client->wire.workers : 1,
                               .values = gradients};
-  return dense_call(client, &request, NULL, true);
+  return dense_call(client, &request, NULL, true, step);
 }
 
 keel_status keel_ec_client_init_dense(keel_ec_client *client, const float *values) {
   if (client == NULL || values == NULL) return keel__ec_invalid("ec client: NULL argument");
   keel__ec_request request = {
       .op = KEEL__EC_OP_INIT_DENSE, .count = (uint32_t)client->wire.dense_count, .values = values};
-  return dense_call(client, &request, NULL, true);
+  return dense_call(client, &request, NULL, true, client->next_step);
 }
 
 /* ---- checksum: every block read from the servers, lost ones decoded here */
@@ -777,7 +781,7 @@ keel_status keel_ec_client_checksum(keel_ec_client *client, uint32_t *crc32c_p) 
     uint8_t *dense = malloc(client->limits.dense_block_bytes);
     if (dense == NULL) return KEEL_ENOMEM;
     keel__ec_request request = {.op = KEEL__EC_OP_READ_DENSE_BLOCK};
-    status = dense_call(client, &request, dense, false);
+    status = dense_call(client, &request, dense, false, client->next_step);
     if (status == KEEL_OK) crc = keel_crc32c(crc, dense, client->limits.dense_block_bytes);
     free(dense);
   }

@@ -13,6 +13,7 @@
 #define F32_BYTES 4
 #define PUSH_FIELDS_BYTES 16 /* step u64 | worker u32 | workers u32 */
 #define OFFSET_BYTES 8
+#define STEP_BYTES 8
 /* Keeps every block length an int, as keel_ec_row_block_bytes' blocks are. */
 #define BLOCK_BYTES_LIMIT ((uint64_t)1 << 31)
 
@@ -25,7 +26,7 @@ enum {
 };
 
 /* The fields that lead an op's body. */
-enum { LEAD_NONE = 0, LEAD_PUSH, LEAD_OFFSET };
+enum { LEAD_NONE = 0, LEAD_PUSH, LEAD_OFFSET, LEAD_STEP };
 
 /* The arrays an op's body carries, always in this order after the leading fields. */
 enum {
@@ -69,8 +70,8 @@ static const struct op_rule {
                                 .lead = LEAD_PUSH,
                                 .arrays = ARRAY_VALUES},
     [KEEL__EC_OP_INIT_DENSE] = {.dense = true, .count = COUNT_DENSE, .arrays = ARRAY_VALUES},
-    [KEEL__EC_OP_READ_DENSE_BLOCK] = {.dense = true},
-    [KEEL__EC_OP_WRITE_DENSE_BLOCK] = {.dense = true, .arrays = ARRAY_BLOCKS},
+    [KEEL__EC_OP_READ_DENSE_BLOCK] = {.flags = KEEL__EC_FLAG_VERSIONED, .dense = true},
+    [KEEL__EC_OP_WRITE_DENSE_BLOCK] = {.dense = true, .lead = LEAD_STEP, .arrays = ARRAY_BLOCKS},
 };
 
 static bool op_known(uint16_t op) {
@@ -168,6 +169,7 @@ static bool layout_of(const keel__ec_request *request, const keel__ec_limits *li
   body_layout layout = {0};
   if (rule->lead == LEAD_PUSH) layout.lead = PUSH_FIELDS_BYTES;
   if (rule->lead == LEAD_OFFSET) layout.lead = OFFSET_BYTES;
+  if (rule->lead == LEAD_STEP) layout.lead = STEP_BYTES;
   if (rule->arrays & ARRAY_ROWS) layout.rows = count * ROW_BYTES;
   if (rule->arrays & ARRAY_REFS) layout.refs = count * REF_BYTES;
   /* Values are a row's dim floats per row, or one float per dense parameter. */
@@ -265,6 +267,7 @@ static void read_body(const uint8_t *at, const body_layout *layout, keel__ec_req
     request->workers = keel_get_le32(at + 12);
   }
   if (rule->lead == LEAD_OFFSET) request->offset = keel_get_le64(at);
+  if (rule->lead == LEAD_STEP) request->step = keel_get_le64(at);
   at += layout->lead;
   if (rule->arrays & ARRAY_ROWS) request->rows = (const uint64_t *)(const void *)at;
   at += layout->rows;
@@ -320,6 +323,7 @@ static void write_body(const keel__ec_request *request, const body_layout *layou
     keel_put_le32(at + 12, request->workers);
   }
   if (rule->lead == LEAD_OFFSET) keel_put_le64(at, request->offset);
+  if (rule->lead == LEAD_STEP) keel_put_le64(at, request->step);
   at += layout->lead;
   put_array(&at, request->rows, layout->rows);
   put_array(&at, request->refs, layout->refs);
@@ -366,7 +370,8 @@ size_t keel__ec_reply_body_bytes(const keel__ec_request *request, const keel__ec
       bytes = (uint64_t)request->count * F32_BYTES;
       break;
     case KEEL__EC_OP_READ_DENSE_BLOCK:
-      bytes = limits->dense_block_bytes;
+      /* Versioned: the block followed by its stamp. */
+      bytes = limits->dense_block_bytes + (request->flags & KEEL__EC_FLAG_VERSIONED ? 8u : 0u);
       break;
   }
   return fits && bytes < SIZE_MAX ? (size_t)bytes : SIZE_MAX;

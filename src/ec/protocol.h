@@ -25,13 +25,15 @@
  *    9 PUSH_DENSE        update  -            dense      step u64 | worker u32 | workers u32 |
  *                                                        f32[count]
  *   10 INIT_DENSE        0       -            dense      f32[count]
- *   11 READ_DENSE_BLOCK  0       -            0          -
- *   12 WRITE_DENSE_BLOCK 0       -            0          dense_block_bytes
+ *   11 READ_DENSE_BLOCK  0       VERSIONED    0          -
+ *   12 WRITE_DENSE_BLOCK 0       -            0          step u64 | dense_block_bytes
  * A block ref is  group u64 | member u32 | zero u32  (member < k + r, keel/ec.h's placement);
  * a delta ref  group u64 | data_member u32 | parity_member u32  (data_member < k <=
  * parity_member < k + r): the change of that data block, for that parity block; or
  * parity_member = data_member: for the data block itself (a rebuilding server's copy of a
- * lost row). Flag bit 0
+ * lost row). WRITE_DENSE_BLOCK's block is the dense block as its other holder left it after
+ * applying step's update (a rebuilding replica's copy), kept unless the one held is newer.
+ * Flag bit 0
  * (ACTING, VERSIONED, APPLY_NOW, ABORT) and bit 1 (QUERY) are the only flags, only where shown; an
  * update id is non-zero, every other id zero. Counts: "rows" and "refs" are at most max_count, any
  * from 0; "dense" is exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <=
@@ -47,7 +49,8 @@
  *   READ_BLOCKS: count * block_bytes in ref order; VERSIONED: each block followed by its k
  *   stamps, u64 each (keel__ec_shard's: 1 + the step of the last change from each data
  *   member; a data block's own at its member's place, 0 elsewhere); PULL_DENSE: f32[count];
- *   READ_DENSE_BLOCK: dense_block_bytes; the others: nothing.
+ *   READ_DENSE_BLOCK: dense_block_bytes, VERSIONED: then its stamp u64 (1 + the step of the
+ *   last update applied to it); the others: nothing.
  *
  * Configuration (INFO's reply body), KEEL__EC_CONFIG_BYTES:
  *    0 version u32 (1) | servers u32 | data_blocks u32 | parity_blocks u32 | dim u32 |
@@ -84,7 +87,8 @@ typedef enum keel__ec_op {
  * parity holder, rather than its own rows. */
 #define KEEL__EC_FLAG_ACTING 1u
 /* READ_BLOCKS: each block with its stamps, read together under its lock (a rebuild checks
- * that the blocks it decodes from are of the same steps). */
+ * that the blocks it decodes from are of the same steps); READ_DENSE_BLOCK: the block with
+ * its stamp. */
 #define KEEL__EC_FLAG_VERSIONED 1u
 /* PARITY_PREPARE: fold the deltas at once, no commit follows (two-phase commit off). */
 #define KEEL__EC_FLAG_APPLY_NOW 1u
@@ -138,7 +142,7 @@ typedef struct keel__ec_request {
   uint16_t flags;
   uint32_t count;
   uint64_t id;
-  uint64_t step;   /* PUSH_ROWS, PUSH_DENSE */
+  uint64_t step;   /* PUSH_ROWS, PUSH_DENSE, WRITE_DENSE_BLOCK */
   uint64_t offset; /* PULL_DENSE */
   uint32_t worker, workers;
   const uint64_t *rows;

@@ -4,9 +4,10 @@
  * sends it every change, and the updates each began before are done), it rebuilds its groups
  * chunk by chunk: k blocks of a group read with their stamps, the read repeated while the
  * stamps disagree (a change in flight), decoded, installed; changes that arrived for a group
- * not yet installed are kept and folded after it when newer than what was read. Then it is
- * REBUILT, and the first worker moves it back at a step boundary (client.c). Synchronous
- * mode only: the stamps are steps. */
+ * not yet installed are kept and folded after it when newer than what was read; a replica
+ * of the dense block is copied from the other holder (rebuild_dense). Then it is REBUILT, and the
+ * first worker moves it back at a step boundary (client.c). Synchronous mode only: the stamps are
+ * steps. */
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,28 @@ static keel_status barrier(keel_ec_server *server) {
   return status;
 }
 
+/* The dense block, when this server holds a replica of it: read from the other holder with
+ * its stamp. Since the barrier that holder sends every later step's block here too
+ * (WRITE_DENSE_BLOCK), and the newer one is kept, whichever comes first. */
+static keel_status rebuild_dense(keel_ec_server *server) {
+  keel__ec_shard *shard = &server->shard;
+  if (!shard->holds_dense) return KEEL_OK;
+  if ((server->wire.options & KEEL__EC_OPTION_DENSE_REPLICATED) == 0) return KEEL_EDATALOST;
+  uint8_t *body = malloc(shard->dense_block_bytes + sizeof(uint64_t));
+  if (body == NULL) return KEEL_ENOMEM;
+  keel__ec_request request = {.op = KEEL__EC_OP_READ_DENSE_BLOCK, .flags = KEEL__EC_FLAG_VERSIONED};
+  keel_status status = keel__ec_server_call(server, server->index == 0 ? 1 : 0, &request, body);
+  /* The other copy is gone too (unreachable, or a replacement itself): the block is lost. */
+  if (keel__ec_unreachable(status) || status == KEEL_EAGAIN) status = KEEL_EDATALOST;
+  if (status == KEEL_OK) {
+    pthread_mutex_lock(&shard->dense_lock);
+    keel__ec_shard_dense_install(shard, body, keel_get_le64(body + shard->dense_block_bytes));
+    pthread_mutex_unlock(&shard->dense_lock);
+  }
+  free(body);
+  return status;
+}
+
 /* Sleeps ms, in slices, so that a server stopped meanwhile is not held up. */
 static void pause_unless_stopped(keel_ec_server *server, uint32_t ms) {
   int64_t deadline = keel_deadline_after_ns((int64_t)ms * 1000000);
@@ -376,6 +399,7 @@ static keel_status rebuild_all(keel_ec_server *server) {
   }
   free(body), free(stamp_targets), free(targets), free(refs);
   free(stamps), free(space), free(reads), free(groups);
+  if (status == KEEL_OK) status = rebuild_dense(server);
   if (status == KEEL_OK) status = server->rebuild->status; /* a change it could not keep */
   return status;
 }

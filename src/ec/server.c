@@ -930,12 +930,59 @@ static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_v
 
 /* ---- the dense block */
 
-static keel_status dense_update(keel_ec_server *server, const float *gradients) {
+/* The other holder of the dense block, -1 when it is not replicated. */
+static int dense_replica(const keel_ec_server *server) {
+  bool replicated = (server->wire.options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0;
+  if (!replicated || server->servers < 2 || !server->shard.holds_dense) return -1;
+  return server->index == 0 ? 1 : 0;
+}
+
+/* The other holder when it gets this server's dense block after step's update: a
+ * replacement not yet serving at step (rebuilding, rebuilt, or back from a later step; the
+ * workers send it their pushes themselves from then on). A standing on its way back is read
+ * anew, so that the copies stop once it serves; -1 when none gets it. */
+static int dense_replica_behind(keel_ec_server *server, uint64_t step) {
+  int replica = dense_replica(server);
+  if (replica < 0) return -1;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    pthread_mutex_lock(&server->lost_lock);
+    uint64_t standing = server->standing[replica];
+    pthread_mutex_unlock(&server->lost_lock);
+    bool settled =
+        standing == KEEL__EC_LIVE || standing == KEEL__EC_LOST || standing == KEEL__EC_REBUILDING;
+    if (settled || attempt == 1)
+      return standing != KEEL__EC_LOST && keel__ec_lost_at(standing, step) ? replica : -1;
+    keel__ec_server_refresh(server);
+  }
+  return -1;
+}
+
+/* One update of the dense block. In a synchronous job the block is stamped with the step,
+ * a step whose copy came from the other holder first is in already, and a replacement of
+ * the other holder gets the block as it is after the step (under the updates lock, as row
+ * changes are: its rebuild's barrier waits for the updates begun before). */
+static keel_status dense_update(keel_ec_server *server, const float *gradients, uint64_t step,
+                                bool synchronous) {
   keel__ec_shard *shard = &server->shard;
+  pthread_rwlock_rdlock(&server->updates_lock);
+  int replica = synchronous ? dense_replica_behind(server, step) : -1;
+  uint8_t *copy = replica >= 0 ? malloc(shard->dense_block_bytes) : NULL;
+  keel_status status = replica >= 0 && copy == NULL ? KEEL_ENOMEM : KEEL_OK;
   pthread_mutex_lock(&shard->dense_lock);
-  keel_status status =
-      keel_ec_row_apply(&shard->optimizer, (int)shard->dense_count, shard->dense, gradients, NULL);
+  bool in_already = synchronous && shard->dense_stamp > step;
+  if (status == KEEL_OK && !in_already)
+    status = keel_ec_row_apply(&shard->optimizer, (int)shard->dense_count, shard->dense, gradients,
+                               NULL);
+  if (status == KEEL_OK && synchronous && !in_already) shard->dense_stamp = step + 1;
+  if (copy != NULL) memcpy(copy, shard->dense, shard->dense_block_bytes);
   pthread_mutex_unlock(&shard->dense_lock);
+  if (status == KEEL_OK && copy != NULL) {
+    keel__ec_request request = {.op = KEEL__EC_OP_WRITE_DENSE_BLOCK, .step = step, .blocks = copy};
+    status = keel__ec_server_call(server, replica, &request, NULL);
+    if (keel__ec_unreachable(status)) status = KEEL_OK; /* declared lost: it needs no copy */
+  }
+  pthread_rwlock_unlock(&server->updates_lock);
+  free(copy);
   return status;
 }
 
@@ -943,6 +990,9 @@ static keel_status dense_serve(keel_ec_server *server, const keel__ec_request *r
                                uint8_t *body) {
   keel__ec_shard *shard = &server->shard;
   if (!shard->holds_dense) return KEEL_EAGAIN;
+  /* A replacement serves no block before it is complete. */
+  bool read = request->op == KEEL__EC_OP_PULL_DENSE || request->op == KEEL__EC_OP_READ_DENSE_BLOCK;
+  if (read && keel__ec_rebuild_running(server)) return KEEL_EAGAIN;
   keel_status status = KEEL_OK;
   pthread_mutex_lock(&shard->dense_lock);
   switch (request->op) {
@@ -958,10 +1008,11 @@ static keel_status dense_serve(keel_ec_server *server, const keel__ec_request *r
       break;
     case KEEL__EC_OP_READ_DENSE_BLOCK:
       memcpy(body, shard->dense, shard->dense_block_bytes);
+      if (request->flags & KEEL__EC_FLAG_VERSIONED)
+        keel_put_le64(body + shard->dense_block_bytes, shard->dense_stamp);
       break;
     case KEEL__EC_OP_WRITE_DENSE_BLOCK:
-      memcpy(shard->dense, request->blocks, shard->dense_block_bytes);
-      shard->dense_set = true;
+      keel__ec_shard_dense_install(shard, request->blocks, request->step + 1);
       break;
     default:
       status = KEEL_EINVAL;
@@ -1032,7 +1083,7 @@ static keel_status step_apply(keel_ec_server *server, const step_slot *slot) {
   keel_status status;
   if (slot->op == KEEL__EC_OP_PUSH_DENSE) {
     status = merge_dense(slot, workers, server->shard.dense_count, &gradients);
-    if (status == KEEL_OK) status = dense_update(server, gradients);
+    if (status == KEEL_OK) status = dense_update(server, gradients, slot->step, true);
   } else {
     uint64_t *rows = NULL;
     size_t count = 0;
@@ -1164,14 +1215,16 @@ static keel_status push(keel_ec_server *server, const keel__ec_request *request,
   bool acting = (request->flags & KEEL__EC_FLAG_ACTING) != 0;
   if (request->op == KEEL__EC_OP_PUSH_DENSE && !server->shard.holds_dense) return KEEL_EAGAIN;
   if (server->wire.workers > 0) {
-    /* Refused at once, never kept: the step's other pushes go to the acting holders, and a
-     * push kept here would wait for them until the deadline (a chaos run, this session). */
-    if (request->op == KEEL__EC_OP_PUSH_ROWS && lost_at(server, request->step)) return KEEL_EAGAIN;
+    /* Refused at once, never kept: the step's other pushes go to the acting holders (the
+     * other dense holder), and a push kept here would wait for them until the deadline (as a
+     * chaos run found). */
+    if (lost_at(server, request->step)) return KEEL_EAGAIN;
     void *kept = *payload;
     *payload = NULL;
     return step_join(server, request, kept, acting);
   }
-  if (request->op == KEEL__EC_OP_PUSH_DENSE) return dense_update(server, request->values);
+  if (request->op == KEEL__EC_OP_PUSH_DENSE)
+    return dense_update(server, request->values, request->step, false);
   return apply_rows(server, request->rows, request->count, request->values, acting, request->step,
                     false);
 }
@@ -1359,20 +1412,17 @@ static keel_status server_prepare(keel_ec_server *server, const keel_ec_config *
   return status;
 }
 
-/* What a replacement cannot rebuild yet: an asynchronous job (no steps to stamp with) and a
- * replica of the dense block. */
+/* What a replacement cannot rebuild: an asynchronous job (no steps to stamp with) and the
+ * only copy of the dense block. */
 static keel_status replacement_check(const keel_ec_config *config, int index) {
   if (config->workers == 0)
     return keel__ec_invalid(
         "a replacement server needs a synchronous job (its rebuild "
         "orders changes by step)");
-  bool dense_here =
-      config->dense_count > 0 && (index == 0 || (config->replicate_dense && index == 1));
-  if (dense_here) {
+  if (config->dense_count > 0 && index == 0 && !config->replicate_dense) {
     KEEL_LOG_E(MODULE,
-               "server %d holds the dense block: rebuilding it is not supported yet "
-               "(the other replica keeps serving it)",
-               index);
+               "server 0 held the only copy of the dense block: no replacement can rebuild it "
+               "(replicate it to make server 0 replaceable)");
     return KEEL_ENOTSUP;
   }
   return KEEL_OK;
@@ -1449,7 +1499,9 @@ static keel_status server_launch(const keel_ec_config *config, int index,
   pthread_condattr_destroy(&attributes);
   keel__ec_directory_init(&server->directory, directory);
   keel_status status = server_prepare(server, config, index);
-  const char *faults = getenv("KEEL_FAULT");
+  /* The rules name the server they were written for by its index: a replacement (the next
+   * life of that index) takes none, as a spare that takes a rank has a uid of its own. */
+  const char *faults = replacement ? NULL : getenv("KEEL_FAULT");
   if (status == KEEL_OK && faults != NULL && faults[0] != '\0')
     status = keel_fault_plan_create(faults, (uint32_t)index, &server->faults);
   if (status == KEEL_OK) status = keel_listener_open(listen_address, &server->listener);

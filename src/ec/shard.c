@@ -190,3 +190,10 @@ keel_status keel__ec_shard_fold(keel__ec_shard *shard, uint64_t group, int data_
   if (status == KEEL_OK && step_mark != 0) *stamp = step_mark;
   return status;
 }
+
+void keel__ec_shard_dense_install(keel__ec_shard *shard, const uint8_t *block, uint64_t stamp) {
+  if (shard->dense_set && stamp < shard->dense_stamp) return;
+  memcpy(shard->dense, block, shard->dense_block_bytes);
+  shard->dense_stamp = stamp;
+  shard->dense_set = true;
+}

@@ -30,6 +30,9 @@ typedef struct keel__ec_shard {
   pthread_mutex_t stripes[KEEL__EC_STRIPES];
   /* The dense block, when this server holds it. */
   bool holds_dense, dense_set;
+  /* 1 + the step of the last synchronous update in the dense block (0: none), under
+   * dense_lock: a replica's copy of a later step replaces it (keel__ec_shard_dense_install). */
+  uint64_t dense_stamp;
   uint64_t dense_count;
   size_t dense_block_bytes;
   uint8_t *dense;
@@ -54,6 +57,11 @@ uint64_t *keel__ec_shard_data_step(keel__ec_shard *shard, uint64_t group, int me
 /* The k stamps of block (group, member) held here into stamps: a parity block's own, or a
  * data block's at its member's place and 0 elsewhere. Caller holds the group's lock. */
 void keel__ec_shard_stamps(keel__ec_shard *shard, uint64_t group, int member, uint64_t *stamps);
+
+/* Takes block, a copy of the dense block of stamp (1 + the step of its last update), unless
+ * the one held is newer: a replacement's copy from the other holder, which may arrive after
+ * the step's own update (the copy is then the same bytes). Caller holds dense_lock. */
+void keel__ec_shard_dense_install(keel__ec_shard *shard, const uint8_t *block, uint64_t stamp);
 
 /* One optimizer step on block from gradient; delta (block_bytes) gets old XOR new. */
 keel_status keel__ec_shard_apply(keel__ec_shard *shard, uint8_t *block, const float *gradient,

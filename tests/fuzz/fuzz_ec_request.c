@@ -153,8 +153,8 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
       {.op = KEEL__EC_OP_PULL_DENSE, .count = 2, .offset = 1},
       {.op = KEEL__EC_OP_PUSH_DENSE, .count = 3, .id = 4, .workers = 1, .values = values},
       {.op = KEEL__EC_OP_INIT_DENSE, .count = 3, .values = values},
-      {.op = KEEL__EC_OP_READ_DENSE_BLOCK},
-      {.op = KEEL__EC_OP_WRITE_DENSE_BLOCK, .blocks = bytes},
+      {.op = KEEL__EC_OP_READ_DENSE_BLOCK, .flags = KEEL__EC_FLAG_VERSIONED},
+      {.op = KEEL__EC_OP_WRITE_DENSE_BLOCK, .step = 12, .blocks = bytes},
   };
   size_t request_seeds = sizeof seeds / sizeof seeds[0];
   if (index < 0) return 0;

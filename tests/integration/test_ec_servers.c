@@ -412,23 +412,34 @@ static void check_job(ec_job *job, uint64_t lost_expected) {
   keel_ec_client_close(client);
 }
 
-/* Server 0's checkpoint: its rows in slot order (slot 0 is row 0), then the dense block. */
-static void check_checkpoint(ec_job *job) {
+/* In-process server index's checkpoint, as written (*bytes_p long), its dense block (when it
+ * holds one) at the end checked against the reference's (parameters and optimizer state). */
+static char *checkpoint_checked(ec_job *job, int index, uint64_t *bytes_p) {
   char path[512];
-  snprintf(path, sizeof path, "%s/server-0.ckpt", keel_test_tempdir("keel-ec-ckpt"));
+  snprintf(path, sizeof path, "%s/server-%d.ckpt", keel_test_tempdir("keel-ec-ckpt"), index);
   uint64_t bytes = 0;
-  assert_int_equal(keel_ec_server_checkpoint(job->servers[0], path, &bytes), KEEL_OK);
+  assert_int_equal(keel_ec_server_checkpoint(job->servers[index], path, &bytes), KEEL_OK);
   size_t length = 0;
   char *written = keel_test_read_file(path, &length);
   assert_non_null(written);
-  assert_int_equal(length, bytes);
+  assert_true(length == bytes && bytes >= job->dense_block_bytes);
+  if (index <= 1)
+    assert_memory_equal(written + bytes - job->dense_block_bytes, job->dense,
+                        job->dense_block_bytes);
+  *bytes_p = bytes;
+  return written;
+}
+
+/* Server 0's checkpoint: its rows in slot order (slot 0 is row 0), then the dense block. */
+static void check_checkpoint(ec_job *job) {
+  uint64_t bytes = 0;
+  char *written = checkpoint_checked(job, 0, &bytes);
   uint64_t groups = (job->config.total_rows + 2) / 3, data_rows = 0, parity_rows = 0;
   keel_ec_layout layout;
   keel_ec_layout_init(job->config.servers, 3, 1, &layout);
   keel_ec_layout_count(&layout, 0, groups, &data_rows, &parity_rows);
   assert_int_equal(bytes, data_rows * job->block_bytes + job->dense_block_bytes);
   assert_memory_equal(written, job->blocks, job->block_bytes);
-  assert_memory_equal(written + bytes - job->dense_block_bytes, job->dense, job->dense_block_bytes);
   free(written);
   /* A folder that does not exist: an error, and nothing left behind. */
   assert_int_not_equal(
@@ -677,15 +688,17 @@ static void test_push_sent_again_to_a_replacement(void **state) {
   job_stop(&job);
 }
 
-/* A server lost, then replaced while training goes on: the replacement rebuilds its rows and
- * parity blocks, comes back at a step boundary and serves them; every row ends exact and every
- * parity block consistent, the replaced server live again. */
-static void check_replacement(int servers, int k, int r, bool processes) {
+/* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
+ * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
+ * boundary and serves them; every row ends exact and every parity block consistent, the
+ * replaced server live again. In process, the replacement's dense block is checked itself,
+ * whether or not the job ended before it served. */
+static void check_replacement(int servers, int k, int r, bool processes, int lose) {
   ec_job job;
   job_start(&job, servers, k, r, KEEL_EC_ADAGRAD);
   job.config.two_phase_commit = true;
   job.lose_at = 4;
-  job.lose = servers - 1;
+  job.lose = lose;
   job.replace_at = 6;
   if (processes)
     processes_start(&job, keel_test_tempdir("keel-ec-replace"), NULL);
@@ -699,6 +712,10 @@ static void check_replacement(int servers, int k, int r, bool processes) {
   standing_wait_past(&job, job.lose, "rebuilding");
   bool live = strcmp(standing_read(&job, job.lose), "live") == 0;
   check_job(&job, live ? 0u : 1u << job.lose);
+  if (!processes) {
+    uint64_t bytes = 0;
+    free(checkpoint_checked(&job, lose, &bytes));
+  }
   job_stop(&job);
 }
 
@@ -732,12 +749,26 @@ static void test_server_lost_during_a_rebuild(void **state) {
 
 static void test_replacement_rebuilt_in_process(void **state) {
   (void)state;
-  check_replacement(4, 3, 1, false);
+  check_replacement(4, 3, 1, false, 3);
 }
 
 static void test_replacement_process_after_kill(void **state) {
   (void)state;
-  check_replacement(5, 3, 2, true);
+  check_replacement(5, 3, 2, true, 4);
+}
+
+/* The holders of the dense block: server 0, whose loss sends the workers' dense pushes to
+ * server 1 alone, which then sends its block after each step to the replacement; and server
+ * 1, which server 0 sends it to. A `keel server --replace` of server 0 after SIGKILL too. */
+static void test_dense_holder_replaced_in_process(void **state) {
+  (void)state;
+  check_replacement(4, 3, 1, false, 0);
+  check_replacement(4, 3, 1, false, 1);
+}
+
+static void test_dense_holder_replaced_after_kill(void **state) {
+  (void)state;
+  check_replacement(5, 3, 2, true, 0);
 }
 
 int main(void) {
@@ -757,6 +788,8 @@ int main(void) {
       cmocka_unit_test(test_push_sent_again_to_a_replacement),
       cmocka_unit_test(test_replacement_rebuilt_in_process),
       cmocka_unit_test(test_replacement_process_after_kill),
+      cmocka_unit_test(test_dense_holder_replaced_in_process),
+      cmocka_unit_test(test_dense_holder_replaced_after_kill),
       cmocka_unit_test(test_server_lost_during_a_rebuild),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */

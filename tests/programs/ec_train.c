@@ -163,6 +163,8 @@ static keel_status client_open(worker *self) {
       .dim = (int)self->options.dim,
       .total_rows = (uint64_t)self->options.rows,
       .dense_count = (uint64_t)self->options.dense,
+      /* On servers 0 and 1, as examples/dlrm has it: any one server may be lost and replaced. */
+      .replicate_dense = true,
       .seed = (uint64_t)self->options.seed,
       .init_scale = 0.1f,
   };

@@ -64,7 +64,7 @@ static bool op_updates(uint16_t op) {
 static bool op_has_flag(uint16_t op) {
   return op == KEEL__EC_OP_PULL_ROWS || op == KEEL__EC_OP_PUSH_ROWS ||
          op == KEEL__EC_OP_READ_BLOCKS || op == KEEL__EC_OP_PARITY_PREPARE ||
-         op == KEEL__EC_OP_PARITY_COMMIT;
+         op == KEEL__EC_OP_PARITY_COMMIT || op == KEEL__EC_OP_READ_DENSE_BLOCK;
 }
 static bool op_counts_items(uint16_t op) { return op >= 2 && op <= 6; }
 static bool op_counts_nothing(uint16_t op) {
@@ -74,10 +74,11 @@ static bool op_counts_nothing(uint16_t op) {
 
 /* ---- an encoder written from the table: field by field, without checks */
 
-/* What a request's body holds: lead bytes (16: step, worker, workers; 8: offset), then rows,
- * refs, f32 values and block bytes. */
+/* What a request's body holds: lead bytes (16: step, worker, workers; 8: offset, or the
+ * step when step_alone), then rows, refs, f32 values and block bytes. */
 typedef struct parts {
   size_t lead, rows, refs, floats, block_bytes;
+  bool step_alone;
 } parts;
 
 static parts parts_of(const keel__ec_request *request, const keel__ec_limits *with) {
@@ -99,7 +100,7 @@ static parts parts_of(const keel__ec_request *request, const keel__ec_limits *wi
     case KEEL__EC_OP_INIT_DENSE:
       return (parts){.floats = count};
     case KEEL__EC_OP_WRITE_DENSE_BLOCK:
-      return (parts){.block_bytes = with->dense_block_bytes};
+      return (parts){.lead = 8, .step_alone = true, .block_bytes = with->dense_block_bytes};
   }
   return (parts){0};
 }
@@ -123,7 +124,7 @@ static size_t reference_encode(const keel__ec_request *request, const keel__ec_l
     keel_put_le32(out + at + 8, request->worker);
     keel_put_le32(out + at + 12, request->workers);
   }
-  if (p.lead == 8) keel_put_le64(out + at, request->offset);
+  if (p.lead == 8) keel_put_le64(out + at, p.step_alone ? request->step : request->offset);
   at += p.lead;
   for (size_t i = 0; i < p.rows; i++, at += 8) keel_put_le64(out + at, request->rows[i]);
   for (size_t i = 0; i < p.refs; i++, at += 16) {
@@ -184,6 +185,7 @@ static void sample_make(sample *s, uint16_t op, uint32_t count) {
     s->request.workers = 3;
   }
   if (op == KEEL__EC_OP_PULL_DENSE) s->request.offset = limits.dense_count - count;
+  if (op == KEEL__EC_OP_WRITE_DENSE_BLOCK) s->request.step = 2000;
 }
 
 /* ---- checks */
@@ -241,10 +243,10 @@ static void assert_decoded_equal(const keel__ec_request *decoded, const keel__ec
   assert_int_equal(decoded->id, sent->id);
   parts p = parts_of(sent, &limits);
   /* What the op does not carry comes back as zero and NULL. */
-  assert_int_equal(decoded->step, p.lead == 16 ? sent->step : 0);
+  assert_int_equal(decoded->step, p.lead == 16 || p.step_alone ? sent->step : 0);
   assert_int_equal(decoded->worker, p.lead == 16 ? sent->worker : 0);
   assert_int_equal(decoded->workers, p.lead == 16 ? sent->workers : 0);
-  assert_int_equal(decoded->offset, p.lead == 8 ? sent->offset : 0);
+  assert_int_equal(decoded->offset, p.lead == 8 && !p.step_alone ? sent->offset : 0);
   bool rows = sent->op == KEEL__EC_OP_PULL_ROWS || sent->op == KEEL__EC_OP_PUSH_ROWS;
   bool refs = sent->op >= KEEL__EC_OP_READ_BLOCKS && sent->op <= KEEL__EC_OP_PARITY_PREPARE;
   bool values = sent->op == KEEL__EC_OP_PUSH_ROWS || sent->op == KEEL__EC_OP_PUSH_DENSE ||
@@ -819,6 +821,7 @@ static void test_reply_body_bytes(void **state) {
       {KEEL__EC_OP_PUSH_DENSE, 5, 0},
       {KEEL__EC_OP_INIT_DENSE, 5, 0},
       {KEEL__EC_OP_READ_DENSE_BLOCK, 0, 24},
+      {KEEL__EC_OP_READ_DENSE_BLOCK | 0x10000, 0, 24 + 8},
       {KEEL__EC_OP_WRITE_DENSE_BLOCK, 0, 0},
   };
   for (size_t i = 0; i < COUNT(cases); i++) {

@@ -63,11 +63,10 @@
 #define ETCD_START_MS 30000
 #define ETCD_RESTART_MS 20000
 #define DELAY_MAX_NS (20 * MS_NS)
-/* server-kill: servers 0 and 1 may hold the dense block, which no replacement rebuilds yet
- * (docs/ECREC.md), so the kills go to servers 2 and up. The job's standing of its servers
- * (ec/lost/<i>) is read this often while a killed one is not back. */
-#define SERVER_KILL_FIRST 2
+/* server-kill: the job's standing of its servers (ec/lost/<i>) is read this often while a
+ * killed one is not back, and its configuration (ec/config) waited for this long. */
 #define SERVER_LOOK_NS (20 * MS_NS)
+#define SERVER_CONFIG_WAIT_NS (2 * SECOND_NS)
 #define SERVER_BACK_WAIT_NS (15 * SECOND_NS)
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
@@ -313,9 +312,6 @@ static const char *kind_refusal(const chaos_options *options, keel__chaos_kind k
         return "server-kill needs replacement servers (--ec-sync, whose default is "
                "--on-server-failure replace): without them each kill leaves a server down, and "
                "r + 1 of them lose rows of the model";
-      if (run->servers < SERVER_KILL_FIRST + 1)
-        return "server-kill needs --servers 3 or more: it kills servers 2 and up, since 0 and 1 "
-               "may hold the dense block, which a replacement cannot rebuild yet";
       return NULL;
     case KEEL__CHAOS_ETCD_KILL:
     case KEEL__CHAOS_ETCD_STOP:
@@ -845,14 +841,28 @@ static bool servers_all_serving(chaos_job *job) {
   return serving;
 }
 
-/* server-kill: SIGKILL to one of servers 2 and up through keel inject, once every server
- * serves again: a second server lost while one is rebuilt could be more than the parity
- * covers (r = 1), which no job survives. The kill's detection and recovery are read from
- * the directory (servers_tick). */
+/* The first server a kill may hit: 1 when server 0 holds the only copy of the dense block
+ * (the program did not replicate it), which no replacement could rebuild; else 0. -1 while
+ * the job has published no configuration. */
+static int server_kill_first(chaos_job *job) {
+  keel_store *store = job_store(job);
+  keel_ec_config config;
+  if (store == NULL ||
+      keel_ec_config_wait(store, keel_deadline_after_ns(SERVER_CONFIG_WAIT_NS), &config) != KEEL_OK)
+    return -1;
+  return config.dense_count > 0 && !config.replicate_dense ? 1 : 0;
+}
+
+/* server-kill: SIGKILL to one server through keel inject, once every server serves again: a
+ * second server lost while one is rebuilt could be more than the parity covers (r = 1), which
+ * no job survives. The kill's detection and recovery are read from the directory
+ * (servers_tick). */
 static bool server_failure_try(chaos_job *job, keel__chaos_failure *failure) {
   if (job->server_down != NULL || !servers_all_serving(job)) return false;
-  int64_t killable = job->options->run.servers - SERVER_KILL_FIRST;
-  failure->node = SERVER_KILL_FIRST + failure->target % killable;
+  int first = server_kill_first(job);
+  if (first < 0) return false;
+  int64_t killable = job->options->run.servers - first;
+  failure->node = first + failure->target % killable;
   char standing[32], target[32], output[256];
   if (!server_standing(job, failure->node, standing, sizeof standing, &failure->mark)) return false;
   snprintf(target, sizeof target, "server:%" PRId64, failure->node);

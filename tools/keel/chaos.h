@@ -19,7 +19,7 @@ typedef enum keel__chaos_kind {
   KEEL__CHAOS_KILL_NODE,     /* a node's agent and processes killed at once (--agents, --netns) */
   KEEL__CHAOS_PARTITION,     /* a node's link cut, healed later (--netns) */
   KEEL__CHAOS_DELAY,         /* a node's frames held back for a while (--agents, --netns) */
-  KEEL__CHAOS_SERVER_KILL,   /* SIGKILL to a parameter server (2 and up), replaced by keel run */
+  KEEL__CHAOS_SERVER_KILL,   /* SIGKILL to a parameter server, replaced by keel run */
   KEEL__CHAOS_ETCD_KILL,     /* an etcd member killed, started again later (--etcd) */
   KEEL__CHAOS_ETCD_STOP,     /* an etcd member stopped, resumed later (--etcd) */
   KEEL__CHAOS_KIND_COUNT,
