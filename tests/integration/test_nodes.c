@@ -553,8 +553,10 @@ static void events_wait(const keel_test_job *job, event_want want) {
 
 /* With --rejoin-wait, a partitioned node fences itself as ever; after the heal its agent
  * starts again (same pid) as a spare node whose spares take the node's unused uids, and the
- * job, shrunk meanwhile, goes on with them in its pool. Stopped with SIGINT once they are
- * ready: the job is long, so that it is still training when the node comes back. */
+ * job, shrunk meanwhile, goes on with them in its pool. Its new life, partitioned in turn,
+ * is lost by a decision of its own (the root used to keep the first one's mark forever and
+ * wrote none). Stopped with SIGINT after that: the job is long, so that it is still training
+ * when the node comes back. */
 static void healed_node_rejoins_as_a_spare_node(void **state) {
   (void)state;
   skip_without_root();
@@ -572,6 +574,8 @@ static void healed_node_rejoins_as_a_spare_node(void **state) {
   events_wait(&job, (event_want){"node_fence", 2, 1});
   /* Its two workers reaped, and their deaths not written: the store is out of reach. */
   events_wait(&job, (event_want){"exit", -1, 2});
+  /* Its key gone with its lease: the root decided. */
+  events_wait(&job, (event_want){"root_decision", 2, 1});
   const char *heal[] = {"inject", "heal", "2", "--job", job_id, NULL};
   assert_int_equal(keel_test_keel(heal, job.output, 10000), 0);
   events_wait(&job, (event_want){"agent_rejoin", 2, 1});
@@ -589,6 +593,9 @@ static void healed_node_rejoins_as_a_spare_node(void **state) {
   char last_event[64];
   wait_node_last_event(job_id, 2, last_event, sizeof last_event);
   assert_string_not_equal(last_event, "node_fence");
+  assert_int_equal(keel_test_keel(partition, job.output, 10000), 0);
+  events_wait(&job, (event_want){"root_decision", 2, 2});
+  assert_int_equal(keel_test_keel(heal, job.output, 10000), 0);
   kill(launcher, SIGINT);
   int code = job_finish(&job, launcher);
   assert_int_equal(code, 128 + SIGINT);

@@ -238,6 +238,7 @@ typedef struct keel__agent_state {
 #define KEEL__UID_MARKED 2 /* the root wrote dead/<uid> */
 #define KEEL__NODE_SEEN 1  /* its node/ key appeared */
 #define KEEL__NODE_LOST 2  /* the root decided it is lost (decision/node/<i>) */
+#define KEEL__NODE_BACK 4  /* lost, and a new life of it appeared before the decision was done */
 
 typedef struct keel__launcher {
   keel__run_options options;

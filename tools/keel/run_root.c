@@ -80,7 +80,11 @@ static void root_settle(keel__launcher *launcher) {
       keel__event_emit(launcher, "node_lost",
                        "\"node\":%lld,\"by_root\":%lld,\"processes\":%zu,\"still_alive\":%zu",
                        (long long)node, (long long)agent->node, marked, open);
-    if (open == 0 && settled > 0) decision_put(launcher, node, DECISION_DONE);
+    if (open == 0 && settled > 0) {
+      decision_put(launcher, node, DECISION_DONE);
+      if (agent->node_state[node] & KEEL__NODE_BACK)
+        agent->node_state[node] &= (uint8_t) ~(KEEL__NODE_LOST | KEEL__NODE_BACK);
+    }
   }
 }
 
@@ -93,6 +97,22 @@ static bool decision_get(keel__launcher *launcher, int64_t node, char *text, siz
   snprintf(text, capacity, "%s", (const char *)entry->value);
   keel_store_entry_free(entry);
   return true;
+}
+
+/* A lost node's key is there again: a new life of it (an agent that rejoined, a node started
+ * again). Once the old life's decision is done, the new one is lost only by a decision of
+ * its own, and its processes, which its agent reports, are not the root's to mark. Until
+ * then the mark stays: a report of the old key's end may come twice (a listing and a watch),
+ * and the second must not decide again. */
+static void root_note_back(keel__launcher *launcher, int64_t node) {
+  keel__agent_state *agent = &launcher->agent;
+  if (!(agent->node_state[node] & KEEL__NODE_LOST)) return;
+  char decision[16];
+  if (decision_get(launcher, node, decision, sizeof decision) &&
+      strcmp(decision, DECISION_DONE) == 0)
+    agent->node_state[node] &= (uint8_t) ~(KEEL__NODE_LOST | KEEL__NODE_BACK);
+  else
+    agent->node_state[node] |= KEEL__NODE_BACK;
 }
 
 static void root_decide_lost(keel__launcher *launcher, int64_t node) {
@@ -131,6 +151,7 @@ static void root_take_over(keel__launcher *launcher) {
     keel_store_entry *entry = NULL;
     keel_status status = keel_store_get(launcher->store, key, &entry);
     keel_store_entry_free(entry);
+    if (status == KEEL_OK) root_note_back(launcher, node);
     if (status == KEEL_ENOTFOUND && (agent->node_state[node] & KEEL__NODE_SEEN))
       root_decide_lost(launcher, node);
   }
@@ -168,8 +189,9 @@ void keel__root_note_report(keel__launcher *launcher, const keel__report *report
       root_settle(launcher);
       return;
     case KEEL__REPORT_NODE:
-      if ((int64_t)report->uid < agent->node_count)
-        agent->node_state[report->uid] |= KEEL__NODE_SEEN;
+      if ((int64_t)report->uid >= agent->node_count) return;
+      agent->node_state[report->uid] |= KEEL__NODE_SEEN;
+      if (agent->is_root) root_note_back(launcher, (int64_t)report->uid);
       return;
     case KEEL__REPORT_NODE_GONE:
       /* The root's own node may be the one gone: its "root" key went with its lease. */
