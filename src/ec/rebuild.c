@@ -345,11 +345,12 @@ static keel_status barrier(keel_ec_server *server) {
 static keel_status rebuild_dense(keel_ec_server *server) {
   keel__ec_shard *shard = &server->shard;
   if (!shard->holds_dense) return KEEL_OK;
-  if ((server->wire.options & KEEL__EC_OPTION_DENSE_REPLICATED) == 0) return KEEL_EDATALOST;
+  int other = keel__ec_dense_replica(server);
+  if (other < 0) return KEEL_EDATALOST; /* the only copy was here */
   uint8_t *body = malloc(shard->dense_block_bytes + sizeof(uint64_t));
   if (body == NULL) return KEEL_ENOMEM;
   keel__ec_request request = {.op = KEEL__EC_OP_READ_DENSE_BLOCK, .flags = KEEL__EC_FLAG_VERSIONED};
-  keel_status status = keel__ec_server_call(server, server->index == 0 ? 1 : 0, &request, body);
+  keel_status status = keel__ec_server_call(server, other, &request, body);
   /* The other copy is gone too (unreachable, or a replacement itself): the block is lost. */
   if (keel__ec_unreachable(status) || status == KEEL_EAGAIN) status = KEEL_EDATALOST;
   if (status == KEEL_OK) {

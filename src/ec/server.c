@@ -930,11 +930,17 @@ static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_v
 
 /* ---- the dense block */
 
-/* The other holder of the dense block, -1 when it is not replicated. */
-static int dense_replica(const keel_ec_server *server) {
+int keel__ec_dense_replica(const keel_ec_server *server) {
   bool replicated = (server->wire.options & KEEL__EC_OPTION_DENSE_REPLICATED) != 0;
   if (!replicated || server->servers < 2 || !server->shard.holds_dense) return -1;
   return server->index == 0 ? 1 : 0;
+}
+
+static uint64_t standing_of(keel_ec_server *server, int index) {
+  pthread_mutex_lock(&server->lost_lock);
+  uint64_t standing = server->standing[index];
+  pthread_mutex_unlock(&server->lost_lock);
+  return standing;
 }
 
 /* The other holder when it gets this server's dense block after step's update: a
@@ -942,19 +948,16 @@ static int dense_replica(const keel_ec_server *server) {
  * workers send it their pushes themselves from then on). A standing on its way back is read
  * anew, so that the copies stop once it serves; -1 when none gets it. */
 static int dense_replica_behind(keel_ec_server *server, uint64_t step) {
-  int replica = dense_replica(server);
+  int replica = keel__ec_dense_replica(server);
   if (replica < 0) return -1;
-  for (int attempt = 0; attempt < 2; attempt++) {
-    pthread_mutex_lock(&server->lost_lock);
-    uint64_t standing = server->standing[replica];
-    pthread_mutex_unlock(&server->lost_lock);
-    bool settled =
-        standing == KEEL__EC_LIVE || standing == KEEL__EC_LOST || standing == KEEL__EC_REBUILDING;
-    if (settled || attempt == 1)
-      return standing != KEEL__EC_LOST && keel__ec_lost_at(standing, step) ? replica : -1;
+  uint64_t standing = standing_of(server, replica);
+  bool on_its_way =
+      standing != KEEL__EC_LIVE && standing != KEEL__EC_LOST && standing != KEEL__EC_REBUILDING;
+  if (on_its_way) {
     keel__ec_server_refresh(server);
+    standing = standing_of(server, replica);
   }
-  return -1;
+  return standing != KEEL__EC_LOST && keel__ec_lost_at(standing, step) ? replica : -1;
 }
 
 /* One update of the dense block. In a synchronous job the block is stamped with the step,

@@ -113,6 +113,10 @@ keel_status keel__ec_server_call_each(keel_ec_server *server, const bool *target
                                       const keel__ec_request *requests, void *const *bodies,
                                       keel_status *statuses);
 
+/* The other holder of the dense block (1 for server 0, 0 for server 1); -1 when this
+ * server holds none or the block is not replicated. */
+int keel__ec_dense_replica(const keel_ec_server *server);
+
 /* ---- a replacement's rebuild (rebuild.c) */
 
 /* Starts rebuilding this server's blocks from the others in a thread of its own: the server
