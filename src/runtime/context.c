@@ -360,6 +360,17 @@ void keel__commit_note(keel_ctx *ctx, uint64_t step) {
   if (keel_now_ns() - run->reported_ns >= COMMITS_INTERVAL_NS) commits_report(ctx);
 }
 
+/* A state this process received in a recovery (from a peer or a tier) says that the step
+ * before its version was committed, by processes that may all die before their next
+ * `commits` line (finding 43: a partitioned node's ranks committed a step alone, handed it
+ * on and were fenced). The receivers live on, and their line fills that gap. */
+void keel__commit_received(keel_ctx *ctx, uint64_t version) {
+  if (!ctx->config.finish_crc || version == 0) return;
+  char fields[48];
+  snprintf(fields, sizeof fields, "\"step\":%" PRIu64, version - 1);
+  keel__report_line(ctx, "received_commit", fields);
+}
+
 void keel__finish_note(keel_ctx *ctx, uint64_t version) {
   if (!ctx->config.finish_crc) return;
   ctx->finish_known = true;

@@ -257,6 +257,7 @@ static keel_status round_run(keel_ctx *ctx, const keel_rebuild_vote *base_vote,
   position->has_state = true;
   position->version = plan.version;
   keel__step_state_set(ctx->step, plan.version, true);
+  if (transfer.received) keel__commit_received(ctx, plan.version);
   result->forward = plan.forward;
   result->received = transfer.received;
   recovery->reporter_uid = reporter_of(decision);
@@ -464,6 +465,7 @@ static keel_status admitted(keel_ctx *ctx, keel_comm *comm, bool *received_p,
   *failed_p = transfer;
   if (transfer.tier_failed) status = tier_failed_round(comm);
   if (status == KEEL_OK) keel__step_state_set(ctx->step, plan.version, true);
+  if (status == KEEL_OK && transfer.received) keel__commit_received(ctx, plan.version);
   if (status == KEEL_OK)
     unsure_keep(ctx->recovery, decision->failed, decision->failed_count, reporter_of(decision),
                 true);

@@ -320,6 +320,9 @@ struct keel_ctx {
 /* context.c: with KEEL_FINISH_CRC, notes that this process committed step (called by
  * keel_step_commit once the commit hooks ran) for the `commits` lines. */
 void keel__commit_note(keel_ctx *ctx, uint64_t step);
+/* context.c: with KEEL_FINISH_CRC, says in a `received_commit` line that this process took a
+ * state of version (its step version - 1 committed elsewhere) in a recovery. */
+void keel__commit_received(keel_ctx *ctx, uint64_t version);
 /* context.c: with KEEL_FINISH_CRC, keeps the crc32c of the registered state that the commit
  * of step version - 1 left (called by keel_step_commit). */
 void keel__finish_note(keel_ctx *ctx, uint64_t version);

@@ -99,15 +99,19 @@ static void last_transfers(const keel_test_events *log, char *text, size_t capac
 /* ---- state sources */
 
 /* Rank 1 dies at the start of step 7: with two shards (ranks 0 and 2 hold shard 0, 1 and 3
- * shard 1) the spare (uid 4) must take shard 1, and only uid 3 holds it. */
+ * shard 1) the spare (uid 4) must take shard 1, and only uid 3 holds it. With
+ * KEEL_FINISH_CRC the spare says which committed step it received (step 6, the last before
+ * the kill), and it alone: the survivors kept their own state. */
 static void test_sharded_replace_from_the_holder(void **state) {
   (void)state;
   unsigned clean = clean_crc();
   keel_test_job run;
   const char *fault = "kill@rank=1,step=7,point=step";
-  assert_int_equal(toy_job(&run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace"),
-                           LIST("--shards", "2"), fault),
-                   0);
+  setenv("KEEL_FINISH_CRC", "1", 1);
+  int code = toy_job(&run, LIST("-n", "4", "--spares", "1", "--on-failure", "replace"),
+                     LIST("--shards", "2"), fault);
+  unsetenv("KEEL_FINISH_CRC");
+  assert_int_equal(code, 0);
   assert_int_equal(keel_test_toy_assert_consistent(run.output, 4, TOY_STEP_COUNT), clean);
   keel_test_events log = job_events(&run);
   assert_rules_fired(&log, fault);
@@ -115,6 +119,11 @@ static void test_sharded_replace_from_the_holder(void **state) {
   last_transfers(&log, transfers, sizeof transfers);
   if (strcmp(transfers, "[{\"to\":4,\"from\":3,\"shard\":1}]") != 0)
     fail_msg("the replacement's shard came from the wrong place: %s (%s)", transfers, run.events);
+  const char *received = keel_test_events_find(&log, "received_commit", 4);
+  if (received == NULL || keel_test_events_count(&log, "received_commit") != 1 ||
+      strstr(received, "\"step\":6") == NULL)
+    fail_msg("the replacement should say once that it received step 6: %s (%s)",
+             received ? received : "no received_commit event", run.events);
   keel_test_events_assert_none_left(&log);
   keel_test_events_free(&log);
 }

@@ -245,6 +245,45 @@ static void test_a_step_no_process_committed_is_found(void **state) {
   assert_int_equal(steps.redone, 0);
 }
 
+static void received_commit_line(observed *o, unsigned uid, int epoch, int step) {
+  char line[256];
+  snprintf(line, sizeof line,
+           "{\"event\":\"received_commit\",\"uid\":%u,\"rank\":2,\"epoch\":%d,\"t_ns\":1,"
+           "\"step\":%d}\n",
+           uid, epoch, step);
+  events_read(o, line);
+}
+
+/* Finding 43: uids 1 and 2 alone committed step 10 in epoch 1 and died before saying so;
+ * uid 3 received that state in the recovery to epoch 2 and went on from 11. The step is
+ * counted once, as said only by a receiver; a receiver's line for a step its committers did
+ * say changes nothing, and one outside the committed steps is ignored. */
+static void test_a_step_said_by_its_receiver_is_committed(void **state) {
+  observed *o = *state;
+  commits_line(o, 1, 0, 1, 0, 9);
+  commits_line(o, 2, 0, 1, 0, 9);
+  commits_line(o, 3, 0, 1, 0, 9);
+  received_commit_line(o, 3, 2, 10);
+  received_commit_line(o, 4, 2, 9);
+  received_commit_line(o, 4, 3, 40);
+  commits_line(o, 3, 1, 2, 11, 19);
+  commits_line(o, 4, 0, 2, 11, 19);
+  keel__chaos_steps steps = steps_counted(o);
+  assert_int_equal(steps.first, 0);
+  assert_int_equal(steps.last, 19);
+  assert_int_equal(steps.skipped, 0);
+  assert_int_equal(steps.held_only, 1);
+  assert_int_equal(steps.redone, 0);
+  /* Without the receiver's line, the same history has a skip. */
+  keel__chaos_run_clear(o->run);
+  commits_line(o, 1, 0, 1, 0, 9);
+  commits_line(o, 3, 1, 2, 11, 19);
+  steps = steps_counted(o);
+  assert_int_equal(steps.skipped, 1);
+  assert_int_equal(steps.first_skipped, 10);
+  assert_int_equal(steps.held_only, 0);
+}
+
 /* Step 10 committed in epoch 1 by uid 1 (uid 2 died in it) and again in epoch 2: redone once.
  * A roll-back within epoch 2 (a second run of each process from step 15) redoes 15..19 once
  * more, counted once for the epoch however many ranks redid them. */
@@ -303,6 +342,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_steps_of_a_replace_are_committed_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_step_no_process_committed_is_found, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_step_said_by_its_receiver_is_committed, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_steps_committed_again_are_redone, setup, teardown),
       cmocka_unit_test_setup_teardown(test_spares_killed_after_the_finish_are_cleanup, setup,
                                       teardown),

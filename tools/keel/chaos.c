@@ -1365,11 +1365,13 @@ static bool steps_check(const chaos_job *job, chaos_verdict *verdict) {
     snprintf(redone, sizeof redone, " (step %" PRId64 " %" PRId64 " times)", steps.most_redone,
              steps.most_redone_times);
   check(verdict, steps.skipped == 0 && steps.redone <= allowed, "steps-once",
-        "steps %" PRId64 " to %" PRId64 ", %zu runs of commits: %" PRId64
-        " committed by no process%s; %" PRId64 " commits redone%s, at most %" PRId64
+        "steps %" PRId64 " to %" PRId64 ", %zu lines of commits: %" PRId64
+        " committed by no process%s, %" PRId64
+        " said only by a process that received their state; %" PRId64
+        " commits redone%s, at most %" PRId64
         " (one per failure, and the steps a verification sent the job back)",
-        steps.first, steps.last, run->commit_count, steps.skipped, skipped, steps.redone, redone,
-        allowed);
+        steps.first, steps.last, run->commit_count, steps.skipped, skipped, steps.held_only,
+        steps.redone, redone, allowed);
   return true;
 }
 

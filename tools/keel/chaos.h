@@ -80,10 +80,12 @@ typedef struct keel__chaos_finish {
   char crc[16];
 } keel__chaos_finish;
 
-/* A run of consecutive steps one process committed in one epoch (its `commits` lines). */
+/* A run of consecutive steps one process committed in one epoch (its `commits` lines), or
+ * (held) the one step whose committed state it received in a recovery (`received_commit`). */
 typedef struct keel__chaos_commits {
   uint32_t uid, number;
   int64_t epoch, from, to;
+  bool held;
 } keel__chaos_commits;
 
 /* What the commits of a run add up to: every step from the first to the last, each committed
@@ -93,6 +95,7 @@ typedef struct keel__chaos_steps {
   int64_t first, last;    /* the first and the last step committed */
   int64_t redone;         /* commits of a step after its first (in a later epoch, or again) */
   int64_t skipped;        /* steps between first and last that no process committed */
+  int64_t held_only;      /* steps no committer said, said by a process that received them */
   int64_t first_skipped;  /* the first of them */
   int64_t most_redone;    /* the first step committed most often, and how often */
   int64_t most_redone_times;

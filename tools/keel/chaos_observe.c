@@ -355,6 +355,17 @@ static void progress_read(keel__chaos_run *run, json_t *event, const keel__chaos
 }
 
 /* A `commits` line repeats its run from the first step: it replaces the run's last line. */
+static void commits_append(keel__chaos_run *run, const keel__chaos_commits *line) {
+  if (run->commit_count == run->commit_capacity) {
+    size_t capacity = run->commit_capacity ? run->commit_capacity * 2 : 256;
+    keel__chaos_commits *grown = realloc(run->commits, capacity * sizeof *grown);
+    if (grown == NULL) return;
+    run->commits = grown;
+    run->commit_capacity = capacity;
+  }
+  run->commits[run->commit_count++] = *line;
+}
+
 static void commits_read(keel__chaos_run *run, json_t *event) {
   keel__chaos_commits line = {.uid = (uint32_t)keel__json_int_or(event, "uid", -1),
                               .number = (uint32_t)keel__json_int_or(event, "run", -1),
@@ -365,18 +376,22 @@ static void commits_read(keel__chaos_run *run, json_t *event) {
   /* The run's earlier line is among the last few: one per rank and second. */
   for (size_t i = run->commit_count; i-- > 0;) {
     keel__chaos_commits *known = &run->commits[i];
-    if (known->uid != line.uid || known->number != line.number) continue;
+    if (known->held || known->uid != line.uid || known->number != line.number) continue;
     if (line.to > known->to) known->to = line.to;
     return;
   }
-  if (run->commit_count == run->commit_capacity) {
-    size_t capacity = run->commit_capacity ? run->commit_capacity * 2 : 256;
-    keel__chaos_commits *grown = realloc(run->commits, capacity * sizeof *grown);
-    if (grown == NULL) return;
-    run->commits = grown;
-    run->commit_capacity = capacity;
-  }
-  run->commits[run->commit_count++] = line;
+  commits_append(run, &line);
+}
+
+static void received_commit_read(keel__chaos_run *run, json_t *event) {
+  int64_t step = keel__json_int_or(event, "step", -1);
+  if (step < 0) return;
+  keel__chaos_commits line = {.uid = (uint32_t)keel__json_int_or(event, "uid", -1),
+                              .epoch = keel__json_int_or(event, "epoch", 0),
+                              .from = step,
+                              .to = step,
+                              .held = true};
+  commits_append(run, &line);
 }
 
 static void collective_timeout_read(keel__chaos_run *run, json_t *event) {
@@ -419,6 +434,8 @@ static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure 
     progress_read(run, event, failures, count);
   } else if (strcmp(name, "commits") == 0) {
     commits_read(run, event);
+  } else if (strcmp(name, "received_commit") == 0) {
+    received_commit_read(run, event);
   } else if (strcmp(name, "collective_timeout") == 0) {
     collective_timeout_read(run, event);
   } else if (strcmp(name, "section_end") == 0) {
@@ -519,22 +536,52 @@ static void times_counted(keel__chaos_commits *runs, size_t count, int64_t first
   }
 }
 
+/* The committed runs (not the held steps) copied into runs; their count. */
+static size_t committed_copy(const keel__chaos_run *run, keel__chaos_commits *runs) {
+  size_t count = 0;
+  for (size_t i = 0; i < run->commit_count; i++)
+    if (!run->commits[i].held) runs[count++] = run->commits[i];
+  return count;
+}
+
+/* Steps no committer said but a receiver of their state did: committed, their record lost
+ * with every process that committed them (finding 43). They count once, as a step. */
+static void held_mark(const keel__chaos_run *run, int64_t first, int64_t last, int32_t *times,
+                      keel__chaos_steps *steps) {
+  for (size_t i = 0; i < run->commit_count; i++) {
+    const keel__chaos_commits *held = &run->commits[i];
+    if (!held->held || held->from < first || held->from > last) continue;
+    if (times[held->from - first] != 0) continue;
+    times[held->from - first] = 1;
+    steps->held_only++;
+  }
+}
+
 void keel__chaos_steps_count(const keel__chaos_run *run, keel__chaos_steps *steps) {
   *steps = (keel__chaos_steps){.first_skipped = -1, .most_redone = -1};
-  if (run->commit_count == 0) return;
-  int64_t first = run->commits[0].from, last = run->commits[0].to;
-  for (size_t i = 1; i < run->commit_count; i++) {
-    if (run->commits[i].from < first) first = run->commits[i].from;
-    if (run->commits[i].to > last) last = run->commits[i].to;
+  keel__chaos_commits *runs = malloc((run->commit_count ? run->commit_count : 1) * sizeof *runs);
+  if (runs == NULL) return;
+  size_t count = committed_copy(run, runs);
+  if (count == 0) {
+    free(runs);
+    return;
   }
-  if (last - first + 1 > STEPS_COUNTED_MAX) return;
+  int64_t first = runs[0].from, last = runs[0].to;
+  for (size_t i = 1; i < count; i++) {
+    if (runs[i].from < first) first = runs[i].from;
+    if (runs[i].to > last) last = runs[i].to;
+  }
   size_t span = (size_t)(last - first + 1);
-  keel__chaos_commits *runs = malloc(run->commit_count * sizeof *runs);
-  int32_t *times = calloc(span, sizeof *times);
-  uint16_t *process = calloc(span, sizeof *process), *epoch = calloc(span, sizeof *epoch);
-  if (runs != NULL && times != NULL && process != NULL && epoch != NULL) {
-    memcpy(runs, run->commits, run->commit_count * sizeof *runs);
-    times_counted(runs, run->commit_count, first, times, process, epoch);
+  int32_t *times = NULL;
+  uint16_t *process = NULL, *epoch = NULL;
+  if (last - first + 1 <= STEPS_COUNTED_MAX) {
+    times = calloc(span, sizeof *times);
+    process = calloc(span, sizeof *process);
+    epoch = calloc(span, sizeof *epoch);
+  }
+  if (times != NULL && process != NULL && epoch != NULL) {
+    times_counted(runs, count, first, times, process, epoch);
+    held_mark(run, first, last, times, steps);
     steps->known = true;
     steps->first = first;
     steps->last = last;
