@@ -28,12 +28,14 @@ mkdir -p "$out"
 parts="${SOAK_PARTS:-servers host nodes etcd torch}"
 wanted() { [[ " $parts " == *" $1 "* ]]; }
 
-# Measured: about 6.6 ms a step for 4 to 6 ranks of this toy on 2 cores; a failure every
-# GAP_MS on average (its gap, plus the hold of those that last). The job is sized to outlast
-# its failures by a quarter (the first soak's half again left 100,000 failure-free steps to
-# run: the soak is to fit in 90 minutes).
-steps_for() { # failures, mean ms per failure
-  echo $(( $1 * $2 * 5 / 4 * 10 / 66 + 2000 ))
+# A toy_train part's job is sized in steps per failure, from the fifth soak (RELIABILITY.md,
+# 2026-12-06), where each part's failures were all injected in under half the job: host 450
+# in 1,161 s of a 2,426 s job at 10.5 ms a step, nodes 450 in 849 s of 2,086 s at 10.1 ms,
+# etcd 300 in 741 s of 1,324 s at 14.2 ms. The steps of one failure's time, plus a third, let
+# the job outlast its failures without a long failure-free tail (the soak is to fit in 90
+# minutes); a machine slower than that stretches the job, which only gives chaos more time.
+steps_for() { # failures, steps per failure
+  echo $(( $1 * $2 + 2000 ))
 }
 
 # name, failures, every, mix, then chaos's own flags up to "--", the run flags up to "--",
@@ -49,22 +51,21 @@ chaos() {
   return "$code"
 }
 
-run() { # name, failures, every, mix, mean ms per failure, [--etcd N], run flags...
-  local name="$1" failures="$2" every="$3" mix="$4" mean_ms="$5"
+run() { # name, failures, every, mix, steps per failure, [--etcd N], run flags...
+  local name="$1" failures="$2" every="$3" mix="$4" steps_per_failure="$5"
   shift 5
   local extra=()
   if [ "$1" = --etcd ]; then extra=(--etcd "$2"); shift 2; fi
   local steps
-  steps="$(steps_for "$failures" "$mean_ms")"
+  steps="$(steps_for "$failures" "$steps_per_failure")"
   echo "soak: $name: toy_train --steps $steps"
   chaos "$name" "$failures" "$every" "$mix" "${extra[@]}" --no-reference -- "$@" -- \
     "$toy" --steps "$steps" --compute-ms 2 --params 20000
 }
 
-# A failure costs about 3.4 s of soak on one host, 3 s on nodes, 4.4 s on etcd (its members'
-# holds), 2.9 s on the PyTorch job and 1.8 s on servers (two runs: with failures and
-# without); these shares put 2000 in about 95 minutes, an estimate from the parts' own runs
-# (RELIABILITY.md), not from one soak of them all.
+# A failure cost 2.6 s of soak on one host, 1.9 s on nodes, 2.5 s on etcd, about 2 s on the
+# PyTorch job and 1 s on servers in the fifth soak (failures injected, not the jobs' tails):
+# with the jobs sized as above, these shares put 2000 in about 80 minutes.
 host=$(( total * 9 / 40 ))
 nodes=$(( total * 9 / 40 ))
 etcd=$(( total * 3 / 20 ))
@@ -85,7 +86,7 @@ fi
 
 # Hangs need gaps past their detection (a deadline of 1 s, then the agreement's).
 if wanted host; then
-  run host "$host" 2s..3s kill=4,stop=2,launcher-stop=1,hang=1,bitflip=1 2700 \
+  run host "$host" 2s..3s kill=4,stop=2,launcher-stop=1,hang=1,bitflip=1 330 \
     -n 4 --on-failure replace --spares 2 --max-restarts "$total" --collective-timeout auto \
     --verify-replicas every=50 || failed=1
 fi
@@ -114,7 +115,7 @@ else
   echo "soak: not root: the nodes share this host's network (no partitions)"
 fi
 if wanted nodes; then
-  run nodes "$nodes" 1s..2s "$node_mix" 2400 "${node_flags[@]}" --nnodes 3 \
+  run nodes "$nodes" 1s..2s "$node_mix" 250 "${node_flags[@]}" --nnodes 3 \
     --nproc-per-node 2 --spare-nodes 1 --on-failure replace --spares 1 \
     --max-restarts "$total" || failed=1
 fi
@@ -122,13 +123,12 @@ fi
 # The same nodes (network namespaces when root) on a 3-member etcd that chaos starts on a
 # network of its own, which keel run routes the nodes to; partitions cut a node off from
 # etcd too. A heartbeat of 4 s rides out etcd's leader elections (RELIABILITY.md, finding 8).
-# A failure every 3.5 s on average (the members' holds: 0.5-4 s, 0.2-2 s); steps on etcd took
-# 2.2 times as long as on the embedded store (1000 steps of 4 ranks, 21.3 s against 9.9 s,
-# on a loaded machine), so the same time is 2.2 times fewer steps: 3500 / 2.2 = 1600.
+# Steps on etcd take longer than on the embedded store (14.2 ms against 10.1 in the fifth
+# soak), which the steps per failure above count.
 etcd_mix=kill=2,kill-node=1,etcd-kill=2,etcd-stop=2
 [ "$(id -u)" = 0 ] && etcd_mix="$etcd_mix,partition=1"
 if wanted etcd; then
-  run etcd "$etcd" 1s..2s "$etcd_mix" 1600 --etcd 3 "${node_flags[@]}" \
+  run etcd "$etcd" 1s..2s "$etcd_mix" 235 --etcd 3 "${node_flags[@]}" \
     --nnodes 3 --nproc-per-node 2 --spare-nodes 1 --heartbeat 4s --on-failure replace \
     --spares 1 --max-restarts "$total" || failed=1
 fi

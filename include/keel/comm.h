@@ -77,6 +77,9 @@ typedef struct keel_endpoint_config {
   int node;                /* this process's failure domain */
   bool node_domain;        /* a member's failure takes every member of its node */
   int max_world;           /* a grow stops at this size */
+  /* replace: idle spares beyond the failed fill the world back up to this size, so that a
+   * world that shrank for want of a ready spare grows back when one is; 0: never */
+  int refill_world;
   int64_t timeout_ns;      /* default deadline of every operation; 0: 30 s */
   int64_t spare_wait_ns;   /* replace: how long an agreement waits for spares; 0: 10 s */
   bool failure_detection;  /* false: operations end only by completion or deadline (a

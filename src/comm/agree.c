@@ -450,7 +450,8 @@ static keel_status try_decide(agreement *round, bool waited_enough_for_spares, b
                               .joiner_count = round->joiner_count,
                               .node_domain = endpoint->config.node_domain,
                               .waited_enough_for_spares = waited_enough_for_spares,
-                              .max_world = endpoint->config.max_world};
+                              .max_world = endpoint->config.max_world,
+                              .refill_world = endpoint->config.refill_world};
   if (!keel__decide(&input, decision)) return KEEL_OK;
   char key[96];
   keel__epoch_key(key, sizeof key, "decide", comm->epoch, round->round, NULL);

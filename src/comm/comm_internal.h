@@ -323,6 +323,7 @@ typedef struct keel__decide_input {
   bool node_domain;
   bool waited_enough_for_spares;
   int max_world;
+  int refill_world; /* keel_endpoint_config's */
 } keel__decide_input;
 
 /* Decides the round when the table settles it: every member has voted or is dead. Returns

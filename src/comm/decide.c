@@ -78,6 +78,11 @@ bool keel__decide(const keel__decide_input *input, keel_decision *decision) {
     if (replace && spares_used < input->spare_count)
       member_add(decision, input->spares[spares_used++], "");
   }
+  /* A replace that found too few spares shrank the world; the spares that are there now
+   * take it back to its size (appended: the survivors keep their ranks). */
+  int refill = input->refill_world < KEEL_MAX_WORLD ? input->refill_world : KEEL_MAX_WORLD;
+  while (replace && spares_used < input->spare_count && decision->member_count < refill)
+    member_add(decision, input->spares[spares_used++], "");
   decision->replaced_count = spares_used;
   int limit = input->max_world < KEEL_MAX_WORLD ? input->max_world : KEEL_MAX_WORLD;
   for (int j = 0; rebuild && admit_joiners && j < input->joiner_count; j++) {

@@ -253,6 +253,7 @@ static keel_status endpoint_open(keel_ctx *ctx) {
       .node = config->node,
       .node_domain = config->node_domain,
       .max_world = config->max_world,
+      .refill_world = keel__refill_world(ctx),
       .timeout_ns = config->timeout_ns,
       .spare_wait_ns = config->replace_wait_ns,
       .failure_detection = config->failure_detection,
@@ -261,6 +262,12 @@ static keel_status endpoint_open(keel_ctx *ctx) {
       .membership_context = ctx,
   };
   return keel_endpoint_create(&endpoint, &ctx->endpoint);
+}
+
+int keel__refill_world(const keel_ctx *ctx) {
+  keel_rebuild_vote vote = {0};
+  ctx->policy->vote(&vote);
+  return vote.admit_spares && !ctx->config.node_domain ? ctx->config.initial_world : 0;
 }
 
 static keel_status join_job(keel_ctx *ctx) {

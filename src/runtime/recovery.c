@@ -373,7 +373,8 @@ keel_status keel__grow(keel_ctx *ctx) {
   keel_recovery info = {.old_epoch = keel_comm_epoch(world), .old_size = keel_comm_size(world)};
   keel__position position;
   keel__step_position(ctx, KEEL__REDO_NONE, &position);
-  keel_rebuild_vote vote = {.flags = 1, .admit_joiners = true};
+  keel_rebuild_vote vote = {
+      .flags = 1, .admit_joiners = true, .admit_spares = keel__refill_world(ctx) > 0};
   ctx->recovery->failed_count = 0;
   round_result result = {0};
   int64_t started = keel_now_ns();

@@ -127,6 +127,10 @@ keel_status keel__session_interrupted(const keel__session *session);
 keel_status keel__session_check(keel__session *session, keel_status failure);
 /* Joiners waiting (join/ keys) at the last look. Never blocks. */
 int keel__session_joiners_waiting(const keel__session *session);
+/* Whether the session counts the idle spares (off by default); how many it found at its last
+ * look, 0 while not wanted. */
+void keel__session_want_spares(keel__session *session, bool wanted);
+int keel__session_spares_waiting(const keel__session *session);
 /* The latest end (keel_now_ns clock) of the sections other processes declared, at the last
  * look; 0: none. Never blocks. */
 int64_t keel__session_sections_until(const keel__session *session);
@@ -326,6 +330,10 @@ void keel__commit_received(keel_ctx *ctx, uint64_t version);
 /* context.c: with KEEL_FINISH_CRC, keeps the crc32c of the registered state that the commit
  * of step version - 1 left (called by keel_step_commit). */
 void keel__finish_note(keel_ctx *ctx, uint64_t version);
+/* context.c: the size a replace world grows back to with idle spares once it shrank for want
+ * of a ready one; 0 when the policy takes no spares, or a node's ranks must come back as a
+ * node (a spare node's, in one replace: single spares would split it). */
+int keel__refill_world(const keel_ctx *ctx);
 /* context.c: an event line with this process's uid, rank and epoch. */
 void keel__report_line(keel_ctx *ctx, const char *event, const char *fields);
 /* The world's status when it must stop: KEEL_OK or the session's interruption. */

@@ -45,6 +45,9 @@ struct keel__session {
   /* What the thread found; read by anyone. */
   atomic_int interruption; /* a keel_status: KEEL_OK or why every wait must end */
   atomic_int joiners;
+  atomic_bool spares_wanted;      /* keel__session_want_spares */
+  atomic_int spares;              /* idle spares at the last look, while wanted */
+  atomic_bool spares_stale;       /* wanted since the last look: count them, change or none */
   _Atomic int64_t sections_until; /* keel__sections_until at the last look */
   _Atomic(keel_fault_plan *) faults;
   /* The thread's own bookkeeping. */
@@ -70,6 +73,9 @@ keel_status keel__session_open(const keel__config *config, keel__detector *detec
   atomic_init(&session->stopping, false);
   atomic_init(&session->interruption, KEEL_OK);
   atomic_init(&session->joiners, 0);
+  atomic_init(&session->spares_wanted, false);
+  atomic_init(&session->spares, 0);
+  atomic_init(&session->spares_stale, false);
   pthread_mutex_init(&session->endpoint_lock, NULL);
   int64_t pid = 0;
   keel_env_int("KEEL_LAUNCHER_PID", 0, INT32_MAX, &pid);
@@ -106,6 +112,16 @@ keel_status keel__session_interrupted(const keel__session *session) {
 
 int keel__session_joiners_waiting(const keel__session *session) {
   return session == NULL ? 0 : atomic_load(&session->joiners);
+}
+
+void keel__session_want_spares(keel__session *session, bool wanted) {
+  if (session != NULL && atomic_exchange(&session->spares_wanted, wanted) != wanted && wanted)
+    atomic_store(&session->spares_stale, true);
+}
+
+int keel__session_spares_waiting(const keel__session *session) {
+  return session == NULL || !atomic_load(&session->spares_wanted) ? 0
+                                                                  : atomic_load(&session->spares);
 }
 
 int64_t keel__session_sections_until(const keel__session *session) {
@@ -266,10 +282,27 @@ static void request_keys_note(keel__session *session, const keel_store_entry *en
 /* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
  * joiners wait, the dead, the others' sections, and injected delays, hangs and bit flips. Read only
  * when the store changed since the last look. */
+/* Idle spares (their offers, spare/), counted only while the runtime wants them (a replace
+ * world below its size): every rank listing them at every change would load the store for
+ * nothing. A dead spare's offer goes with its lease, which its launcher revokes. */
+static void spares_count(keel__session *session, bool changed) {
+  bool stale = atomic_exchange(&session->spares_stale, false);
+  if (!atomic_load(&session->spares_wanted) || !(changed || stale)) return;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(session->background, "spare/", &entries, &count, NULL) != KEEL_OK) {
+    atomic_store(&session->spares_stale, true);
+    return;
+  }
+  atomic_store(&session->spares, (int)count);
+  keel_store_entries_free(entries, count);
+}
+
 static void watch(keel__session *session) {
   uint64_t revision = 0;
   keel_status status =
       keel_store_wait(session->background, "", session->watched_revision, keel_now_ns(), &revision);
+  spares_count(session, status == KEEL_OK);
   if (status != KEEL_OK) return; /* KEEL_ETIMEDOUT: nothing changed */
   keel_store_entry *entries = NULL;
   size_t count = 0;

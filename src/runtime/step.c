@@ -307,13 +307,27 @@ static keel_status committed_collective_failed(keel_ctx *ctx, keel_status status
   return status;
 }
 
-/* When the world may grow, rank 0 says at every commit how many joiners wait (a 4-byte
- * broadcast, so that every member decides at the same step boundary); if any, the members
- * agree on a world with them and the survivors give them the committed state. */
+/* Rank 0's count of who may join: the joiners below --max-world, and the idle spares while a
+ * replace world is below its size (its session counts them only then). */
+static int32_t newcomers_waiting(keel_ctx *ctx, int size, int refill) {
+  int32_t waiting = 0;
+  if (size < ctx->config.max_world) waiting += keel__session_joiners_waiting(ctx->session);
+  if (size < refill) waiting += keel__session_spares_waiting(ctx->session);
+  return waiting;
+}
+
+/* When the world may grow, rank 0 says at every commit how many joiners (or, in a replace
+ * world that shrank, idle spares) wait: a 4-byte broadcast, so that every member decides at
+ * the same step boundary; if any, the members agree on a world with them and the survivors
+ * give them the committed state. */
 static keel_status commit_grow(keel_ctx *ctx) {
   keel_comm *world = keel_world(ctx);
-  if (ctx->config.standalone || keel_comm_size(world) >= ctx->config.max_world) return KEEL_OK;
-  int32_t waiting = keel_comm_rank(world) == 0 ? keel__session_joiners_waiting(ctx->session) : 0;
+  if (ctx->config.standalone) return KEEL_OK;
+  int size = keel_comm_size(world), refill = keel__refill_world(ctx);
+  bool first = keel_comm_rank(world) == 0;
+  keel__session_want_spares(ctx->session, first && size < refill);
+  if (size >= ctx->config.max_world && size >= refill) return KEEL_OK;
+  int32_t waiting = first ? newcomers_waiting(ctx, size, refill) : 0;
   int64_t started = keel_now_ns();
   keel_status status = keel_comm_broadcast(world, &waiting, sizeof waiting, 0);
   if (status == KEEL_OK) keel__recovery_report(ctx, 0);

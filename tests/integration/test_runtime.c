@@ -372,6 +372,39 @@ static void test_growth_fires_no_failure_machinery(void **state) {
   keel_test_events_free(&log);
 }
 
+/* A replace that finds no spare ready (none at the start, a 1 ms wait) shrinks the world to
+ * 3; the spare the launcher starts for the dead rank then takes the world back to 4 at a step
+ * boundary, and the job ends with 4 ranks that agree. */
+static void test_replace_world_grows_back_with_a_late_spare(void **state) {
+  (void)state;
+  keel_test_job run;
+  const char *fault = "kill@rank=1,step=7,point=step";
+  setenv("KEEL_REPLACE_WAIT", "1ms", 1);
+  int code = toy_job(
+      &run, LIST("-n", "4", "--spares", "0", "--on-failure", "replace", "--max-restarts", "1"),
+      LIST("--steps", "200", "--compute-ms", "5"), fault);
+  unsetenv("KEEL_REPLACE_WAIT");
+  assert_int_equal(code, 0);
+  keel_test_toy_assert_consistent(run.output, 4, 200);
+  keel_test_events log = job_events(&run);
+  assert_rules_fired(&log, fault);
+  const char *shrank = NULL, *grew = NULL;
+  for (size_t i = 0; i < log.count; i++) {
+    const char *line = log.lines[i];
+    if (!keel_test_event_is(line, "recovery")) continue;
+    if (shrank == NULL && strstr(line, "\"policy\":\"replace\"") != NULL &&
+        keel_test_event_long(line, "new_world") == 3)
+      shrank = line;
+    if (shrank != NULL && strstr(line, "\"policy\":\"grow\"") != NULL &&
+        keel_test_event_long(line, "new_world") == 4 && keel_test_event_long(line, "replaced") == 1)
+      grew = line;
+  }
+  if (shrank == NULL || grew == NULL)
+    fail_msg("no shrink to 3 then growth back to 4 with the spare: %s", run.events);
+  keel_test_events_assert_none_left(&log);
+  keel_test_events_free(&log);
+}
+
 /* ---- the store does not grow with the job's age */
 
 /* Eight recoveries in one job: rank 2 dies, then each spare that takes its place dies a few
@@ -418,7 +451,7 @@ static undo_case undo_cases[] = {
 
 int main(void) {
   /* cmocka runs every element of the array it is given: it holds exactly the tests. */
-  struct CMUnitTest tests[10 + UNDO_CASES];
+  struct CMUnitTest tests[11 + UNDO_CASES];
   size_t count = 0;
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_from_the_holder);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_sharded_replace_between_collectives);
@@ -436,6 +469,8 @@ int main(void) {
   tests[count++] =
       (struct CMUnitTest)cmocka_unit_test(test_recovery_line_survives_an_epoch_without_collective);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_growth_fires_no_failure_machinery);
+  tests[count++] =
+      (struct CMUnitTest)cmocka_unit_test(test_replace_world_grows_back_with_a_late_spare);
   tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_store_stays_flat_over_recoveries);
   /* KEEL_TEST_FILTER=test_recovery_* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));

@@ -152,6 +152,26 @@ static void test_recovery_after_a_partitions_aftermath_is_not_its(void **state) 
   assert_int_equal(o->partition.detect_ns, 4900 * MS);
 }
 
+/* Finding 42: a replace that found no spare ready shrank a job of three to one rank; chaos
+ * counted the three it started with and stopped the one left. The world is the latest
+ * recovery's until a grow takes it back, never more than the job started with. */
+static void test_the_world_is_the_latest_recoveries(void **state) {
+  observed *o = *state;
+  assert_int_equal(keel__chaos_world_now(o->run, 3), 3);
+  events_read(o,
+              "{\"event\":\"recovery\",\"policy\":\"replace\",\"failed\":[1,2],"
+              "\"old_world\":3,\"new_world\":1,\"t_ns\":6000000000}\n");
+  assert_int_equal(keel__chaos_world_now(o->run, 3), 1);
+  events_read(o,
+              "{\"event\":\"recovery\",\"policy\":\"grow\",\"failed\":[],"
+              "\"old_world\":1,\"new_world\":3,\"t_ns\":7000000000}\n");
+  assert_int_equal(keel__chaos_world_now(o->run, 3), 3);
+  events_read(o,
+              "{\"event\":\"recovery\",\"policy\":\"grow\",\"failed\":[],"
+              "\"old_world\":3,\"new_world\":4,\"t_ns\":8000000000}\n");
+  assert_int_equal(keel__chaos_world_now(o->run, 3), 3);
+}
+
 /* A progress line of rank 0 at ms. */
 static const char *progress_at(char *line, size_t size, int64_t ms) {
   snprintf(line, size, "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"step\":1,\"t_ns\":%lld}\n",
@@ -336,6 +356,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fence_of_another_node_or_before_is_unexplained, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_during_the_partition_is_its, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_the_world_is_the_latest_recoveries, setup, teardown),
       cmocka_unit_test_setup_teardown(test_recovery_after_a_partitions_aftermath_is_not_its, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_stillness_is_counted_from_the_last_failure, setup,

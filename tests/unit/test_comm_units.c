@@ -416,6 +416,48 @@ static void decide_replaces_waits_for_spares_and_grows(void **state) {
   assert_int_equal(decision.joined_count, 3);
 }
 
+/* A replace world that shrank to 2 of its 4 (no spare was ready) takes the spares there
+ * now back up to 4 in a round without failures (a grow at a step boundary), appended after
+ * the survivors; never beyond its size, and never without a replace vote. */
+static void decide_refills_a_shrunk_replace_world(void **state) {
+  (void)state;
+  keel__ballot ballots[2];
+  for (int m = 0; m < 2; m++)
+    ballots[m] = (keel__ballot){.uid = (uint32_t)m * 2,
+                                .state = KEEL__BALLOT_CAST,
+                                .node = -1,
+                                .vote_epoch = 5,
+                                .vote = {.flags = 1, .rebuild = true, .admit_spares = true}};
+  uint32_t spares[] = {7, 8, 9};
+  keel__decide_input input = {.epoch = 5,
+                              .ballots = ballots,
+                              .count = 2,
+                              .spares = spares,
+                              .spare_count = 1,
+                              .max_world = 4,
+                              .refill_world = 4};
+  static keel_decision decision;
+  assert_true(keel__decide(&input, &decision));
+  uint32_t one[] = {0, 2, 7};
+  assert_int_equal(decision.member_count, 3);
+  assert_memory_equal(decision.members, one, sizeof one);
+  assert_int_equal(decision.replaced_count, 1);
+  assert_int_equal(decision.failed_count, 0);
+  input.spare_count = 3;
+  assert_true(keel__decide(&input, &decision));
+  uint32_t full[] = {0, 2, 7, 8};
+  assert_int_equal(decision.member_count, 4);
+  assert_memory_equal(decision.members, full, sizeof full);
+  /* No refill asked for (another policy, a node domain): the world stays as it is. */
+  input.refill_world = 0;
+  assert_true(keel__decide(&input, &decision));
+  assert_int_equal(decision.member_count, 2);
+  input.refill_world = 4;
+  ballots[1].vote.shrink_only = true;
+  assert_true(keel__decide(&input, &decision));
+  assert_int_equal(decision.member_count, 2);
+}
+
 static void decide_fails_a_dead_members_whole_node(void **state) {
   (void)state;
   keel__ballot ballots[4];
@@ -1081,6 +1123,7 @@ int main(void) {
       cmocka_unit_test(decide_every_order_of_votes_and_deaths),
       cmocka_unit_test(decide_replaces_waits_for_spares_and_grows),
       cmocka_unit_test(decide_fails_a_dead_members_whole_node),
+      cmocka_unit_test(decide_refills_a_shrunk_replace_world),
       cmocka_unit_test(fault_rules_parse),
       cmocka_unit_test(delay_rule_fires_once_at_its_point),
       cmocka_unit_test(allreduce_rule_fires_after_k_or_at_the_last_point),

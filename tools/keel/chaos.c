@@ -988,12 +988,15 @@ static int64_t recoveries_pending(const chaos_job *job, int64_t now) {
  * ranks, all replicas), which no in-memory recovery survives. A rank's may too, once
  * world - 1 failures are still being recovered from: a PyTorch job of three ranks had one
  * hung, one stopped and the third stopped within 4 s, and no holder of the state was left.
- * Otherwise single ranks fail during recoveries. */
+ * The world is the one the job has now: a replace that found no spare ready (spares that
+ * were still starting on a loaded machine) shrank a PyTorch job of three to one rank, and
+ * the next stop took that one (finding 42). Otherwise single ranks fail during recoveries. */
 static bool failure_must_wait(const chaos_job *job, const keel__chaos_failure *failure,
                               int64_t now) {
   if (kind_takes_node(failure->kind)) return recoveries_pending(job, now) > 0;
   if (kind_takes_rank(failure->kind))
-    return recoveries_pending(job, now) >= job->options->run.world - 1;
+    return recoveries_pending(job, now) >=
+           keel__chaos_world_now(job->run, job->options->run.world) - 1;
   return false;
 }
 

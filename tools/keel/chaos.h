@@ -133,6 +133,7 @@ typedef struct keel__chaos_run {
   long store_keys[KEEL__CHAOS_MAX_SAMPLES];
   size_t store_key_count;
   size_t recovery_count;
+  int64_t world;             /* the latest recovery's new_world; 0 before any */
   size_t sampled_recoveries; /* recoveries after which the live processes were sampled */
   keel__chaos_commits *commits; /* allocated; freed with the run */
   size_t commit_count, commit_capacity;
@@ -156,6 +157,9 @@ bool keel__chaos_process_alive(const keel__chaos_process *p);
 keel__chaos_process *keel__chaos_process_find(keel__chaos_run *run, uint32_t uid);
 /* Whether failure hit uid. */
 bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid);
+/* The ranks the job has now: the world it started with until a recovery said less (a replace
+ * that found no spare ready shrinks the job until a grow takes it back). */
+int64_t keel__chaos_world_now(const keel__chaos_run *run, int64_t started_world);
 /* Lists uid among failure's victims (once); a full list says on stderr whom it leaves out. */
 void keel__chaos_victim_add(keel__chaos_failure *failure, uint32_t uid);
 

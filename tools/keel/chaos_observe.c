@@ -178,6 +178,10 @@ bool keel__chaos_kind_lasts(keel__chaos_kind kind) {
          kind == KEEL__CHAOS_ETCD_STOP;
 }
 
+int64_t keel__chaos_world_now(const keel__chaos_run *run, int64_t started_world) {
+  return run->world > 0 && run->world < started_world ? run->world : started_world;
+}
+
 bool keel__chaos_failure_hit(const keel__chaos_failure *failure, uint32_t uid) {
   for (size_t i = 0; i < failure->victim_count; i++)
     if (failure->victims[i] == uid) return true;
@@ -272,6 +276,8 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
     if (strcmp(policy, policies[i]) == 0) which = i;
   run->recoveries_by_policy[which]++;
   run->recovery_count++;
+  int64_t world = keel__json_int_or(event, "new_world", 0);
+  if (world > 0) run->world = world;
   run->redone_minibatches += keel__json_int_or(event, "redo_minibatches", 0);
   int64_t t_ns = keel__json_int_or(event, "t_ns", 0);
   int64_t detected = keel__json_int_or(event, "t_detect_ns", t_ns);
