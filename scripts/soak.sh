@@ -74,7 +74,8 @@ servers=$(( total - host - nodes - etcd - torch ))
 failed=0
 # Parameter servers: any one server killed every 0.5-1 s (a replacement is back in about
 # 50 ms; servers 0 and 1 hold the dense block since 2026-12-06), 4 servers with XOR parity,
-# 2 synchronous workers. Measured on 2026-11-30:
+# 2 synchronous workers. (Two at once with r = 2 lost a worker: RELIABILITY.md finding 44,
+# open.) Measured on 2026-11-30:
 # 71,000 steps took 475 s with 619 kills, 6.7 ms a step and 0.77 s a failure, so a failure
 # is 115 steps; 135 a failure lets the job outlast its failures by a sixth.
 ec_steps=$(( servers * 135 + 1000 ))

@@ -38,10 +38,12 @@
 #define TOY_ARGS "--compute-ms", "2", "--params", "20000"
 /* Under the sanitizers (built at -O1) the 50 failures take about 90 s, since their gaps and
  * recoveries stretch 4 times, while a step takes about 15 ms: 5000 steps (sized for -O0's
- * 38-72 ms) ended after 42 failures in a CI rehearsal. 12000 steps outlast them by half again,
- * and two such runs (about 3 minutes each, 5 loaded) fit the test's limit (960 s). */
+ * 38-72 ms) ended after 42 failures in a CI rehearsal. 12000 steps then ended after 49 (a
+ * rank's failure now waits while the world the job has now, not the one it started with, is
+ * all being recovered from: sanitized spares come late, and a replace short of one leaves the
+ * world a rank smaller for a moment); 16000 outlast them by half again. */
 #define TOY_STEPS "9000"
-#define TOY_STEPS_SANITIZED "12000"
+#define TOY_STEPS_SANITIZED "16000"
 
 typedef struct chaos_result {
   int code;
@@ -320,14 +322,14 @@ static void test_chaos_hangs_and_bit_flips(void **state) {
   chaos_result result;
   char every[32];
   every_scaled(every, sizeof every, 2000, 2500);
-  chaos_run(
-      (const char *const[]){"--failures", "6", "--every", every, "--seed", "5", "--mix",
-                            "kill=1,hang=1,bitflip=1", NULL},
-      (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2", "--max-restarts",
-                            "10", "--collective-timeout", "auto", "--verify-replicas", "every=50",
-                            NULL},
-      (const char *const[]){"--steps", "5000", "--compute-ms", "2", "--params", "20000", NULL},
-      NULL, CHAOS_TIMEOUT_MS, &result);
+  chaos_run((const char *const[]){"--failures", "6", "--every", every, "--seed", "5", "--mix",
+                                  "kill=1,hang=1,bitflip=1", NULL},
+            (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2",
+                                  "--max-restarts", "10", "--collective-timeout", "auto",
+                                  "--verify-replicas", "every=50", NULL},
+            (const char *const[]){"--steps", keel_test_slowdown() > 1 ? "7000" : "5000",
+                                  "--compute-ms", "2", "--params", "20000", NULL},
+            NULL, CHAOS_TIMEOUT_MS, &result);
   expect_pass(&result);
   if (kind_field(result.json, "hang", "recovered") < 1) show(&result);
   assert_true(kind_field(result.json, "hang", "injected") >= 1);
@@ -339,15 +341,25 @@ static void test_chaos_hangs_and_bit_flips(void **state) {
   chaos_result_free(&result);
 }
 
-/* Kills of parameter servers 0 and 1 in the chaos report's failures (each an object of its
- * own, kind first), the holders of the dense block. */
-static int dense_holder_kills(const char *json) {
-  int kills = 0;
+/* The server-kill failures of the chaos report (each an object of its own, kind first):
+ * how many hit the holders of the dense block (server 0 or 1 first), how many another
+ * server, and how many hit two servers at once (two victims). */
+typedef struct server_kills {
+  int dense_holders, others, doubles;
+} server_kills;
+
+static server_kills server_kills_read(const char *json) {
+  server_kills kills = {0};
   for (const char *at = strstr(json, "\"kind\":\"server-kill\""); at != NULL;
        at = strstr(at + 1, "\"kind\":\"server-kill\"")) {
-    const char *node = strstr(at, "\"node\":"), *end = strchr(at, '}');
-    kills += node != NULL && end != NULL && node < end &&
-             (strncmp(node, "\"node\":0,", 9) == 0 || strncmp(node, "\"node\":1,", 9) == 0);
+    const char *end = strchr(at, '}');
+    const char *node = strstr(at, "\"node\":"), *victims = strstr(at, "\"victims\":[");
+    if (end == NULL || node == NULL || victims == NULL || victims > end || node > end) continue;
+    long index = strtol(node + strlen("\"node\":"), NULL, 10);
+    kills.dense_holders += index == 0 || index == 1;
+    kills.others += index >= 2;
+    const char *comma = strchr(victims, ',');
+    kills.doubles += comma != NULL && comma < end;
   }
   return kills;
 }
@@ -355,11 +367,12 @@ static int dense_holder_kills(const char *json) {
 /* A synchronous ECRec job (ec_train on 4 parameter servers, XOR parity): any server killed
  * again and again, each replaced by keel run and rebuilt from the parity (servers 0 and 1,
  * which hold the dense block, from each other) while training goes on, and the launcher
- * stopped now and then. The model on the servers ends
- * bit-identical to the failure-free run's, nothing leaks across the replacements.
- * Finding 19 (RELIABILITY.md, fixed): a kill that landed after the server answered one
- * worker's push of a step and before it answered the other's deadlocked the step's second
- * phase, in about 1 run of this case in 10; test_ec_servers makes that kill on purpose. */
+ * stopped now and then. The model on the servers ends bit-identical to the failure-free
+ * run's, nothing leaks across the replacements. (With r = 2 chaos kills two servers at once;
+ * a job through such kills lost a worker, RELIABILITY.md finding 44, open: not run here.) Finding
+ * 19 (RELIABILITY.md, fixed): a kill that landed after the server answered one worker's push of a
+ * step and before it answered the other's deadlocked the step's second phase, in about 1 run of
+ * this case in 10; test_ec_servers makes that kill on purpose. */
 static void test_chaos_servers(void **state) {
   (void)state;
   chaos_result result;
@@ -375,10 +388,15 @@ static void test_chaos_servers(void **state) {
       &result);
   expect_pass(&result);
   long killed = kind_field(result.json, "server-kill", "injected");
-  if (killed < 3 || kind_field(result.json, "server-kill", "recovered") != killed) show(&result);
+  server_kills kills = server_kills_read(result.json);
+  if (killed < 3 || kind_field(result.json, "server-kill", "recovered") != killed ||
+      kills.dense_holders < 1 || kills.others < 1 || kills.doubles != 0)
+    show(&result);
   assert_true(killed >= 3);
   assert_int_equal(kind_field(result.json, "server-kill", "recovered"), killed);
-  assert_true(dense_holder_kills(result.json) >= 1);
+  assert_true(kills.dense_holders >= 1);
+  assert_true(kills.others >= 1);
+  assert_int_equal(kills.doubles, 0); /* r = 1: one server at a time */
   assert_non_null(strstr(result.json, "bit-identical to the failure-free run"));
   assert_true(check_is(result.json, "survivors-flat", true));
   assert_true(check_is(result.json, "no-false-death", true));

@@ -68,6 +68,8 @@
 #define SERVER_LOOK_NS (20 * MS_NS)
 #define SERVER_CONFIG_WAIT_NS (2 * SECOND_NS)
 #define SERVER_BACK_WAIT_NS (15 * SECOND_NS)
+/* The most servers one server-kill hits at once (and at most the parity r). */
+#define MAX_SERVERS_HIT 8
 
 static const char *const kind_names[KEEL__CHAOS_KIND_COUNT] = {
     "kill",      "stop",  "launcher-stop", "hang",      "bitflip",   "kill-node",
@@ -445,6 +447,11 @@ static void failure_draw(const chaos_options *options, uint64_t index,
     if (failure->hold_ns > options->run.heartbeat_ns / 2)
       failure->hold_ns = options->run.heartbeat_ns / 2;
   }
+  if (failure->kind == KEEL__CHAOS_SERVER_KILL && options->run.servers > 0) {
+    /* Over the servers, not the workers' world. */
+    failure->target = (int64_t)keel_random_below(&random, (uint64_t)options->run.servers);
+    failure->spread = (int64_t)keel_random_below(&random, 1u << 20);
+  }
   failure->node = -1;
 }
 
@@ -571,9 +578,14 @@ typedef struct chaos_job {
   keel__etcd_cluster *etcd;
   keel__netns *etcd_network;
   int64_t etcd_undone, etcd_undo_failed;
-  /* server-kill: the one whose replacement is not back yet (NULL: none), and when the
-   * servers' standing is read next */
+  /* server-kill: the failure whose servers' replacements are not all back yet (NULL: none),
+   * the servers it hit with the revision of each one's standing when it was killed, and when
+   * their standing is read next */
   keel__chaos_failure *server_down;
+  int servers_hit[MAX_SERVERS_HIT];
+  uint64_t servers_hit_mark[MAX_SERVERS_HIT];
+  bool servers_hit_back[MAX_SERVERS_HIT];
+  int servers_hit_count;
   int64_t next_server_look_ns;
   bool stopping; /* keel chaos got SIGINT or SIGTERM */
 } chaos_job;
@@ -841,57 +853,112 @@ static bool servers_all_serving(chaos_job *job) {
   return serving;
 }
 
-/* The first server a kill may hit: 1 when server 0 holds the only copy of the dense block
- * (the program did not replicate it), which no replacement could rebuild; else 0. -1 while
- * the job has published no configuration. */
-static int server_kill_first(chaos_job *job) {
+/* What a server-kill may hit, from the job's ec/config (false while it has published none):
+ * r servers at once at most (the parity), never server 0 when it holds the only copy of the
+ * dense block (the program did not replicate it), and never both holders of a replicated one
+ * at once: no replacement could rebuild those. */
+typedef struct server_kill_bounds {
+  int servers, parity;
+  bool spare_server_0, dense_pair; /* dense_pair: servers 0 and 1 hold the block */
+} server_kill_bounds;
+
+static bool server_kill_bounds_read(chaos_job *job, server_kill_bounds *bounds) {
   keel_store *store = job_store(job);
   keel_ec_config config;
   if (store == NULL ||
       keel_ec_config_wait(store, keel_deadline_after_ns(SERVER_CONFIG_WAIT_NS), &config) != KEEL_OK)
-    return -1;
-  return config.dense_count > 0 && !config.replicate_dense ? 1 : 0;
+    return false;
+  *bounds =
+      (server_kill_bounds){.servers = config.servers,
+                           .parity = config.without_parity ? 0 : config.parity_blocks,
+                           .spare_server_0 = config.dense_count > 0 && !config.replicate_dense,
+                           .dense_pair = config.dense_count > 0 && config.replicate_dense};
+  if (bounds->parity > MAX_SERVERS_HIT) bounds->parity = MAX_SERVERS_HIT;
+  return bounds->parity > 0;
 }
 
-/* server-kill: SIGKILL to one server through keel inject, once every server serves again: a
- * second server lost while one is rebuilt could be more than the parity covers (r = 1), which
- * no job survives. The kill's detection and recovery are read from the directory
- * (servers_tick). */
+static bool server_may_join(const chaos_job *job, const server_kill_bounds *bounds, int server) {
+  if (server == 0 && bounds->spare_server_0) return false;
+  for (int i = 0; i < job->servers_hit_count; i++) {
+    if (job->servers_hit[i] == server) return false;
+    if (bounds->dense_pair && server + job->servers_hit[i] == 1) return false; /* 0 and 1 */
+  }
+  return true;
+}
+
+/* The servers one kill hits: 1 + spread % r of them, from the drawn target on. */
+static void servers_pick(chaos_job *job, const keel__chaos_failure *failure,
+                         const server_kill_bounds *bounds) {
+  int wanted = 1 + (int)(failure->spread % bounds->parity);
+  job->servers_hit_count = 0;
+  for (int step = 0; step < bounds->servers && job->servers_hit_count < wanted; step++) {
+    int server = (int)((failure->target + step) % bounds->servers);
+    if (server_may_join(job, bounds, server)) job->servers_hit[job->servers_hit_count++] = server;
+  }
+}
+
+/* server-kill: SIGKILL to 1 to r servers (one `keel inject kill` each, one right after the
+ * other), once every server serves again: more lost while others are rebuilt could be more
+ * than the parity covers, which no job survives. The kill's detection and recovery are read
+ * from the directory (servers_tick). */
 static bool server_failure_try(chaos_job *job, keel__chaos_failure *failure) {
-  if (job->server_down != NULL || !servers_all_serving(job)) return false;
-  int first = server_kill_first(job);
-  if (first < 0) return false;
-  int64_t killable = job->options->run.servers - first;
-  failure->node = first + failure->target % killable;
-  char standing[32], target[32], output[256];
-  if (!server_standing(job, failure->node, standing, sizeof standing, &failure->mark)) return false;
-  snprintf(target, sizeof target, "server:%" PRId64, failure->node);
-  const char *args[3] = {"kill", target, NULL};
-  if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) return false;
-  victim_parse(output, failure);
+  server_kill_bounds bounds;
+  if (job->server_down != NULL || !servers_all_serving(job) ||
+      !server_kill_bounds_read(job, &bounds))
+    return false;
+  servers_pick(job, failure, &bounds);
+  if (job->servers_hit_count == 0) return false;
+  char standing[32];
+  for (int i = 0; i < job->servers_hit_count; i++) {
+    job->servers_hit_back[i] = false;
+    if (!server_standing(job, job->servers_hit[i], standing, sizeof standing,
+                         &job->servers_hit_mark[i]))
+      return false;
+  }
+  failure->node = job->servers_hit[0];
+  int killed = 0;
+  for (int i = 0; i < job->servers_hit_count; i++) {
+    char target[32], output[256];
+    snprintf(target, sizeof target, "server:%d", job->servers_hit[i]);
+    const char *args[3] = {"kill", target, NULL};
+    if (inject_run(job->self, args, job->job_id, output, sizeof output) != 0) break;
+    victim_parse(output, failure);
+    killed++;
+  }
+  /* Those not killed (the inject failed) are not waited for. */
+  job->servers_hit_count = killed;
+  if (killed == 0) return false;
   job->server_down = failure;
   return true;
 }
 
-/* While a killed server is not back: detected once the job marked it lost (or its
- * replacement marked itself rebuilding), recovered once its replacement is back ("back N",
- * a change after the kill). A replacement not back within SERVER_BACK_WAIT_NS is left
- * unrecovered, and the next server-kill may come. */
+/* While a killed server's replacement is not back: detected once the job marked one of the
+ * servers hit lost (or a replacement marked itself rebuilding), recovered once every
+ * replacement is back ("back N", a change after the kill). Replacements not all back within
+ * SERVER_BACK_WAIT_NS are left unrecovered, and the next server-kill may come. */
 static void servers_tick(chaos_job *job, int64_t now) {
   keel__chaos_failure *failure = job->server_down;
   if (failure == NULL || launcher_stopped(job) || now < job->next_server_look_ns) return;
   job->next_server_look_ns = now + SERVER_LOOK_NS;
-  char standing[32];
-  uint64_t revision = 0;
-  if (!server_standing(job, failure->node, standing, sizeof standing, &revision)) return;
-  bool changed = revision > failure->mark;
-  bool back = changed && strncmp(standing, "back", 4) == 0;
-  if (changed && failure->detect_ns < 0) failure->detect_ns = now - failure->injected_ns;
-  if (back) {
+  bool all_back = true;
+  for (int i = 0; i < job->servers_hit_count; i++) {
+    if (job->servers_hit_back[i]) continue;
+    char standing[32];
+    uint64_t revision = 0;
+    if (!server_standing(job, job->servers_hit[i], standing, sizeof standing, &revision)) {
+      all_back = false;
+      continue;
+    }
+    bool changed = revision > job->servers_hit_mark[i];
+    if (changed && failure->detect_ns < 0) failure->detect_ns = now - failure->injected_ns;
+    job->servers_hit_back[i] = changed && strncmp(standing, "back", 4) == 0;
+    all_back = all_back && job->servers_hit_back[i];
+  }
+  if (all_back) {
     failure->recover_ns = now - failure->injected_ns;
     recovery_sample(job);
   }
-  if (back || now - failure->injected_ns > SERVER_BACK_WAIT_NS) job->server_down = NULL;
+  if (all_back || now - failure->injected_ns > SERVER_BACK_WAIT_NS) job->server_down = NULL;
 }
 
 /* One try at the failure; true once it is done (injected, or given up). */

@@ -39,8 +39,8 @@ typedef struct keel__chaos_failure {
   int64_t hold_ns; /* launcher-stop, partition, delay: how long until it is undone */
   int64_t delay_ns; /* delay: how long each frame of the node waits */
   int64_t node;     /* node kinds: the node hit; etcd kinds: the member; server-kill: the
-                     * server's index; -1 otherwise */
-  uint64_t mark;    /* server-kill: the revision of the server's standing when it was killed */
+                     * first server's index; -1 otherwise */
+  int64_t spread;   /* server-kill: drawn; how many servers at once (1 + spread % r) */
   bool injected;
   int attempts;        /* tries (a rank between holders cannot be hit: tried again) */
   int64_t injected_ns; /* CLOCK_MONOTONIC, the clock of the events file */
