@@ -279,9 +279,6 @@ static void request_keys_note(keel__session *session, const keel_store_entry *en
   }
 }
 
-/* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
- * joiners wait, the dead, the others' sections, and injected delays, hangs and bit flips. Read only
- * when the store changed since the last look. */
 /* Idle spares (their offers, spare/), counted only while the runtime wants them (a replace
  * world below its size): every rank listing them at every change would load the store for
  * nothing. A dead spare's offer goes with its lease, which its launcher revokes. */
@@ -298,6 +295,9 @@ static void spares_count(keel__session *session, bool changed) {
   keel_store_entries_free(entries, count);
 }
 
+/* The job's own keys: job/stop (an orderly stop), job/done (the job ended), and how many
+ * joiners wait, the dead, the others' sections, and injected delays, hangs and bit flips. Read only
+ * when the store changed since the last look. */
 static void watch(keel__session *session) {
   uint64_t revision = 0;
   keel_status status =
