@@ -329,6 +329,71 @@ static void test_steps_committed_again_are_redone(void **state) {
   assert_false(none.known);
 }
 
+/* Writes text to folder/name; returns the path (static storage, one at a time). */
+static const char *file_write(const char *folder, const char *name, const char *text) {
+  static char path[512];
+  snprintf(path, sizeof path, "%s/%s", folder, name);
+  FILE *file = fopen(path, "w");
+  assert_non_null(file);
+  fputs(text, file);
+  assert_int_equal(fclose(file), 0);
+  return path;
+}
+
+/* --reference-dir: a failure-free run's finish lines kept (the rest of its events left
+ * out), read back as its finishes; and a key that a changed flag, or changed bytes of a
+ * file the arguments name, moves. */
+static void test_a_kept_reference_is_its_finishes(void **state) {
+  observed *o = *state;
+  const char *folder = keel_test_tempdir("keel-chaos-reference");
+  char events[512], kept[512];
+  snprintf(events, sizeof events, "%s",
+           file_write(folder, "events.jsonl",
+                      "{\"event\":\"progress\",\"uid\":0,\"rank\":0,\"step\":1,\"t_ns\":1}\n"
+                      "{\"event\":\"finish\",\"uid\":0,\"rank\":0,\"epoch\":0,\"t_ns\":2,"
+                      "\"world\":2,\"step\":99,\"shard\":0,\"state_bytes\":8,"
+                      "\"state_crc32c\":\"0badcafe\"}\n"
+                      "{\"event\":\"finish\",\"uid\":1,\"rank\":1,\"epoch\":0,\"t_ns\":2,"
+                      "\"world\":2,\"step\":99,\"shard\":0,\"state_bytes\":8,"
+                      "\"state_crc32c\":\"0badcafe\"}\n"));
+  snprintf(kept, sizeof kept, "%s/kept.jsonl", folder);
+  assert_false(keel__chaos_reference_load(kept, o->run)); /* none kept yet */
+  assert_true(keel__chaos_reference_save(events, kept));
+  char *text = keel_test_read_file(kept, NULL);
+  assert_non_null(text);
+  assert_null(strstr(text, "progress"));
+  free(text);
+  assert_true(keel__chaos_reference_load(kept, o->run));
+  assert_int_equal(o->run->finish_count, 2);
+  assert_int_equal(o->run->finishes[1].rank, 1);
+  assert_int_equal(o->run->finishes[1].step, 99);
+  assert_string_equal(o->run->finishes[1].crc, "0badcafe");
+  /* A run without a finish is not kept. */
+  const char *empty = file_write(folder, "empty.jsonl", "{\"event\":\"progress\",\"t_ns\":1}\n");
+  char none[512];
+  snprintf(none, sizeof none, "%s/none.jsonl", folder);
+  assert_false(keel__chaos_reference_save(empty, none));
+  /* The key. */
+  char program[512];
+  snprintf(program, sizeof program, "%s", file_write(folder, "program", "one"));
+  char *argv[] = {"run", "-n", "2", "--", program, "--steps", "9"};
+  char key[32], same[32], other[32];
+  keel__chaos_reference_key(argv, 7, program, 0, key, sizeof key);
+  keel__chaos_reference_key(argv, 7, program, 0, same, sizeof same);
+  assert_string_equal(key, same);
+  assert_int_equal(strlen(key), 16);
+  argv[6] = "10";
+  keel__chaos_reference_key(argv, 7, program, 0, other, sizeof other);
+  assert_string_not_equal(key, other);
+  argv[6] = "9";
+  file_write(folder, "program", "two");
+  keel__chaos_reference_key(argv, 7, program, 0, other, sizeof other);
+  assert_string_not_equal(key, other);
+  file_write(folder, "program", "one");
+  keel__chaos_reference_key(argv, 7, program, 3, other, sizeof other);
+  assert_string_not_equal(key, other);
+}
+
 /* An idle spare killed once a rank has finished is the launcher's cleanup after job/done;
  * the same kill before any rank finished, or of a spare that held a rank, is a death. */
 static void test_spares_killed_after_the_finish_are_cleanup(void **state) {
@@ -365,6 +430,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_a_step_no_process_committed_is_found, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_step_said_by_its_receiver_is_committed, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_a_kept_reference_is_its_finishes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_steps_committed_again_are_redone, setup, teardown),
       cmocka_unit_test_setup_teardown(test_spares_killed_after_the_finish_are_cleanup, setup,
                                       teardown),

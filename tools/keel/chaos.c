@@ -86,6 +86,7 @@ typedef struct chaos_options {
   int64_t every_min_ns, every_max_ns;
   uint64_t seed;
   const char *json_path;
+  const char *reference_dir; /* --reference-dir: failure-free runs kept and reused there */
   bool keep, no_reference;
   char **run_argv; /* "run" then RUN-FLAGS -- PROGRAM ARGS */
   int run_argc;
@@ -95,7 +96,8 @@ typedef struct chaos_options {
 static int chaos_usage(const char *message) {
   fprintf(stderr,
           "keel chaos: %s (usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...]"
-          " [--every MIN..MAX] [--seed S] [--etcd N] [--json FILE] [--keep] [--no-reference]"
+          " [--every MIN..MAX] [--seed S] [--etcd N] [--json FILE] [--keep] [--no-reference] "
+          "[--reference-dir DIR]"
           " -- RUN-FLAGS -- PROGRAM ARGS)\n",
           message);
   return KEEL__EXIT_USAGE;
@@ -201,6 +203,10 @@ static flag_result value_flag_parse(int argc, char **argv, int *index, chaos_opt
                : FLAG_BAD;
   if ((value = flag_value(argc, argv, index, "--json", &missing)) != NULL) {
     options->json_path = value;
+    return FLAG_TAKEN;
+  }
+  if ((value = flag_value(argc, argv, index, "--reference-dir", &missing)) != NULL) {
+    options->reference_dir = value;
     return FLAG_TAKEN;
   }
   return missing ? FLAG_BAD : FLAG_NOT_MINE;
@@ -1573,7 +1579,7 @@ static int report(const chaos_job *job, const keel__chaos_run *reference, int re
 
 /* ---- the command */
 
-static int reference_run(chaos_job *job, keel__chaos_run *reference) {
+static int reference_started(chaos_job *job, keel__chaos_run *reference) {
   chaos_job plain = *job;
   plain.run = reference;
   plain.failures = NULL;
@@ -1584,6 +1590,37 @@ static int reference_run(chaos_job *job, keel__chaos_run *reference) {
   if (reference->events != NULL) fclose(reference->events);
   reference->events = NULL;
   return plain.exit_code;
+}
+
+/* Where the failure-free run of this job is kept under --reference-dir; false without it. */
+static bool reference_kept_path(const chaos_job *job, char *path, size_t capacity) {
+  const chaos_options *options = job->options;
+  if (options->reference_dir == NULL) return false;
+  char key[32];
+  keel__chaos_reference_key(options->run_argv, options->run_argc, job->self, options->etcd_members,
+                            key, sizeof key);
+  snprintf(path, capacity, "%s/reference-%s.jsonl", options->reference_dir, key);
+  return true;
+}
+
+/* The failure-free run: one kept under --reference-dir for the same job when there is one
+ * (then its exit code was 0), else run now (and kept when it exits 0). */
+static int reference_run(chaos_job *job, keel__chaos_run *reference) {
+  char kept[PATH_MAX];
+  bool keeps = reference_kept_path(job, kept, sizeof kept);
+  if (keeps && keel__chaos_reference_load(kept, reference)) {
+    fprintf(stderr, "keel chaos: the failure-free run is the one kept in %s\n", kept);
+    return 0;
+  }
+  keel__chaos_run_clear(reference); /* a kept file without a finish: run it anew */
+  memset(reference, 0, sizeof *reference);
+  int code = reference_started(job, reference);
+  char events[PATH_MAX];
+  snprintf(events, sizeof events, "%s/reference-events.jsonl", job->directory);
+  if (keeps && code == 0 && !keel__chaos_reference_save(events, kept))
+    fprintf(stderr, "keel chaos: cannot keep the failure-free run in %s: %s\n", kept,
+            strerror(errno));
+  return code;
 }
 
 /* The working folder of a run that passed: its events and outputs, then itself. */
@@ -1689,7 +1726,8 @@ int keel__command_chaos(int argc, char **argv) {
   if (code == -1) {
     printf(
         "usage: keel chaos [--failures N | --duration D] [--mix KIND=W,...] [--every MIN..MAX]\n"
-        "                  [--seed S] [--etcd N] [--json FILE] [--keep] [--no-reference]\n"
+        "                  [--seed S] [--etcd N] [--json FILE] [--keep] [--no-reference] "
+        "[--reference-dir DIR]\n"
         "                  -- RUN-FLAGS -- PROGRAM ARGS\n"
         "kinds: kill stop hang bitflip launcher-stop kill-node partition delay etcd-kill"
         " etcd-stop (docs/CHAOS.md)\n");

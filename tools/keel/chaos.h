@@ -147,6 +147,17 @@ void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures
 /* Adds up the commits reported in run (KEEL_FINISH_CRC): which steps the job committed,
  * which it committed more than once and which none of its processes did. */
 void keel__chaos_steps_count(const keel__chaos_run *run, keel__chaos_steps *steps);
+
+/* ---- chaos_reference.c: failure-free runs kept for reuse (--reference-dir) */
+/* The key of a failure-free run (16 hex digits into key): the run's arguments ("run", its
+ * flags, "--", the program and its arguments), the bytes of each that names a file, the
+ * number of etcd members, and the bytes of the keel tool (self) and of its libkeel.so. */
+void keel__chaos_reference_key(char *const *argv, int argc, const char *self, int64_t etcd_members,
+                               char *key, size_t capacity);
+/* Reads a kept run's finish lines into reference; false when there is none (or no finish). */
+bool keel__chaos_reference_load(const char *path, keel__chaos_run *reference);
+/* Keeps the finish lines of a failure-free run's events at path (atomically); false if not. */
+bool keel__chaos_reference_save(const char *events_path, const char *path);
 /* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
  * (while the next failure has not yet come). */
 void keel__chaos_survivors_sample(keel__chaos_run *run);
