@@ -312,6 +312,36 @@ static void test_chaos_catches_a_skipped_step(void **state) {
   chaos_result_free(&result);
 }
 
+/* --reference-dir: the first chaos run of a job runs its failure-free run and keeps it; the
+ * next of the same job reuses it (and says so) and still compares with it, bit for bit; a
+ * changed program argument makes a new one. */
+static void test_chaos_reuses_a_kept_reference(void **state) {
+  (void)state;
+  char folder[256]; /* keel_test_tempdir's storage is overwritten by the next call */
+  snprintf(folder, sizeof folder, "%s", keel_test_tempdir("keel-chaos-kept"));
+  const char *const chaos[] = {"--failures", "1", "--every",         "100ms", "--mix", "kill=1",
+                               "--seed",     "3", "--reference-dir", folder,  NULL};
+  const char *const flags[] = {"-n", "2", "--on-failure", "replace", "--spares", "1", NULL};
+  static const char *const runs[][3] = {{"300", "(pid", "is the one kept"},
+                                        {"300", "is the one kept", "(pid"},
+                                        {"301", "(pid", "is the one kept"}};
+  for (size_t i = 0; i < 3; i++) {
+    chaos_result result;
+    chaos_run(chaos, flags, (const char *const[]){"--steps", runs[i][0], NULL}, NULL,
+              CHAOS_TIMEOUT_MS, &result);
+    char said[64], not_said[64];
+    snprintf(said, sizeof said, "the failure-free run %s", runs[i][1]);
+    snprintf(not_said, sizeof not_said, "the failure-free run %s", runs[i][2]);
+    bool as_expected =
+        strstr(result.output, said) != NULL && strstr(result.output, not_said) == NULL;
+    if (result.code != 0 || !as_expected) show(&result);
+    assert_int_equal(result.code, 0);
+    assert_true(as_expected);
+    assert_non_null(strstr(result.json, "bit-identical to the failure-free run"));
+    chaos_result_free(&result);
+  }
+}
+
 /* Hangs and bit flips among kills: each hang is caught by the deadline `--collective-timeout
  * auto` set, the hung process fenced and replaced; each flip is found by --verify-replicas and
  * undone; the job ends bit-identical to the failure-free run. The gaps outlast a hang's
@@ -693,6 +723,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_catches_a_standstill),
       cmocka_unit_test(test_chaos_catches_a_skipped_step),
+      cmocka_unit_test(test_chaos_reuses_a_kept_reference),
       cmocka_unit_test(test_chaos_fifty_failures),
       cmocka_unit_test(test_chaos_hangs_and_bit_flips),
       cmocka_unit_test(test_chaos_servers),
