@@ -44,7 +44,8 @@ extern "C" {
   X(ESTOPPED, -24, "the job is stopping (keel run was interrupted): exit with KEEL_EXIT_STOPPED") \
   X(EORPHANED, -25, "the launcher is gone: exit with KEEL_EXIT_ORPHANED")                         \
   X(EDATALOST, -26, "data lost: more of it failed than its parity can rebuild")                   \
-  X(EACCES, -27, "permission denied or read-only file system")
+  X(EACCES, -27, "permission denied or read-only file system")                                    \
+  X(EPEERLOST, -28, "a server it called on was lost meanwhile: ask again")
 
 typedef enum keel_status {
 #define KEEL_STATUS_ENUM(name, value, text) KEEL_##name = (value),

@@ -80,7 +80,8 @@ static void call_each(keel_ec_client *client, void *const *bodies) {
 
 /* Whether a failed attempt is worth another after reading the lost servers anew. */
 static bool retry_after(keel_ec_client *client, keel_status status, int attempt) {
-  if (status != KEEL_EAGAIN && !keel__ec_unreachable(status)) return false;
+  if (status != KEEL_EAGAIN && status != KEEL_EPEERLOST && !keel__ec_unreachable(status))
+    return false;
   if (attempt + 1 >= ROUTE_ATTEMPTS) return false;
   refresh_lost(client);
   return true;
@@ -441,6 +442,20 @@ static bool lost_since(keel_ec_client *client, int server, keel_status status) {
   return client->lost[server];
 }
 
+/* Whether a synchronous step's phase 2 goes again: a server was lost in it (with r > 1 a
+ * second loss can come while the first one's rows are pushed), and the rows it was to act
+ * for go to their next holder. Every worker saw the same loss (the server's phase waited for
+ * all of them) and pushes phase 2 again to every server not lost; the acting holders leave
+ * alone the rows whose parity stamp says the step is in. Without synchronous mode a push is
+ * not guarded so, and the loss is the step's error, as before. */
+static bool phase_again(keel_ec_client *client, keel_status status, int round) {
+  if (client->wire.workers == 0 || round + 1 >= ROUTE_ATTEMPTS) return false;
+  if (status != KEEL_EPEERLOST && !keel__ec_unreachable(status)) return false;
+  KEEL_LOG_W(MODULE, "worker %d: a server was lost in the second phase of step %llu: again",
+             client->worker, (unsigned long long)client->next_step);
+  return true;
+}
+
 /* Phase 1 pushes own rows to every server not lost; a server lost meanwhile has its rows moved
  * to phase 2, which pushes the rows of lost servers to their acting holders (every server not
  * lost gets one in synchronous mode: each waits for every worker's). */
@@ -448,7 +463,7 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
                                size_t count, const float *gradients, size_t *picked,
                                uint64_t *part_rows, float *part_gradients) {
   bool synchronous = client->wire.workers > 0;
-  for (int acting = 0; acting < 2; acting++) {
+  for (int acting = 0, round = 0; acting < 2; acting++) {
     bool any_lost = false;
     for (int i = 0; i < client->servers; i++) any_lost |= client->lost[i];
     if (acting && !any_lost) break;
@@ -466,12 +481,22 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
       offset += chosen;
     }
     call_each(client, client->bodies);
+    bool again = false;
     for (int server = 0; server < client->servers; server++) {
       if (!client->sending[server]) continue;
       keel_status status = client->statuses[server];
       /* A server lost in phase 1: its rows go with phase 2, its stamp guards a redo. */
       if (!acting && (keel__ec_unreachable(status) || lost_since(client, server, status))) continue;
+      if (acting && status != KEEL_OK && phase_again(client, status, round)) {
+        again = true;
+        continue;
+      }
       if (status != KEEL_OK) return status;
+    }
+    if (again) {
+      refresh_lost(client);
+      round++;
+      acting--;
     }
   }
   return KEEL_OK;

@@ -192,14 +192,38 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
   return status;
 }
 
-/* Every member of each group, decoded where not read: the group's blocks as they are now. */
-static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
-                                    const keel__ec_view *view) {
-  const bool *lost = view->lost;
+/* Decides the lost servers' prepared updates, chooses k members of each group and reads
+ * those held elsewhere. *lost_now: the server found lost while it was read (declared so by
+ * the call), -1 when none was. */
+static keel_status fetch_blocks(keel_ec_server *server, group_blocks *groups, size_t count,
+                                const keel__ec_view *view, int *lost_now) {
+  *lost_now = -1;
   keel_status status = resolve_lost_updates(server, view);
-  if (status == KEEL_OK) status = choose_sources(server, groups, count, lost);
+  if (status == KEEL_OK) status = choose_sources(server, groups, count, view->lost);
   for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
-    if (other != server->index && !lost[other]) status = read_from(server, other, groups, count);
+    if (other == server->index || view->lost[other]) continue;
+    status = read_from(server, other, groups, count);
+    if (keel__ec_unreachable(status)) *lost_now = other;
+  }
+  return status;
+}
+
+/* Every member of each group, decoded where not read: the group's blocks as they are now. A
+ * source lost while it is read is lost in the view from then on (the caller routes its
+ * changes by it too) and the blocks are fetched again without it: a loss the parity covers
+ * never fails the request (with r = 2, two servers killed at once failed the workers' reads,
+ * RELIABILITY.md finding 44). Each round loses one more server, so the rounds end, at the
+ * latest when a group has fewer than k members left (KEEL_EDATALOST). */
+static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
+                                    keel__ec_view *view) {
+  int lost_now;
+  keel_status status = fetch_blocks(server, groups, count, view, &lost_now);
+  while (lost_now >= 0) {
+    KEEL_LOG_I(MODULE, "server %d: server %d was lost while read: reading again without it",
+               server->index, lost_now);
+    view->lost[lost_now] = true;
+    view->standing[lost_now] = KEEL__EC_LOST;
+    status = fetch_blocks(server, groups, count, view, &lost_now);
   }
   keel__ec_shard *shard = &server->shard;
   int n = shard->layout.data_blocks + shard->layout.parity_blocks;
@@ -351,6 +375,9 @@ static keel_status read_blocks(keel_ec_server *server, const keel__ec_request *r
   keel__ec_shard *shard = &server->shard;
   bool versioned = (request->flags & KEEL__EC_FLAG_VERSIONED) != 0;
   if (versioned && request->count == 0) return rebuild_barrier(server);
+  /* Before any block goes out: a server killed here fails another server's read mid-way, the
+   * step being the last update's it handled. */
+  if (!versioned) server_fault(server, "ec_read", 0, 0);
   size_t stamps_bytes = versioned ? sizeof(uint64_t) * (size_t)shard->layout.data_blocks : 0;
   size_t each = shard->block_bytes + stamps_bytes;
   uint64_t stamps[KEEL_EC_MAX_BLOCKS];
@@ -650,8 +677,8 @@ static keel_status apply_own(keel_ec_server *server, const uint64_t *rows, size_
  * step applied, and its change folded into the parity. A row whose parity stamp says the step
  * is in already (its server applied it before it was lost) is left as it is. */
 static keel_status apply_acting(keel_ec_server *server, const uint64_t *rows, size_t count,
-                                const float *gradients, const keel__ec_view *view,
-                                uint64_t step_mark, parity_batch *batches, uint8_t *delta) {
+                                const float *gradients, keel__ec_view *view, uint64_t step_mark,
+                                parity_batch *batches, uint8_t *delta) {
   const bool *lost = view->lost;
   keel__ec_shard *shard = &server->shard;
   uint64_t k = (uint64_t)shard->layout.data_blocks;
@@ -1099,10 +1126,16 @@ static keel_status step_apply(keel_ec_server *server, const step_slot *slot) {
   return status;
 }
 
-static step_slot *step_find(keel_ec_server *server, uint16_t op, bool acting, uint64_t step) {
+static step_slot *step_lookup(keel_ec_server *server, uint16_t op, bool acting, uint64_t step) {
   for (step_slot *slot = server->steps; slot != NULL; slot = slot->next)
     if (slot->op == op && slot->acting == acting && slot->step == step) return slot;
-  step_slot *slot = calloc(1, sizeof *slot);
+  return NULL;
+}
+
+static step_slot *step_find(keel_ec_server *server, uint16_t op, bool acting, uint64_t step) {
+  step_slot *slot = step_lookup(server, op, acting, step);
+  if (slot != NULL) return slot;
+  slot = calloc(1, sizeof *slot);
   if (slot == NULL) return NULL;
   slot->pushes = calloc(server->wire.workers, sizeof *slot->pushes);
   if (slot->pushes == NULL) {
@@ -1125,6 +1158,32 @@ static void step_free(keel_ec_server *server, step_slot *slot) {
   for (uint32_t w = 0; w < server->wire.workers; w++) free(slot->pushes[w].payload);
   free(slot->pushes);
   free(slot);
+  /* A second round of the step may wait for this one to end (round_wait). */
+  pthread_cond_broadcast(&server->step_done);
+}
+
+/* Sleeps on step_done for at most 100 ms; the caller holds step_lock. */
+static void step_wait(keel_ec_server *server) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_nsec += 100 * 1000 * 1000;
+  if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
+  pthread_cond_timedwait(&server->step_done, &server->step_lock, &until);
+}
+
+/* A worker's second round of a step's phase 2 (a server was lost in the first, see the
+ * client's phase_again) can come before every worker has left the first round here: it waits
+ * for that round to end, by deadline, rather than be refused as a push made twice. Caller holds
+ * step_lock. */
+static void round_wait(keel_ec_server *server, const keel__ec_request *request, bool acting,
+                       int64_t deadline) {
+  for (;;) {
+    step_slot *slot = step_lookup(server, request->op, acting, request->step);
+    if (slot == NULL || !slot->applied || slot->pushes[request->worker].payload == NULL ||
+        atomic_load(&server->stopping) || keel_now_ns() >= deadline)
+      return;
+    step_wait(server);
+  }
 }
 
 /* Whether every other server has applied its own rows of step (marked_steps): then a
@@ -1156,6 +1215,8 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     free(payload);
     return KEEL_OK;
   }
+  int64_t deadline = keel_deadline_after_ns(2 * KEEL__EC_CALL_TIMEOUT_NS);
+  if (acting) round_wait(server, request, acting, deadline);
   step_slot *slot = step_find(server, request->op, acting, request->step);
   if (slot == NULL || slot->pushes[request->worker].payload != NULL || slot->applied) {
     pthread_mutex_unlock(&server->step_lock);
@@ -1173,7 +1234,6 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     slot->applied = true;
     pthread_cond_broadcast(&server->step_done);
   }
-  int64_t deadline = keel_deadline_after_ns(2 * KEEL__EC_CALL_TIMEOUT_NS);
   while (!slot->applied && !atomic_load(&server->stopping) && keel_now_ns() < deadline) {
     if (slot->acting && !slot->applying && step_marked_by_all(server, slot->step)) {
       KEEL_LOG_I(MODULE,
@@ -1185,11 +1245,7 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
       pthread_cond_broadcast(&server->step_done);
       break;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += 100 * 1000 * 1000;
-    if (until.tv_nsec >= 1000000000) until.tv_sec++, until.tv_nsec -= 1000000000;
-    pthread_cond_timedwait(&server->step_done, &server->step_lock, &until);
+    step_wait(server);
   }
   keel_status result = slot->applied ? slot->result : KEEL_ETIMEDOUT;
   slot->left++;

@@ -69,6 +69,14 @@ static keel_status peer_send(keel__ec_peer *peer, const uint8_t *payload, size_t
   return keel_link_send(peer->link, &frame, payload, length, deadline_ns);
 }
 
+/* A server's answer that it could not reach a server it called on while it served the
+ * request: it has declared that one lost, and the caller asks again after reading the lost
+ * servers anew. Read as it came, it would be taken for the answering server's own loss, and a
+ * healthy server declared lost for everyone (RELIABILITY.md, finding 44). */
+static keel_status reply_status(keel_status status) {
+  return keel__ec_unreachable(status) ? KEEL_EPEERLOST : status;
+}
+
 /* The reply half: the reply to tag in, the server's status out, its body copied to body. */
 static keel_status peer_receive(keel__ec_peer *peer, uint64_t tag, uint16_t op, size_t body_bytes,
                                 void *body, int64_t deadline_ns) {
@@ -83,7 +91,7 @@ static keel_status peer_receive(keel__ec_peer *peer, uint64_t tag, uint16_t op, 
     status = keel__ec_reply_decode(reply_payload, reply_frame.length, op, body_bytes, &reply);
   }
   if (status == KEEL_OK) {
-    status = reply.status;
+    status = reply_status(reply.status);
     if (status == KEEL_OK && body_bytes > 0) memcpy(body, reply.body, body_bytes);
   }
   free(reply_payload);

@@ -42,8 +42,10 @@ void keel__ec_peer_destroy(keel__ec_peer *peer);
 /* Sends request to the peer's server and waits for its reply, by deadline_ns. The reply's
  * body (keel__ec_reply_body_bytes of the request) is copied to body (NULL when it has none).
  * Returns the server's own answer (KEEL_EAGAIN: it does not serve that, ask again after
- * refreshing the lost servers), or KEEL_ECLOSED / KEEL_ECONNREFUSED / KEEL_ETIMEDOUT when the
- * server could not be reached (the link is dropped), KEEL_EPROTO for a malformed reply. */
+ * refreshing the lost servers; KEEL_EPEERLOST: a server it called on while serving was lost,
+ * likewise), or KEEL_ECLOSED / KEEL_ECONNREFUSED / KEEL_ETIMEDOUT when the server itself could
+ * not be reached (the link is dropped): a reply never says that, so a server's failure to reach
+ * another is never taken for its own. KEEL_EPROTO for a malformed reply. */
 keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
                                const keel_auth *auth, const keel__ec_request *request,
                                const keel__ec_limits *limits, void *body, int64_t deadline_ns);

@@ -664,6 +664,30 @@ static void test_killed_between_its_answers_without_two_phase_commit(void **stat
   check_killed_at("point=ec_answered,after=1", false, VOID_SECOND_PHASE);
 }
 
+/* Finding 44: with r = 2, server 4 dies while another server reads its blocks to decode the
+ * rows of server 3, lost before, for a worker. The reader reads again without it. It used to
+ * answer the worker with the broken link's status, which the worker took for the reader's
+ * own loss: a healthy server declared lost, three lost of r = 2, the job's data gone. Server
+ * 3 is killed between steps 8 and 9, server 4 kills itself in the first read it serves from
+ * step 14 on; the servers' logs show that a read went again. */
+static void test_source_lost_while_read(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  processes_start(&job, keel_test_tempdir("keel-ec-read"), "kill@uid=4,step=14,point=ec_read");
+  job.lose_at = 8;
+  job.lose = 3;
+  run_job(&job);
+  int status = 0;
+  assert_true(keel_test_wait(job.processes[4], 10000, &status));
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  job.processes[4] = 0;
+  check_job(&job, (uint64_t)1 << 3 | (uint64_t)1 << 4);
+  assert_true(servers_said(&job, "was lost while read"));
+  job_stop(&job);
+}
+
 /* Finding 21: the server answers one worker's push of step 12 and stops; its replacement is
  * rebuilding when it is killed. The other worker's link breaks and its push goes again, to
  * the replacement, which used to keep it until the deadline while the first worker waited
@@ -785,6 +809,7 @@ int main(void) {
       cmocka_unit_test(test_killed_during_the_commits),
       cmocka_unit_test(test_killed_between_its_answers),
       cmocka_unit_test(test_killed_between_its_answers_without_two_phase_commit),
+      cmocka_unit_test(test_source_lost_while_read),
       cmocka_unit_test(test_push_sent_again_to_a_replacement),
       cmocka_unit_test(test_replacement_rebuilt_in_process),
       cmocka_unit_test(test_replacement_process_after_kill),

@@ -735,7 +735,7 @@ static void test_reply_round_trip(void **state) {
 
   /* Every status of the table travels. */
   uint8_t bare[16];
-  for (int status = 0; status >= KEEL_EACCES; status--) {
+  for (int status = 0; status >= KEEL_EPEERLOST; status--) {
     assert_int_equal(keel__ec_reply_encode_header(3, (keel_status)status, 0, bare), KEEL_OK);
     assert_int_equal(keel__ec_reply_decode(bare, 16, 3, 0, &reply), KEEL_OK);
     assert_int_equal(reply.status, status);
@@ -780,7 +780,7 @@ static void test_reply_refusals(void **state) {
   expect_reply_refused("body bytes UINT64_MAX", bad, sizeof bad, 8, SIZE_MAX);
   keel_put_le64(bad + 8, UINT64_MAX - 15);
   expect_reply_refused("body bytes wrapping with the header", bad, sizeof bad, 8, SIZE_MAX);
-  static const int32_t unknown[] = {1, KEEL_EACCES - 1, INT32_MIN, INT32_MAX};
+  static const int32_t unknown[] = {1, KEEL_EPEERLOST - 1, INT32_MIN, INT32_MAX};
   for (size_t i = 0; i < COUNT(unknown); i++) {
     memcpy(bad, wire, sizeof wire);
     keel_put_le32(bad + 4, (uint32_t)unknown[i]);
