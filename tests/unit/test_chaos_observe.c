@@ -2,6 +2,8 @@
  * fence killed, which injected partition (if any) explains that fence, how long the job stood
  * still with no failure to explain it, and which steps it committed how often. The events are
  * written by the test, so each case pins down one timing that a soak met only by chance. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -412,8 +416,53 @@ static void test_spares_killed_after_the_finish_are_cleanup(void **state) {
   assert_false(keel__chaos_process_find(o->run, 10)->killed_at_end);
 }
 
+/* How many fds of a kind a description counts ("pipe x3" in it: 3), 0 when none. */
+static int kind_count(const char *text, const char *kind) {
+  char pattern[64];
+  snprintf(pattern, sizeof pattern, "%s x", kind);
+  const char *at = strstr(text, pattern);
+  return at == NULL ? 0 : atoi(at + strlen(pattern));
+}
+
+/* A process's fds by kind (finding 45: what a survivor's rise is made of): in this process, a
+ * listener, a link to it and the link accepted, and a pipe. */
+static void test_fds_by_kind(void **state) {
+  (void)state;
+  char before[512];
+  keel__chaos_fd_kinds(getpid(), before, sizeof before);
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(listener >= 0);
+  struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t length = sizeof address;
+  assert_int_equal(bind(listener, (struct sockaddr *)&address, sizeof address), 0);
+  assert_int_equal(listen(listener, 4), 0);
+  assert_int_equal(getsockname(listener, (struct sockaddr *)&address, &length), 0);
+  int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_int_equal(connect(out, (struct sockaddr *)&address, sizeof address), 0);
+  int in = accept(listener, NULL, NULL);
+  assert_true(in >= 0);
+  int pipes[2];
+  assert_int_equal(pipe(pipes), 0);
+  char text[512], expected[64];
+  keel__chaos_fd_kinds(getpid(), text, sizeof text);
+  snprintf(expected, sizeof expected, "to 127.0.0.1:%u x1", (unsigned)ntohs(address.sin_port));
+  if (strstr(text, expected) == NULL || strstr(text, "from 127.0.0.1 x1") == NULL ||
+      kind_count(text, "listen") != kind_count(before, "listen") + 1 ||
+      kind_count(text, "pipe") != kind_count(before, "pipe") + 2)
+    fail_msg("fds by kind: %s", text);
+  close(pipes[0]);
+  close(pipes[1]);
+  close(in);
+  close(out);
+  close(listener);
+  /* A process that is gone has none. */
+  keel__chaos_fd_kinds(0, text, sizeof text);
+  assert_string_equal(text, "");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fds_by_kind),
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_after_a_healed_silence_is_unexplained, setup,

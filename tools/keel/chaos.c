@@ -1371,6 +1371,12 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
           longest->threads[n - 1], (double)longest->rss_kib[0] / 1024,
           (double)longest->rss_kib[n - 1] / 1024, floor_rise(longest->fds, n),
           floor_rise(longest->threads, n), n < MIN_PROCESS_SERIES ? " (too few to judge)" : "");
+    /* What the rise is made of: which peers its links lead to, first and last. */
+    if (!flat)
+      printf(
+          "        uid %u's fds by kind at its first sample: %s\n"
+          "        and at its last: %s\n",
+          (unsigned)longest->uid, longest->fds_first, longest->fds_last);
   }
   size_t n = run->store_key_count;
   long rise = n ? floor_rise(run->store_keys, n) : 0;

@@ -71,6 +71,7 @@ typedef struct keel__chaos_process {
   /* /proc samples after each recovery it lived through (allocated; freed with the run) */
   size_t samples;
   long *fds, *threads, *rss_kib; /* fds: less one per live process of the job */
+  char fds_first[256], fds_last[256]; /* fds by kind at the first and the latest sample */
 } keel__chaos_process;
 
 /* A finisher's `finish` event. */
@@ -141,6 +142,10 @@ typedef struct keel__chaos_run {
 
 /* Frees what the run's processes allocated. */
 void keel__chaos_run_clear(keel__chaos_run *run);
+/* Process pid's fds by kind, most first, as text: "to 127.0.0.1:4000 x3" (connected to a
+ * listener), "from 198.18.0.2 x2" (accepted on a port it listens on), "listen", "pipe", "shm",
+ * "file", or an anonymous inode's name ("eventfd"); empty when the process is gone. */
+void keel__chaos_fd_kinds(pid_t pid, char *text, size_t capacity);
 /* Reads the events written since the last call and updates run; failures (count of them)
  * get their detection and recovery times from recovery lines. */
 void keel__chaos_events_read(keel__chaos_run *run, keel__chaos_failure *failures, size_t count);

@@ -63,6 +63,138 @@ static long fd_count(pid_t pid) {
   return count - 1; /* the folder's own descriptor, open while it is read */
 }
 
+/* ---- a process's fds by what they are, to tell a leak from the slack (finding 45) */
+
+/* One kind of fd and how many: "to 198.18.0.3:41000", "from 198.18.0.2", "listen", "pipe". */
+typedef struct fd_kind {
+  char name[48];
+  int count;
+} fd_kind;
+
+#define FD_KINDS 48
+#define TCP_LISTEN_STATE 0x0A
+
+/* A TCP socket of the process, from its /proc/PID/net/tcp (its own network namespace). */
+typedef struct tcp_socket {
+  unsigned long inode;
+  unsigned local_port, remote_port, remote_address, state;
+} tcp_socket;
+
+static size_t tcp_sockets_read(pid_t pid, tcp_socket *sockets, size_t capacity) {
+  char path[64], line[512];
+  snprintf(path, sizeof path, "/proc/%ld/net/tcp", (long)pid);
+  FILE *file = fopen(path, "r");
+  if (file == NULL) return 0;
+  size_t count = 0;
+  while (count < capacity && fgets(line, sizeof line, file) != NULL) {
+    tcp_socket *socket = &sockets[count];
+    unsigned local_address;
+    /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+    if (sscanf(line, " %*u: %x:%x %x:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu", &local_address,
+               &socket->local_port, &socket->remote_address, &socket->remote_port, &socket->state,
+               &socket->inode) == 6)
+      count++;
+  }
+  fclose(file);
+  return count;
+}
+
+static void fd_kind_add(fd_kind *kinds, int *used, const char *name) {
+  for (int i = 0; i < *used; i++) {
+    if (strcmp(kinds[i].name, name) == 0) {
+      kinds[i].count++;
+      return;
+    }
+  }
+  if (*used == FD_KINDS) name = "more kinds";
+  for (int i = 0; i < *used; i++) {
+    if (strcmp(kinds[i].name, name) == 0) {
+      kinds[i].count++;
+      return;
+    }
+  }
+  snprintf(kinds[*used].name, sizeof kinds[*used].name, "%s", name);
+  kinds[(*used)++].count = 1;
+}
+
+/* What a socket is: listening, accepted from an address (its local port one this process
+ * listens on) or connected to an address and port (a peer's listener). */
+static void socket_kind(const tcp_socket *sockets, size_t count, unsigned long inode, char *name,
+                        size_t capacity) {
+  snprintf(name, capacity, "socket");
+  for (size_t i = 0; i < count; i++) {
+    if (sockets[i].inode != inode) continue;
+    unsigned a = sockets[i].remote_address; /* as the kernel prints it: little-endian */
+    char address[24];
+    snprintf(address, sizeof address, "%u.%u.%u.%u", a & 0xff, (a >> 8) & 0xff, (a >> 16) & 0xff,
+             a >> 24);
+    if (sockets[i].state == TCP_LISTEN_STATE) {
+      snprintf(name, capacity, "listen");
+      return;
+    }
+    bool accepted = false;
+    for (size_t j = 0; j < count; j++)
+      accepted |=
+          sockets[j].state == TCP_LISTEN_STATE && sockets[j].local_port == sockets[i].local_port;
+    if (accepted)
+      snprintf(name, capacity, "from %s", address);
+    else
+      snprintf(name, capacity, "to %s:%u", address, sockets[i].remote_port);
+    return;
+  }
+}
+
+void keel__chaos_fd_kinds(pid_t pid, char *text, size_t capacity) {
+  text[0] = '\0';
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/fd", (long)pid);
+  DIR *folder = opendir(path);
+  if (folder == NULL) return;
+  enum { MAX_TCP = 1024 };
+  tcp_socket *sockets = malloc(sizeof *sockets * MAX_TCP);
+  fd_kind *kinds = malloc(sizeof *kinds * FD_KINDS);
+  size_t socket_count = sockets != NULL ? tcp_sockets_read(pid, sockets, MAX_TCP) : 0;
+  int used = 0;
+  for (struct dirent *entry = readdir(folder); kinds != NULL && entry != NULL;
+       entry = readdir(folder)) {
+    if (entry->d_name[0] == '.') continue;
+    char link[sizeof path + sizeof entry->d_name + 1], target[160], name[48];
+    snprintf(link, sizeof link, "%s/%s", path, entry->d_name);
+    ssize_t length = readlink(link, target, sizeof target - 1);
+    if (length < 0) continue;
+    target[length] = '\0';
+    unsigned long inode = 0;
+    if (sscanf(target, "socket:[%lu]", &inode) == 1)
+      socket_kind(sockets, socket_count, inode, name, sizeof name);
+    else if (strncmp(target, "pipe:", 5) == 0)
+      snprintf(name, sizeof name, "pipe");
+    else if (strncmp(target, "anon_inode:", 11) == 0)
+      snprintf(name, sizeof name, "%.40s", target + 11);
+    else if (strncmp(target, "/dev/shm/", 9) == 0)
+      snprintf(name, sizeof name, "shm");
+    else
+      snprintf(name, sizeof name, "file");
+    fd_kind_add(kinds, &used, name);
+  }
+  closedir(folder);
+  size_t at = 0;
+  /* Most first: a selection, the list is short. */
+  for (int done = 0; done < used && at < capacity; done++) {
+    int best = done;
+    for (int i = done + 1; i < used; i++)
+      if (kinds[i].count > kinds[best].count) best = i;
+    fd_kind swap = kinds[done];
+    kinds[done] = kinds[best];
+    kinds[best] = swap;
+    int wrote = snprintf(text + at, capacity - at, "%s%s x%d", done ? ", " : "", kinds[done].name,
+                         kinds[done].count);
+    if (wrote < 0) break;
+    at += (size_t)wrote;
+  }
+  free(kinds);
+  free(sockets);
+}
+
 /* Threads and VmRSS (KiB) from /proc/pid/status; false when the process is gone. */
 static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
   char path[64], line[256];
@@ -115,6 +247,8 @@ static void process_sample(keel__chaos_process *p, long live) {
   p->fds[p->samples] = fds - live;
   p->threads[p->samples] = threads;
   p->rss_kib[p->samples] = rss;
+  /* Its fds by kind at its first sample and at its latest: what a rise is made of. */
+  keel__chaos_fd_kinds(p->pid, p->samples == 0 ? p->fds_first : p->fds_last, sizeof p->fds_last);
   p->samples++;
 }
 
