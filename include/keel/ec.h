@@ -368,9 +368,10 @@ const char *keel_ec_server_address(const keel_ec_server *server);
 keel_status keel_ec_server_checkpoint(keel_ec_server *server, const char *path, uint64_t *bytes_p);
 /* Stops accepting, closes every link, joins the threads, frees everything. NULL is fine. */
 void keel_ec_server_stop(keel_ec_server *server);
-/* Which of the job's `servers` serve none of their rows now, as the directory (the job's
- * store) says: lost, or a replacement not yet back (rebuilding, rebuilt). A server that died
- * but that nobody declared lost yet reads as serving. down[i] for i < servers. */
+/* Which of the job's `servers` do not fully serve their rows now, as the directory (the job's
+ * store) says: lost, or a replacement not yet back for good (rebuilding, rebuilt, or back
+ * from a step whose mark has not gone yet, two steps after it). A server that died but that
+ * nobody declared lost yet reads as serving. down[i] for i < servers. */
 keel_status keel_ec_servers_down(keel_store *directory, int servers, bool *down);
 
 typedef struct keel_ec_client keel_ec_client;

@@ -30,6 +30,38 @@ bool keel__ec_unreachable(keel_status status) {
          status == KEEL_EIO;
 }
 
+/* The directory's key of server index: ec/<kind>/<index>. */
+static void server_key(char *key, size_t capacity, const char *kind, int index) {
+  snprintf(key, capacity, "ec/%s/%d", kind, index);
+}
+
+/* Whether server index is declared lost in the directory (a replacement that marked
+ * itself rebuilding, or one back, is not). */
+static bool directory_says_lost(keel__ec_directory *directory, int index) {
+  char key[64];
+  server_key(key, sizeof key, "lost", index);
+  keel_store_entry *entry = NULL;
+  pthread_mutex_lock(&directory->lock);
+  keel_status status = keel_store_get(directory->store, key, &entry);
+  pthread_mutex_unlock(&directory->lock);
+  bool lost = status == KEEL_OK && strcmp((const char *)entry->value, "lost") == 0;
+  if (status == KEEL_OK) keel_store_entry_free(entry);
+  return lost;
+}
+
+typedef struct connect_context {
+  keel__ec_directory *directory;
+  int index;
+} connect_context;
+
+/* Refusals are retried while the server is not declared lost: once another caller found it
+ * gone, nobody listens there again. With two servers killed at once, a replacement's rebuild
+ * that read from the other one waited out the whole connect timeout (1 s) before. */
+static bool connect_keep_trying(void *context) {
+  const connect_context *target = context;
+  return !directory_says_lost(target->directory, target->index);
+}
+
 /* Opens the link on first use: the address from the directory, each time, since a
  * replacement server may listen elsewhere. A server that cannot be reached at the address
  * read may have been replaced while it was tried: then the replacement's address is tried
@@ -45,7 +77,9 @@ static keel_status peer_connect(keel__ec_peer *peer, keel__ec_directory *directo
      * it is gone, not that it has yet to start, so refusals are retried only briefly. */
     int64_t connect_deadline = keel_deadline_after_ns(KEEL__EC_CONNECT_TIMEOUT_NS);
     if (connect_deadline > deadline_ns) connect_deadline = deadline_ns;
-    status = keel_link_connect(peer->address, auth, connect_deadline, &peer->link);
+    connect_context target = {.directory = directory, .index = peer->index};
+    status = keel_link_connect_while(peer->address, auth, connect_deadline, connect_keep_trying,
+                                     &target, &peer->link);
     if (!keel__ec_unreachable(status) || attempt == 1) return status;
     char address_now[sizeof peer->address];
     if (keel__ec_directory_lookup(directory, peer->index, address_now, sizeof address_now,
@@ -248,10 +282,6 @@ void keel__ec_directory_destroy(keel__ec_directory *directory) {
   pthread_mutex_destroy(&directory->lock);
 }
 
-static void server_key(char *key, size_t capacity, const char *kind, int index) {
-  snprintf(key, capacity, "ec/%s/%d", kind, index);
-}
-
 keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
                                        const char *address) {
   char key[64];
@@ -364,9 +394,10 @@ keel_status keel_ec_servers_down(keel_store *directory, int servers, bool *down)
   keel__ec_directory_init(&view, directory);
   keel_status status = keel__ec_directory_standing(&view, servers, standing);
   keel__ec_directory_destroy(&view);
-  for (int i = 0; i < servers && status == KEEL_OK; i++)
-    down[i] = standing[i] == KEEL__EC_LOST || standing[i] == KEEL__EC_REBUILDING ||
-              standing[i] == KEEL__EC_REBUILT;
+  /* A replacement back from step N is still routed around before N, and no rebuild reads
+   * from it until its mark goes (two steps after N): counted up, a kill of r more servers in
+   * that window took the job past its parity (finding 44). */
+  for (int i = 0; i < servers && status == KEEL_OK; i++) down[i] = standing[i] != KEEL__EC_LIVE;
   free(standing);
   return status;
 }

@@ -847,7 +847,7 @@ static void recovery_sample(chaos_job *job) {
 }
 
 /* Whether every server serves its rows, as the directory says (keel_ec_servers_down: none
- * lost, rebuilding or rebuilt; a replacement that is back serves them). */
+ * lost, rebuilding, rebuilt or back so recently that its mark is still there). */
 static bool servers_all_serving(chaos_job *job) {
   keel_store *store = job_store(job);
   int servers = (int)job->options->run.servers;
