@@ -385,7 +385,12 @@ keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *row
   status = picked && scratch_rows && scratch_values ? KEEL_OK : KEEL_ENOMEM;
   for (int attempt = 0; status == KEEL_OK; attempt++) {
     status = pull_once(client, rows, count, values, picked, scratch_rows, scratch_values);
-    if (status == KEEL_OK || !retry_after(client, status, attempt)) break;
+    if (status == KEEL_OK) break;
+    if (!retry_after(client, status, attempt)) {
+      KEEL_LOG_W(MODULE, "worker %d: a pull of %zu rows failed: %s", client->worker, count,
+                 keel_strerror(status));
+      break;
+    }
     status = KEEL_OK;
   }
   free(scratch_values);
@@ -491,7 +496,12 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
         again = true;
         continue;
       }
-      if (status != KEEL_OK) return status;
+      if (status != KEEL_OK) {
+        KEEL_LOG_W(MODULE, "worker %d: server %d refused the %s push of step %llu: %s",
+                   client->worker, server, acting ? "second-phase" : "first-phase",
+                   (unsigned long long)step, keel_strerror(status));
+        return status;
+      }
     }
     if (again) {
       refresh_lost(client);
@@ -573,7 +583,13 @@ static keel_status dense_call(keel_ec_client *client, keel__ec_request *request,
       status = call(client, 1, request, NULL);
       if (keel__ec_unreachable(status)) status = KEEL_OK;
     }
-    if (status == KEEL_OK || !retry_after(client, status, attempt)) return status;
+    if (status == KEEL_OK) return status;
+    if (!retry_after(client, status, attempt)) {
+      KEEL_LOG_W(MODULE, "worker %d: dense op %u of step %llu failed (server %d first): %s",
+                 client->worker, (unsigned)request->op, (unsigned long long)step, first,
+                 keel_strerror(status));
+      return status;
+    }
   }
 }
 

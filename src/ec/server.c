@@ -193,37 +193,42 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
 }
 
 /* Decides the lost servers' prepared updates, chooses k members of each group and reads
- * those held elsewhere. *lost_now: the server found lost while it was read (declared so by
- * the call), -1 when none was. */
+ * those held elsewhere. *passed_over: a source that could not be read (found lost, or it does
+ * not serve blocks: a replacement not complete), -1 when none. */
 static keel_status fetch_blocks(keel_ec_server *server, group_blocks *groups, size_t count,
-                                const keel__ec_view *view, int *lost_now) {
-  *lost_now = -1;
+                                const keel__ec_view *view, int *passed_over) {
+  *passed_over = -1;
   keel_status status = resolve_lost_updates(server, view);
   if (status == KEEL_OK) status = choose_sources(server, groups, count, view->lost);
   for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
     if (other == server->index || view->lost[other]) continue;
     status = read_from(server, other, groups, count);
-    if (keel__ec_unreachable(status)) *lost_now = other;
+    if (keel__ec_unreachable(status) || status == KEEL_EAGAIN) *passed_over = other;
   }
   return status;
 }
 
 /* Every member of each group, decoded where not read: the group's blocks as they are now. A
- * source lost while it is read is lost in the view from then on (the caller routes its
- * changes by it too) and the blocks are fetched again without it: a loss the parity covers
- * never fails the request (with r = 2, two servers killed at once failed the workers' reads,
- * RELIABILITY.md finding 44). Each round loses one more server, so the rounds end, at the
+ * source that cannot be read is passed over and the blocks are fetched again without it: a
+ * loss the parity covers never fails the request (with r = 2, two servers killed at once
+ * failed the workers' reads, RELIABILITY.md finding 44). One lost while it was read is lost
+ * in the view from then on (the caller routes its changes by it too); one that refused (a
+ * replacement this server had not heard of yet, still rebuilt) only stops being a source, as
+ * it gets every change. Each round passes over one more server, so the rounds end, at the
  * latest when a group has fewer than k members left (KEEL_EDATALOST). */
 static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
                                     keel__ec_view *view) {
-  int lost_now;
-  keel_status status = fetch_blocks(server, groups, count, view, &lost_now);
-  while (lost_now >= 0) {
-    KEEL_LOG_I(MODULE, "server %d: server %d was lost while read: reading again without it",
-               server->index, lost_now);
-    view->lost[lost_now] = true;
-    view->standing[lost_now] = KEEL__EC_LOST;
-    status = fetch_blocks(server, groups, count, view, &lost_now);
+  int passed_over;
+  keel_status status = fetch_blocks(server, groups, count, view, &passed_over);
+  while (passed_over >= 0) {
+    KEEL_LOG_I(MODULE, "server %d: server %d could not be read (%s): reading again without it",
+               server->index, passed_over, keel_strerror(status));
+    view->lost[passed_over] = true;
+    if (status == KEEL_EAGAIN)
+      keel__ec_server_refresh(server); /* what this server serves and acts for, anew */
+    else
+      view->standing[passed_over] = KEEL__EC_LOST;
+    status = fetch_blocks(server, groups, count, view, &passed_over);
   }
   keel__ec_shard *shard = &server->shard;
   int n = shard->layout.data_blocks + shard->layout.parity_blocks;
@@ -297,6 +302,31 @@ static bool all_have_role(keel_ec_server *server, const uint64_t *rows, size_t c
   return i == count;
 }
 
+/* Whether this server acts for every row in the view at some step (into view): at step 0,
+ * at each step a replacement is back from, or after all of them. A replacement that comes back
+ * may be the first parity holder of another lost server's groups from its step on, and with
+ * two coming back at different steps the view between them is neither the first nor the last
+ * (a chaos run at r = 2 refused a worker's pull so, finding 44). In each view the members not
+ * lost serve exact blocks, so any holder the worker may route to decodes exactly. */
+static bool acting_at_some_step(keel_ec_server *server, const uint64_t *rows, size_t count,
+                                keel__ec_view *view) {
+  keel__ec_view_at(server, 0, view);
+  if (all_have_role(server, rows, count, ROW_ACTING, view->lost)) return true;
+  uint64_t *backs = malloc(sizeof *backs * (size_t)server->servers);
+  if (backs == NULL) return false;
+  memcpy(backs, view->standing, sizeof *backs * (size_t)server->servers);
+  bool acting = false;
+  for (int i = 0; i < server->servers && !acting; i++) {
+    if (backs[i] == KEEL__EC_LIVE || backs[i] >= KEEL__EC_REBUILT) continue;
+    keel__ec_view_at(server, backs[i], view);
+    acting = all_have_role(server, rows, count, ROW_ACTING, view->lost);
+  }
+  free(backs);
+  if (acting) return true;
+  keel__ec_view_at(server, UINT64_MAX - 3, view);
+  return all_have_role(server, rows, count, ROW_ACTING, view->lost);
+}
+
 /* Whether every row has the role wanted at step, into view; refreshes the standing once
  * when not, since the caller may have learnt of a change first. A pull (any_step) has no
  * step: while a replacement comes back both it and the acting holder serve its rows
@@ -306,12 +336,8 @@ static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t 
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 1) keel__ec_server_refresh(server);
     if (any_step && wanted == ROW_ACTING) {
-      /* Acting rows a lost own server; and since a replacement that comes back may be the
-       * first parity holder of another lost server's groups from its step on, this server
-       * acts for them if it does on either side of that step (any holder decodes exactly). */
-      keel__ec_view_at(server, 0, view);
-      if (all_have_role(server, rows, count, wanted, view->lost)) return true;
-      keel__ec_view_at(server, UINT64_MAX - 3, view);
+      if (acting_at_some_step(server, rows, count, view)) return true;
+      continue;
     } else if (any_step) {
       /* Own rows need this server complete. */
       keel__ec_view_at(server, UINT64_MAX - 3, view);

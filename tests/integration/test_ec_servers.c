@@ -684,7 +684,7 @@ static void test_source_lost_while_read(void **state) {
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   job.processes[4] = 0;
   check_job(&job, (uint64_t)1 << 3 | (uint64_t)1 << 4);
-  assert_true(servers_said(&job, "was lost while read"));
+  assert_true(servers_said(&job, "reading again without it"));
   job_stop(&job);
 }
 
