@@ -302,6 +302,7 @@ static keel_status pull_part(keel_ec_client *client, int server, bool acting, co
     keel__ec_request request = {.op = KEEL__EC_OP_PULL_ROWS,
                                 .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
                                 .count = (uint32_t)piece,
+                                .step = client->next_step,
                                 .rows = scratch_rows};
     keel_status status = call(client, server, &request, scratch_values);
     if (status != KEEL_OK) return status;
@@ -340,6 +341,7 @@ static keel_status pull_phase(keel_ec_client *client, bool acting, const uint64_
     client->requests[server] = (keel__ec_request){.op = KEEL__EC_OP_PULL_ROWS,
                                                   .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
                                                   .count = (uint32_t)part,
+                                                  .step = client->next_step,
                                                   .rows = scratch_rows + offset};
     bodies[server] = scratch_values + offset * (size_t)dim;
     offsets[server] = offset;

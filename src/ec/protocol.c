@@ -47,6 +47,7 @@ static const struct op_rule {
     [KEEL__EC_OP_INFO] = {0},
     [KEEL__EC_OP_PULL_ROWS] = {.flags = KEEL__EC_FLAG_ACTING,
                                .count = COUNT_ITEMS,
+                               .lead = LEAD_STEP,
                                .arrays = ARRAY_ROWS},
     [KEEL__EC_OP_PUSH_ROWS] = {.flags = KEEL__EC_FLAG_ACTING,
                                .update = true,

@@ -12,7 +12,7 @@
  * Request: header  op u16 | flags u16 | count u32 | id u64,  then the body of the op:
  *   op                   id      flags        count      body
  *    1 INFO              0       -            0          -
- *    2 PULL_ROWS         0       ACTING       rows       rows u64[count]
+ *    2 PULL_ROWS         0       ACTING       rows       step u64 | rows u64[count]
  *    3 PUSH_ROWS         update  ACTING       rows       step u64 | worker u32 | workers u32 |
  *                                                        rows u64[count] | f32[count * dim]
  *    4 READ_BLOCKS       0       VERSIONED    refs       block refs[count]
@@ -142,7 +142,7 @@ typedef struct keel__ec_request {
   uint16_t flags;
   uint32_t count;
   uint64_t id;
-  uint64_t step;   /* PUSH_ROWS, PUSH_DENSE, WRITE_DENSE_BLOCK */
+  uint64_t step;   /* PULL_ROWS (the step routed by), PUSH_ROWS, PUSH_DENSE, WRITE_DENSE_BLOCK */
   uint64_t offset; /* PULL_DENSE */
   uint32_t worker, workers;
   const uint64_t *rows;

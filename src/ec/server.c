@@ -302,48 +302,29 @@ static bool all_have_role(keel_ec_server *server, const uint64_t *rows, size_t c
   return i == count;
 }
 
-/* Whether this server acts for every row in the view at some step (into view): at step 0,
- * at each step a replacement is back from, or after all of them. A replacement that comes back
- * may be the first parity holder of another lost server's groups from its step on, and with
- * two coming back at different steps the view between them is neither the first nor the last
- * (a chaos run at r = 2 refused a worker's pull so, finding 44). In each view the members not
- * lost serve exact blocks, so any holder the worker may route to decodes exactly. */
-static bool acting_at_some_step(keel_ec_server *server, const uint64_t *rows, size_t count,
-                                keel__ec_view *view) {
-  keel__ec_view_at(server, 0, view);
-  if (all_have_role(server, rows, count, ROW_ACTING, view->lost)) return true;
-  uint64_t *backs = malloc(sizeof *backs * (size_t)server->servers);
-  if (backs == NULL) return false;
-  memcpy(backs, view->standing, sizeof *backs * (size_t)server->servers);
-  bool acting = false;
-  for (int i = 0; i < server->servers && !acting; i++) {
-    if (backs[i] == KEEL__EC_LIVE || backs[i] >= KEEL__EC_REBUILT) continue;
-    keel__ec_view_at(server, backs[i], view);
-    acting = all_have_role(server, rows, count, ROW_ACTING, view->lost);
-  }
-  free(backs);
-  if (acting) return true;
-  keel__ec_view_at(server, UINT64_MAX - 3, view);
-  return all_have_role(server, rows, count, ROW_ACTING, view->lost);
-}
-
 /* Whether every row has the role wanted at step, into view; refreshes the standing once
- * when not, since the caller may have learnt of a change first. A pull (any_step) has no
- * step: while a replacement comes back both it and the acting holder serve its rows
- * exactly, so either role is accepted. */
+ * when not, since the caller may have learnt of a change first. An asynchronous push
+ * (any_step) is routed by no step: while a replacement comes back both it and the acting
+ * holder serve its rows exactly, so either role is accepted. */
 static bool rows_have_role(keel_ec_server *server, const uint64_t *rows, size_t count,
                            row_role wanted, uint64_t step, bool any_step, keel__ec_view *view) {
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 1) keel__ec_server_refresh(server);
     if (any_step && wanted == ROW_ACTING) {
-      if (acting_at_some_step(server, rows, count, view)) return true;
-      continue;
+      /* Acting rows a lost own server; and since a replacement that comes back may be the
+       * first parity holder of another lost server's groups from its step on, this server
+       * acts for them if it does on either side of that step (any holder decodes exactly). */
+      keel__ec_view_at(server, 0, view);
+      if (all_have_role(server, rows, count, wanted, view->lost)) return true;
+      keel__ec_view_at(server, UINT64_MAX - 3, view);
     } else if (any_step) {
       /* Own rows need this server complete. */
       keel__ec_view_at(server, UINT64_MAX - 3, view);
       if (view->lost[server->index]) continue;
     } else {
       keel__ec_view_at(server, step, view);
+      /* Own rows need this server serving at the step. */
+      if (wanted == ROW_OWN && view->lost[server->index]) continue;
     }
     if (all_have_role(server, rows, count, wanted, view->lost)) return true;
   }
@@ -357,8 +338,13 @@ static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *req
   keel__ec_shard *shard = &server->shard;
   keel__ec_view view;
   keel_status status = keel__ec_view_make(server, &view);
-  if (status == KEEL_OK && !rows_have_role(server, request->rows, request->count,
-                                           acting ? ROW_ACTING : ROW_OWN, 0, true, &view))
+  /* By the step the worker routed it by: the view at that step is the worker's own. Any step
+   * would do for a holder that acts for the rows in some view, but a view of a step the job is
+   * past counts servers back since then as lost, and decoding without them may find a group
+   * short (a chaos run at r = 2 read "data lost" so, finding 44). */
+  if (status == KEEL_OK &&
+      !rows_have_role(server, request->rows, request->count, acting ? ROW_ACTING : ROW_OWN,
+                      request->step, false, &view))
     status = KEEL_EAGAIN;
   group_blocks *groups = NULL;
   size_t group_count = 0, cursor = 0;

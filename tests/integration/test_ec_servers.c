@@ -500,8 +500,9 @@ static void test_bad_requests_refused(void **state) {
                    KEEL_EAUTH);
   assert_int_equal(keel_link_connect(address, &job.auth, keel_deadline_after_ns(5000000000), &link),
                    KEEL_OK);
-  /* PULL_ROWS of row 0 (server 0's), then garbage, then a bare header of an unknown op. */
-  uint64_t request[3] = {2 | ((uint64_t)1 << 32), 0, 0};
+  /* PULL_ROWS of row 0 (server 0's) at step 0, then garbage, then a bare header of an
+   * unknown op. */
+  uint64_t request[4] = {2 | ((uint64_t)1 << 32), 0, 0, 0};
   uint8_t garbage[40];
   memset(garbage, 0xA5, sizeof garbage);
   uint64_t unknown[2] = {77, 0};

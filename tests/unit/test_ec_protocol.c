@@ -85,7 +85,7 @@ static parts parts_of(const keel__ec_request *request, const keel__ec_limits *wi
   size_t count = request->count;
   switch (request->op) {
     case KEEL__EC_OP_PULL_ROWS:
-      return (parts){.rows = count};
+      return (parts){.lead = 8, .step_alone = true, .rows = count};
     case KEEL__EC_OP_PUSH_ROWS:
       return (parts){.lead = 16, .rows = count, .floats = count * with->dim};
     case KEEL__EC_OP_READ_BLOCKS:
@@ -300,10 +300,10 @@ static void test_round_trip_every_op(void **state) {
   }
   /* Fields the op does not carry are ignored by the encoder. */
   sample_make(&s, KEEL__EC_OP_PULL_ROWS, 2);
-  s.request.step = 9;
   s.request.offset = 9;
   s.request.worker = 9;
-  assert_int_equal(keel__ec_request_bytes(&s.request, &limits), 16 + 16);
+  s.request.workers = 9;
+  assert_int_equal(keel__ec_request_bytes(&s.request, &limits), 16 + 8 + 16);
   /* PULL_DENSE reaches every dense float, and wants none at the end. */
   sample_make(&s, KEEL__EC_OP_PULL_DENSE, 0);
   expect_accepted("pull no dense floats at the end", &s.request, &limits);
@@ -569,7 +569,7 @@ static void test_misaligned_and_bad_arguments(void **state) {
   assert_int_equal(keel__ec_request_encode(&s.request, &limits, buffer, length), KEEL_EINVAL);
   assert_int_equal(keel__ec_request_bytes(&s.request, &limits), 0);
   s.request = (keel__ec_request){.op = KEEL__EC_OP_PULL_ROWS};
-  assert_int_equal(keel__ec_request_bytes(&s.request, &limits), 16);
+  assert_int_equal(keel__ec_request_bytes(&s.request, &limits), 24); /* the header and a step */
   free(buffer);
 }
 
