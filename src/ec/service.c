@@ -35,6 +35,15 @@ static void server_key(char *key, size_t capacity, const char *kind, int index) 
   snprintf(key, capacity, "ec/%s/%d", kind, index);
 }
 
+/* A standing as the directory writes it. */
+static uint64_t standing_parse(const char *text) {
+  if (strcmp(text, "rebuilding") == 0) return KEEL__EC_REBUILDING;
+  if (strcmp(text, "rebuilt") == 0) return KEEL__EC_REBUILT;
+  unsigned long long step = 0;
+  if (sscanf(text, "back %llu", &step) == 1 && step > 0 && step < KEEL__EC_REBUILT) return step;
+  return KEEL__EC_LOST; /* "lost", or anything else: the safe reading */
+}
+
 /* Whether server index is declared lost in the directory (a replacement that marked
  * itself rebuilding, or one back, is not). */
 static bool directory_says_lost(keel__ec_directory *directory, int index) {
@@ -44,7 +53,7 @@ static bool directory_says_lost(keel__ec_directory *directory, int index) {
   pthread_mutex_lock(&directory->lock);
   keel_status status = keel_store_get(directory->store, key, &entry);
   pthread_mutex_unlock(&directory->lock);
-  bool lost = status == KEEL_OK && strcmp((const char *)entry->value, "lost") == 0;
+  bool lost = status == KEEL_OK && standing_parse((const char *)entry->value) == KEEL__EC_LOST;
   if (status == KEEL_OK) keel_store_entry_free(entry);
   return lost;
 }
@@ -322,14 +331,6 @@ static void standing_text(uint64_t standing, char *text, size_t capacity) {
     snprintf(text, capacity, "rebuilt");
   else
     snprintf(text, capacity, "back %llu", (unsigned long long)standing);
-}
-
-static uint64_t standing_parse(const char *text) {
-  if (strcmp(text, "rebuilding") == 0) return KEEL__EC_REBUILDING;
-  if (strcmp(text, "rebuilt") == 0) return KEEL__EC_REBUILT;
-  unsigned long long step = 0;
-  if (sscanf(text, "back %llu", &step) == 1 && step > 0 && step < KEEL__EC_REBUILT) return step;
-  return KEEL__EC_LOST; /* "lost", or anything else: the safe reading */
 }
 
 keel_status keel__ec_directory_set_standing(keel__ec_directory *directory, int index,

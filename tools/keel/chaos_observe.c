@@ -99,22 +99,26 @@ static size_t tcp_sockets_read(pid_t pid, tcp_socket *sockets, size_t capacity) 
   return count;
 }
 
+static fd_kind *fd_kind_find(fd_kind *kinds, int used, const char *name) {
+  for (int i = 0; i < used; i++)
+    if (strcmp(kinds[i].name, name) == 0) return &kinds[i];
+  return NULL;
+}
+
+/* Counts one fd of kind name; past the room for kinds (the last slot kept for it), under
+ * "more kinds". */
 static void fd_kind_add(fd_kind *kinds, int *used, const char *name) {
-  for (int i = 0; i < *used; i++) {
-    if (strcmp(kinds[i].name, name) == 0) {
-      kinds[i].count++;
-      return;
-    }
+  fd_kind *kind = fd_kind_find(kinds, *used, name);
+  if (kind == NULL && *used >= FD_KINDS - 1) {
+    name = "more kinds";
+    kind = fd_kind_find(kinds, *used, name);
   }
-  if (*used == FD_KINDS) name = "more kinds";
-  for (int i = 0; i < *used; i++) {
-    if (strcmp(kinds[i].name, name) == 0) {
-      kinds[i].count++;
-      return;
-    }
+  if (kind == NULL) {
+    kind = &kinds[(*used)++];
+    snprintf(kind->name, sizeof kind->name, "%s", name);
+    kind->count = 0;
   }
-  snprintf(kinds[*used].name, sizeof kinds[*used].name, "%s", name);
-  kinds[(*used)++].count = 1;
+  kind->count++;
 }
 
 /* What a socket is: listening, accepted from an address (its local port one this process
