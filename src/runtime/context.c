@@ -284,6 +284,8 @@ static keel_status join_job(keel_ctx *ctx) {
   if (status != KEEL_OK) return status;
   bool worker = config->role == KEEL__ROLE_WORKER;
   int rank = worker ? (int)(config->uid - config->first_uid) : -1;
+  /* Before the process says it is ready: `delay` here makes a spare come late on purpose. */
+  keel_fault_plan_fire(ctx->faults, "publish", 0);
   status = keel__session_publish(ctx->session, config->role, rank, config->first_epoch,
                                  keel_endpoint_address(ctx->endpoint));
   if (status != KEEL_OK || !worker) return status;

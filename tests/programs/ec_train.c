@@ -9,6 +9,9 @@
  * world) after each step and `finish` (step, world, state_crc32c: that crc) at the end.
  * Synchronous jobs end with the same crc on every run, servers lost or not.
  * Flags: --steps N --rows N --dim D --dense N --rows-per-step N --seed S --step-ms MS
+ * --trace-every N: every N steps each worker also prints
+ *   trace step S rank R dense XXXXXXXX rows ROW:XXXXXXXX ...   crc32c of each thing it pulled
+ * so two runs that end with different models can be compared step by step to where they part.
  * Like a keel process it leaves with KEEL_EXIT_STOPPED (77) once job/stop is set, every worker
  * at the same step (ec_train/stop_step): in a synchronous job a worker that left a step
  * early would hold the others in that step's barrier until their calls' deadline. */
@@ -28,7 +31,7 @@
 #define STOP_STEP_KEY "ec_train/stop_step"
 
 typedef struct options {
-  int64_t steps, rows, dim, dense, rows_per_step, seed, step_ms;
+  int64_t steps, rows, dim, dense, rows_per_step, seed, step_ms, trace_every;
 } options;
 
 typedef struct worker {
@@ -50,7 +53,8 @@ static int parse_options(int argc, char **argv, options *opts) {
       {"steps", required_argument, 0, 's'},         {"rows", required_argument, 0, 'r'},
       {"dim", required_argument, 0, 'd'},           {"dense", required_argument, 0, 'D'},
       {"rows-per-step", required_argument, 0, 'p'}, {"seed", required_argument, 0, 'e'},
-      {"step-ms", required_argument, 0, 'm'},       {0, 0, 0, 0}};
+      {"step-ms", required_argument, 0, 'm'},       {"trace-every", required_argument, 0, 't'},
+      {0, 0, 0, 0}};
   static const struct {
     int option;
     int64_t minimum, maximum;
@@ -61,7 +65,8 @@ static int parse_options(int argc, char **argv, options *opts) {
                 {'D', 1, MAX_DENSE, offsetof(options, dense)},
                 {'p', 1, MAX_ROWS_PER_STEP, offsetof(options, rows_per_step)},
                 {'e', 0, 1 << 30, offsetof(options, seed)},
-                {'m', 0, 60000, offsetof(options, step_ms)}};
+                {'m', 0, 60000, offsetof(options, step_ms)},
+                {'t', 0, 1 << 30, offsetof(options, trace_every)}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     bool known = false;
@@ -100,6 +105,17 @@ static void gradients_make(keel_random *random, size_t count, const float *value
     gradients[i] = (values[i] - (float)(keel_random_unit(random) - 0.5)) * weight;
 }
 
+static void trace(const worker *self, uint64_t step, size_t count) {
+  size_t dim = (size_t)self->options.dim;
+  printf("trace step %llu rank %lld dense %08x rows", (unsigned long long)step,
+         (long long)self->rank,
+         (unsigned)keel_crc32c(0, self->dense, (size_t)self->options.dense * sizeof(float)));
+  for (size_t i = 0; i < count; i++)
+    printf(" %llu:%08x", (unsigned long long)self->rows[i],
+           (unsigned)keel_crc32c(0, self->values + i * dim, dim * sizeof(float)));
+  printf("\n");
+}
+
 static keel_status step_run(worker *self, uint64_t step) {
   const options *opts = &self->options;
   keel_random random;
@@ -108,6 +124,7 @@ static keel_status step_run(worker *self, uint64_t step) {
   keel_status status = keel_ec_client_pull_rows(self->client, self->rows, count, self->values);
   if (status == KEEL_OK) status = keel_ec_client_pull_dense(self->client, self->dense);
   if (status != KEEL_OK) return status;
+  if (opts->trace_every > 0 && step % (uint64_t)opts->trace_every == 0) trace(self, step, count);
   gradients_make(&random, floats, self->values, self->gradients);
   gradients_make(&random, (size_t)opts->dense, self->dense, self->dense_gradients);
   status = keel_ec_client_push_rows(self->client, step, self->rows, count, self->gradients);
