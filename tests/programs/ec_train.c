@@ -49,12 +49,15 @@ typedef struct worker {
 static int parse_options(int argc, char **argv, options *opts) {
   *opts =
       (options){.steps = 40, .rows = 600, .dim = 8, .dense = 16, .rows_per_step = 32, .seed = 7};
-  static const struct option long_options[] = {
-      {"steps", required_argument, 0, 's'},         {"rows", required_argument, 0, 'r'},
-      {"dim", required_argument, 0, 'd'},           {"dense", required_argument, 0, 'D'},
-      {"rows-per-step", required_argument, 0, 'p'}, {"seed", required_argument, 0, 'e'},
-      {"step-ms", required_argument, 0, 'm'},       {"trace-every", required_argument, 0, 't'},
-      {0, 0, 0, 0}};
+  static const struct option long_options[] = {{"steps", required_argument, 0, 's'},
+                                               {"rows", required_argument, 0, 'r'},
+                                               {"dim", required_argument, 0, 'd'},
+                                               {"dense", required_argument, 0, 'D'},
+                                               {"rows-per-step", required_argument, 0, 'p'},
+                                               {"seed", required_argument, 0, 'e'},
+                                               {"step-ms", required_argument, 0, 'm'},
+                                               {"trace-every", required_argument, 0, 't'},
+                                               {0, 0, 0, 0}};
   static const struct {
     int option;
     int64_t minimum, maximum;
