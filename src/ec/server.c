@@ -125,11 +125,29 @@ typedef struct group_blocks {
   bool present[KEEL_EC_MAX_BLOCKS];
 } group_blocks;
 
-/* Chooses k members of each group on servers not lost and copies those held here. The others
- * are left to read_from: present[] marks every chosen one. KEEL_EDATALOST when a group has more
- * than r members lost. */
+/* The servers whose blocks may be read for a decode: every one complete, whatever step the
+ * caller routes by. A replacement back from a later step, or rebuilt and not back yet, holds
+ * its blocks whole and gets every change; only one lost or still rebuilding is no source.
+ * Read from this server's standing as it is now, not from the caller's view: a view of a
+ * step counts such a replacement as lost, and with two servers killed beside it a group was
+ * found short ("data lost", RELIABILITY.md finding 47). passed: the servers this request
+ * could not read. */
+static void sources_find(keel_ec_server *server, const bool *passed, bool *readable) {
+  pthread_mutex_lock(&server->lost_lock);
+  for (int other = 0; other < server->servers; other++) {
+    uint64_t standing = server->standing[other];
+    readable[other] =
+        !passed[other] && standing != KEEL__EC_LOST && standing != KEEL__EC_REBUILDING;
+  }
+  pthread_mutex_unlock(&server->lost_lock);
+  readable[server->index] = !passed[server->index] && !keel__ec_rebuild_running(server);
+}
+
+/* Chooses k readable members of each group and copies those held here. The others are left
+ * to read_from: present[] marks every chosen one. KEEL_EDATALOST when a group has fewer than
+ * k members readable. */
 static keel_status choose_sources(keel_ec_server *server, group_blocks *groups, size_t count,
-                                  const bool *lost) {
+                                  const bool *readable) {
   keel__ec_shard *shard = &server->shard;
   int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
   for (size_t g = 0; g < count; g++) {
@@ -138,7 +156,7 @@ static keel_status choose_sources(keel_ec_server *server, group_blocks *groups, 
     for (int member = 0; member < n && chosen < k; member++) {
       keel_ec_location at;
       keel_ec_layout_locate(&shard->layout, groups[g].group, member, &at);
-      if (lost[at.server]) continue;
+      if (!readable[at.server]) continue;
       if (at.server == server->index) {
         pthread_mutex_t *lock = keel__ec_shard_lock(shard, groups[g].group);
         pthread_mutex_lock(lock);
@@ -149,7 +167,11 @@ static keel_status choose_sources(keel_ec_server *server, group_blocks *groups, 
       groups[g].present[member] = true;
       chosen++;
     }
-    if (chosen < k) return KEEL_EDATALOST;
+    if (chosen < k) {
+      KEEL_LOG_W(MODULE, "server %d: group %llu has fewer than %d members to read", server->index,
+                 (unsigned long long)groups[g].group, k);
+      return KEEL_EDATALOST;
+    }
   }
   return KEEL_OK;
 }
@@ -196,12 +218,14 @@ static keel_status read_from(keel_ec_server *server, int other, group_blocks *gr
  * those held elsewhere. *passed_over: a source that could not be read (found lost, or it does
  * not serve blocks: a replacement not complete), -1 when none. */
 static keel_status fetch_blocks(keel_ec_server *server, group_blocks *groups, size_t count,
-                                const keel__ec_view *view, int *passed_over) {
+                                const keel__ec_view *view, const bool *passed, bool *readable,
+                                int *passed_over) {
   *passed_over = -1;
   keel_status status = resolve_lost_updates(server, view);
-  if (status == KEEL_OK) status = choose_sources(server, groups, count, view->lost);
+  sources_find(server, passed, readable);
+  if (status == KEEL_OK) status = choose_sources(server, groups, count, readable);
   for (int other = 0; other < server->servers && status == KEEL_OK; other++) {
-    if (other == server->index || view->lost[other]) continue;
+    if (other == server->index || !readable[other]) continue;
     status = read_from(server, other, groups, count);
     if (keel__ec_unreachable(status) || status == KEEL_EAGAIN) *passed_over = other;
   }
@@ -215,21 +239,36 @@ static keel_status fetch_blocks(keel_ec_server *server, group_blocks *groups, si
  * in the view from then on (the caller routes its changes by it too); one that refused (a
  * replacement this server had not heard of yet, still rebuilt) only stops being a source, as
  * it gets every change. Each round passes over one more server, so the rounds end, at the
- * latest when a group has fewer than k members left (KEEL_EDATALOST). */
+ * latest when a group has fewer than k members left (KEEL_EDATALOST); a group found short
+ * before any was passed over is chosen once more from the standing read anew (what this
+ * server knew may be older than the caller's loss). */
 static keel_status fetch_and_decode(keel_ec_server *server, group_blocks *groups, size_t count,
                                     keel__ec_view *view) {
+  bool *passed = calloc((size_t)server->servers, sizeof *passed);
+  bool *readable = calloc((size_t)server->servers, sizeof *readable);
+  if (passed == NULL || readable == NULL) {
+    free(passed), free(readable);
+    return KEEL_ENOMEM;
+  }
   int passed_over;
-  keel_status status = fetch_blocks(server, groups, count, view, &passed_over);
+  keel_status status = fetch_blocks(server, groups, count, view, passed, readable, &passed_over);
+  if (status == KEEL_EDATALOST) {
+    keel__ec_server_refresh(server);
+    status = fetch_blocks(server, groups, count, view, passed, readable, &passed_over);
+  }
   while (passed_over >= 0) {
     KEEL_LOG_I(MODULE, "server %d: server %d could not be read (%s): reading again without it",
                server->index, passed_over, keel_strerror(status));
+    passed[passed_over] = true;
     view->lost[passed_over] = true;
     if (status == KEEL_EAGAIN)
       keel__ec_server_refresh(server); /* what this server serves and acts for, anew */
     else
       view->standing[passed_over] = KEEL__EC_LOST;
-    status = fetch_blocks(server, groups, count, view, &passed_over);
+    status = fetch_blocks(server, groups, count, view, passed, readable, &passed_over);
   }
+  free(readable);
+  free(passed);
   keel__ec_shard *shard = &server->shard;
   int n = shard->layout.data_blocks + shard->layout.parity_blocks;
   pthread_mutex_lock(&server->decode_lock);
@@ -731,9 +770,10 @@ static void batches_free(parity_batch *batches, int servers) {
   free(batches);
 }
 
-/* The servers a synchronous step's own rows mark: every other one that gets changes but none
+/* The servers a synchronous step's phase marks: every other one that gets changes but none
  * of this step's. A worker that lost this server in the step's first phase, even after it
- * answered another worker, learns from them that the step is in (step_join). */
+ * answered another worker, learns from them that the step is in (step_join); one that lost it
+ * in the second, that its second round is void (redo_void). */
 static keel_status marks_make(keel_ec_server *server, const parity_batch *batches,
                               const keel__ec_view *view, bool **marks_p) {
   *marks_p = NULL;
@@ -767,8 +807,7 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
   else if (status == KEEL_OK)
     status = apply_own(server, rows, count, gradients, &view, stamp, batches, delta);
   bool *marks = NULL;
-  if (status == KEEL_OK && synchronous && !acting)
-    status = marks_make(server, batches, &view, &marks);
+  if (status == KEEL_OK && synchronous) status = marks_make(server, batches, &view, &marks);
   if (status == KEEL_OK) status = send_batches(server, batches, update_id, marks);
   pthread_rwlock_unlock(&server->updates_lock);
   free(marks);
@@ -780,15 +819,17 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
 
 /* ---- the parity holder's side of two-phase commit */
 
-/* An update of another server's own rows of a synchronous step is in here (folded, or a
- * mark): that server has applied the step. Wakes the phase-2 pushes waiting on it. */
+/* An update of another server's rows of a synchronous step is in here (folded, or a mark):
+ * that server has applied the step's first phase (its own rows) or its second (the rows it
+ * acts for). Wakes the phase-2 pushes waiting on it. */
 static void step_mark_note(keel_ec_server *server, uint64_t id) {
   uint64_t stamp = update_stamp(server, id);
   int origin = update_origin(id);
-  if (stamp == 0 || (id & 1u) != 0 || origin < 0 || origin >= server->servers) return;
+  if (stamp == 0 || origin < 0 || origin >= server->servers) return;
+  uint64_t *marked = (id & 1u) != 0 ? server->marked_acting : server->marked_steps;
   pthread_mutex_lock(&server->step_lock);
-  if (server->marked_steps[origin] < stamp) {
-    server->marked_steps[origin] = stamp;
+  if (marked[origin] < stamp) {
+    marked[origin] = stamp;
     pthread_cond_broadcast(&server->step_done);
   }
   pthread_mutex_unlock(&server->step_lock);
@@ -1208,6 +1249,29 @@ static bool step_marked_by_all(const keel_ec_server *server, uint64_t step) {
   return true;
 }
 
+/* Whether a second round of a step's phase 2 is void: every other server that applied its
+ * own rows of the step (so every worker pushed it phase 2, unless it was lost) applied its
+ * phase 2 too. A server lost in phase 2 may have applied it and answered some workers before
+ * it died: those go on, and only the others push a second round, which would wait here for
+ * the rest until the deadline (a chaos run at r = 2, finding 47). Its mark came before any of
+ * its answers, so where it has come the rows it acted for are in; where it has not, it
+ * answered nobody, and every worker pushes the round again. Caller holds step_lock. */
+static bool redo_void(const keel_ec_server *server, uint64_t step) {
+  for (int i = 0; i < server->servers; i++)
+    if (i != server->index && server->marked_steps[i] > step && server->marked_acting[i] <= step)
+      return false;
+  return true;
+}
+
+/* The workers whose pushes an applied phase-2 slot held: a push of its step again from one of
+ * them is a second round. Caller holds step_lock. */
+static void acting_applied_note(keel_ec_server *server, const step_slot *slot) {
+  if (!slot->acting) return;
+  for (uint32_t worker = 0; worker < server->wire.workers; worker++)
+    if (slot->pushes[worker].payload != NULL && server->acting_applied[worker] < slot->step + 1)
+      server->acting_applied[worker] = slot->step + 1;
+}
+
 /* Joins this push to its step; the worker whose push completes the step applies it, the
  * others wait for that (bounded). A phase-2 push of a step that every other server marked
  * is answered at once, and so are those waiting for it. The slot takes the payload. */
@@ -1218,12 +1282,16 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     return KEEL_EINVAL;
   }
   pthread_mutex_lock(&server->step_lock);
-  if (acting && step_marked_by_all(server, request->step)) {
+  const char *round = NULL, *applied = NULL; /* when the push is void */
+  if (acting && step_marked_by_all(server, request->step))
+    round = "second phase", applied = "the step";
+  else if (acting && server->acting_applied[request->worker] > request->step &&
+           redo_void(server, request->step))
+    round = "second round", applied = "its second phase";
+  if (round != NULL) {
     pthread_mutex_unlock(&server->step_lock);
-    KEEL_LOG_I(MODULE,
-               "server %d: worker %u's second phase of step %llu is void: every server "
-               "applied the step",
-               server->index, request->worker, (unsigned long long)request->step);
+    KEEL_LOG_I(MODULE, "server %d: worker %u's %s of step %llu is void: every server applied %s",
+               server->index, request->worker, round, (unsigned long long)request->step, applied);
     free(payload);
     return KEEL_OK;
   }
@@ -1244,6 +1312,7 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     pthread_mutex_lock(&server->step_lock);
     slot->result = result;
     slot->applied = true;
+    if (result == KEEL_OK) acting_applied_note(server, slot);
     pthread_cond_broadcast(&server->step_done);
   }
   while (!slot->applied && !atomic_load(&server->stopping) && keel_now_ns() < deadline) {
@@ -1324,24 +1393,28 @@ static keel_status serve(keel_ec_server *server, const keel__ec_request *request
   }
 }
 
-/* With fault rules, the answers to a synchronous step's pushes of own rows go out one at a
- * time, and the point ec_answered fires after each with its count in the step: a rule with
- * after=1 kills the server once one worker has its answer and before the next one has
- * (RELIABILITY.md, finding 19). Without rules they go out as they come. */
+/* With fault rules, the answers to a synchronous step's pushes go out one at a time, and a
+ * point fires after each with its count in the step's phase: a rule with after=1 kills the
+ * server once one worker has its answer and before the next one has (RELIABILITY.md,
+ * findings 19 and 47). Without rules they go out as they come. */
 static bool answer_counted(const keel_ec_server *server, const keel__ec_request *request,
                            keel_status status) {
   return server->faults != NULL && server->wire.workers > 0 && status == KEEL_OK &&
-         request->op == KEEL__EC_OP_PUSH_ROWS && (request->flags & KEEL__EC_FLAG_ACTING) == 0;
+         request->op == KEEL__EC_OP_PUSH_ROWS;
 }
 
-/* After one counted answer went out; the caller holds answer_lock. */
+/* After one counted answer went out, its count in the step's phase: ec_answered for the
+ * pushes of own rows, ec_answered_acting for the second phase's. The caller holds
+ * answer_lock. */
 static void answer_fault(keel_ec_server *server, const keel__ec_request *request) {
-  if (server->answered_step != request->step) {
-    server->answered_step = request->step;
+  bool acting = (request->flags & KEEL__EC_FLAG_ACTING) != 0;
+  uint64_t update = update_id_make(server, request->step, acting, true);
+  if (server->answered_update != update) {
+    server->answered_update = update;
     server->answered_count = 0;
   }
   server->answered_count++;
-  server_fault(server, "ec_answered", update_id_make(server, request->step, false, true),
+  server_fault(server, acting ? "ec_answered_acting" : "ec_answered", update,
                server->answered_count);
 }
 
@@ -1475,8 +1548,12 @@ static keel_status server_prepare(keel_ec_server *server, const keel_ec_config *
   server->peers = calloc((size_t)config->servers, sizeof *server->peers);
   server->standing = calloc((size_t)config->servers, sizeof *server->standing);
   server->marked_steps = calloc((size_t)config->servers, sizeof *server->marked_steps);
+  server->marked_acting = calloc((size_t)config->servers, sizeof *server->marked_acting);
+  size_t workers = server->wire.workers > 0 ? server->wire.workers : 1;
+  server->acting_applied = calloc(workers, sizeof *server->acting_applied);
   if (status == KEEL_OK &&
-      (server->peers == NULL || server->standing == NULL || server->marked_steps == NULL))
+      (server->peers == NULL || server->standing == NULL || server->marked_steps == NULL ||
+       server->marked_acting == NULL || server->acting_applied == NULL))
     status = KEEL_ENOMEM;
   for (int i = 0; status == KEEL_OK && i < config->servers; i++)
     keel__ec_peer_init(&server->peers[i], i);
@@ -1691,6 +1768,8 @@ void keel_ec_server_stop(keel_ec_server *server) {
   free(server->peers);
   free(server->standing);
   free(server->marked_steps);
+  free(server->marked_acting);
+  free(server->acting_applied);
   keel_ec_decoder_destroy(server->decoder);
   if (server->shard.code != NULL) keel__ec_shard_destroy(&server->shard);
   keel__ec_directory_destroy(&server->directory);

@@ -72,6 +72,11 @@ struct keel_ec_server {
    * applied and whose changes (or, with none for this server, a mark) have reached this one.
    * A phase-2 push of a step every other server has marked carries only rows that are in. */
   uint64_t *marked_steps;
+  /* Under step_lock: the same for each server's second phase (the rows it acts for, a mark
+   * when none of them reach this one), and for each worker, 1 + the last step whose
+   * second-phase push from it this server has applied: a push of that step again is a
+   * second round (finding 47). */
+  uint64_t *marked_acting, *acting_applied;
   atomic_uint_fast64_t next_update;
   /* Held shared by every update from its role check to its last change sent; a rebuild's
    * barrier takes it alone once, so that updates begun before it are done. */
@@ -84,7 +89,7 @@ struct keel_ec_server {
   keel_fault_plan *faults; /* KEEL_FAULT: points ec_prepared, ec_committing, ec_answered */
   /* With fault rules only: a step's answers go out one at a time, counted (answer()). */
   pthread_mutex_t answer_lock;
-  uint64_t answered_step;
+  uint64_t answered_update; /* the step and phase answered_count counts in */
   int64_t answered_count;
   keel__ec_rebuild *rebuild; /* a replacement's, until it is complete (rebuild.c) */
   uint32_t rebuild_chunk_groups, rebuild_pause_ms; /* keel_ec_config's */

@@ -665,18 +665,13 @@ static void test_killed_between_its_answers_without_two_phase_commit(void **stat
   check_killed_at("point=ec_answered,after=1", false, VOID_SECOND_PHASE);
 }
 
-/* Finding 44: with r = 2, server 4 dies while another server reads its blocks to decode the
- * rows of server 3, lost before, for a worker. The reader reads again without it. It used to
- * answer the worker with the broken link's status, which the worker took for the reader's
- * own loss: a healthy server declared lost, three lost of r = 2, the job's data gone. Server
- * 3 is killed between steps 8 and 9, server 4 kills itself in the first read it serves from
- * step 14 on; the servers' logs show that a read went again. */
-static void test_source_lost_while_read(void **state) {
-  (void)state;
+/* With r = 2 (RS), server 3 lost between steps 8 and 9, then server 4 kills itself at a
+ * point of its rule: the job ends with every row exact, and the servers' logs show `said`. */
+static void check_second_loss(const char *folder, const char *rule, const char *said) {
   ec_job job;
   job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
   job.config.two_phase_commit = true;
-  processes_start(&job, keel_test_tempdir("keel-ec-read"), "kill@uid=4,step=14,point=ec_read");
+  processes_start(&job, keel_test_tempdir(folder), rule);
   job.lose_at = 8;
   job.lose = 3;
   run_job(&job);
@@ -685,8 +680,29 @@ static void test_source_lost_while_read(void **state) {
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   job.processes[4] = 0;
   check_job(&job, (uint64_t)1 << 3 | (uint64_t)1 << 4);
-  assert_true(servers_said(&job, "reading again without it"));
+  assert_true(servers_said(&job, said));
   job_stop(&job);
+}
+
+/* Finding 44: server 4 dies while another server reads its blocks to decode the rows of
+ * server 3 for a worker. The reader reads again without it. It used to answer the worker
+ * with the broken link's status, which the worker took for the reader's own loss: a healthy
+ * server declared lost, three lost of r = 2, the job's data gone. Server 4 kills itself in
+ * the first read it serves from step 14 on; the servers' logs show that a read went again. */
+static void test_source_lost_while_read(void **state) {
+  (void)state;
+  check_second_loss("keel-ec-read", "kill@uid=4,step=14,point=ec_read", "reading again without it");
+}
+
+/* Finding 47: server 4 applies its second phase of step 12 (the rows it acts for), answers
+ * one worker and dies before its answer to the other goes out. Only that worker pushes the
+ * second phase again; the others' second rounds used to wait for the first worker, which had
+ * gone on, until the deadline, and the job failed. Now every server has server 4's mark of
+ * its second phase and answers the round at once (the servers' logs say so). */
+static void test_killed_between_its_second_phase_answers(void **state) {
+  (void)state;
+  check_second_loss("keel-ec-second", "kill@uid=4,step=12,point=ec_answered_acting,after=1",
+                    "applied its second phase");
 }
 
 /* Finding 21: the server answers one worker's push of step 12 and stops; its replacement is
@@ -811,6 +827,7 @@ int main(void) {
       cmocka_unit_test(test_killed_between_its_answers),
       cmocka_unit_test(test_killed_between_its_answers_without_two_phase_commit),
       cmocka_unit_test(test_source_lost_while_read),
+      cmocka_unit_test(test_killed_between_its_second_phase_answers),
       cmocka_unit_test(test_push_sent_again_to_a_replacement),
       cmocka_unit_test(test_replacement_rebuilt_in_process),
       cmocka_unit_test(test_replacement_process_after_kill),
