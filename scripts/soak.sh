@@ -5,7 +5,7 @@
 # partition under --netns when root), 3/20 on such nodes whose store is a 3-member etcd that
 # chaos starts (kill, kill-node, etcd-kill, etcd-stop, partition), all of those on toy_train;
 # 1/10 on a PyTorch DDP job (examples/python/fashion_mnist_ddp.py: kill, stop,
-# launcher-stop, hang); and the rest on an ECRec job (ec_train on 4 parameter servers:
+# launcher-stop, hang); and the rest on an ECRec job (ec_train on 5 parameter servers, r = 2:
 # server-kill).
 # SOAK_PARTS (default "servers host nodes etcd torch") runs some of them only. Each run's
 # report goes to $SOAK_DIR/<run>.txt and .json (default soak/), and the script exits
@@ -73,9 +73,9 @@ torch=$(( total / 10 ))
 servers=$(( total - host - nodes - etcd - torch ))
 failed=0
 # Parameter servers: any one server killed every 0.5-1 s (a replacement is back in about
-# 50 ms; servers 0 and 1 hold the dense block since 2026-12-06), 4 servers with XOR parity,
-# 2 synchronous workers. (Two at once with r = 2: finding 44 fixed, but 1 run in about 20
-# ended with another model, RELIABILITY.md finding 46, open.) Measured on 2026-11-30:
+# 50 ms; servers 0 and 1 hold the dense block since 2026-12-06), 5 servers with k = 3 and
+# r = 2 (two at once as often as not: findings 44, 46 and 47 fixed), two-phase commit, 2
+# synchronous workers. Measured at r = 1 on 2026-11-30:
 # 71,000 steps took 475 s with 619 kills, 6.7 ms a step and 0.77 s a failure, so a failure
 # is 115 steps; 135 a failure lets the job outlast its failures by a sixth.
 ec_steps=$(( servers * 135 + 1000 ))
@@ -84,7 +84,7 @@ if wanted servers; then
   # Its failure-free run (9 minutes) is kept and reused by a soak of the same build.
   mkdir -p "$out/references"
   chaos servers "$servers" 500ms..1s server-kill=1 --reference-dir "$out/references" \
-    -- --servers 4 --ec k=3,r=1 --ec-sync -n 2 \
+    -- --servers 5 --ec k=3,r=2 --ec-sync -n 2 \
     -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
 fi
 

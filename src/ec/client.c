@@ -186,6 +186,15 @@ keel_status keel_ec_client_open(keel_store *directory, const keel_auth *auth, in
     keel_ec_client_close(client);
     return status;
   }
+  /* Said once a job, by its first worker: the job trains, but the guarantee is weaker. */
+  if (worker == 0 && client->wire.parity_blocks >= 2 &&
+      !(client->wire.options & KEEL__EC_OPTION_TWO_PHASE_COMMIT) &&
+      !(client->wire.options & KEEL__EC_OPTION_NO_PARITY))
+    KEEL_LOG_W(MODULE,
+               "r = %u without two-phase commit: a server lost while it sends a change to its "
+               "parity holders can leave them disagreeing, and a second loss then decodes "
+               "wrong rows (docs/ECREC.md)",
+               (unsigned)client->wire.parity_blocks);
   if (config_p != NULL) keel__ec_config_to_public(&client->wire, config_p);
   *client_p = client;
   return KEEL_OK;

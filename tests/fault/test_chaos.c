@@ -394,16 +394,14 @@ static server_kills server_kills_read(const char *json) {
   return kills;
 }
 
-/* A synchronous ECRec job (ec_train on 4 parameter servers, XOR parity): any server killed
- * again and again, each replaced by keel run and rebuilt from the parity (servers 0 and 1,
- * which hold the dense block, from each other) while training goes on, and the launcher
- * stopped now and then. The model on the servers ends bit-identical to the failure-free
- * run's, nothing leaks across the replacements. (With r = 2 chaos kills two servers at once:
- * since finding 44 was fixed such jobs survive, but 1 run in about 20 ended with another model
- * than the failure-free run's, RELIABILITY.md finding 46, open: not run here.) Finding 19
- * (RELIABILITY.md, fixed): a kill that landed after the server answered one worker's push of a
- * step and before it answered the other's deadlocked the step's second phase, in about 1 run of
- * this case in 10; test_ec_servers makes that kill on purpose. */
+/* A synchronous ECRec job (ec_train on 5 parameter servers, k = 3 and r = 2, two-phase
+ * commit): any server killed again and again, two at once as often as not, each replaced by
+ * keel run and rebuilt from the parity (servers 0 and 1, which hold the dense block, from
+ * each other) while training goes on, and the launcher stopped now and then. The model on the
+ * servers ends bit-identical to the failure-free run's, nothing leaks across the
+ * replacements. Seed 7's first five failures: servers 4 and another, 2 and another, 1, 3,
+ * then 3 and another. Findings 19, 44, 46 and 47 (RELIABILITY.md) were found by this job;
+ * test_ec_servers makes each of their kills on purpose. */
 static void test_chaos_servers(void **state) {
   (void)state;
   chaos_result result;
@@ -412,22 +410,22 @@ static void test_chaos_servers(void **state) {
   bool sanitized = keel_test_slowdown() > 1; /* fewer failures: each takes several times longer */
   chaos_run_program(
       "ec_train",
-      (const char *const[]){"--failures", sanitized ? "5" : "8", "--every", every, "--seed", "4",
+      (const char *const[]){"--failures", sanitized ? "5" : "8", "--every", every, "--seed", "7",
                             "--mix", "server-kill=4,launcher-stop=1", NULL},
-      (const char *const[]){"--servers", "4", "--ec", "k=3,r=1", "--ec-sync", "-n", "2", NULL},
+      (const char *const[]){"--servers", "5", "--ec", "k=3,r=2", "--ec-sync", "-n", "2", NULL},
       (const char *const[]){"--steps", "2500", "--step-ms", "20", NULL}, NULL, CHAOS_TIMEOUT_MS,
       &result);
   expect_pass(&result);
   long killed = kind_field(result.json, "server-kill", "injected");
   server_kills kills = server_kills_read(result.json);
   if (killed < 3 || kind_field(result.json, "server-kill", "recovered") != killed ||
-      kills.dense_holders < 1 || kills.others < 1 || kills.doubles != 0)
+      kills.dense_holders < 1 || kills.others < 1 || kills.doubles < 1)
     show(&result);
   assert_true(killed >= 3);
   assert_int_equal(kind_field(result.json, "server-kill", "recovered"), killed);
   assert_true(kills.dense_holders >= 1);
   assert_true(kills.others >= 1);
-  assert_int_equal(kills.doubles, 0); /* r = 1: one server at a time */
+  assert_true(kills.doubles >= 1); /* r = 2: two servers at once */
   assert_non_null(strstr(result.json, "bit-identical to the failure-free run"));
   assert_true(check_is(result.json, "survivors-flat", true));
   assert_true(check_is(result.json, "no-false-death", true));

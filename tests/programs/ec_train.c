@@ -9,6 +9,7 @@
  * world) after each step and `finish` (step, world, state_crc32c: that crc) at the end.
  * Synchronous jobs end with the same crc on every run, servers lost or not.
  * Flags: --steps N --rows N --dim D --dense N --rows-per-step N --seed S --step-ms MS
+ * --two-phase-commit 0|1 (default 1): the servers' updates in two phases (docs/ECREC.md)
  * --trace-every N: every N steps each worker also prints
  *   trace step S rank R dense XXXXXXXX rows ROW:XXXXXXXX ...   crc32c of each thing it pulled
  * so two runs that end with different models can be compared step by step to where they part.
@@ -31,7 +32,7 @@
 #define STOP_STEP_KEY "ec_train/stop_step"
 
 typedef struct options {
-  int64_t steps, rows, dim, dense, rows_per_step, seed, step_ms, trace_every;
+  int64_t steps, rows, dim, dense, rows_per_step, seed, step_ms, trace_every, two_phase_commit;
 } options;
 
 typedef struct worker {
@@ -47,8 +48,13 @@ typedef struct worker {
 } worker;
 
 static int parse_options(int argc, char **argv, options *opts) {
-  *opts =
-      (options){.steps = 40, .rows = 600, .dim = 8, .dense = 16, .rows_per_step = 32, .seed = 7};
+  *opts = (options){.steps = 40,
+                    .rows = 600,
+                    .dim = 8,
+                    .dense = 16,
+                    .rows_per_step = 32,
+                    .seed = 7,
+                    .two_phase_commit = 1};
   static const struct option long_options[] = {{"steps", required_argument, 0, 's'},
                                                {"rows", required_argument, 0, 'r'},
                                                {"dim", required_argument, 0, 'd'},
@@ -57,6 +63,7 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"seed", required_argument, 0, 'e'},
                                                {"step-ms", required_argument, 0, 'm'},
                                                {"trace-every", required_argument, 0, 't'},
+                                               {"two-phase-commit", required_argument, 0, 'c'},
                                                {0, 0, 0, 0}};
   static const struct {
     int option;
@@ -69,7 +76,8 @@ static int parse_options(int argc, char **argv, options *opts) {
                 {'p', 1, MAX_ROWS_PER_STEP, offsetof(options, rows_per_step)},
                 {'e', 0, 1 << 30, offsetof(options, seed)},
                 {'m', 0, 60000, offsetof(options, step_ms)},
-                {'t', 0, 1 << 30, offsetof(options, trace_every)}};
+                {'t', 0, 1 << 30, offsetof(options, trace_every)},
+                {'c', 0, 1, offsetof(options, two_phase_commit)}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     bool known = false;
@@ -185,6 +193,9 @@ static keel_status client_open(worker *self) {
       .dense_count = (uint64_t)self->options.dense,
       /* On servers 0 and 1, as examples/dlrm has it: any one server may be lost and replaced. */
       .replicate_dense = true,
+      /* With r >= 2, a server lost while it sends a change to its parity holders would leave
+       * them disagreeing without it, and a second loss would decode wrong rows (finding 46). */
+      .two_phase_commit = self->options.two_phase_commit != 0,
       .seed = (uint64_t)self->options.seed,
       .init_scale = 0.1f,
   };
