@@ -135,9 +135,7 @@ typedef struct group_blocks {
 static void sources_find(keel_ec_server *server, const bool *passed, bool *readable) {
   pthread_mutex_lock(&server->lost_lock);
   for (int other = 0; other < server->servers; other++) {
-    uint64_t standing = server->standing[other];
-    readable[other] =
-        !passed[other] && standing != KEEL__EC_LOST && standing != KEEL__EC_REBUILDING;
+    readable[other] = !passed[other] && keel__ec_complete(server->standing[other]);
   }
   pthread_mutex_unlock(&server->lost_lock);
   readable[server->index] = !passed[server->index] && !keel__ec_rebuild_running(server);
@@ -1031,9 +1029,7 @@ static int dense_replica_behind(keel_ec_server *server, uint64_t step) {
   int replica = keel__ec_dense_replica(server);
   if (replica < 0) return -1;
   uint64_t standing = standing_of(server, replica);
-  bool on_its_way =
-      standing != KEEL__EC_LIVE && standing != KEEL__EC_LOST && standing != KEEL__EC_REBUILDING;
-  if (on_its_way) {
+  if (standing != KEEL__EC_LIVE && keel__ec_complete(standing)) { /* on its way back */
     keel__ec_server_refresh(server);
     standing = standing_of(server, replica);
   }

@@ -108,6 +108,11 @@ bool keel__ec_unreachable(keel_status status);
 #define KEEL__EC_REBUILT (UINT64_MAX - 2)
 
 static inline bool keel__ec_lost_at(uint64_t standing, uint64_t step) { return step < standing; }
+/* Whether a server of this standing holds its blocks whole: live, rebuilt, or back (from any
+ * step); not lost, not still being rebuilt. */
+static inline bool keel__ec_complete(uint64_t standing) {
+  return standing != KEEL__EC_LOST && standing != KEEL__EC_REBUILDING;
+}
 
 /* Says where server index listens. */
 keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
