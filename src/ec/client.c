@@ -36,6 +36,7 @@ struct keel_ec_client {
   bool *sending;
   size_t *offsets, *chosen; /* where each server's part lies in the caller's arrays */
   void **bodies;
+  uint32_t *again_lost; /* r slots: the servers a step's phase 2 lost in its first round */
 };
 
 static int64_t call_deadline(void) { return keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS); }
@@ -147,10 +148,11 @@ static keel_status client_configure(keel_ec_client *client) {
   client->offsets = calloc((size_t)client->servers, sizeof *client->offsets);
   client->chosen = calloc((size_t)client->servers, sizeof *client->chosen);
   client->bodies = calloc((size_t)client->servers, sizeof *client->bodies);
+  client->again_lost = calloc(client->wire.parity_blocks, sizeof *client->again_lost);
   if (client->peers == NULL || client->lost == NULL || client->standing == NULL ||
       client->requests == NULL || client->pending == NULL || client->statuses == NULL ||
       client->sending == NULL || client->offsets == NULL || client->chosen == NULL ||
-      client->bodies == NULL)
+      client->bodies == NULL || client->again_lost == NULL)
     return KEEL_ENOMEM;
   for (int i = 0; i < client->servers; i++) keel__ec_peer_init(&client->peers[i], i);
   refresh_lost(client);
@@ -214,6 +216,7 @@ void keel_ec_client_close(keel_ec_client *client) {
   free(client->offsets);
   free(client->chosen);
   free(client->bodies);
+  free(client->again_lost);
   keel_ec_decoder_destroy(client->decoder);
   keel_ec_code_destroy(client->code);
   keel__ec_directory_destroy(&client->directory);
@@ -412,10 +415,11 @@ keel_status keel_ec_client_pull_rows(keel_ec_client *client, const uint64_t *row
 
 /* ---- pushes */
 
-/* One server's push of a phase: its rows (maybe none) in one request, made ready in
+/* One server's push of a phase (flags: ACTING for phase 2, AGAIN too for its second round,
+ * which names client->again_lost): its rows (maybe none) in one request, made ready in
  * client->requests[server]. Synchronous mode sends every server its push even when empty,
  * since each waits for every worker's. */
-static keel_status push_part(keel_ec_client *client, int server, bool acting, uint64_t step,
+static keel_status push_part(keel_ec_client *client, int server, uint16_t flags, uint64_t step,
                              const uint64_t *rows, const float *gradients, const size_t *picked,
                              size_t chosen, uint64_t *part_rows, float *part_gradients) {
   int dim = (int)client->wire.dim;
@@ -428,12 +432,13 @@ static keel_status push_part(keel_ec_client *client, int server, bool acting, ui
   uint32_t workers = client->wire.workers > 0 ? client->wire.workers : 1;
   client->requests[server] =
       (keel__ec_request){.op = KEEL__EC_OP_PUSH_ROWS,
-                         .flags = acting ? KEEL__EC_FLAG_ACTING : 0,
+                         .flags = flags,
                          .count = (uint32_t)chosen,
                          .id = step + 1,
                          .step = step,
                          .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
                          .workers = workers,
+                         .again_lost = client->again_lost,
                          .rows = part_rows,
                          .values = part_gradients};
   client->sending[server] = true;
@@ -460,16 +465,38 @@ static bool lost_since(keel_ec_client *client, int server, keel_status status) {
 
 /* Whether a synchronous step's phase 2 goes again: a server was lost in it (with r > 1 a
  * second loss can come while the first one's rows are pushed), and the rows it was to act
- * for go to their next holder. Every worker saw the same loss (the server's phase waited for
- * all of them) and pushes phase 2 again to every server not lost; the acting holders leave
- * alone the rows whose parity stamp says the step is in. Without synchronous mode a push is
- * not guarded so, and the loss is the step's error, as before. */
+ * for go to their next holder. A lost server that had applied the round answered some workers
+ * (it marks the round at every other server first): only the others push it again, and the
+ * holders answer theirs at once, knowing from its mark (the second round names the servers
+ * lost in the first). One that had not answered none, and every worker pushes again to every
+ * server not lost; the acting holders leave alone the rows whose parity stamp says the step
+ * is in. Without synchronous mode a push is not guarded so, and the loss is the step's error,
+ * as before. */
 static bool phase_again(keel_ec_client *client, keel_status status, int round) {
   if (client->wire.workers == 0 || round + 1 >= ROUTE_ATTEMPTS) return false;
   if (status != KEEL_EPEERLOST && !keel__ec_unreachable(status)) return false;
   KEEL_LOG_W(MODULE, "worker %d: a server was lost in the second phase of step %llu: again",
              client->worker, (unsigned long long)client->next_step);
   return true;
+}
+
+/* The flags of a push: ACTING in phase 2, AGAIN too in its second round (RELIABILITY.md,
+ * finding 48). A later round names nothing and is always joined. */
+static uint16_t push_flags(bool acting, int round) {
+  if (!acting) return 0;
+  return round == 1 ? KEEL__EC_FLAG_ACTING | KEEL__EC_FLAG_AGAIN : KEEL__EC_FLAG_ACTING;
+}
+
+/* Notes in again_lost a server that could not be reached in the first round of phase 2:
+ * KEEL_EIO when the round lost more than r (the data of some group is gone). One that
+ * answered KEEL_EPEERLOST is not named: it did not apply the round, so it joins the second,
+ * which every worker pushes it (its answer was the same to all). */
+static keel_status again_lost_note(keel_ec_client *client, int round, int server,
+                                   keel_status status, uint32_t *noted) {
+  if (round != 0 || !keel__ec_unreachable(status)) return KEEL_OK;
+  if (*noted == client->wire.parity_blocks) return KEEL_EIO;
+  client->again_lost[(*noted)++] = (uint32_t)server;
+  return KEEL_OK;
 }
 
 /* Phase 1 pushes own rows to every server not lost; a server lost meanwhile has its rows moved
@@ -490,14 +517,15 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
       if (client->lost[server]) continue;
       size_t chosen = select_rows(client, rows, count, server, acting, picked + offset);
       if (chosen == 0 && !synchronous) continue;
-      keel_status status =
-          push_part(client, server, acting, step, rows, gradients, picked + offset, chosen,
-                    part_rows + offset, part_gradients + offset * client->wire.dim);
+      keel_status status = push_part(client, server, push_flags(acting, round), step, rows,
+                                     gradients, picked + offset, chosen, part_rows + offset,
+                                     part_gradients + offset * client->wire.dim);
       if (status != KEEL_OK) return status;
       offset += chosen;
     }
     call_each(client, client->bodies);
     bool again = false;
+    uint32_t noted = 0;
     for (int server = 0; server < client->servers; server++) {
       if (!client->sending[server]) continue;
       keel_status status = client->statuses[server];
@@ -505,6 +533,11 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
       if (!acting && (keel__ec_unreachable(status) || lost_since(client, server, status))) continue;
       if (acting && status != KEEL_OK && phase_again(client, status, round)) {
         again = true;
+        if (again_lost_note(client, round, server, status, &noted) != KEEL_OK) {
+          KEEL_LOG_W(MODULE, "worker %d: more than r servers lost in the second phase of step %llu",
+                     client->worker, (unsigned long long)step);
+          return KEEL_EIO;
+        }
         continue;
       }
       if (status != KEEL_OK) {
@@ -515,6 +548,8 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
       }
     }
     if (again) {
+      for (uint32_t i = noted; round == 0 && i < client->wire.parity_blocks; i++)
+        client->again_lost[i] = KEEL__EC_NO_SERVER;
       refresh_lost(client);
       round++;
       acting--;

@@ -6,6 +6,9 @@
 #include "keel/ec.h"
 
 #define KEEL__EC_MODULE "ec"
+/* The most servers a job may have (int arithmetic on 2 * S must hold): a placement refuses
+ * more, and server indexes on the wire are below it. */
+#define KEEL__EC_SERVERS_LIMIT (1 << 30)
 
 /* ISA-L takes lengths as int: the codecs feed it pieces of at most this many bytes. */
 #define KEEL__EC_PIECE_BYTES ((size_t)1 << 30)

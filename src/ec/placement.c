@@ -3,8 +3,7 @@
  * arithmetic: nothing here allocates, blocks or keeps state. */
 #include "ec/ec_internal.h"
 
-/* S is kept to what int arithmetic on 2 * S can hold. */
-#define MAX_SERVERS (1 << 30)
+/* S is kept to what int arithmetic on 2 * S can hold (KEEL__EC_SERVERS_LIMIT). */
 
 /* A server's data rows (or parity rows) sit in the groups g whose residue g mod S lies in a
  * cyclic interval of residues {start, start + 1, ..., start + length - 1} mod S: data for
@@ -58,11 +57,11 @@ keel_status keel_ec_layout_init(int servers, int data_blocks, int parity_blocks,
                                 keel_ec_layout *layout_p) {
   if (layout_p == NULL) return keel__ec_invalid("keel_ec_layout_init: no output pointer");
   if (data_blocks < 1 || parity_blocks < 1 || data_blocks > KEEL_EC_MAX_BLOCKS - parity_blocks ||
-      servers > MAX_SERVERS || data_blocks + parity_blocks > servers) {
+      servers > KEEL__EC_SERVERS_LIMIT || data_blocks + parity_blocks > servers) {
     KEEL_LOG_E(KEEL__EC_MODULE,
                "ec layout of %d servers, k=%d r=%d: need k >= 1, r >= 1, k + r <= %d and "
                "k + r <= servers <= %d",
-               servers, data_blocks, parity_blocks, KEEL_EC_MAX_BLOCKS, MAX_SERVERS);
+               servers, data_blocks, parity_blocks, KEEL_EC_MAX_BLOCKS, KEEL__EC_SERVERS_LIMIT);
     return KEEL_EINVAL;
   }
   *layout_p = (keel_ec_layout){

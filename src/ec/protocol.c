@@ -49,7 +49,7 @@ static const struct op_rule {
                                .count = COUNT_ITEMS,
                                .lead = LEAD_STEP,
                                .arrays = ARRAY_ROWS},
-    [KEEL__EC_OP_PUSH_ROWS] = {.flags = KEEL__EC_FLAG_ACTING,
+    [KEEL__EC_OP_PUSH_ROWS] = {.flags = KEEL__EC_FLAG_ACTING | KEEL__EC_FLAG_AGAIN,
                                .update = true,
                                .count = COUNT_ITEMS,
                                .lead = LEAD_PUSH,
@@ -142,11 +142,17 @@ typedef struct body_layout {
   uint64_t total; /* the whole payload, header included */
 } body_layout;
 
+/* Whether the request names the servers lost in its round before (PUSH_ROWS with AGAIN). */
+static bool has_again_lost(const keel__ec_request *request) {
+  return request->op == KEEL__EC_OP_PUSH_ROWS && (request->flags & KEEL__EC_FLAG_AGAIN) != 0;
+}
+
 /* The op, flags, id and count rules: what the header alone decides. */
 static keel_status check_header(const keel__ec_request *request, const keel__ec_limits *limits) {
   if (!op_known(request->op)) return KEEL_EPROTO;
   const struct op_rule *rule = &op_rules[request->op];
   if ((request->flags & ~rule->flags) != 0) return KEEL_EPROTO;
+  if (has_again_lost(request) && !(request->flags & KEEL__EC_FLAG_ACTING)) return KEEL_EPROTO;
   if ((request->id != 0) != rule->update) return KEEL_EPROTO;
   if (rule->dense && limits->dense_count == 0) return KEEL_ERANGE;
   switch (rule->count) {
@@ -161,6 +167,11 @@ static keel_status check_header(const keel__ec_request *request, const keel__ec_
   }
 }
 
+/* again_lost's bytes: r u32 slots, then zeros to the next multiple of 8. */
+static uint64_t again_lost_bytes(const keel__ec_limits *limits) {
+  return ((uint64_t)limits->parity_blocks * 4 + 7) / 8 * 8;
+}
+
 /* The layout of a request whose header passed check_header; false when its length does not
  * fit in 64 bits (no payload can have it). */
 static bool layout_of(const keel__ec_request *request, const keel__ec_limits *limits,
@@ -169,6 +180,7 @@ static bool layout_of(const keel__ec_request *request, const keel__ec_limits *li
   uint64_t count = request->count;
   body_layout layout = {0};
   if (rule->lead == LEAD_PUSH) layout.lead = PUSH_FIELDS_BYTES;
+  if (has_again_lost(request)) layout.lead += again_lost_bytes(limits);
   if (rule->lead == LEAD_OFFSET) layout.lead = OFFSET_BYTES;
   if (rule->lead == LEAD_STEP) layout.lead = STEP_BYTES;
   if (rule->arrays & ARRAY_ROWS) layout.rows = count * ROW_BYTES;
@@ -222,11 +234,37 @@ static keel_status check_refs(const keel__ec_ref *refs, uint32_t count, bool del
   return KEEL_OK;
 }
 
+/* The bytes after again_lost's slots up to the 8-alignment are zero (one encoding only). */
+static bool again_padding_zero(const keel__ec_request *request, const keel__ec_limits *limits) {
+  const uint8_t *padding = (const uint8_t *)(request->again_lost + limits->parity_blocks);
+  uint64_t bytes = again_lost_bytes(limits) - (uint64_t)limits->parity_blocks * 4;
+  for (uint64_t i = 0; i < bytes; i++)
+    if (padding[i] != 0) return false;
+  return true;
+}
+
+/* Servers below the limit, the unused slots last (none used: the round before lost no
+ * server, a server it called on was lost). */
+static keel_status check_again_lost(const uint32_t *lost, uint32_t slots) {
+  for (uint32_t i = 0; i < slots; i++) {
+    if (lost[i] == KEEL__EC_NO_SERVER) {
+      if (i + 1 < slots && lost[i + 1] != KEEL__EC_NO_SERVER) return KEEL_EPROTO;
+      continue;
+    }
+    if (lost[i] >= KEEL__EC_SERVERS_LIMIT) return KEEL_ERANGE;
+  }
+  return KEEL_OK;
+}
+
 /* The rules on the body's fields and arrays, which must be there (decoded or checked
  * present). */
 static keel_status check_body(const keel__ec_request *request, const keel__ec_limits *limits) {
   const struct op_rule *rule = &op_rules[request->op];
   if (rule->lead == LEAD_PUSH && request->worker >= request->workers) return KEEL_ERANGE;
+  if (has_again_lost(request)) {
+    keel_status status = check_again_lost(request->again_lost, limits->parity_blocks);
+    if (status != KEEL_OK) return status;
+  }
   /* check_header saw count <= dense_count, so the difference cannot wrap. */
   if (rule->lead == LEAD_OFFSET && request->offset > limits->dense_count - request->count)
     return KEEL_ERANGE;
@@ -242,7 +280,8 @@ static keel_status check_body(const keel__ec_request *request, const keel__ec_li
 
 /* Whether each array the layout has bytes for has a pointer: what an encoder's caller owes. */
 static bool arrays_present(const keel__ec_request *request, const body_layout *layout) {
-  return (layout->rows == 0 || request->rows != NULL) &&
+  return (!has_again_lost(request) || request->again_lost != NULL) &&
+         (layout->rows == 0 || request->rows != NULL) &&
          (layout->refs == 0 || request->refs != NULL) &&
          (layout->values == 0 || request->values != NULL) &&
          (layout->blocks == 0 || request->blocks != NULL);
@@ -267,6 +306,8 @@ static void read_body(const uint8_t *at, const body_layout *layout, keel__ec_req
     request->worker = keel_get_le32(at + 8);
     request->workers = keel_get_le32(at + 12);
   }
+  if (has_again_lost(request))
+    request->again_lost = (const uint32_t *)(const void *)(at + PUSH_FIELDS_BYTES);
   if (rule->lead == LEAD_OFFSET) request->offset = keel_get_le64(at);
   if (rule->lead == LEAD_STEP) request->step = keel_get_le64(at);
   at += layout->lead;
@@ -296,6 +337,7 @@ keel_status keel__ec_request_decode(const uint8_t *payload, size_t length,
   body_layout layout;
   if (!layout_of(&request, limits, &layout) || layout.total != length) return KEEL_EPROTO;
   read_body(payload + KEEL__EC_REQUEST_HEADER_BYTES, &layout, &request);
+  if (has_again_lost(&request) && !again_padding_zero(&request, limits)) return KEEL_EPROTO;
   status = check_body(&request, limits);
   if (status != KEEL_OK) return status;
   *request_p = request;
@@ -316,12 +358,19 @@ static void put_array(uint8_t **at, const void *array, uint64_t bytes) {
 }
 
 /* read_body's inverse: the request's fields and arrays into a body of the layout. */
-static void write_body(const keel__ec_request *request, const body_layout *layout, uint8_t *at) {
+static void write_body(const keel__ec_request *request, const keel__ec_limits *limits,
+                       const body_layout *layout, uint8_t *at) {
   const struct op_rule *rule = &op_rules[request->op];
   if (rule->lead == LEAD_PUSH) {
     keel_put_le64(at, request->step);
     keel_put_le32(at + 8, request->worker);
     keel_put_le32(at + 12, request->workers);
+  }
+  if (has_again_lost(request)) {
+    uint64_t slots_bytes = (uint64_t)limits->parity_blocks * 4;
+    memcpy(at + PUSH_FIELDS_BYTES, request->again_lost, (size_t)slots_bytes);
+    memset(at + PUSH_FIELDS_BYTES + slots_bytes, 0,
+           (size_t)(again_lost_bytes(limits) - slots_bytes));
   }
   if (rule->lead == LEAD_OFFSET) keel_put_le64(at, request->offset);
   if (rule->lead == LEAD_STEP) keel_put_le64(at, request->step);
@@ -342,7 +391,7 @@ keel_status keel__ec_request_encode(const keel__ec_request *request, const keel_
   keel_put_le16(out + 2, request->flags);
   keel_put_le32(out + 4, request->count);
   keel_put_le64(out + 8, request->id);
-  write_body(request, &layout, out + KEEL__EC_REQUEST_HEADER_BYTES);
+  write_body(request, limits, &layout, out + KEEL__EC_REQUEST_HEADER_BYTES);
   return KEEL_OK;
 }
 

@@ -13,7 +13,8 @@
  *   op                   id      flags        count      body
  *    1 INFO              0       -            0          -
  *    2 PULL_ROWS         0       ACTING       rows       step u64 | rows u64[count]
- *    3 PUSH_ROWS         update  ACTING       rows       step u64 | worker u32 | workers u32 |
+ *    3 PUSH_ROWS         update  ACTING|AGAIN rows       step u64 | worker u32 | workers u32 |
+ *                                                        [AGAIN: lost u32[r], 0 to 8-align] |
  *                                                        rows u64[count] | f32[count * dim]
  *    4 READ_BLOCKS       0       VERSIONED    refs       block refs[count]
  *    5 WRITE_BLOCKS      0       -            refs       block refs[count] |
@@ -34,7 +35,9 @@
  * lost row). WRITE_DENSE_BLOCK's block is the dense block as its other holder left it after
  * applying step's update (a rebuilding replica's copy), kept unless the one held is newer.
  * Flag bit 0
- * (ACTING, VERSIONED, APPLY_NOW, ABORT) and bit 1 (QUERY) are the only flags, only where shown; an
+ * (ACTING, VERSIONED, APPLY_NOW, ABORT) and bit 1 (QUERY, AGAIN) are the only flags, only where
+ * shown (AGAIN only with ACTING); AGAIN's lost servers are r slots (r = parity_blocks), each a
+ * server index below 2^30 or KEEL__EC_NO_SERVER, the unused ones last; an
  * update id is non-zero, every other id zero. Counts: "rows" and "refs" are at most max_count, any
  * from 0; "dense" is exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <=
  * dense_count; dense ops are refused when dense_count is 0. Rows are < total_rows and strictly
@@ -98,6 +101,12 @@ typedef enum keel__ec_op {
  * KEEL_OK committed, KEEL_EAGAIN prepared, KEEL_ENOTFOUND nothing (or aborted). What a
  * parity holder asks the others before it decides an update whose server was lost. */
 #define KEEL__EC_FLAG_QUERY 2u
+/* PUSH_ROWS with ACTING: a second round of a synchronous step's phase 2, which names the
+ * servers whose loss in the round before sent it (again_lost): a holder answers it at once
+ * when each of them had applied that round (RELIABILITY.md, findings 47 and 48). */
+#define KEEL__EC_FLAG_AGAIN 2u
+/* An unused slot of again_lost. */
+#define KEEL__EC_NO_SERVER UINT32_MAX
 
 /* keel__ec_config.options */
 #define KEEL__EC_OPTION_TWO_PHASE_COMMIT 1u
@@ -145,6 +154,7 @@ typedef struct keel__ec_request {
   uint64_t step;   /* PULL_ROWS (the step routed by), PUSH_ROWS, PUSH_DENSE, WRITE_DENSE_BLOCK */
   uint64_t offset; /* PULL_DENSE */
   uint32_t worker, workers;
+  const uint32_t *again_lost; /* PUSH_ROWS with AGAIN: r slots (KEEL__EC_NO_SERVER unused) */
   const uint64_t *rows;
   const keel__ec_ref *refs;
   const float *values;

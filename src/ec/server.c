@@ -807,6 +807,8 @@ static keel_status apply_rows(keel_ec_server *server, const uint64_t *rows, size
   bool *marks = NULL;
   if (status == KEEL_OK && synchronous) status = marks_make(server, batches, &view, &marks);
   if (status == KEEL_OK) status = send_batches(server, batches, update_id, marks);
+  /* In, and marked at every other server, before any worker has its answer (finding 48). */
+  if (status == KEEL_OK && synchronous && !acting) server_fault(server, "ec_applied", update_id, 0);
   pthread_rwlock_unlock(&server->updates_lock);
   free(marks);
   if (batches != NULL) batches_free(batches, server->servers);
@@ -1245,17 +1247,26 @@ static bool step_marked_by_all(const keel_ec_server *server, uint64_t step) {
   return true;
 }
 
-/* Whether a second round of a step's phase 2 is void: every other server that applied its
- * own rows of the step (so every worker pushed it phase 2, unless it was lost) applied its
- * phase 2 too. A server lost in phase 2 may have applied it and answered some workers before
- * it died: those go on, and only the others push a second round, which would wait here for
- * the rest until the deadline (a chaos run at r = 2, finding 47). Its mark came before any of
- * its answers, so where it has come the rows it acted for are in; where it has not, it
- * answered nobody, and every worker pushes the round again. Caller holds step_lock. */
-static bool redo_void(const keel_ec_server *server, uint64_t step) {
-  for (int i = 0; i < server->servers; i++)
-    if (i != server->index && server->marked_steps[i] > step && server->marked_acting[i] <= step)
+/* Whether a second round of a step's phase 2 is void: each server whose loss sent it (the
+ * push names them) had applied the first round. A server lost in phase 2 may have applied it
+ * and answered some workers before it died: those go on, and only the others push a second
+ * round, which would wait here for the rest until the deadline (a chaos run at r = 2, finding
+ * 47). Its mark came before any of its answers, so where it has come the rows it acted for
+ * are in; where it has not, it answered nobody, and every worker pushes the round again.
+ * Only the servers the round lost count: one lost in phase 1 after it marked its own rows
+ * never had a second phase to mark, and counting it kept every round waiting (finding 48).
+ * Caller holds step_lock. */
+static bool redo_void(const keel_ec_server *server, const keel__ec_request *request) {
+  if (!(request->flags & KEEL__EC_FLAG_AGAIN) ||
+      server->acting_applied[request->worker] <= request->step)
+    return false;
+  for (uint32_t i = 0; i < server->limits.parity_blocks; i++) {
+    uint32_t lost = request->again_lost[i];
+    if (lost == KEEL__EC_NO_SERVER) break;
+    if (lost == (uint32_t)server->index) continue; /* applied: acting_applied says so */
+    if (lost >= (uint32_t)server->servers || server->marked_acting[lost] <= request->step)
       return false;
+  }
   return true;
 }
 
@@ -1281,8 +1292,7 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
   const char *round = NULL, *applied = NULL; /* when the push is void */
   if (acting && step_marked_by_all(server, request->step))
     round = "second phase", applied = "the step";
-  else if (acting && server->acting_applied[request->worker] > request->step &&
-           redo_void(server, request->step))
+  else if (acting && redo_void(server, request))
     round = "second round", applied = "its second phase";
   if (round != NULL) {
     pthread_mutex_unlock(&server->step_lock);

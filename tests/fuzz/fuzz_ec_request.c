@@ -130,6 +130,7 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
   static const keel__ec_ref deltas[] = {{0, 0, 3}, {6, 2, 4}, {3, 1, 3}};
   static const float values[] = {1.5f, -2.0f, 0.25f, 0.0f, -0.0f, 3.0f};
   static const uint8_t bytes[24] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+  static const uint32_t again_lost[] = {1, KEEL__EC_NO_SERVER, KEEL__EC_NO_SERVER};
   static const keel__ec_request seeds[] = {
       {.op = KEEL__EC_OP_INFO},
       {.op = KEEL__EC_OP_PULL_ROWS, .flags = KEEL__EC_FLAG_ACTING, .count = 3, .rows = rows},
@@ -139,6 +140,16 @@ size_t keel_fuzz_seed(int index, uint8_t *buffer, size_t capacity) {
        .step = 12,
        .worker = 1,
        .workers = 2,
+       .rows = rows,
+       .values = values},
+      {.op = KEEL__EC_OP_PUSH_ROWS,
+       .flags = KEEL__EC_FLAG_ACTING | KEEL__EC_FLAG_AGAIN,
+       .count = 3,
+       .id = 9,
+       .step = 12,
+       .worker = 0,
+       .workers = 2,
+       .again_lost = again_lost,
        .rows = rows,
        .values = values},
       {.op = KEEL__EC_OP_READ_BLOCKS, .count = 3, .refs = blocks},

@@ -40,7 +40,7 @@ typedef struct ec_job {
   int second_lose;
   int stopped_replace_at; /* the step inside which server `lose` stops itself (a fault rule) and
                            * is replaced before it is killed; 0: never */
-  char folder[512], fault[128]; /* processes' output folder and KEEL_FAULT */
+  char folder[512], fault[256]; /* processes' output folder and KEEL_FAULT */
   keel_status worker_status[WORKERS];
   /* reference */
   size_t block_bytes, dense_block_bytes;
@@ -205,7 +205,7 @@ static void servers_start(ec_job *job) {
 /* Server `index` as a `keel server` process (a replacement with --replace), with the job's
  * token and fault rules in its environment. */
 static void process_spawn(ec_job *job, int index, bool replace) {
-  char id_env[48], token_env[96], fault_env[160];
+  char id_env[48], token_env[96], fault_env[288];
   snprintf(id_env, sizeof id_env, "KEEL_JOB_ID=%llu", (unsigned long long)job->auth.job_id);
   int at = snprintf(token_env, sizeof token_env, "KEEL_JOB_TOKEN=");
   for (int i = 0; i < KEEL_TOKEN_BYTES; i++)
@@ -665,23 +665,36 @@ static void test_killed_between_its_answers_without_two_phase_commit(void **stat
   check_killed_at("point=ec_answered,after=1", false, VOID_SECOND_PHASE);
 }
 
-/* With r = 2 (RS), server 3 lost between steps 8 and 9, then server 4 kills itself at a
- * point of its rule: the job ends with every row exact, and the servers' logs show `said`. */
-static void check_second_loss(const char *folder, const char *rule, const char *said) {
+/* Waits for the server process that was to kill itself by its rule. */
+static void server_killed_itself(ec_job *job, int server) {
+  int status = 0;
+  assert_true(keel_test_wait(job->processes[server], 10000, &status));
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  job->processes[server] = 0;
+}
+
+/* With r = 2 (RS), server `lose` lost between steps 8 and 9, then the servers of `killed` kill
+ * themselves at the points of their rules: the job ends with every row exact, and the
+ * servers' logs show `said`. */
+static void check_losses(const char *folder, int servers, int k, const char *rule, int lose,
+                         uint64_t killed, const char *said) {
   ec_job job;
-  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job_start(&job, servers, k, 2, KEEL_EC_ADAM);
   job.config.two_phase_commit = true;
   processes_start(&job, keel_test_tempdir(folder), rule);
   job.lose_at = 8;
-  job.lose = 3;
+  job.lose = lose;
   run_job(&job);
-  int status = 0;
-  assert_true(keel_test_wait(job.processes[4], 10000, &status));
-  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-  job.processes[4] = 0;
-  check_job(&job, (uint64_t)1 << 3 | (uint64_t)1 << 4);
+  for (int i = 0; i < servers; i++)
+    if (killed & (uint64_t)1 << i) server_killed_itself(&job, i);
+  check_job(&job, killed | (uint64_t)1 << lose);
   assert_true(servers_said(&job, said));
   job_stop(&job);
+}
+
+/* Five servers, k = 3: server 3 lost between steps 8 and 9, then server 4 by its rule. */
+static void check_second_loss(const char *folder, const char *rule, const char *said) {
+  check_losses(folder, 5, 3, rule, 3, (uint64_t)1 << 4, said);
 }
 
 /* Finding 44: server 4 dies while another server reads its blocks to decode the rows of
@@ -699,10 +712,28 @@ static void test_source_lost_while_read(void **state) {
  * second phase again; the others' second rounds used to wait for the first worker, which had
  * gone on, until the deadline, and the job failed. Now every server has server 4's mark of
  * its second phase and answers the round at once (the servers' logs say so). */
+#define VOID_SECOND_ROUND "applied its second phase"
+
 static void test_killed_between_its_second_phase_answers(void **state) {
   (void)state;
   check_second_loss("keel-ec-second", "kill@uid=4,step=12,point=ec_answered_acting,after=1",
-                    "applied its second phase");
+                    VOID_SECOND_ROUND);
+}
+
+/* Finding 48 (a soak at r = 2): six servers, k = 2, r = 2 (no group has three of servers 1, 3
+ * and 5). Server 3 lost between steps 8 and 9, so every step has a second phase; in step 12
+ * server 1 dies after it applied its own rows and marked them at every other server, before
+ * any worker had its answer; then server 5 applies its second phase, answers one worker and
+ * dies. Server 1 never had a second phase to mark, and the void rule of finding 47 counted
+ * it as a server that might have answered nobody: the other worker's second round waited
+ * until the deadline. The second round now names the servers its first one lost (server 5),
+ * and only those count. */
+static void test_lost_after_its_first_phase_then_another_in_the_second(void **state) {
+  (void)state;
+  check_losses("keel-ec-first-second", 6, 2,
+               "kill@uid=1,step=12,point=ec_applied;"
+               "kill@uid=5,step=12,point=ec_answered_acting,after=1",
+               3, (uint64_t)1 << 1 | (uint64_t)1 << 5, VOID_SECOND_ROUND);
 }
 
 /* Finding 21: the server answers one worker's push of step 12 and stops; its replacement is
@@ -828,6 +859,7 @@ int main(void) {
       cmocka_unit_test(test_killed_between_its_answers_without_two_phase_commit),
       cmocka_unit_test(test_source_lost_while_read),
       cmocka_unit_test(test_killed_between_its_second_phase_answers),
+      cmocka_unit_test(test_lost_after_its_first_phase_then_another_in_the_second),
       cmocka_unit_test(test_push_sent_again_to_a_replacement),
       cmocka_unit_test(test_replacement_rebuilt_in_process),
       cmocka_unit_test(test_replacement_process_after_kill),

@@ -74,11 +74,12 @@ static bool op_counts_nothing(uint16_t op) {
 
 /* ---- an encoder written from the table: field by field, without checks */
 
-/* What a request's body holds: lead bytes (16: step, worker, workers; 8: offset, or the
- * step when step_alone), then rows, refs, f32 values and block bytes. */
+/* What a request's body holds: lead bytes (push: step, worker, workers, then with AGAIN r
+ * lost servers u32 and zeros to 8 bytes; 8: offset, or the step when step_alone), then rows,
+ * refs, f32 values and block bytes. */
 typedef struct parts {
-  size_t lead, rows, refs, floats, block_bytes;
-  bool step_alone;
+  size_t lead, rows, refs, floats, block_bytes, again_slots;
+  bool step_alone, push;
 } parts;
 
 static parts parts_of(const keel__ec_request *request, const keel__ec_limits *with) {
@@ -86,8 +87,14 @@ static parts parts_of(const keel__ec_request *request, const keel__ec_limits *wi
   switch (request->op) {
     case KEEL__EC_OP_PULL_ROWS:
       return (parts){.lead = 8, .step_alone = true, .rows = count};
-    case KEEL__EC_OP_PUSH_ROWS:
-      return (parts){.lead = 16, .rows = count, .floats = count * with->dim};
+    case KEEL__EC_OP_PUSH_ROWS: {
+      size_t slots = (request->flags & KEEL__EC_FLAG_AGAIN) ? with->parity_blocks : 0;
+      return (parts){.lead = 16 + (slots * 4 + 7) / 8 * 8,
+                     .push = true,
+                     .again_slots = slots,
+                     .rows = count,
+                     .floats = count * with->dim};
+    }
     case KEEL__EC_OP_READ_BLOCKS:
       return (parts){.refs = count};
     case KEEL__EC_OP_WRITE_BLOCKS:
@@ -96,7 +103,7 @@ static parts parts_of(const keel__ec_request *request, const keel__ec_limits *wi
     case KEEL__EC_OP_PULL_DENSE:
       return (parts){.lead = 8};
     case KEEL__EC_OP_PUSH_DENSE:
-      return (parts){.lead = 16, .floats = count};
+      return (parts){.lead = 16, .push = true, .floats = count};
     case KEEL__EC_OP_INIT_DENSE:
       return (parts){.floats = count};
     case KEEL__EC_OP_WRITE_DENSE_BLOCK:
@@ -119,10 +126,13 @@ static size_t reference_encode(const keel__ec_request *request, const keel__ec_l
   keel_put_le32(out + 4, request->count);
   keel_put_le64(out + 8, request->id);
   size_t at = 16;
-  if (p.lead == 16) {
+  if (p.push) {
     keel_put_le64(out + at, request->step);
     keel_put_le32(out + at + 8, request->worker);
     keel_put_le32(out + at + 12, request->workers);
+    memset(out + at + 16, 0, p.lead - 16);
+    for (size_t i = 0; i < p.again_slots; i++)
+      keel_put_le32(out + at + 16 + 4 * i, request->again_lost[i]);
   }
   if (p.lead == 8) keel_put_le64(out + at, p.step_alone ? request->step : request->offset);
   at += p.lead;
@@ -149,6 +159,7 @@ typedef struct sample {
   keel__ec_ref refs[MAX_ITEMS];
   float values[MAX_ITEMS * 3];
   uint8_t blocks[MAX_ITEMS * 24];
+  uint32_t again_lost[4];
 } sample;
 
 /* A valid request of op with count items (rows, refs or PULL_DENSE's floats; other ops take
@@ -179,6 +190,10 @@ static void sample_make(sample *s, uint16_t op, uint32_t count) {
       .values = s->values,
       .blocks = s->blocks,
   };
+  s->again_lost[0] = 4;
+  s->again_lost[1] = 1;
+  s->again_lost[2] = s->again_lost[3] = KEEL__EC_NO_SERVER;
+  if (op == KEEL__EC_OP_PUSH_ROWS) s->request.again_lost = s->again_lost;
   if (op == KEEL__EC_OP_PUSH_ROWS || op == KEEL__EC_OP_PUSH_DENSE) {
     s->request.step = 1000;
     s->request.worker = 1;
@@ -243,9 +258,12 @@ static void assert_decoded_equal(const keel__ec_request *decoded, const keel__ec
   assert_int_equal(decoded->id, sent->id);
   parts p = parts_of(sent, &limits);
   /* What the op does not carry comes back as zero and NULL. */
-  assert_int_equal(decoded->step, p.lead == 16 || p.step_alone ? sent->step : 0);
-  assert_int_equal(decoded->worker, p.lead == 16 ? sent->worker : 0);
-  assert_int_equal(decoded->workers, p.lead == 16 ? sent->workers : 0);
+  assert_int_equal(decoded->step, p.push || p.step_alone ? sent->step : 0);
+  assert_int_equal(decoded->worker, p.push ? sent->worker : 0);
+  assert_int_equal(decoded->workers, p.push ? sent->workers : 0);
+  assert_true((decoded->again_lost != NULL) == (p.again_slots > 0));
+  if (p.again_slots > 0)
+    assert_memory_equal(decoded->again_lost, sent->again_lost, 4 * p.again_slots);
   assert_int_equal(decoded->offset, p.lead == 8 && !p.step_alone ? sent->offset : 0);
   bool rows = sent->op == KEEL__EC_OP_PULL_ROWS || sent->op == KEEL__EC_OP_PUSH_ROWS;
   bool refs = sent->op >= KEEL__EC_OP_READ_BLOCKS && sent->op <= KEEL__EC_OP_PARITY_PREPARE;
@@ -363,6 +381,55 @@ static void test_op_flags_and_id(void **state) {
       expect_accepted("parity commit's query", &s.request, &limits);
     }
   }
+}
+
+/* A second round of phase 2 (ACTING | AGAIN) names the servers its first round lost: r slots,
+ * zeros after them to 8 bytes; the used slots first (maybe none), each a server index. */
+static void test_again_lost(void **state) {
+  (void)state;
+  const uint16_t again = KEEL__EC_FLAG_ACTING | KEEL__EC_FLAG_AGAIN;
+  keel__ec_limits odd = limits;
+  odd.parity_blocks = 3; /* 12 bytes of slots, 4 of padding */
+  const keel__ec_limits *withs[] = {&limits, &odd};
+  sample s;
+  for (size_t w = 0; w < COUNT(withs); w++) {
+    const keel__ec_limits *with = withs[w];
+    for (size_t c = 0; c < COUNT(item_counts); c++) {
+      sample_make(&s, KEEL__EC_OP_PUSH_ROWS, item_counts[c]);
+      s.request.flags = again;
+      expect_accepted("a second round", &s.request, with);
+    }
+    sample_make(&s, KEEL__EC_OP_PUSH_ROWS, 2);
+    s.request.flags = again;
+    s.again_lost[1] = KEEL__EC_NO_SERVER;
+    expect_accepted("a second round that lost one server", &s.request, with);
+    s.again_lost[0] = KEEL__EC_NO_SERVER;
+    expect_accepted("a second round that names none", &s.request, with);
+    s.again_lost[0] = 2;
+    s.again_lost[1] = KEEL__EC_NO_SERVER;
+    s.again_lost[2] = 3;
+    if (with->parity_blocks == 3)
+      expect_refused("a used slot after an unused one", &s.request, with, KEEL_EPROTO);
+    s.again_lost[1] = 1u << 30;
+    s.again_lost[2] = KEEL__EC_NO_SERVER;
+    expect_refused("a server past the limit", &s.request, with, KEEL_ERANGE);
+    s.again_lost[1] = (1u << 30) - 1;
+    expect_accepted("the last server the limit allows", &s.request, with);
+    s.request.again_lost = NULL;
+    uint8_t out[WIRE_MAX];
+    assert_int_equal(keel__ec_request_encode(&s.request, with, out, sizeof out), KEEL_EINVAL);
+  }
+  /* Padding that is not zero: one encoding per request. */
+  sample_make(&s, KEEL__EC_OP_PUSH_ROWS, 1);
+  s.request.flags = again;
+  uint8_t wire[WIRE_MAX];
+  size_t length = reference_encode(&s.request, &odd, wire);
+  expect_decode("zero padding", wire, length, &odd, KEEL_OK);
+  wire[16 + 16 + 12] = 1;
+  expect_decode("padding not zero", wire, length, &odd, KEEL_EPROTO);
+  /* AGAIN only in phase 2. */
+  s.request.flags = KEEL__EC_FLAG_AGAIN;
+  expect_refused("a second round of own rows", &s.request, &limits, KEEL_EPROTO);
 }
 
 static void test_counts(void **state) {
@@ -1103,6 +1170,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip_every_op),
       cmocka_unit_test(test_every_truncation_and_extension),
       cmocka_unit_test(test_op_flags_and_id),
+      cmocka_unit_test(test_again_lost),
       cmocka_unit_test(test_counts),
       cmocka_unit_test(test_rows),
       cmocka_unit_test(test_refs),
