@@ -195,6 +195,14 @@ static keel_status choose(keel_ec_server *server, group_read *reads, size_t coun
   return KEEL_OK;
 }
 
+/* Whether a source's answer to a read passes it over for the round rather than failing the
+ * rebuild: unreachable (the call declared it lost), or KEEL_EAGAIN from a replacement that
+ * does not serve yet, which took the call at its address after the server it replaces was
+ * lost (a chaos run at r = 2: a rebuild failed so, and its server stayed lost for good). */
+static bool source_passed_over(keel_status status) {
+  return keel__ec_unreachable(status) || status == KEEL_EAGAIN;
+}
+
 /* One versioned read of the chosen blocks from every server that holds some, all at once (one
  * round trip): refs, targets, stamp_targets and body have room for k blocks of every group,
  * and each server's part lies in its own stretch of them. *lost_one: a server could not be
@@ -238,9 +246,14 @@ static keel_status read_round(keel_ec_server *server, group_read *reads, size_t 
     status = keel__ec_server_call_each(server, sending, requests, bodies, statuses);
   for (int other = 0; other < servers && status == KEEL_OK; other++) {
     if (!sending[other]) continue;
-    if (keel__ec_unreachable(statuses[other])) *lost_one = true;
+    if (statuses[other] == KEEL_EAGAIN)
+      KEEL_LOG_I(MODULE,
+                 "server %d: server %d does not serve its blocks yet (a replacement): "
+                 "the round is read again without it",
+                 server->index, other);
+    if (source_passed_over(statuses[other])) *lost_one = true;
     if (statuses[other] != KEEL_OK) {
-      if (!keel__ec_unreachable(statuses[other])) status = statuses[other];
+      if (!source_passed_over(statuses[other])) status = statuses[other];
       continue;
     }
     for (size_t i = first[other]; i < first[other] + requests[other].count; i++) {
@@ -265,14 +278,16 @@ static keel_status rebuild_chunk(keel_ec_server *server, group_read *reads, size
     if (status != KEEL_OK) break;
     keel__ec_view_at(server, UINT64_MAX - 3, &view);
     status = choose(server, reads, count, &view);
-    /* A server lost during the round is declared so by the call: the round is read again
-     * from the others (up to r may be lost). */
+    /* A server lost during the round is declared so by the call, and one replaced
+     * meanwhile is found so in the directory: the round is read again from the others (up
+     * to r may be lost). */
     bool lost_one = false;
     server->rebuild->rounds++;
     if (status == KEEL_OK)
       status = read_round(server, reads, count, refs, targets, stamp_targets, body, &lost_one);
     if (status == KEEL_OK && lost_one) {
       poll(NULL, 0, REBUILD_RETRY_MS);
+      keel__ec_server_refresh(server);
       continue;
     }
     bool all_done = true;

@@ -38,6 +38,7 @@ typedef struct ec_job {
   int second_lose_at; /* the step before which server second_lose is stopped, while
                        * the replacement is rebuilt; 0: never */
   int second_lose;
+  bool second_stop_replace; /* second_lose is stopped, replaced and then killed instead */
   int stopped_replace_at; /* the step inside which server `lose` stops itself (a fault rule) and
                            * is replaced before it is killed; 0: never */
   char folder[512], fault[256]; /* processes' output folder and KEEL_FAULT */
@@ -213,18 +214,31 @@ static void process_spawn(ec_job *job, int index, bool replace) {
   snprintf(fault_env, sizeof fault_env, "KEEL_FAULT=%s", job->fault);
   /* At info, a server says what it decided (test_killed_between_its_answers reads it). */
   char *const environment[] = {id_env, token_env, fault_env, "KEEL_LOG=info", NULL};
-  char number[16], output[640];
+  char number[16], output[640], chunk[16], pause[16];
   snprintf(number, sizeof number, "%d", index);
   snprintf(output, sizeof output, "%s/server-%d%s.txt", job->folder, index,
            replace ? "-replacement" : "");
-  char *const argv[] = {(char *)keel_test_bin("keel"),
-                        "server",
-                        "--index",
-                        number,
-                        "--store",
-                        (char *)keel_store_server_address(job->store_server),
-                        replace ? "--replace" : NULL,
-                        NULL};
+  /* A replacement rebuilds at the test's pace (a server's own, not in the configuration). */
+  snprintf(chunk, sizeof chunk, "%u", job->config.rebuild_chunk_groups);
+  snprintf(pause, sizeof pause, "%u", job->config.rebuild_pause_ms);
+  char *argv[12];
+  int count = 0;
+  argv[count++] = (char *)keel_test_bin("keel");
+  argv[count++] = "server";
+  argv[count++] = "--index";
+  argv[count++] = number;
+  argv[count++] = "--store";
+  argv[count++] = (char *)keel_store_server_address(job->store_server);
+  if (job->config.rebuild_chunk_groups > 0) {
+    argv[count++] = "--rebuild-chunk";
+    argv[count++] = chunk;
+  }
+  if (job->config.rebuild_pause_ms > 0) {
+    argv[count++] = "--rebuild-pause-ms";
+    argv[count++] = pause;
+  }
+  if (replace) argv[count++] = "--replace";
+  argv[count] = NULL;
   job->processes[index] = keel_test_spawn(argv, environment, output);
   assert_true(job->processes[index] > 0);
 }
@@ -336,6 +350,19 @@ static void standing_wait_past(ec_job *job, int index, const char *left) {
  * and marks itself rebuilding before the stopped one is killed, so that a worker whose push
  * it never answered finds the link broken and the new address published: the push goes
  * again, to the replacement. */
+/* A replacement process has marked itself: rebuilding, or rebuilt already (a few ms), either
+ * way not serving until moved back. A worker whose push a stopped server never answered may
+ * mark it lost first (seen under the sanitizers): the replacement's mark comes after. */
+static void replacement_marked_wait(ec_job *job, int index) {
+  int64_t marked_by = keel_deadline_after_ns(10000000000);
+  const char *standing = standing_read(job, index);
+  while (strcmp(standing, "rebuilding") != 0 && strcmp(standing, "rebuilt") != 0) {
+    if (keel_now_ns() > marked_by) fail_msg("server %d is still %s", index, standing);
+    poll(NULL, 0, 5);
+    standing = standing_read(job, index);
+  }
+}
+
 static void server_replace_stopped(ec_job *job, int index) {
   pid_t stopped = job->processes[index];
   int64_t deadline = keel_deadline_after_ns(10000000000);
@@ -348,20 +375,21 @@ static void server_replace_stopped(ec_job *job, int index) {
   assert_int_equal(state, 'T');
   job->fault[0] = '\0'; /* the replacement has the same uid: the rule is not for it */
   process_spawn(job, index, true);
-  /* Rebuilding, or rebuilt already (a few ms): either way not serving until moved back. A
-   * worker whose push the stopped server never answered may mark it lost first (seen under
-   * the sanitizers): the replacement's mark comes after. */
-  int64_t marked_by = keel_deadline_after_ns(10000000000);
-  const char *standing = standing_read(job, index);
-  while (strcmp(standing, "rebuilding") != 0 && strcmp(standing, "rebuilt") != 0) {
-    if (keel_now_ns() > marked_by) fail_msg("server %d is still %s", index, standing);
-    poll(NULL, 0, 5);
-    standing = standing_read(job, index);
-  }
+  replacement_marked_wait(job, index);
   assert_int_equal(kill(stopped, SIGKILL), 0);
   int status = 0;
   assert_true(keel_test_wait(stopped, 10000, &status));
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+/* Stops server index's process, lets the rebuild under way call on it (five of its rounds at
+ * the tests' 40 ms pace: a call then waits on the stopped server), replaces it, and kills it
+ * once the replacement has marked itself: the calls waiting on it go to the replacement. */
+static void server_stop_replace(ec_job *job, int index) {
+  assert_true(keel_test_pid_exists(job->processes[index]));
+  assert_int_equal(kill(job->processes[index], SIGSTOP), 0);
+  poll(NULL, 0, 200);
+  server_replace_stopped(job, index);
 }
 
 static void run_job(ec_job *job) {
@@ -375,11 +403,17 @@ static void run_job(ec_job *job) {
   for (int step = 0; step < STEPS; step++) {
     pthread_barrier_wait(&job->barrier);
     if (step == job->lose_at) server_lose(job, job->lose);
-    if (step == job->replace_at && job->replace_at > 0) server_replace(job, job->lose);
+    if (step == job->replace_at && job->replace_at > 0) {
+      server_replace(job, job->lose);
+      if (job->folder[0] != '\0') replacement_marked_wait(job, job->lose);
+    }
     if (step == job->second_lose_at && job->second_lose_at > 0) {
       /* The loss must fall inside the rebuild, or the case tests nothing. */
       assert_string_equal(standing_read(job, job->lose), "rebuilding");
-      server_lose(job, job->second_lose);
+      if (job->second_stop_replace)
+        server_stop_replace(job, job->second_lose);
+      else
+        server_lose(job, job->second_lose);
     }
     pthread_barrier_wait(&job->barrier);
     if (step == job->stopped_replace_at && job->stopped_replace_at > 0)
@@ -605,9 +639,10 @@ static void test_lose_any_server_two_phase_commit(void **state) {
 /* Whether some server's output has text. */
 static bool servers_said(const ec_job *job, const char *text) {
   bool said = false;
-  for (int i = 0; i < job->config.servers && !said; i++) {
+  for (int i = 0; i < 2 * job->config.servers && !said; i++) {
     char path[640];
-    snprintf(path, sizeof path, "%s/server-%d.txt", job->folder, i);
+    snprintf(path, sizeof path, "%s/server-%d%s.txt", job->folder, i / 2,
+             i % 2 ? "-replacement" : "");
     char *output = keel_test_read_file(path, NULL);
     said = output != NULL && strstr(output, text) != NULL;
     free(output);
@@ -760,6 +795,37 @@ static void test_push_sent_again_to_a_replacement(void **state) {
   job_stop(&job);
 }
 
+/* A chaos run at r = 2: a replacement rebuilding read from a server just replaced in turn,
+ * whose replacement took the call at its address and refused it, not serving yet; the
+ * rebuild failed on that and its server stayed lost for good. Here server 4 is lost at step 4
+ * and rebuilt slowly from step 6; at step 8 server 2 is stopped while the rebuild calls on
+ * it, replaced, and killed. The rebuild reads that round again without server 2 (its log
+ * says so); both replacements end their rebuilds, and every row ends exact. */
+static void test_rebuild_read_refused_by_a_replacement(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  job.config.rebuild_chunk_groups = 1;
+  job.config.rebuild_pause_ms = 40;
+  processes_start(&job, keel_test_tempdir("keel-ec-refused-read"), NULL);
+  job.lose_at = 4;
+  job.lose = 4;
+  job.replace_at = 6;
+  job.second_lose_at = 8;
+  job.second_lose = 2;
+  job.second_stop_replace = true;
+  run_job(&job);
+  standing_wait_past(&job, 4, "rebuilding");
+  standing_wait_past(&job, 2, "rebuilding");
+  assert_true(servers_said(&job, "does not serve its blocks yet"));
+  uint64_t lost = 0;
+  for (int i = 2; i <= 4; i += 2)
+    if (strcmp(standing_read(&job, i), "live") != 0) lost |= (uint64_t)1 << i;
+  check_job(&job, lost);
+  job_stop(&job);
+}
+
 /* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
  * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
  * boundary and serves them; every row ends exact and every parity block consistent, the
@@ -866,6 +932,7 @@ int main(void) {
       cmocka_unit_test(test_dense_holder_replaced_in_process),
       cmocka_unit_test(test_dense_holder_replaced_after_kill),
       cmocka_unit_test(test_server_lost_during_a_rebuild),
+      cmocka_unit_test(test_rebuild_read_refused_by_a_replacement),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
