@@ -408,6 +408,27 @@ static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *req
   return status;
 }
 
+/* A block read to decode from (or to rebuild from) holds no update of a server that no
+ * longer serves still prepared: the reader is not always a holder of that update, and its own
+ * decision (fetch_blocks) reached only its own copy; a parity committed at one holder and
+ * prepared at another decoded wrong rows (finding 50). The directory is read anew only when
+ * something is prepared here. */
+static keel_status resolve_before_read(keel_ec_server *server) {
+  pthread_mutex_lock(&server->prepared_lock);
+  bool any = server->prepared != NULL;
+  pthread_mutex_unlock(&server->prepared_lock);
+  if (!any || keel__ec_rebuild_running(server)) return KEEL_OK;
+  keel__ec_server_refresh(server);
+  keel__ec_view view;
+  keel_status status = keel__ec_view_make(server, &view);
+  if (status == KEEL_OK) {
+    keel__ec_view_at(server, 0, &view);
+    status = resolve_lost_updates(server, &view);
+  }
+  keel__ec_view_free(&view);
+  return status;
+}
+
 /* A replacement's barrier (a versioned read of nothing): from the answer on, this server
  * knows the replacement is there (it sends it every change), and every update it began
  * before, which may not have, is done. */
@@ -427,6 +448,8 @@ static keel_status read_blocks(keel_ec_server *server, const keel__ec_request *r
   /* Before any block goes out: a server killed here fails another server's read mid-way, the
    * step being the last update's it handled. */
   if (!versioned) server_fault(server, "ec_read", 0, 0);
+  keel_status status = resolve_before_read(server);
+  if (status != KEEL_OK) return status;
   size_t stamps_bytes = versioned ? sizeof(uint64_t) * (size_t)shard->layout.data_blocks : 0;
   size_t each = shard->block_bytes + stamps_bytes;
   uint64_t stamps[KEEL_EC_MAX_BLOCKS];
@@ -986,13 +1009,26 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
   return status;
 }
 
-/* Decides every update prepared here whose origin is lost: before any decoding, so that the
- * parity read is all in or all out. */
+/* Whether the server that began an update still serves in the update's step: live, or back
+ * from that step or an earlier one. A replacement (rebuilding, rebuilt, back from a later
+ * step) is another process: what its predecessor left prepared is decided as a lost
+ * server's. A server replaced before anyone declared it lost was never lost in any view,
+ * and its updates stayed prepared at some holders and committed at others for good: the
+ * parities disagreed, and with r = 2 a decoding from both gave wrong rows (finding 50). */
+static bool origin_serves(const keel_ec_server *server, const keel__ec_view *view, uint64_t id) {
+  uint64_t standing = view->standing[update_origin(id)];
+  uint64_t stamp = update_stamp(server, id);
+  if (stamp == 0) return standing == KEEL__EC_LIVE; /* asynchronous: no step to judge by */
+  return !keel__ec_lost_at(standing, stamp - 1);
+}
+
+/* Decides every update prepared here whose origin no longer serves: before any decoding, so
+ * that the parity read is all in or all out. */
 static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_view *view) {
   for (;;) {
     pthread_mutex_lock(&server->prepared_lock);
     prepared_update *item = server->prepared;
-    while (item != NULL && gets_changes(view, update_origin(item->id))) item = item->next;
+    while (item != NULL && origin_serves(server, view, item->id)) item = item->next;
     prepared_update copy = item != NULL ? *item : (prepared_update){0};
     if (item != NULL) {
       /* Borrow its refs: a copy, since the list may change while the others are asked. */

@@ -39,6 +39,7 @@ typedef struct ec_job {
                        * the replacement is rebuilt; 0: never */
   int second_lose;
   bool second_stop_replace; /* second_lose is stopped, replaced and then killed instead */
+  int stopped;              /* the server that stops itself, when not `lose` (0: `lose`) */
   int stopped_replace_at; /* the step inside which server `lose` stops itself (a fault rule) and
                            * is replaced before it is killed; 0: never */
   char folder[512], fault[256]; /* processes' output folder and KEEL_FAULT */
@@ -417,7 +418,7 @@ static void run_job(ec_job *job) {
     }
     pthread_barrier_wait(&job->barrier);
     if (step == job->stopped_replace_at && job->stopped_replace_at > 0)
-      server_replace_stopped(job, job->lose);
+      server_replace_stopped(job, job->stopped > 0 ? job->stopped : job->lose);
     reference_step(job, step);
   }
   for (int w = 0; w < WORKERS; w++) pthread_join(threads[w], NULL);
@@ -826,6 +827,33 @@ static void test_rebuild_read_refused_by_a_replacement(void **state) {
   job_stop(&job);
 }
 
+/* Finding 50 (chaos at r = 2 ended with other rows): server 4 lost at step 8; in step 12
+ * server 2 stops after its first parity holder committed its update and before the second
+ * did, a replacement takes its place (marked rebuilding: server 2 is never declared lost)
+ * and it is killed. Decoding server 2's rows needs both parities, and the update used to
+ * stay prepared at the second for good, since only the updates of a lost server were
+ * decided, each by a holder of it before it decoded. Now the updates of a server that no
+ * longer serves are decided, by any server before it serves a read of its blocks too. */
+static void test_committed_at_one_holder_then_replaced(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  job.config.rebuild_chunk_groups = 1;
+  job.config.rebuild_pause_ms = 40;
+  processes_start(&job, keel_test_tempdir("keel-ec-committed-replaced"),
+                  "stop@uid=2,point=ec_committing,step=12");
+  job.lose_at = 8;
+  job.lose = 4;
+  job.stopped = 2;
+  job.stopped_replace_at = 12;
+  run_job(&job);
+  uint64_t lost = (uint64_t)1 << 4;
+  if (strcmp(standing_read(&job, 2), "live") != 0) lost |= (uint64_t)1 << 2;
+  check_job(&job, lost);
+  job_stop(&job);
+}
+
 /* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
  * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
  * boundary and serves them; every row ends exact and every parity block consistent, the
@@ -933,6 +961,7 @@ int main(void) {
       cmocka_unit_test(test_dense_holder_replaced_after_kill),
       cmocka_unit_test(test_server_lost_during_a_rebuild),
       cmocka_unit_test(test_rebuild_read_refused_by_a_replacement),
+      cmocka_unit_test(test_committed_at_one_holder_then_replaced),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
