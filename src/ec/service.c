@@ -61,14 +61,21 @@ static bool directory_says_lost(keel__ec_directory *directory, int index) {
 typedef struct connect_context {
   keel__ec_directory *directory;
   int index;
+  const char *address; /* the one tried */
 } connect_context;
 
-/* Refusals are retried while the server is not declared lost: once another caller found it
- * gone, nobody listens there again. With two servers killed at once, a replacement's rebuild
- * that read from the other one waited out the whole connect timeout (1 s) before. */
+/* Refusals are retried while the server is not declared lost and no replacement has
+ * published another address: once another caller found it gone, or a replacement took its
+ * place, nobody listens there again. With two servers killed at once, a replacement's rebuild
+ * that read from the other one waited out the whole connect timeout (1 s) before, and still
+ * did when that one's replacement marked itself rebuilding before anyone declared it lost. */
 static bool connect_keep_trying(void *context) {
   const connect_context *target = context;
-  return !directory_says_lost(target->directory, target->index);
+  if (directory_says_lost(target->directory, target->index)) return false;
+  char address_now[sizeof((keel__ec_peer *)NULL)->address];
+  return keel__ec_directory_lookup(target->directory, target->index, address_now,
+                                   sizeof address_now, keel_now_ns()) != KEEL_OK ||
+         strcmp(address_now, target->address) == 0;
 }
 
 /* Opens the link on first use: the address from the directory, each time, since a
@@ -86,7 +93,8 @@ static keel_status peer_connect(keel__ec_peer *peer, keel__ec_directory *directo
      * it is gone, not that it has yet to start, so refusals are retried only briefly. */
     int64_t connect_deadline = keel_deadline_after_ns(KEEL__EC_CONNECT_TIMEOUT_NS);
     if (connect_deadline > deadline_ns) connect_deadline = deadline_ns;
-    connect_context target = {.directory = directory, .index = peer->index};
+    connect_context target = {
+        .directory = directory, .index = peer->index, .address = peer->address};
     status = keel_link_connect_while(peer->address, auth, connect_deadline, connect_keep_trying,
                                      &target, &peer->link);
     if (!keel__ec_unreachable(status) || attempt == 1) return status;
