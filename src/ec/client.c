@@ -446,9 +446,11 @@ static keel_status push_part(keel_ec_client *client, int server, uint16_t flags,
   return KEEL_OK;
 }
 
-/* Whether a server that refused a push of own rows (KEEL_EAGAIN) is lost in the directory
- * now: a replacement still rebuilt, which took the push resent to its address after the link
- * to the server it replaces broke. Its rows go with phase 2, as the other workers' do. */
+/* Whether a server that refused a push (KEEL_EAGAIN) is lost in the directory now: a
+ * replacement still rebuilt, which took the push resent to its address after the link to the
+ * server it replaces broke. In phase 1 its rows go with phase 2, as the other workers' do; in
+ * phase 2 the phase goes again without it (a server killed and replaced between a step's
+ * phases, finding 52's test). */
 static bool lost_since(keel_ec_client *client, int server, keel_status status) {
   if (status != KEEL_EAGAIN) return false;
   /* Only this server's routing changes mid-step: the others' pushes are answered already. */
@@ -472,9 +474,9 @@ static bool lost_since(keel_ec_client *client, int server, keel_status status) {
  * server not lost; the acting holders leave alone the rows whose parity stamp says the step
  * is in. Without synchronous mode a push is not guarded so, and the loss is the step's error,
  * as before. */
-static bool phase_again(keel_ec_client *client, keel_status status, int round) {
+static bool phase_again(keel_ec_client *client, keel_status status, bool lost, int round) {
   if (client->wire.workers == 0 || round + 1 >= ROUTE_ATTEMPTS) return false;
-  if (status != KEEL_EPEERLOST && !keel__ec_unreachable(status)) return false;
+  if (status != KEEL_EPEERLOST && !lost) return false;
   KEEL_LOG_W(MODULE, "worker %d: a server was lost in the second phase of step %llu: again",
              client->worker, (unsigned long long)client->next_step);
   return true;
@@ -487,13 +489,14 @@ static uint16_t push_flags(bool acting, int round) {
   return round == 1 ? KEEL__EC_FLAG_ACTING | KEEL__EC_FLAG_AGAIN : KEEL__EC_FLAG_ACTING;
 }
 
-/* Notes in again_lost a server that could not be reached in the first round of phase 2:
- * KEEL_EIO when the round lost more than r (the data of some group is gone). One that
- * answered KEEL_EPEERLOST is not named: it did not apply the round, so it joins the second,
- * which every worker pushes it (its answer was the same to all). */
-static keel_status again_lost_note(keel_ec_client *client, int round, int server,
-                                   keel_status status, uint32_t *noted) {
-  if (round != 0 || !keel__ec_unreachable(status)) return KEEL_OK;
+/* Notes in again_lost a server lost in the first round of phase 2 (unreachable, or replaced:
+ * its replacement refused the push): KEEL_EIO when the round lost more than r (the data of
+ * some group is gone). One that answered KEEL_EPEERLOST is not named: it did not apply the
+ * round, so it joins the second, which every worker pushes it (its answer was the same to
+ * all). */
+static keel_status again_lost_note(keel_ec_client *client, int round, int server, bool lost,
+                                   uint32_t *noted) {
+  if (round != 0 || !lost) return KEEL_OK;
   if (*noted == client->wire.parity_blocks) return KEEL_EIO;
   client->again_lost[(*noted)++] = (uint32_t)server;
   return KEEL_OK;
@@ -529,11 +532,12 @@ static keel_status push_phases(keel_ec_client *client, uint64_t step, const uint
     for (int server = 0; server < client->servers; server++) {
       if (!client->sending[server]) continue;
       keel_status status = client->statuses[server];
+      bool lost = keel__ec_unreachable(status) || lost_since(client, server, status);
       /* A server lost in phase 1: its rows go with phase 2, its stamp guards a redo. */
-      if (!acting && (keel__ec_unreachable(status) || lost_since(client, server, status))) continue;
-      if (acting && status != KEEL_OK && phase_again(client, status, round)) {
+      if (!acting && lost) continue;
+      if (acting && status != KEEL_OK && phase_again(client, status, lost, round)) {
         again = true;
-        if (again_lost_note(client, round, server, status, &noted) != KEEL_OK) {
+        if (again_lost_note(client, round, server, lost, &noted) != KEEL_OK) {
           KEEL_LOG_W(MODULE, "worker %d: more than r servers lost in the second phase of step %llu",
                      client->worker, (unsigned long long)step);
           return KEEL_EIO;

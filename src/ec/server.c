@@ -957,55 +957,35 @@ static keel_status parity_commit(keel_ec_server *server, const keel__ec_request 
   return update_finish(server, request->id, (request->flags & KEEL__EC_FLAG_ABORT) == 0);
 }
 
-/* The servers other than this one that hold a parity block of the groups in a prepared
- * update, as flags. */
-static void update_holders(keel_ec_server *server, const prepared_update *item,
-                           const keel__ec_view *view, bool *holders) {
-  keel__ec_shard *shard = &server->shard;
-  int k = shard->layout.data_blocks, n = k + shard->layout.parity_blocks;
-  for (size_t i = 0; i < item->count; i++) {
-    for (int member = k; member < n; member++) {
-      keel_ec_location at;
-      keel_ec_layout_locate(&shard->layout, item->refs[i].group, member, &at);
-      if (at.server != server->index && gets_changes(view, at.server)) holders[at.server] = true;
-    }
-  }
-}
-
-/* Decides one update whose origin was lost between its two phases, together with the other
- * holders: commit when some holder committed it (the origin had prepared everyone) or every
- * holder prepared it, abort otherwise. Every holder that decides reaches the same verdict
- * from the same states, and tells the others that prepared it. */
-static keel_status resolve_update(keel_ec_server *server, const prepared_update *item,
-                                  const keel__ec_view *view) {
-  bool *holders = calloc((size_t)server->servers, sizeof *holders);
+/* Decides one update whose origin no longer serves, the same way wherever it is decided:
+ * commit when some server committed it (the origin had prepared everyone and begun its
+ * commits, the first alone), abort otherwise; then tells those that have it prepared. Every
+ * other server is asked, not only the holders of the groups in this one's part: a decider
+ * knows only its own part, and a rule over the holders it knew ("every holder prepared it")
+ * committed at some holders and aborted at others when the origin died amid its prepares,
+ * or when a replacement that never saw the update answered for a holder (finding 52). An
+ * update that is aborted was answered to no worker, which push its rows again in phase 2. */
+static keel_status resolve_update(keel_ec_server *server, const prepared_update *item) {
   keel_status *states = calloc((size_t)server->servers, sizeof *states);
-  if (holders == NULL || states == NULL) {
-    free(holders), free(states);
-    return KEEL_ENOMEM;
-  }
-  update_holders(server, item, view, holders);
-  bool any_committed = false, all_prepared = true;
+  if (states == NULL) return KEEL_ENOMEM;
   uint64_t id = item->id;
+  bool any_committed = false;
   for (int other = 0; other < server->servers; other++) {
-    if (!holders[other]) continue;
+    states[other] = KEEL_ENOTFOUND;
+    if (other == server->index || other == update_origin(id)) continue;
     keel__ec_request query = {
         .op = KEEL__EC_OP_PARITY_COMMIT, .flags = KEEL__EC_FLAG_QUERY, .id = id};
     states[other] = keel__ec_server_call(server, other, &query, NULL);
-    if (keel__ec_unreachable(states[other])) holders[other] = false;
     any_committed |= states[other] == KEEL_OK;
-    all_prepared &= !holders[other] || states[other] == KEEL_EAGAIN || states[other] == KEEL_OK;
   }
-  bool commit = any_committed || all_prepared;
   KEEL_LOG_I(MODULE, "server %d: update %llx of lost server %d %s", server->index,
-             (unsigned long long)id, update_origin(id), commit ? "committed" : "aborted");
-  keel_status status = update_finish(server, id, commit);
+             (unsigned long long)id, update_origin(id), any_committed ? "committed" : "aborted");
+  keel_status status = update_finish(server, id, any_committed);
   if (status == KEEL_ENOTFOUND) status = KEEL_OK; /* another thread decided it meanwhile */
   for (int other = 0; other < server->servers && status == KEEL_OK; other++)
-    if (holders[other] && states[other] == KEEL_EAGAIN)
-      status = send_commit(server, other, id, commit ? 0 : KEEL__EC_FLAG_ABORT);
+    if (states[other] == KEEL_EAGAIN)
+      status = send_commit(server, other, id, any_committed ? 0 : KEEL__EC_FLAG_ABORT);
   free(states);
-  free(holders);
   return status;
 }
 
@@ -1038,7 +1018,7 @@ static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_v
     pthread_mutex_unlock(&server->prepared_lock);
     if (item == NULL) return KEEL_OK;
     if (copy.refs == NULL) return KEEL_ENOMEM;
-    keel_status status = resolve_update(server, &copy, view);
+    keel_status status = resolve_update(server, &copy);
     free(copy.refs);
     if (status != KEEL_OK) return status;
   }

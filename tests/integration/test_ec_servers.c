@@ -40,6 +40,7 @@ typedef struct ec_job {
   int second_lose;
   bool second_stop_replace; /* second_lose is stopped, replaced and then killed instead */
   int stopped;              /* the server that stops itself, when not `lose` (0: `lose`) */
+  int replaced_while_stopped; /* a server killed and replaced while it is stopped (0: none) */
   int stopped_replace_at; /* the step inside which server `lose` stops itself (a fault rule) and
                            * is replaced before it is killed; 0: never */
   char folder[512], fault[256]; /* processes' output folder and KEEL_FAULT */
@@ -364,16 +365,21 @@ static void replacement_marked_wait(ec_job *job, int index) {
   }
 }
 
-static void server_replace_stopped(ec_job *job, int index) {
-  pid_t stopped = job->processes[index];
+/* Server index's process has stopped itself (a fault rule). */
+static void server_stopped_wait(ec_job *job, int index) {
   int64_t deadline = keel_deadline_after_ns(10000000000);
   char state = 0;
   int parent = 0;
-  while (keel_process_stat(stopped, &state, &parent) == KEEL_OK && state != 'T') {
+  while (keel_process_stat(job->processes[index], &state, &parent) == KEEL_OK && state != 'T') {
     if (keel_now_ns() > deadline) fail_msg("server %d never stopped", index);
     poll(NULL, 0, 2);
   }
   assert_int_equal(state, 'T');
+}
+
+static void server_replace_stopped(ec_job *job, int index) {
+  pid_t stopped = job->processes[index];
+  server_stopped_wait(job, index);
   job->fault[0] = '\0'; /* the replacement has the same uid: the rule is not for it */
   process_spawn(job, index, true);
   replacement_marked_wait(job, index);
@@ -417,8 +423,16 @@ static void run_job(ec_job *job) {
         server_lose(job, job->second_lose);
     }
     pthread_barrier_wait(&job->barrier);
-    if (step == job->stopped_replace_at && job->stopped_replace_at > 0)
-      server_replace_stopped(job, job->stopped > 0 ? job->stopped : job->lose);
+    if (step == job->stopped_replace_at && job->stopped_replace_at > 0) {
+      int stopped = job->stopped > 0 ? job->stopped : job->lose;
+      if (job->replaced_while_stopped > 0) {
+        server_stopped_wait(job, stopped);
+        server_lose(job, job->replaced_while_stopped);
+        server_replace(job, job->replaced_while_stopped);
+        replacement_marked_wait(job, job->replaced_while_stopped);
+      }
+      server_replace_stopped(job, stopped);
+    }
     reference_step(job, step);
   }
   for (int w = 0; w < WORKERS; w++) pthread_join(threads[w], NULL);
@@ -854,6 +868,34 @@ static void test_committed_at_one_holder_then_replaced(void **state) {
   job_stop(&job);
 }
 
+/* Finding 52 (chaos at r = 2 ended with other rows): server 4 stops in step 12 with its update
+ * prepared at every parity holder and none committed; meanwhile server 3 is killed and
+ * replaced (its replacement never saw the update), then server 4 is replaced and killed.
+ * The holders decide the update: one that asked server 3's replacement found it "not
+ * prepared" and aborted, others that had no group with parity on server 3 found every holder
+ * prepared and committed, and the parities disagreed. Now an update is committed only when
+ * some server committed it, whoever decides. */
+static void test_prepared_everywhere_then_a_holder_replaced(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  job.config.rebuild_chunk_groups = 1;
+  job.config.rebuild_pause_ms = 40;
+  processes_start(&job, keel_test_tempdir("keel-ec-prepared-replaced"),
+                  "stop@uid=4,point=ec_prepared,step=12");
+  job.lose_at = -1;
+  job.lose = 4;
+  job.stopped_replace_at = 12;
+  job.replaced_while_stopped = 3;
+  run_job(&job);
+  uint64_t lost = 0;
+  for (int i = 3; i <= 4; i++)
+    if (strcmp(standing_read(&job, i), "live") != 0) lost |= (uint64_t)1 << i;
+  check_job(&job, lost);
+  job_stop(&job);
+}
+
 /* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
  * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
  * boundary and serves them; every row ends exact and every parity block consistent, the
@@ -962,6 +1004,7 @@ int main(void) {
       cmocka_unit_test(test_server_lost_during_a_rebuild),
       cmocka_unit_test(test_rebuild_read_refused_by_a_replacement),
       cmocka_unit_test(test_committed_at_one_holder_then_replaced),
+      cmocka_unit_test(test_prepared_everywhere_then_a_holder_replaced),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
