@@ -810,6 +810,16 @@ static void test_push_sent_again_to_a_replacement(void **state) {
   job_stop(&job);
 }
 
+/* RS (5 servers, r = 2) with two-phase commit, `keel server` processes whose replacements
+ * rebuild slowly (a group every 40 ms: seconds, so that a loss falls inside a rebuild). */
+static void slow_rebuild_job_start(ec_job *job, const char *folder, const char *fault) {
+  job_start(job, 5, 3, 2, KEEL_EC_ADAM);
+  job->config.two_phase_commit = true;
+  job->config.rebuild_chunk_groups = 1;
+  job->config.rebuild_pause_ms = 40;
+  processes_start(job, folder, fault);
+}
+
 /* A chaos run at r = 2: a replacement rebuilding read from a server just replaced in turn,
  * whose replacement took the call at its address and refused it, not serving yet; the
  * rebuild failed on that and its server stayed lost for good. Here server 4 is lost at step 4
@@ -819,11 +829,7 @@ static void test_push_sent_again_to_a_replacement(void **state) {
 static void test_rebuild_read_refused_by_a_replacement(void **state) {
   (void)state;
   ec_job job;
-  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
-  job.config.two_phase_commit = true;
-  job.config.rebuild_chunk_groups = 1;
-  job.config.rebuild_pause_ms = 40;
-  processes_start(&job, keel_test_tempdir("keel-ec-refused-read"), NULL);
+  slow_rebuild_job_start(&job, keel_test_tempdir("keel-ec-refused-read"), NULL);
   job.lose_at = 4;
   job.lose = 4;
   job.replace_at = 6;
@@ -851,12 +857,8 @@ static void test_rebuild_read_refused_by_a_replacement(void **state) {
 static void test_committed_at_one_holder_then_replaced(void **state) {
   (void)state;
   ec_job job;
-  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
-  job.config.two_phase_commit = true;
-  job.config.rebuild_chunk_groups = 1;
-  job.config.rebuild_pause_ms = 40;
-  processes_start(&job, keel_test_tempdir("keel-ec-committed-replaced"),
-                  "stop@uid=2,point=ec_committing,step=12");
+  slow_rebuild_job_start(&job, keel_test_tempdir("keel-ec-committed-replaced"),
+                         "stop@uid=2,point=ec_committing,step=12");
   job.lose_at = 8;
   job.lose = 4;
   job.stopped = 2;
@@ -878,12 +880,8 @@ static void test_committed_at_one_holder_then_replaced(void **state) {
 static void test_prepared_everywhere_then_a_holder_replaced(void **state) {
   (void)state;
   ec_job job;
-  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
-  job.config.two_phase_commit = true;
-  job.config.rebuild_chunk_groups = 1;
-  job.config.rebuild_pause_ms = 40;
-  processes_start(&job, keel_test_tempdir("keel-ec-prepared-replaced"),
-                  "stop@uid=4,point=ec_prepared,step=12");
+  slow_rebuild_job_start(&job, keel_test_tempdir("keel-ec-prepared-replaced"),
+                         "stop@uid=4,point=ec_prepared,step=12");
   job.lose_at = -1;
   job.lose = 4;
   job.stopped_replace_at = 12;
