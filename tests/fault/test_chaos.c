@@ -312,6 +312,31 @@ static void test_chaos_catches_a_skipped_step(void **state) {
   chaos_result_free(&result);
 }
 
+/* A program that leaks an fd each time it redoes a step after a recovery (toy_train
+ * --leak-per-redo): the survivors' fds rise with the recoveries while every other invariant
+ * holds, and chaos must say so, naming the leaked file among the survivor's fds. */
+static void test_chaos_catches_a_leak(void **state) {
+  (void)state;
+  chaos_result result;
+  char every[32];
+  every_scaled(every, sizeof every, 250, 600);
+  chaos_run((const char *const[]){"--failures", "16", "--every", every, "--seed", "4", "--mix",
+                                  "kill=1", "--no-reference", NULL},
+            (const char *const[]){"-n", "4", "--on-failure", "replace", "--spares", "2",
+                                  "--max-restarts", "30", NULL},
+            (const char *const[]){"--steps", keel_test_slowdown() > 1 ? "8000" : "5000", TOY_ARGS,
+                                  "--leak-per-redo", NULL},
+            NULL, CHAOS_TIMEOUT_MS, &result);
+  if (result.code != 1 || result.json == NULL) show(&result);
+  assert_int_equal(result.code, 1);
+  assert_non_null(result.json);
+  assert_true(check_is(result.json, "survivors-flat", false));
+  assert_non_null(strstr(result.output, "fds by kind at its first sample"));
+  assert_true(check_is(result.json, "final-state", true));
+  assert_true(check_is(result.json, "nothing-left", true));
+  chaos_result_free(&result);
+}
+
 /* --reference-dir: the first chaos run of a job runs its failure-free run and keeps it; the
  * next of the same job reuses it (and says so) and still compares with it, bit for bit; a
  * changed program argument makes a new one. */
@@ -722,6 +747,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_catches_a_standstill),
       cmocka_unit_test(test_chaos_catches_a_skipped_step),
+      cmocka_unit_test(test_chaos_catches_a_leak),
       cmocka_unit_test(test_chaos_reuses_a_kept_reference),
       cmocka_unit_test(test_chaos_fifty_failures),
       cmocka_unit_test(test_chaos_hangs_and_bit_flips),

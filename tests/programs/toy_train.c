@@ -6,7 +6,7 @@
  * Flags: --steps N --params P --global-batch B --compute-ms M --seed S|job --shards K
  *        --persist-every N --persist-dir DIR --second-allreduce --undo
  *        --long-step N --long-ms M [--section] [--long-every-ms E] [--long-spin]
- *        --skip-step N
+ *        --skip-step N --leak-per-redo
  * With --shards K (hybrid sharding, JIT §3.1, keel_state_shard) rank r holds shard r % K of
  * the parameters and momentum, replicated by every group of K ranks: each step allgathers
  * the shards, reduces the whole gradient and updates its own shard. The arithmetic is the
@@ -23,7 +23,9 @@
  * the first step after each E ms of its life (an uneven step, not a hang); with --long-spin it
  * computes (a busy loop, competing for the cores) instead of sleeping. --skip-step N makes the
  * program jump from step N-1 to N+1, as a data position that skips a minibatch would: step N
- * is never committed, which `keel chaos` must see. */
+ * is never committed, which `keel chaos` must see. --leak-per-redo opens /dev/null and never
+ * closes it each time a step is redone after a recovery, a leak `keel chaos` must see. */
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,7 +40,7 @@ typedef struct options {
       long_every_ms, skip_step;
   uint64_t seed;
   const char *persist_directory;
-  bool second_allreduce, undo, section, long_spin;
+  bool second_allreduce, undo, section, long_spin, leak_per_redo;
 } options;
 
 static int parse_options(int argc, char **argv, options *opts) {
@@ -66,16 +68,19 @@ static int parse_options(int argc, char **argv, options *opts) {
                                                {"long-every-ms", required_argument, 0, 'E'},
                                                {"long-spin", no_argument, 0, 'B'},
                                                {"skip-step", required_argument, 0, 'K'},
+                                               {"leak-per-redo", no_argument, 0, 'R'},
                                                {0, 0, 0, 0}};
   int option;
   while ((option = getopt_long(argc, argv, "", long_options, NULL)) != -1) {
     int64_t value = 0;
-    if (option == 'D' || option == 'A' || option == 'U' || option == 'S' || option == 'B') {
+    if (option == 'D' || option == 'A' || option == 'U' || option == 'S' || option == 'B' ||
+        option == 'R') {
       if (option == 'D') opts->persist_directory = optarg;
       if (option == 'A') opts->second_allreduce = true;
       if (option == 'U') opts->undo = true;
       if (option == 'S') opts->section = true;
       if (option == 'B') opts->long_spin = true;
+      if (option == 'R') opts->leak_per_redo = true;
       continue;
     }
     /* --seed job: a seed of the job's id, the same in every rank and different in every
@@ -249,6 +254,11 @@ static void long_work(keel_ctx *ctx, toy_state *toy, const options *opts) {
           (long long)++toy->long_count, (long long)opts->long_ms, (unsigned long long)toy->step);
 }
 
+/* A step is redone after a recovery; with --leak-per-redo, an fd is leaked. */
+static void step_redone(const options *opts) {
+  if (opts->leak_per_redo && open("/dev/null", O_RDONLY) < 0) perror("toy_train: /dev/null");
+}
+
 /* The training steps up to --steps; returns -1 when they are done, else the exit code. */
 static int toy_steps(keel_ctx *ctx, toy_state *toy, const options *opts) {
   keel_status status;
@@ -264,7 +274,10 @@ static int toy_steps(keel_ctx *ctx, toy_state *toy, const options *opts) {
                        toy->send);
       status = keel_step_allreduce(ctx, toy->send, toy->recv, toy->n + 1, KEEL_F32, KEEL_SUM);
     }
-    if (status == KEEL_EREDO) continue; /* recovered: the step begins again */
+    if (status == KEEL_EREDO) { /* recovered: the step begins again */
+      step_redone(opts);
+      continue;
+    }
     if (status != KEEL_OK) return run_end(toy, "step", status);
     keel_fault_point(ctx, "optimizer");
     optimizer_step(toy, opts, keel_world(ctx));
@@ -275,7 +288,10 @@ static int toy_steps(keel_ctx *ctx, toy_state *toy, const options *opts) {
       for (size_t i = 0; i < toy->shard_n; i++) norm += toy->momentum[i] * toy->momentum[i];
       keel_fault_point(ctx, "updated");
       status = keel_step_allreduce(ctx, &norm, &total, 1, KEEL_F32, KEEL_SUM);
-      if (status == KEEL_EREDO) continue;
+      if (status == KEEL_EREDO) {
+        step_redone(opts);
+        continue;
+      }
       if (status != KEEL_OK) return run_end(toy, "second allreduce", status);
     }
     toy->step++;

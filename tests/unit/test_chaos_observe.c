@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -424,19 +426,26 @@ static int kind_count(const char *text, const char *kind) {
   return at == NULL ? 0 : atoi(at + strlen(pattern));
 }
 
+/* A listener on a free port of the loopback address, whose address goes to address. */
+static int loopback_listener(struct sockaddr_in *address) {
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(listener >= 0);
+  *address = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t length = sizeof *address;
+  assert_int_equal(bind(listener, (struct sockaddr *)address, sizeof *address), 0);
+  assert_int_equal(listen(listener, 4), 0);
+  assert_int_equal(getsockname(listener, (struct sockaddr *)address, &length), 0);
+  return listener;
+}
+
 /* A process's fds by kind (finding 45: what a survivor's rise is made of): in this process, a
  * listener, a link to it and the link accepted, and a pipe. */
 static void test_fds_by_kind(void **state) {
   (void)state;
   char before[512];
   keel__chaos_fd_kinds(getpid(), before, sizeof before);
-  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  assert_true(listener >= 0);
-  struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t length = sizeof address;
-  assert_int_equal(bind(listener, (struct sockaddr *)&address, sizeof address), 0);
-  assert_int_equal(listen(listener, 4), 0);
-  assert_int_equal(getsockname(listener, (struct sockaddr *)&address, &length), 0);
+  struct sockaddr_in address;
+  int listener = loopback_listener(&address);
   int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   assert_int_equal(connect(out, (struct sockaddr *)&address, sizeof address), 0);
   int in = accept(listener, NULL, NULL);
@@ -460,9 +469,54 @@ static void test_fds_by_kind(void **state) {
   assert_string_equal(text, "");
 }
 
+/* A survivor's fds are counted less its links to the job's live processes (finding 45: how
+ * many peers it links to follows the membership), and a link left to a process that died
+ * counts: this process (a rank holder) accepts a link from a child (a peer of the job), is
+ * sampled, keeps the link past the child's death (a leak) and is sampled again, then closes
+ * it. */
+static void test_links_to_live_processes_are_not_counted(void **state) {
+  (void)state;
+  struct sockaddr_in address;
+  int listener = loopback_listener(&address);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    int out = socket(AF_INET, SOCK_STREAM, 0);
+    if (out < 0 || connect(out, (struct sockaddr *)&address, sizeof address) != 0) _exit(1);
+    for (;;) pause(); /* until killed */
+  }
+  int in = accept(listener, NULL, NULL);
+  assert_true(in >= 0);
+  static keel__chaos_run run; /* large: not on the stack */
+  memset(&run, 0, sizeof run);
+  run.process_count = 2;
+  run.processes[0] = (keel__chaos_process){.uid = 0,
+                                           .pid = getpid(),
+                                           .holds_rank = true,
+                                           .start_ticks = keel__chaos_start_ticks(getpid())};
+  run.processes[1] = (keel__chaos_process){
+      .uid = 1, .pid = child, .holds_rank = true, .start_ticks = keel__chaos_start_ticks(child)};
+  keel__chaos_survivors_sample(&run);
+  assert_int_equal(kill(child, SIGKILL), 0);
+  assert_int_equal(waitpid(child, NULL, 0), child);
+  keel__chaos_survivors_sample(&run);
+  close(in);
+  keel__chaos_survivors_sample(&run);
+  const keel__chaos_process *survivor = &run.processes[0];
+  assert_int_equal(survivor->samples, 3);
+  assert_int_equal(run.processes[1].samples, 1);
+  /* The link to the dead child counts; closed, the count is back where the link to the live
+   * child left it: that link was not counted. */
+  assert_int_equal(survivor->fds[1], survivor->fds[0] + 1);
+  assert_int_equal(survivor->fds[2], survivor->fds[0]);
+  keel__chaos_run_clear(&run);
+  close(listener);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fds_by_kind),
+      cmocka_unit_test(test_links_to_live_processes_are_not_counted),
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_after_a_healed_silence_is_unexplained, setup,

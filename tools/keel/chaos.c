@@ -1323,17 +1323,17 @@ static bool series_flat(long rise, size_t count, size_t minimum, long slack) {
   return count < minimum || rise <= allowed;
 }
 
-/* A survivor's links follow the job's processes a moment late: its links to a dead node's
- * processes close, and those to the processes of the node that comes back open, a little
- * after /proc counts them gone or born. A sample taken meanwhile reads its fds beyond one per
- * live process off by up to a node's worth (its workers and spares) either way, or one on
- * one host, where spares come one at a time: a netns job with nodes of 3 processes read 4,
- * then 8, 5, 6, 5, 5 after kills of nodes. A low sample early in a short series reads as a
- * rise of the floor (+2 over 9 samples of a netns run on etcd; +2 over 10 in a soak). On
- * etcd, a process's connections to the members also move with each fail-over (each of its
- * store clients keeps one per connection cache, and one more while a request is in flight):
- * sampled every 1.5 s through a run of etcd kills and stops, a worker held 1 to 3 (up to 8
- * before the caches were held to one connection), so one more per member may come and go. */
+/* A survivor's links to the job's live processes are not counted (chaos_observe.c), but its
+ * links to a dead node's processes close a moment after /proc counts them gone: a sample taken
+ * meanwhile reads up to a node's worth (its workers and spares) more, or one on one host, where
+ * spares come one at a time. A high sample late in a short series reads as a rise of the
+ * floor. (Until finding 45 the links were counted against one per live process, and the
+ * links to a node coming back, made a moment after it, read low too: 4, then 8, 5, 6, 5, 5
+ * after kills of nodes in a netns job with nodes of 3 processes.) On etcd, a process's
+ * connections to the members also move with each fail-over (each of its store clients keeps
+ * one per connection cache, and one more while a request is in flight): sampled every 1.5 s
+ * through a run of etcd kills and stops, a worker held 1 to 3 (up to 8 before the caches were
+ * held to one connection), so one more per member may come and go. */
 static long fds_slack(const chaos_job *job) {
   const keel__run_options *run = &job->options->run;
   bool nodes = run->agents || run->netns;
@@ -1364,7 +1364,7 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
   } else {
     size_t n = longest->samples;
     check(verdict, flat, "survivors-flat",
-          "uid %u, sampled after %zu recoveries: fds beyond one per live process %ld -> %ld, "
+          "uid %u, sampled after %zu recoveries: fds beyond links to live processes %ld -> %ld, "
           "threads %ld -> %ld, rss %.1f ->"
           " %.1f MiB (floors: fds %+ld, threads %+ld)%s",
           (unsigned)longest->uid, n, longest->fds[0], longest->fds[n - 1], longest->threads[0],

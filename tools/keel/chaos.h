@@ -70,7 +70,7 @@ typedef struct keel__chaos_process {
   char ended[32]; /* "code 0", "SIGKILL" */
   /* /proc samples after each recovery it lived through (allocated; freed with the run) */
   size_t samples;
-  long *fds, *threads, *rss_kib; /* fds: less one per live process of the job */
+  long *fds, *threads, *rss_kib;      /* fds: less its links to the job's live processes */
   char fds_first[256], fds_last[256]; /* fds by kind at the first and the latest sample */
 } keel__chaos_process;
 

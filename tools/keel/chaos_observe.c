@@ -51,19 +51,39 @@ bool keel__chaos_process_alive(const keel__chaos_process *p) {
   return keel__chaos_start_ticks(p->pid) == p->start_ticks;
 }
 
-static long fd_count(pid_t pid) {
+/* ---- a process's fds by what they are, to tell a leak from the slack (finding 45) */
+
+/* Calls visit with what each of pid's fds is ("socket:[123]", "pipe:[4]", a path); false
+ * when the process is gone. */
+typedef void fd_visit(const char *target, void *context);
+static bool fds_each(pid_t pid, fd_visit *visit, void *context) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%ld/fd", (long)pid);
   DIR *folder = opendir(path);
-  if (folder == NULL) return -1;
-  long count = 0;
-  for (struct dirent *entry = readdir(folder); entry != NULL; entry = readdir(folder))
-    if (entry->d_name[0] != '.') count++;
+  if (folder == NULL) return false;
+  for (struct dirent *entry = readdir(folder); entry != NULL; entry = readdir(folder)) {
+    if (entry->d_name[0] == '.') continue;
+    char link[sizeof path + sizeof entry->d_name + 1], target[160];
+    snprintf(link, sizeof link, "%s/%s", path, entry->d_name);
+    ssize_t length = readlink(link, target, sizeof target - 1);
+    if (length < 0) continue;
+    target[length] = '\0';
+    visit(target, context);
+  }
   closedir(folder);
-  return count - 1; /* the folder's own descriptor, open while it is read */
+  return true;
 }
 
-/* ---- a process's fds by what they are, to tell a leak from the slack (finding 45) */
+static void fd_add(const char *target, void *context) {
+  (void)target;
+  (*(long *)context)++;
+}
+
+/* How many fds pid has open, or -1 when it is gone. */
+static long fd_count(pid_t pid) {
+  long count = 0;
+  return fds_each(pid, fd_add, &count) ? count : -1;
+}
 
 /* One kind of fd and how many: "to 198.18.0.3:41000", "from 198.18.0.2", "listen", "pipe". */
 typedef struct fd_kind {
@@ -77,8 +97,11 @@ typedef struct fd_kind {
 /* A TCP socket of the process, from its /proc/PID/net/tcp (its own network namespace). */
 typedef struct tcp_socket {
   unsigned long inode;
-  unsigned local_port, remote_port, remote_address, state;
+  unsigned local_address, local_port, remote_port, remote_address, state;
 } tcp_socket;
+
+/* Room for a namespace's TCP table: the host's, on one host, holds every process's. */
+#define MAX_TCP_TABLE 16384
 
 static size_t tcp_sockets_read(pid_t pid, tcp_socket *sockets, size_t capacity) {
   char path[64], line[512];
@@ -88,9 +111,8 @@ static size_t tcp_sockets_read(pid_t pid, tcp_socket *sockets, size_t capacity) 
   size_t count = 0;
   while (count < capacity && fgets(line, sizeof line, file) != NULL) {
     tcp_socket *socket = &sockets[count];
-    unsigned local_address;
     /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
-    if (sscanf(line, " %*u: %x:%x %x:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu", &local_address,
+    if (sscanf(line, " %*u: %x:%x %x:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu", &socket->local_address,
                &socket->local_port, &socket->remote_address, &socket->remote_port, &socket->state,
                &socket->inode) == 6)
       count++;
@@ -148,39 +170,40 @@ static void socket_kind(const tcp_socket *sockets, size_t count, unsigned long i
   }
 }
 
+/* What keel__chaos_fd_kinds counts into. */
+typedef struct fd_kinds_count {
+  const tcp_socket *sockets;
+  size_t socket_count;
+  fd_kind *kinds;
+  int used;
+} fd_kinds_count;
+
+static void fd_kind_count(const char *target, void *context) {
+  fd_kinds_count *count = context;
+  char name[48];
+  unsigned long inode = 0;
+  if (sscanf(target, "socket:[%lu]", &inode) == 1)
+    socket_kind(count->sockets, count->socket_count, inode, name, sizeof name);
+  else if (strncmp(target, "pipe:", 5) == 0)
+    snprintf(name, sizeof name, "pipe");
+  else if (strncmp(target, "anon_inode:", 11) == 0)
+    snprintf(name, sizeof name, "%.40s", target + 11);
+  else if (strncmp(target, "/dev/shm/", 9) == 0)
+    snprintf(name, sizeof name, "shm");
+  else
+    snprintf(name, sizeof name, "file");
+  fd_kind_add(count->kinds, &count->used, name);
+}
+
 void keel__chaos_fd_kinds(pid_t pid, char *text, size_t capacity) {
   text[0] = '\0';
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%ld/fd", (long)pid);
-  DIR *folder = opendir(path);
-  if (folder == NULL) return;
-  enum { MAX_TCP = 1024 };
-  tcp_socket *sockets = malloc(sizeof *sockets * MAX_TCP);
+  tcp_socket *sockets = malloc(sizeof *sockets * MAX_TCP_TABLE);
   fd_kind *kinds = malloc(sizeof *kinds * FD_KINDS);
-  size_t socket_count = sockets != NULL ? tcp_sockets_read(pid, sockets, MAX_TCP) : 0;
-  int used = 0;
-  for (struct dirent *entry = readdir(folder); kinds != NULL && entry != NULL;
-       entry = readdir(folder)) {
-    if (entry->d_name[0] == '.') continue;
-    char link[sizeof path + sizeof entry->d_name + 1], target[160], name[48];
-    snprintf(link, sizeof link, "%s/%s", path, entry->d_name);
-    ssize_t length = readlink(link, target, sizeof target - 1);
-    if (length < 0) continue;
-    target[length] = '\0';
-    unsigned long inode = 0;
-    if (sscanf(target, "socket:[%lu]", &inode) == 1)
-      socket_kind(sockets, socket_count, inode, name, sizeof name);
-    else if (strncmp(target, "pipe:", 5) == 0)
-      snprintf(name, sizeof name, "pipe");
-    else if (strncmp(target, "anon_inode:", 11) == 0)
-      snprintf(name, sizeof name, "%.40s", target + 11);
-    else if (strncmp(target, "/dev/shm/", 9) == 0)
-      snprintf(name, sizeof name, "shm");
-    else
-      snprintf(name, sizeof name, "file");
-    fd_kind_add(kinds, &used, name);
-  }
-  closedir(folder);
+  fd_kinds_count count = {.sockets = sockets, .kinds = kinds};
+  if (sockets == NULL || kinds == NULL) goto free_buffers;
+  count.socket_count = tcp_sockets_read(pid, sockets, MAX_TCP_TABLE);
+  fds_each(pid, fd_kind_count, &count);
+  int used = count.used;
   size_t at = 0;
   /* Most first: a selection, the list is short. */
   for (int done = 0; done < used && at < capacity; done++) {
@@ -195,6 +218,7 @@ void keel__chaos_fd_kinds(pid_t pid, char *text, size_t capacity) {
     if (wrote < 0) break;
     at += (size_t)wrote;
   }
+free_buffers:
   free(kinds);
   free(sockets);
 }
@@ -214,22 +238,104 @@ static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
   return *threads_p >= 0 && *rss_kib_p >= 0;
 }
 
-/* The job's processes that live now (agents aside). /proc decides, not the events alone: the
- * processes of a killed node die with their agent, and no exit event is written for them. */
-static long live_processes(const keel__chaos_run *run) {
-  long live = 0;
+/* ---- links to the job's live processes (finding 45) */
+
+/* One end of a TCP connection, address and port as the kernel prints them. */
+typedef struct link_end {
+  unsigned address, port;
+} link_end;
+
+typedef struct link_ends {
+  link_end *ends;
+  size_t count, capacity;
+} link_ends;
+
+#define MAX_PROCESS_SOCKETS 4096
+
+/* The inodes of a process's sockets, at most capacity. */
+typedef struct socket_inodes {
+  unsigned long *inodes;
+  size_t count, capacity;
+} socket_inodes;
+
+static void socket_inode_add(const char *target, void *context) {
+  socket_inodes *sockets = context;
+  if (sockets->count < sockets->capacity &&
+      sscanf(target, "socket:[%lu]", &sockets->inodes[sockets->count]) == 1)
+    sockets->count++;
+}
+
+/* pid's own connected TCP sockets: the entries of its network namespace's table whose inode
+ * is one of its fds (the table lists every process's of the namespace). */
+static size_t process_connections(pid_t pid, tcp_socket *out, size_t capacity) {
+  unsigned long *inodes = malloc(sizeof *inodes * MAX_PROCESS_SOCKETS);
+  tcp_socket *table = malloc(sizeof *table * MAX_TCP_TABLE);
+  size_t count = 0;
+  if (inodes == NULL || table == NULL) goto free_buffers;
+  socket_inodes own = {.inodes = inodes, .capacity = MAX_PROCESS_SOCKETS};
+  if (!fds_each(pid, socket_inode_add, &own)) goto free_buffers;
+  size_t table_count = tcp_sockets_read(pid, table, MAX_TCP_TABLE);
+  for (size_t i = 0; i < table_count && count < capacity; i++) {
+    if (table[i].state == TCP_LISTEN_STATE) continue;
+    for (size_t j = 0; j < own.count; j++)
+      if (table[i].inode == own.inodes[j]) {
+        out[count++] = table[i];
+        break;
+      }
+  }
+free_buffers:
+  free(table);
+  free(inodes);
+  return count;
+}
+
+/* The local ends of the connections of every live process of the job (agents too): the ends
+ * a survivor's link to a live peer leads to. */
+static void live_ends_read(const keel__chaos_run *run, link_ends *live) {
+  tcp_socket *sockets = malloc(sizeof *sockets * MAX_PROCESS_SOCKETS);
+  if (sockets == NULL) return;
   for (size_t i = 0; i < run->process_count; i++) {
     const keel__chaos_process *p = &run->processes[i];
-    live += !p->exited && !p->agent && keel__chaos_process_alive(p);
+    if (p->exited || !keel__chaos_process_alive(p)) continue;
+    size_t count = process_connections(p->pid, sockets, MAX_PROCESS_SOCKETS);
+    if (live->count + count > live->capacity) {
+      size_t capacity = 2 * (live->count + count);
+      link_end *more = realloc(live->ends, capacity * sizeof *more);
+      if (more == NULL) break;
+      live->ends = more;
+      live->capacity = capacity;
+    }
+    for (size_t j = 0; j < count; j++)
+      live->ends[live->count++] =
+          (link_end){.address = sockets[j].local_address, .port = sockets[j].local_port};
   }
-  return live;
+  free(sockets);
+}
+
+/* How many of pid's connections lead to a live process of the job. */
+static long links_to_live(pid_t pid, const link_ends *live) {
+  tcp_socket *sockets = malloc(sizeof *sockets * MAX_PROCESS_SOCKETS);
+  if (sockets == NULL) return 0;
+  size_t count = process_connections(pid, sockets, MAX_PROCESS_SOCKETS);
+  long linked = 0;
+  for (size_t i = 0; i < count; i++)
+    for (size_t j = 0; j < live->count; j++)
+      if (live->ends[j].address == sockets[i].remote_address &&
+          live->ends[j].port == sockets[i].remote_port) {
+        linked++;
+        break;
+      }
+  free(sockets);
+  return linked;
 }
 
 /* Only rank holders and parameter servers are sampled: a spare that takes a rank opens its
- * links then, which is no leak. Its fds are counted beyond one per live process of the job: a
- * process links to its peers, and a job whose spare nodes came back holds more of them than before,
- * which is no leak either. */
-static void process_sample(keel__chaos_process *p, long live) {
+ * links then, which is no leak. Its links to the job's live processes are not counted: how
+ * many there are follows the membership (a node lost, a spare node or a rejoined one in its
+ * place), which is no leak either, and a link that outlives its peer is still counted, so a
+ * leaked link shows. (Counting one per live process instead, as until finding 45, read a
+ * moment's lag of the links behind the membership as a rise.) */
+static void process_sample(keel__chaos_process *p, const link_ends *live) {
   if (p->exited || !(p->holds_rank || p->server) || !keel__chaos_process_alive(p)) return;
   char state = 0;
   int parent = 0;
@@ -248,7 +354,7 @@ static void process_sample(keel__chaos_process *p, long live) {
     if (rss_more != NULL) p->rss_kib = rss_more;
     if (fds_more == NULL || threads_more == NULL || rss_more == NULL) return;
   }
-  p->fds[p->samples] = fds - live;
+  p->fds[p->samples] = fds - links_to_live(p->pid, live);
   p->threads[p->samples] = threads;
   p->rss_kib[p->samples] = rss;
   /* Its fds by kind at its first sample and at its latest: what a rise is made of. */
@@ -440,8 +546,10 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
 }
 
 void keel__chaos_survivors_sample(keel__chaos_run *run) {
-  long live = live_processes(run);
-  for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i], live);
+  link_ends live = {0};
+  live_ends_read(run, &live);
+  for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i], &live);
+  free(live.ends);
   run->sampled_recoveries++;
 }
 
