@@ -439,6 +439,8 @@ static keel_status push_part(keel_ec_client *client, int server, uint16_t flags,
                          .worker = client->wire.workers > 0 ? (uint32_t)client->worker : 0,
                          .workers = workers,
                          .again_lost = client->again_lost,
+                         /* the servers compare it across a round's workers (finding 53) */
+                         .routed = keel__ec_routed_digest(client->lost, client->servers),
                          .rows = part_rows,
                          .values = part_gradients};
   client->sending[server] = true;

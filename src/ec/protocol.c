@@ -12,6 +12,7 @@
 #define REF_BYTES 16
 #define F32_BYTES 4
 #define PUSH_FIELDS_BYTES 16 /* step u64 | worker u32 | workers u32 */
+#define ROUTED_BYTES 8       /* routed u64 */
 #define OFFSET_BYTES 8
 #define STEP_BYTES 8
 /* Keeps every block length an int, as keel_ec_row_block_bytes' blocks are. */
@@ -147,6 +148,12 @@ static bool has_again_lost(const keel__ec_request *request) {
   return request->op == KEEL__EC_OP_PUSH_ROWS && (request->flags & KEEL__EC_FLAG_AGAIN) != 0;
 }
 
+/* Whether the request says which lost servers its rows were routed around (PUSH_ROWS with
+ * ACTING: the servers compare the workers' of one round, RELIABILITY.md finding 53). */
+static bool has_routed(const keel__ec_request *request) {
+  return request->op == KEEL__EC_OP_PUSH_ROWS && (request->flags & KEEL__EC_FLAG_ACTING) != 0;
+}
+
 /* The op, flags, id and count rules: what the header alone decides. */
 static keel_status check_header(const keel__ec_request *request, const keel__ec_limits *limits) {
   if (!op_known(request->op)) return KEEL_EPROTO;
@@ -168,7 +175,7 @@ static keel_status check_header(const keel__ec_request *request, const keel__ec_
 }
 
 /* again_lost's bytes: r u32 slots, then zeros to the next multiple of 8. */
-static uint64_t again_lost_bytes(const keel__ec_limits *limits) {
+static uint64_t server_slots_bytes(const keel__ec_limits *limits) {
   return ((uint64_t)limits->parity_blocks * 4 + 7) / 8 * 8;
 }
 
@@ -180,7 +187,8 @@ static bool layout_of(const keel__ec_request *request, const keel__ec_limits *li
   uint64_t count = request->count;
   body_layout layout = {0};
   if (rule->lead == LEAD_PUSH) layout.lead = PUSH_FIELDS_BYTES;
-  if (has_again_lost(request)) layout.lead += again_lost_bytes(limits);
+  if (has_routed(request)) layout.lead += ROUTED_BYTES;
+  if (has_again_lost(request)) layout.lead += server_slots_bytes(limits);
   if (rule->lead == LEAD_OFFSET) layout.lead = OFFSET_BYTES;
   if (rule->lead == LEAD_STEP) layout.lead = STEP_BYTES;
   if (rule->arrays & ARRAY_ROWS) layout.rows = count * ROW_BYTES;
@@ -235,9 +243,9 @@ static keel_status check_refs(const keel__ec_ref *refs, uint32_t count, bool del
 }
 
 /* The bytes after again_lost's slots up to the 8-alignment are zero (one encoding only). */
-static bool again_padding_zero(const keel__ec_request *request, const keel__ec_limits *limits) {
-  const uint8_t *padding = (const uint8_t *)(request->again_lost + limits->parity_blocks);
-  uint64_t bytes = again_lost_bytes(limits) - (uint64_t)limits->parity_blocks * 4;
+static bool slots_padding_zero(const uint32_t *list, const keel__ec_limits *limits) {
+  const uint8_t *padding = (const uint8_t *)(list + limits->parity_blocks);
+  uint64_t bytes = server_slots_bytes(limits) - (uint64_t)limits->parity_blocks * 4;
   for (uint64_t i = 0; i < bytes; i++)
     if (padding[i] != 0) return false;
   return true;
@@ -245,13 +253,13 @@ static bool again_padding_zero(const keel__ec_request *request, const keel__ec_l
 
 /* Servers below the limit, the unused slots last (none used: the round before lost no
  * server, a server it called on was lost). */
-static keel_status check_again_lost(const uint32_t *lost, uint32_t slots) {
+static keel_status check_again_lost(const uint32_t *list, uint32_t slots) {
   for (uint32_t i = 0; i < slots; i++) {
-    if (lost[i] == KEEL__EC_NO_SERVER) {
-      if (i + 1 < slots && lost[i + 1] != KEEL__EC_NO_SERVER) return KEEL_EPROTO;
+    if (list[i] == KEEL__EC_NO_SERVER) {
+      if (i + 1 < slots && list[i + 1] != KEEL__EC_NO_SERVER) return KEEL_EPROTO;
       continue;
     }
-    if (lost[i] >= KEEL__EC_SERVERS_LIMIT) return KEEL_ERANGE;
+    if (list[i] >= KEEL__EC_SERVERS_LIMIT) return KEEL_ERANGE;
   }
   return KEEL_OK;
 }
@@ -306,8 +314,12 @@ static void read_body(const uint8_t *at, const body_layout *layout, keel__ec_req
     request->worker = keel_get_le32(at + 8);
     request->workers = keel_get_le32(at + 12);
   }
-  if (has_again_lost(request))
-    request->again_lost = (const uint32_t *)(const void *)(at + PUSH_FIELDS_BYTES);
+  uint64_t slots = PUSH_FIELDS_BYTES;
+  if (has_routed(request)) {
+    request->routed = keel_get_le64(at + slots);
+    slots += ROUTED_BYTES;
+  }
+  if (has_again_lost(request)) request->again_lost = (const uint32_t *)(const void *)(at + slots);
   if (rule->lead == LEAD_OFFSET) request->offset = keel_get_le64(at);
   if (rule->lead == LEAD_STEP) request->step = keel_get_le64(at);
   at += layout->lead;
@@ -318,6 +330,18 @@ static void read_body(const uint8_t *at, const body_layout *layout, keel__ec_req
   if (rule->arrays & ARRAY_VALUES) request->values = (const float *)(const void *)at;
   at += layout->values;
   if (rule->arrays & ARRAY_BLOCKS) request->blocks = at;
+}
+
+uint64_t keel__ec_routed_digest(const bool *lost, int servers) {
+  uint64_t hash = 14695981039346656037ull;
+  for (int i = 0; i < servers; i++) {
+    if (!lost[i]) continue;
+    for (int byte = 0; byte < 4; byte++) {
+      hash ^= ((uint32_t)i >> (8 * byte)) & 0xffu;
+      hash *= 1099511628211ull;
+    }
+  }
+  return hash;
 }
 
 keel_status keel__ec_request_decode(const uint8_t *payload, size_t length,
@@ -337,7 +361,8 @@ keel_status keel__ec_request_decode(const uint8_t *payload, size_t length,
   body_layout layout;
   if (!layout_of(&request, limits, &layout) || layout.total != length) return KEEL_EPROTO;
   read_body(payload + KEEL__EC_REQUEST_HEADER_BYTES, &layout, &request);
-  if (has_again_lost(&request) && !again_padding_zero(&request, limits)) return KEEL_EPROTO;
+  if (has_again_lost(&request) && !slots_padding_zero(request.again_lost, limits))
+    return KEEL_EPROTO;
   status = check_body(&request, limits);
   if (status != KEEL_OK) return status;
   *request_p = request;
@@ -357,6 +382,13 @@ static void put_array(uint8_t **at, const void *array, uint64_t bytes) {
   *at += bytes;
 }
 
+/* again_lost into at, padding included. */
+static void write_server_slots(uint8_t *at, const uint32_t *list, const keel__ec_limits *limits) {
+  uint64_t slots_bytes = (uint64_t)limits->parity_blocks * 4;
+  memcpy(at, list, (size_t)slots_bytes);
+  memset(at + slots_bytes, 0, (size_t)(server_slots_bytes(limits) - slots_bytes));
+}
+
 /* read_body's inverse: the request's fields and arrays into a body of the layout. */
 static void write_body(const keel__ec_request *request, const keel__ec_limits *limits,
                        const body_layout *layout, uint8_t *at) {
@@ -366,12 +398,12 @@ static void write_body(const keel__ec_request *request, const keel__ec_limits *l
     keel_put_le32(at + 8, request->worker);
     keel_put_le32(at + 12, request->workers);
   }
-  if (has_again_lost(request)) {
-    uint64_t slots_bytes = (uint64_t)limits->parity_blocks * 4;
-    memcpy(at + PUSH_FIELDS_BYTES, request->again_lost, (size_t)slots_bytes);
-    memset(at + PUSH_FIELDS_BYTES + slots_bytes, 0,
-           (size_t)(again_lost_bytes(limits) - slots_bytes));
+  uint64_t slots = PUSH_FIELDS_BYTES;
+  if (has_routed(request)) {
+    keel_put_le64(at + slots, request->routed);
+    slots += ROUTED_BYTES;
   }
+  if (has_again_lost(request)) write_server_slots(at + slots, request->again_lost, limits);
   if (rule->lead == LEAD_OFFSET) keel_put_le64(at, request->offset);
   if (rule->lead == LEAD_STEP) keel_put_le64(at, request->step);
   at += layout->lead;

@@ -14,6 +14,7 @@
  *    1 INFO              0       -            0          -
  *    2 PULL_ROWS         0       ACTING       rows       step u64 | rows u64[count]
  *    3 PUSH_ROWS         update  ACTING|AGAIN rows       step u64 | worker u32 | workers u32 |
+ *                                                        [ACTING: routed u64] |
  *                                                        [AGAIN: lost u32[r], 0 to 8-align] |
  *                                                        rows u64[count] | f32[count * dim]
  *    4 READ_BLOCKS       0       VERSIONED    refs       block refs[count]
@@ -37,7 +38,8 @@
  * Flag bit 0
  * (ACTING, VERSIONED, APPLY_NOW, ABORT) and bit 1 (QUERY, AGAIN) are the only flags, only where
  * shown (AGAIN only with ACTING); AGAIN's lost servers are r slots (r = parity_blocks), each a
- * server index below 2^30 or KEEL__EC_NO_SERVER, the unused ones last; an
+ * server index below 2^30 or KEEL__EC_NO_SERVER, the unused ones last; ACTING's routed is
+ * keel__ec_routed_digest of the lost servers the push was routed around; an
  * update id is non-zero, every other id zero. Counts: "rows" and "refs" are at most max_count, any
  * from 0; "dense" is exactly dense_count; "floats" is what PULL_DENSE wants, offset + count <=
  * dense_count; dense ops are refused when dense_count is 0. Rows are < total_rows and strictly
@@ -155,11 +157,17 @@ typedef struct keel__ec_request {
   uint64_t offset; /* PULL_DENSE */
   uint32_t worker, workers;
   const uint32_t *again_lost; /* PUSH_ROWS with AGAIN: r slots (KEEL__EC_NO_SERVER unused) */
+  uint64_t routed;            /* PUSH_ROWS with ACTING: keel__ec_routed_digest */
   const uint64_t *rows;
   const keel__ec_ref *refs;
   const float *values;
   const uint8_t *blocks;
 } keel__ec_request;
+
+/* A digest of a set of lost servers (lost[i] for i < servers): the servers compare the
+ * workers' of one round of a step's phase 2 (RELIABILITY.md, finding 53). FNV-1a over the
+ * indexes of the lost ones, so two different sets collide with odds of about 2^-64. */
+uint64_t keel__ec_routed_digest(const bool *lost, int servers);
 
 /* Decodes and checks one request payload against the limits, every rule of the format above,
  * reading nothing outside [payload, payload + length); writes *request_p only on success.

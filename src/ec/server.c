@@ -1295,6 +1295,20 @@ static void acting_applied_note(keel_ec_server *server, const step_slot *slot) {
       server->acting_applied[worker] = slot->step + 1;
 }
 
+/* Whether the workers routed their pushes of a phase-2 slot around the same lost servers. A
+ * worker that lost a server in phase 1 routes its phase 2 without it, and one that had the
+ * server's answer before it died, with it: their gradients of the rows that server was to act
+ * for would reach two holders, each in a round of its own, and the second round wait for a
+ * worker that never sends it (the seventh soak, RELIABILITY.md finding 53). Such a round is
+ * refused whole: every worker pushes it again, routed by the directory. Caller holds
+ * step_lock. */
+static bool routes_agree(const keel_ec_server *server, const step_slot *slot) {
+  if (!slot->acting) return true;
+  for (uint32_t worker = 1; worker < server->wire.workers; worker++)
+    if (slot->pushes[worker].request.routed != slot->pushes[0].request.routed) return false;
+  return true;
+}
+
 /* Joins this push to its step; the worker whose push completes the step applies it, the
  * others wait for that (bounded). A phase-2 push of a step that every other server marked
  * is answered at once, and so are those waiting for it. The slot takes the payload. */
@@ -1329,8 +1343,14 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
   slot->arrived++;
   if (slot->arrived == (int)server->wire.workers) {
     slot->applying = true;
+    bool agree = routes_agree(server, slot);
     pthread_mutex_unlock(&server->step_lock);
-    keel_status result = step_apply(server, slot);
+    if (!agree)
+      KEEL_LOG_I(MODULE,
+                 "server %d: the workers routed step %llu's second phase around different lost "
+                 "servers: every one pushes it again",
+                 server->index, (unsigned long long)slot->step);
+    keel_status result = agree ? step_apply(server, slot) : KEEL_EPEERLOST;
     pthread_mutex_lock(&server->step_lock);
     slot->result = result;
     slot->applied = true;

@@ -786,6 +786,19 @@ static void test_lost_after_its_first_phase_then_another_in_the_second(void **st
                3, (uint64_t)1 << 1 | (uint64_t)1 << 5, VOID_SECOND_ROUND);
 }
 
+/* Finding 53 (the seventh soak, r = 2): server 3 lost between steps 8 and 9, so every step
+ * has a second phase; in step 12 server 4 applies its own rows, answers one worker and dies
+ * before its answer to the other goes out. The worker it answered pushed it the second phase,
+ * lost it there and pushed that phase again; the other, which had lost it in the first phase,
+ * had routed the second without it at once and went on, and every server waited for its
+ * second round until the deadline (the job failed, as the soak did). Now the other counts the
+ * server lost in the second phase too, and both push the second round: every row ends exact. */
+static void test_answered_one_in_the_first_phase_with_another_lost(void **state) {
+  (void)state;
+  check_second_loss("keel-ec-first-answer", "kill@uid=4,step=12,point=ec_answered,after=1",
+                    "routed step 12's second phase around different lost servers");
+}
+
 /* Finding 21: the server answers one worker's push of step 12 and stops; its replacement is
  * rebuilding when it is killed. The other worker's link breaks and its push goes again, to
  * the replacement, which used to keep it until the deadline while the first worker waited
@@ -993,6 +1006,7 @@ int main(void) {
       cmocka_unit_test(test_killed_between_its_answers_without_two_phase_commit),
       cmocka_unit_test(test_source_lost_while_read),
       cmocka_unit_test(test_killed_between_its_second_phase_answers),
+      cmocka_unit_test(test_answered_one_in_the_first_phase_with_another_lost),
       cmocka_unit_test(test_lost_after_its_first_phase_then_another_in_the_second),
       cmocka_unit_test(test_push_sent_again_to_a_replacement),
       cmocka_unit_test(test_replacement_rebuilt_in_process),

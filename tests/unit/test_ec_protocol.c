@@ -74,12 +74,12 @@ static bool op_counts_nothing(uint16_t op) {
 
 /* ---- an encoder written from the table: field by field, without checks */
 
-/* What a request's body holds: lead bytes (push: step, worker, workers, then with AGAIN r
- * lost servers u32 and zeros to 8 bytes; 8: offset, or the step when step_alone), then rows,
- * refs, f32 values and block bytes. */
+/* What a request's body holds: lead bytes (push: step, worker, workers, then with ACTING the
+ * routed digest u64, then with AGAIN r lost servers u32 and zeros to 8 bytes; 8: offset, or
+ * the step when step_alone), then rows, refs, f32 values and block bytes. */
 typedef struct parts {
   size_t lead, rows, refs, floats, block_bytes, again_slots;
-  bool step_alone, push;
+  bool step_alone, push, routed;
 } parts;
 
 static parts parts_of(const keel__ec_request *request, const keel__ec_limits *with) {
@@ -89,8 +89,10 @@ static parts parts_of(const keel__ec_request *request, const keel__ec_limits *wi
       return (parts){.lead = 8, .step_alone = true, .rows = count};
     case KEEL__EC_OP_PUSH_ROWS: {
       size_t slots = (request->flags & KEEL__EC_FLAG_AGAIN) ? with->parity_blocks : 0;
-      return (parts){.lead = 16 + (slots * 4 + 7) / 8 * 8,
+      bool routed = (request->flags & KEEL__EC_FLAG_ACTING) != 0;
+      return (parts){.lead = 16 + (routed ? 8 : 0) + (slots * 4 + 7) / 8 * 8,
                      .push = true,
+                     .routed = routed,
                      .again_slots = slots,
                      .rows = count,
                      .floats = count * with->dim};
@@ -131,8 +133,13 @@ static size_t reference_encode(const keel__ec_request *request, const keel__ec_l
     keel_put_le32(out + at + 8, request->worker);
     keel_put_le32(out + at + 12, request->workers);
     memset(out + at + 16, 0, p.lead - 16);
+    size_t slots_at = at + 16;
+    if (p.routed) {
+      keel_put_le64(out + slots_at, request->routed);
+      slots_at += 8;
+    }
     for (size_t i = 0; i < p.again_slots; i++)
-      keel_put_le32(out + at + 16 + 4 * i, request->again_lost[i]);
+      keel_put_le32(out + slots_at + 4 * i, request->again_lost[i]);
   }
   if (p.lead == 8) keel_put_le64(out + at, p.step_alone ? request->step : request->offset);
   at += p.lead;
@@ -194,6 +201,7 @@ static void sample_make(sample *s, uint16_t op, uint32_t count) {
   s->again_lost[1] = 1;
   s->again_lost[2] = s->again_lost[3] = KEEL__EC_NO_SERVER;
   if (op == KEEL__EC_OP_PUSH_ROWS) s->request.again_lost = s->again_lost;
+  if (op == KEEL__EC_OP_PUSH_ROWS) s->request.routed = 0x8877665544332211u;
   if (op == KEEL__EC_OP_PUSH_ROWS || op == KEEL__EC_OP_PUSH_DENSE) {
     s->request.step = 1000;
     s->request.worker = 1;
@@ -261,6 +269,7 @@ static void assert_decoded_equal(const keel__ec_request *decoded, const keel__ec
   assert_int_equal(decoded->step, p.push || p.step_alone ? sent->step : 0);
   assert_int_equal(decoded->worker, p.push ? sent->worker : 0);
   assert_int_equal(decoded->workers, p.push ? sent->workers : 0);
+  assert_int_equal(decoded->routed, p.routed ? sent->routed : 0);
   assert_true((decoded->again_lost != NULL) == (p.again_slots > 0));
   if (p.again_slots > 0)
     assert_memory_equal(decoded->again_lost, sent->again_lost, 4 * p.again_slots);
@@ -383,6 +392,20 @@ static void test_op_flags_and_id(void **state) {
   }
 }
 
+/* A phase-2 push says which lost servers it was routed around (finding 53): the digest of
+ * one set is always the same, and the sets a job meets differ. */
+static void test_routed_digest(void **state) {
+  (void)state;
+  bool sets[4][6] = {{0}, {[3] = true}, {[3] = true, [4] = true}, {[4] = true}};
+  for (int a = 0; a < 4; a++) {
+    assert_int_equal(keel__ec_routed_digest(sets[a], 6), keel__ec_routed_digest(sets[a], 6));
+    for (int b = a + 1; b < 4; b++)
+      assert_int_not_equal(keel__ec_routed_digest(sets[a], 6), keel__ec_routed_digest(sets[b], 6));
+  }
+  /* Servers past the set's count are not read. */
+  assert_int_equal(keel__ec_routed_digest(sets[2], 4), keel__ec_routed_digest(sets[1], 4));
+}
+
 /* A second round of phase 2 (ACTING | AGAIN) names the servers its first round lost: r slots,
  * zeros after them to 8 bytes; the used slots first (maybe none), each a server index. */
 static void test_again_lost(void **state) {
@@ -425,7 +448,7 @@ static void test_again_lost(void **state) {
   uint8_t wire[WIRE_MAX];
   size_t length = reference_encode(&s.request, &odd, wire);
   expect_decode("zero padding", wire, length, &odd, KEEL_OK);
-  wire[16 + 16 + 12] = 1;
+  wire[16 + 16 + 8 + 12] = 1; /* header, push fields, routed, 3 slots */
   expect_decode("padding not zero", wire, length, &odd, KEEL_EPROTO);
   /* AGAIN only in phase 2. */
   s.request.flags = KEEL__EC_FLAG_AGAIN;
@@ -1171,6 +1194,7 @@ int main(void) {
       cmocka_unit_test(test_every_truncation_and_extension),
       cmocka_unit_test(test_op_flags_and_id),
       cmocka_unit_test(test_again_lost),
+      cmocka_unit_test(test_routed_digest),
       cmocka_unit_test(test_counts),
       cmocka_unit_test(test_rows),
       cmocka_unit_test(test_refs),
