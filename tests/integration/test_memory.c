@@ -102,10 +102,12 @@ static void test_kill_in_allreduce_rolls_every_rank_back(void **state) {
   (void)state;
   keel_test_job job;
   one_node_run(&job, "kill@rank=2,step=30,point=allreduce,after=1");
-  /* Either the kill came before the others finished (one restore) or after (all four roll
-   * back): step 30 either way, and both end bit-identical, which one_node_run checked. */
+  /* The replacement restores rank 2's snapshot, and each survivor that had finished the
+   * allreduce (and so committed step 31) rolls back: none, some or all of them, as the kill
+   * fell in the ring (a CI run saw two of three). Step 30 in every case, from local memory,
+   * and the run ends bit-identical, which one_node_run checked. */
   size_t local = 0, restores = restores_check(&job, 30, "local", &local);
-  assert_true(restores == 1 || restores == 4);
+  assert_true(restores >= 1 && restores <= 4);
   assert_int_equal(local, restores);
 }
 
