@@ -154,6 +154,11 @@ static bool has_routed(const keel__ec_request *request) {
   return request->op == KEEL__EC_OP_PUSH_ROWS && (request->flags & KEEL__EC_FLAG_ACTING) != 0;
 }
 
+/* Where again_lost starts in a push's lead: after its fields and routed. */
+static uint64_t again_lost_offset(const keel__ec_request *request) {
+  return PUSH_FIELDS_BYTES + (has_routed(request) ? ROUTED_BYTES : 0);
+}
+
 /* The op, flags, id and count rules: what the header alone decides. */
 static keel_status check_header(const keel__ec_request *request, const keel__ec_limits *limits) {
   if (!op_known(request->op)) return KEEL_EPROTO;
@@ -175,7 +180,7 @@ static keel_status check_header(const keel__ec_request *request, const keel__ec_
 }
 
 /* again_lost's bytes: r u32 slots, then zeros to the next multiple of 8. */
-static uint64_t server_slots_bytes(const keel__ec_limits *limits) {
+static uint64_t again_lost_bytes(const keel__ec_limits *limits) {
   return ((uint64_t)limits->parity_blocks * 4 + 7) / 8 * 8;
 }
 
@@ -188,7 +193,7 @@ static bool layout_of(const keel__ec_request *request, const keel__ec_limits *li
   body_layout layout = {0};
   if (rule->lead == LEAD_PUSH) layout.lead = PUSH_FIELDS_BYTES;
   if (has_routed(request)) layout.lead += ROUTED_BYTES;
-  if (has_again_lost(request)) layout.lead += server_slots_bytes(limits);
+  if (has_again_lost(request)) layout.lead += again_lost_bytes(limits);
   if (rule->lead == LEAD_OFFSET) layout.lead = OFFSET_BYTES;
   if (rule->lead == LEAD_STEP) layout.lead = STEP_BYTES;
   if (rule->arrays & ARRAY_ROWS) layout.rows = count * ROW_BYTES;
@@ -243,9 +248,9 @@ static keel_status check_refs(const keel__ec_ref *refs, uint32_t count, bool del
 }
 
 /* The bytes after again_lost's slots up to the 8-alignment are zero (one encoding only). */
-static bool slots_padding_zero(const uint32_t *list, const keel__ec_limits *limits) {
-  const uint8_t *padding = (const uint8_t *)(list + limits->parity_blocks);
-  uint64_t bytes = server_slots_bytes(limits) - (uint64_t)limits->parity_blocks * 4;
+static bool again_padding_zero(const keel__ec_request *request, const keel__ec_limits *limits) {
+  const uint8_t *padding = (const uint8_t *)(request->again_lost + limits->parity_blocks);
+  uint64_t bytes = again_lost_bytes(limits) - (uint64_t)limits->parity_blocks * 4;
   for (uint64_t i = 0; i < bytes; i++)
     if (padding[i] != 0) return false;
   return true;
@@ -253,13 +258,13 @@ static bool slots_padding_zero(const uint32_t *list, const keel__ec_limits *limi
 
 /* Servers below the limit, the unused slots last (none used: the round before lost no
  * server, a server it called on was lost). */
-static keel_status check_again_lost(const uint32_t *list, uint32_t slots) {
+static keel_status check_again_lost(const uint32_t *lost, uint32_t slots) {
   for (uint32_t i = 0; i < slots; i++) {
-    if (list[i] == KEEL__EC_NO_SERVER) {
-      if (i + 1 < slots && list[i + 1] != KEEL__EC_NO_SERVER) return KEEL_EPROTO;
+    if (lost[i] == KEEL__EC_NO_SERVER) {
+      if (i + 1 < slots && lost[i + 1] != KEEL__EC_NO_SERVER) return KEEL_EPROTO;
       continue;
     }
-    if (list[i] >= KEEL__EC_SERVERS_LIMIT) return KEEL_ERANGE;
+    if (lost[i] >= KEEL__EC_SERVERS_LIMIT) return KEEL_ERANGE;
   }
   return KEEL_OK;
 }
@@ -314,12 +319,9 @@ static void read_body(const uint8_t *at, const body_layout *layout, keel__ec_req
     request->worker = keel_get_le32(at + 8);
     request->workers = keel_get_le32(at + 12);
   }
-  uint64_t slots = PUSH_FIELDS_BYTES;
-  if (has_routed(request)) {
-    request->routed = keel_get_le64(at + slots);
-    slots += ROUTED_BYTES;
-  }
-  if (has_again_lost(request)) request->again_lost = (const uint32_t *)(const void *)(at + slots);
+  if (has_routed(request)) request->routed = keel_get_le64(at + PUSH_FIELDS_BYTES);
+  if (has_again_lost(request))
+    request->again_lost = (const uint32_t *)(const void *)(at + again_lost_offset(request));
   if (rule->lead == LEAD_OFFSET) request->offset = keel_get_le64(at);
   if (rule->lead == LEAD_STEP) request->step = keel_get_le64(at);
   at += layout->lead;
@@ -361,8 +363,7 @@ keel_status keel__ec_request_decode(const uint8_t *payload, size_t length,
   body_layout layout;
   if (!layout_of(&request, limits, &layout) || layout.total != length) return KEEL_EPROTO;
   read_body(payload + KEEL__EC_REQUEST_HEADER_BYTES, &layout, &request);
-  if (has_again_lost(&request) && !slots_padding_zero(request.again_lost, limits))
-    return KEEL_EPROTO;
+  if (has_again_lost(&request) && !again_padding_zero(&request, limits)) return KEEL_EPROTO;
   status = check_body(&request, limits);
   if (status != KEEL_OK) return status;
   *request_p = request;
@@ -382,13 +383,6 @@ static void put_array(uint8_t **at, const void *array, uint64_t bytes) {
   *at += bytes;
 }
 
-/* again_lost into at, padding included. */
-static void write_server_slots(uint8_t *at, const uint32_t *list, const keel__ec_limits *limits) {
-  uint64_t slots_bytes = (uint64_t)limits->parity_blocks * 4;
-  memcpy(at, list, (size_t)slots_bytes);
-  memset(at + slots_bytes, 0, (size_t)(server_slots_bytes(limits) - slots_bytes));
-}
-
 /* read_body's inverse: the request's fields and arrays into a body of the layout. */
 static void write_body(const keel__ec_request *request, const keel__ec_limits *limits,
                        const body_layout *layout, uint8_t *at) {
@@ -398,12 +392,13 @@ static void write_body(const keel__ec_request *request, const keel__ec_limits *l
     keel_put_le32(at + 8, request->worker);
     keel_put_le32(at + 12, request->workers);
   }
-  uint64_t slots = PUSH_FIELDS_BYTES;
-  if (has_routed(request)) {
-    keel_put_le64(at + slots, request->routed);
-    slots += ROUTED_BYTES;
+  if (has_routed(request)) keel_put_le64(at + PUSH_FIELDS_BYTES, request->routed);
+  if (has_again_lost(request)) {
+    uint64_t again_at = again_lost_offset(request);
+    uint64_t slots_bytes = (uint64_t)limits->parity_blocks * 4;
+    memcpy(at + again_at, request->again_lost, (size_t)slots_bytes);
+    memset(at + again_at + slots_bytes, 0, (size_t)(again_lost_bytes(limits) - slots_bytes));
   }
-  if (has_again_lost(request)) write_server_slots(at + slots, request->again_lost, limits);
   if (rule->lead == LEAD_OFFSET) keel_put_le64(at, request->offset);
   if (rule->lead == LEAD_STEP) keel_put_le64(at, request->step);
   at += layout->lead;
