@@ -240,15 +240,16 @@ static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
 
 /* ---- links to the job's live processes (finding 45) */
 
-/* One end of a TCP connection, address and port as the kernel prints them. */
-typedef struct link_end {
-  unsigned address, port;
-} link_end;
+/* A connection of a live process of the job, read once per sample. */
+typedef struct live_link {
+  pid_t owner;
+  tcp_socket socket;
+} live_link;
 
-typedef struct link_ends {
-  link_end *ends;
+typedef struct live_links {
+  live_link *links;
   size_t count, capacity;
-} link_ends;
+} live_links;
 
 #define MAX_PROCESS_SOCKETS 4096
 
@@ -289,9 +290,9 @@ free_buffers:
   return count;
 }
 
-/* The local ends of the connections of every live process of the job (agents too): the ends
- * a survivor's link to a live peer leads to. */
-static void live_ends_read(const keel__chaos_run *run, link_ends *live) {
+/* The connections of every live process of the job (agents too): their local ends are where
+ * a survivor's link to a live peer leads. */
+static void live_links_read(const keel__chaos_run *run, live_links *live) {
   tcp_socket *sockets = malloc(sizeof *sockets * MAX_PROCESS_SOCKETS);
   if (sockets == NULL) return;
   for (size_t i = 0; i < run->process_count; i++) {
@@ -300,32 +301,31 @@ static void live_ends_read(const keel__chaos_run *run, link_ends *live) {
     size_t count = process_connections(p->pid, sockets, MAX_PROCESS_SOCKETS);
     if (live->count + count > live->capacity) {
       size_t capacity = 2 * (live->count + count);
-      link_end *more = realloc(live->ends, capacity * sizeof *more);
+      live_link *more = realloc(live->links, capacity * sizeof *more);
       if (more == NULL) break;
-      live->ends = more;
+      live->links = more;
       live->capacity = capacity;
     }
     for (size_t j = 0; j < count; j++)
-      live->ends[live->count++] =
-          (link_end){.address = sockets[j].local_address, .port = sockets[j].local_port};
+      live->links[live->count++] = (live_link){.owner = p->pid, .socket = sockets[j]};
   }
   free(sockets);
 }
 
 /* How many of pid's connections lead to a live process of the job. */
-static long links_to_live(pid_t pid, const link_ends *live) {
-  tcp_socket *sockets = malloc(sizeof *sockets * MAX_PROCESS_SOCKETS);
-  if (sockets == NULL) return 0;
-  size_t count = process_connections(pid, sockets, MAX_PROCESS_SOCKETS);
+static long links_to_live(pid_t pid, const live_links *live) {
   long linked = 0;
-  for (size_t i = 0; i < count; i++)
-    for (size_t j = 0; j < live->count; j++)
-      if (live->ends[j].address == sockets[i].remote_address &&
-          live->ends[j].port == sockets[i].remote_port) {
+  for (size_t i = 0; i < live->count; i++) {
+    const tcp_socket *own = &live->links[i].socket;
+    if (live->links[i].owner != pid) continue;
+    for (size_t j = 0; j < live->count; j++) {
+      const tcp_socket *peer = &live->links[j].socket;
+      if (peer->local_address == own->remote_address && peer->local_port == own->remote_port) {
         linked++;
         break;
       }
-  free(sockets);
+    }
+  }
   return linked;
 }
 
@@ -335,7 +335,7 @@ static long links_to_live(pid_t pid, const link_ends *live) {
  * place), which is no leak either, and a link that outlives its peer is still counted, so a
  * leaked link shows. (Counting one per live process instead, as until finding 45, read a
  * moment's lag of the links behind the membership as a rise.) */
-static void process_sample(keel__chaos_process *p, const link_ends *live) {
+static void process_sample(keel__chaos_process *p, const live_links *live) {
   if (p->exited || !(p->holds_rank || p->server) || !keel__chaos_process_alive(p)) return;
   char state = 0;
   int parent = 0;
@@ -546,10 +546,10 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
 }
 
 void keel__chaos_survivors_sample(keel__chaos_run *run) {
-  link_ends live = {0};
-  live_ends_read(run, &live);
+  live_links live = {0};
+  live_links_read(run, &live);
   for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i], &live);
-  free(live.ends);
+  free(live.links);
   run->sampled_recoveries++;
 }
 
