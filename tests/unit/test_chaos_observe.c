@@ -513,6 +513,65 @@ static void test_links_to_live_processes_are_not_counted(void **state) {
   close(listener);
 }
 
+/* Where two runs' traces part: the first step, then rank, whose last line differs (a step
+ * printed twice, redone, counts by its last line; a step one run did not print is passed
+ * over), and the first word that differs. Lines that only look like trace lines are not
+ * read; kept under --reference-dir, only the trace lines of an output remain. */
+static void test_traces_part_at_the_first_differing_step(void **state) {
+  (void)state;
+  const char *folder = keel_test_tempdir("keel-chaos-trace");
+  char reference[512], run[512], same[512], kept[512], where[256];
+  snprintf(reference, sizeof reference, "%s",
+           file_write(folder, "reference.txt",
+                      "keel server 0 listening on 127.0.0.1:1\n"
+                      "trace step 1 rank 0 dense 00000001 rows 4:aaaaaaaa\n"
+                      "trace step 1 rank 1 dense 00000001 rows 5:bbbbbbbb\n"
+                      "progress step 1 rank 0\n"
+                      "trace step 2 rank 0 dense 00000002 rows 4:cccccccc\n"
+                      "trace step 2 rank 1 dense 00000002 rows 6:dddddddd 7:eeeeeeee\n"
+                      "trace step 3 rank 0 dense 00000003 rows 8:ffffffff\n"
+                      "trace step 3 rank 1 dense 00000003 rows 9:99999999\n"));
+  /* Step 1 rank 1 redone: its first line differs, its last does not. Step 2 rank 0 missing.
+   * Step 2 rank 1 parts at its second row; step 3 rank 0 (later) at its dense block. */
+  snprintf(run, sizeof run, "%s",
+           file_write(folder, "run.txt",
+                      "trace step 1 rank 1 dense 0000dead rows 5:bbbbbbbb\n"
+                      "trace step 1 rank 0 dense 00000001 rows 4:aaaaaaaa\n"
+                      "trace step 1 rank 1 dense 00000001 rows 5:bbbbbbbb\n"
+                      "trace step x rank 1 dense 00000002\n"
+                      "trace step 3 rank 0 dense 0000beef rows 8:ffffffff\n"
+                      "trace step 2 rank 1 dense 00000002 rows 6:dddddddd 7:12345678\n"));
+  assert_true(keel__chaos_trace_parting(reference, run, where, sizeof where));
+  assert_string_equal(where,
+                      "the traces part at step 2 rank 1: 7:12345678, failure-free 7:eeeeeeee");
+  snprintf(same, sizeof same, "%s",
+           file_write(folder, "same.txt",
+                      "trace step 2 rank 1 dense 00000002 rows 6:dddddddd 7:eeeeeeee\n"
+                      "trace step 3 rank 1 dense 00000003 rows 9:99999999 10:00000000\n"));
+  assert_true(keel__chaos_trace_parting(reference, same, where, sizeof where));
+  assert_string_equal(where,
+                      "the traces part at step 3 rank 1: 10:00000000, failure-free (no more)");
+  /* Kept under --reference-dir: the trace lines alone, and they part where the output did. */
+  snprintf(kept, sizeof kept, "%s/kept.trace", folder);
+  assert_true(keel__chaos_reference_save_trace(reference, kept));
+  char *text = keel_test_read_file(kept, NULL);
+  assert_non_null(text);
+  assert_null(strstr(text, "progress"));
+  assert_null(strstr(text, "listening"));
+  free(text);
+  assert_true(keel__chaos_trace_parting(kept, run, where, sizeof where));
+  assert_string_equal(where,
+                      "the traces part at step 2 rank 1: 7:12345678, failure-free 7:eeeeeeee");
+  assert_true(keel__chaos_trace_parting(kept, kept, where, sizeof where));
+  assert_string_equal(where, "the traces agree at every step both printed");
+  /* No trace lines, or no file: nothing to say. */
+  const char *none = file_write(folder, "none.txt", "progress step 1 rank 0\n");
+  assert_false(keel__chaos_trace_parting(reference, none, where, sizeof where));
+  char missing[512];
+  snprintf(missing, sizeof missing, "%s/missing.txt", folder);
+  assert_false(keel__chaos_trace_parting(missing, run, where, sizeof where));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fds_by_kind),
@@ -534,6 +593,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_a_step_said_by_its_receiver_is_committed, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_a_kept_reference_is_its_finishes, setup, teardown),
+      cmocka_unit_test(test_traces_part_at_the_first_differing_step),
       cmocka_unit_test_setup_teardown(test_steps_committed_again_are_redone, setup, teardown),
       cmocka_unit_test_setup_teardown(test_spares_killed_after_the_finish_are_cleanup, setup,
                                       teardown),

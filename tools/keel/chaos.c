@@ -1237,6 +1237,34 @@ static const keel__chaos_process *false_death(const chaos_job *job) {
   return NULL;
 }
 
+/* Where the failure-free run of this job is kept under --reference-dir (its finish lines in
+ * .jsonl, its trace lines in .trace: suffix); false without it. */
+static bool reference_kept_path(const chaos_job *job, const char *suffix, char *path,
+                                size_t capacity) {
+  const chaos_options *options = job->options;
+  if (options->reference_dir == NULL) return false;
+  char key[32];
+  keel__chaos_reference_key(options->run_argv, options->run_argc, job->self, options->etcd_members,
+                            key, sizeof key);
+  snprintf(path, capacity, "%s/reference-%s%s", options->reference_dir, key, suffix);
+  return true;
+}
+
+/* Appends to message where the traces of the two runs part, when the program printed some
+ * (chaos_trace.c): the failure-free run's output in this run's folder, or its trace lines
+ * kept under --reference-dir. */
+static void trace_parting_add(const chaos_job *job, char *message, size_t capacity) {
+  char reference[PATH_MAX], run[PATH_MAX], where[256];
+  snprintf(reference, sizeof reference, "%s/reference-output.txt", job->directory);
+  snprintf(run, sizeof run, "%s/chaos-output.txt", job->directory);
+  if (access(reference, R_OK) != 0 &&
+      !reference_kept_path(job, ".trace", reference, sizeof reference))
+    return;
+  if (!keel__chaos_trace_parting(reference, run, where, sizeof where)) return;
+  size_t length = strlen(message);
+  snprintf(message + length, capacity - length, "; %s", where);
+}
+
 /* The finish of rank in run, or NULL. */
 static const keel__chaos_finish *finish_of_rank(const keel__chaos_run *run, int64_t rank) {
   for (size_t i = 0; i < run->finish_count; i++)
@@ -1280,10 +1308,13 @@ static void final_state_check(const chaos_job *job, const keel__chaos_run *refer
     const keel__chaos_finish *want = &reference->finishes[i];
     const keel__chaos_finish *got = finish_of_rank(run, want->rank);
     if (got == NULL || got->step != want->step || strcmp(got->crc, want->crc) != 0) {
-      check(verdict, false, "final-state",
-            "rank %" PRId64 " ends at step %" PRId64 " with crc32c %s; failure-free: step %" PRId64
-            " with %s",
-            want->rank, got ? got->step : -1, got ? got->crc : "none", want->step, want->crc);
+      char message[512];
+      snprintf(message, sizeof message,
+               "rank %" PRId64 " ends at step %" PRId64
+               " with crc32c %s; failure-free: step %" PRId64 " with %s",
+               want->rank, got ? got->step : -1, got ? got->crc : "none", want->step, want->crc);
+      trace_parting_add(job, message, sizeof message);
+      check(verdict, false, "final-state", "%s", message);
       return;
     }
   }
@@ -1598,22 +1629,12 @@ static int reference_started(chaos_job *job, keel__chaos_run *reference) {
   return plain.exit_code;
 }
 
-/* Where the failure-free run of this job is kept under --reference-dir; false without it. */
-static bool reference_kept_path(const chaos_job *job, char *path, size_t capacity) {
-  const chaos_options *options = job->options;
-  if (options->reference_dir == NULL) return false;
-  char key[32];
-  keel__chaos_reference_key(options->run_argv, options->run_argc, job->self, options->etcd_members,
-                            key, sizeof key);
-  snprintf(path, capacity, "%s/reference-%s.jsonl", options->reference_dir, key);
-  return true;
-}
-
 /* The failure-free run: one kept under --reference-dir for the same job when there is one
  * (then its exit code was 0), else run now (and kept when it exits 0). */
 static int reference_run(chaos_job *job, keel__chaos_run *reference) {
-  char kept[PATH_MAX];
-  bool keeps = reference_kept_path(job, kept, sizeof kept);
+  char kept[PATH_MAX], kept_trace[PATH_MAX];
+  bool keeps = reference_kept_path(job, ".jsonl", kept, sizeof kept) &&
+               reference_kept_path(job, ".trace", kept_trace, sizeof kept_trace);
   if (keeps && keel__chaos_reference_load(kept, reference)) {
     fprintf(stderr, "keel chaos: the failure-free run is the one kept in %s\n", kept);
     return 0;
@@ -1623,7 +1644,12 @@ static int reference_run(chaos_job *job, keel__chaos_run *reference) {
   int code = reference_started(job, reference);
   char events[PATH_MAX];
   snprintf(events, sizeof events, "%s/reference-events.jsonl", job->directory);
-  if (keeps && code == 0 && !keel__chaos_reference_save(events, kept))
+  char output[PATH_MAX];
+  snprintf(output, sizeof output, "%s/reference-output.txt", job->directory);
+  /* The trace first: a reader takes the run as kept once its finish lines are. */
+  if (keeps && code == 0 &&
+      !(keel__chaos_reference_save_trace(output, kept_trace) &&
+        keel__chaos_reference_save(events, kept)))
     fprintf(stderr, "keel chaos: cannot keep the failure-free run in %s: %s\n", kept,
             strerror(errno));
   return code;

@@ -163,6 +163,18 @@ void keel__chaos_reference_key(char *const *argv, int argc, const char *self, in
 bool keel__chaos_reference_load(const char *path, keel__chaos_run *reference);
 /* Keeps the finish lines of a failure-free run's events at path (atomically); false if not. */
 bool keel__chaos_reference_save(const char *events_path, const char *path);
+/* Keeps the trace lines of a failure-free run's output at path (atomically; none: empty). */
+bool keel__chaos_reference_save_trace(const char *output_path, const char *path);
+
+/* ---- chaos_trace.c: where a run with another model parted from the failure-free run */
+/* A program may print lines `trace step S rank R WORD...` (what it read or computed at step S:
+ * checksums, say). A redone step prints again; its last line counts. */
+#define KEEL__CHAOS_TRACE_PREFIX "trace step "
+/* Into where: the first step and rank (in that order) whose trace lines differ between the
+ * two outputs, with the first word that differs, or that they agree wherever both printed
+ * one. False when either file cannot be read or has no trace line. */
+bool keel__chaos_trace_parting(const char *reference_output, const char *run_output, char *where,
+                               size_t capacity);
 /* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
  * (while the next failure has not yet come). */
 void keel__chaos_survivors_sample(keel__chaos_run *run);

@@ -1,7 +1,8 @@
 /* keel chaos --reference-dir: a failure-free run kept and reused. It is keyed by what decides
  * its result (the run's flags and the program's arguments, and the bytes of every file among
  * them, of the keel tool and of libkeel beside it), and only its `finish` lines are kept: the
- * final state of each rank, which is all the checks compare. */
+ * final state of each rank, which is all the checks compare; beside them its output's trace
+ * lines, which say where a run with another model parted from it (chaos_trace.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -73,29 +74,47 @@ bool keel__chaos_reference_load(const char *path, keel__chaos_run *reference) {
   return reference->finish_count > 0;
 }
 
-/* The finish lines of events_path into path, through a temporary file renamed over it: a
- * reader never sees half of one. */
-bool keel__chaos_reference_save(const char *events_path, const char *path) {
+/* The lines of source that wanted accepts into path, through a temporary file renamed over
+ * it: a reader never sees half of one. False when it could not be written, or when there was
+ * nothing to keep and empty is refused. */
+static bool lines_keep(const char *source, const char *path, bool (*wanted)(const char *line),
+                       bool empty_refused) {
   char temporary[PATH_MAX + 16];
   snprintf(temporary, sizeof temporary, "%s.%ld", path, (long)getpid());
-  FILE *from = fopen(events_path, "r");
+  FILE *from = fopen(source, "r");
   if (from == NULL) return false;
   FILE *to = fopen(temporary, "w");
   if (to == NULL) {
     fclose(from);
     return false;
   }
-  char line[4096];
+  char *line = NULL;
+  size_t capacity = 0;
   size_t kept = 0;
-  while (fgets(line, sizeof line, from) != NULL) {
-    if (strstr(line, "\"event\":\"finish\"") == NULL) continue;
+  while (getline(&line, &capacity, from) >= 0) {
+    if (!wanted(line)) continue;
     fputs(line, to);
     kept++;
   }
+  free(line);
   bool written = !ferror(from) && fflush(to) == 0 && !ferror(to);
   fclose(from);
-  written = fclose(to) == 0 && written && kept > 0;
+  written = fclose(to) == 0 && written && (kept > 0 || !empty_refused);
   if (written && rename(temporary, path) == 0) return true;
   unlink(temporary);
   return false;
+}
+
+static bool finish_line(const char *line) { return strstr(line, "\"event\":\"finish\"") != NULL; }
+
+static bool trace_line(const char *line) {
+  return strncmp(line, KEEL__CHAOS_TRACE_PREFIX, strlen(KEEL__CHAOS_TRACE_PREFIX)) == 0;
+}
+
+bool keel__chaos_reference_save(const char *events_path, const char *path) {
+  return lines_keep(events_path, path, finish_line, true);
+}
+
+bool keel__chaos_reference_save_trace(const char *output_path, const char *path) {
+  return lines_keep(output_path, path, trace_line, false);
 }
