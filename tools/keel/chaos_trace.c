@@ -75,6 +75,7 @@ static bool trace_lines_read(const char *path, trace_lines *lines) {
     trace_lines_free(lines);
     return false;
   }
+  if (lines->count == 0) return true;
   qsort(lines->lines, lines->count, sizeof *lines->lines, trace_line_compare);
   size_t kept = 0;
   for (size_t i = 0; i < lines->count; i++) {
