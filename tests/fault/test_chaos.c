@@ -332,6 +332,7 @@ static void test_chaos_catches_a_leak(void **state) {
   assert_non_null(result.json);
   assert_true(check_is(result.json, "survivors-flat", false));
   assert_non_null(strstr(result.output, "fds by kind at its first sample"));
+  assert_non_null(strstr(result.output, "sample by sample"));
   assert_true(check_is(result.json, "final-state", true));
   assert_true(check_is(result.json, "nothing-left", true));
   chaos_result_free(&result);

@@ -469,6 +469,45 @@ static void test_fds_by_kind(void **state) {
   assert_string_equal(text, "");
 }
 
+/* A job of two for the link tests: this process (uid 0, a rank holder) and a child (uid 1,
+ * holding a rank when child_holds_rank) linked to it; its end of the link into *in. */
+typedef struct linked_pair {
+  keel__chaos_run *run;
+  pid_t child;
+  int listener, in;
+} linked_pair;
+
+static linked_pair linked_pair_make(bool child_holds_rank) {
+  static keel__chaos_run run; /* large: not on the stack */
+  linked_pair pair = {.run = &run};
+  struct sockaddr_in address;
+  pair.listener = loopback_listener(&address);
+  pair.child = fork();
+  assert_true(pair.child >= 0);
+  if (pair.child == 0) {
+    int out = socket(AF_INET, SOCK_STREAM, 0);
+    if (out < 0 || connect(out, (struct sockaddr *)&address, sizeof address) != 0) _exit(1);
+    for (;;) pause(); /* until killed */
+  }
+  pair.in = accept(pair.listener, NULL, NULL);
+  memset(&run, 0, sizeof run);
+  run.process_count = 2;
+  run.processes[0] = (keel__chaos_process){.uid = 0,
+                                           .pid = getpid(),
+                                           .holds_rank = true,
+                                           .start_ticks = keel__chaos_start_ticks(getpid())};
+  run.processes[1] = (keel__chaos_process){.uid = 1,
+                                           .pid = pair.child,
+                                           .holds_rank = child_holds_rank,
+                                           .start_ticks = keel__chaos_start_ticks(pair.child)};
+  if (pair.in < 0) { /* no child left behind */
+    kill(pair.child, SIGKILL);
+    waitpid(pair.child, NULL, 0);
+  }
+  assert_true(pair.in >= 0);
+  return pair;
+}
+
 /* A survivor's fds are counted less its links to the job's live processes (finding 45: how
  * many peers it links to follows the membership), and a link left to a process that died
  * counts: this process (a rank holder) accepts a link from a child (a peer of the job), is
@@ -476,41 +515,48 @@ static void test_fds_by_kind(void **state) {
  * it. */
 static void test_links_to_live_processes_are_not_counted(void **state) {
   (void)state;
-  struct sockaddr_in address;
-  int listener = loopback_listener(&address);
-  pid_t child = fork();
-  assert_true(child >= 0);
-  if (child == 0) {
-    int out = socket(AF_INET, SOCK_STREAM, 0);
-    if (out < 0 || connect(out, (struct sockaddr *)&address, sizeof address) != 0) _exit(1);
-    for (;;) pause(); /* until killed */
-  }
-  int in = accept(listener, NULL, NULL);
-  assert_true(in >= 0);
-  static keel__chaos_run run; /* large: not on the stack */
-  memset(&run, 0, sizeof run);
-  run.process_count = 2;
-  run.processes[0] = (keel__chaos_process){.uid = 0,
-                                           .pid = getpid(),
-                                           .holds_rank = true,
-                                           .start_ticks = keel__chaos_start_ticks(getpid())};
-  run.processes[1] = (keel__chaos_process){
-      .uid = 1, .pid = child, .holds_rank = true, .start_ticks = keel__chaos_start_ticks(child)};
-  keel__chaos_survivors_sample(&run);
-  assert_int_equal(kill(child, SIGKILL), 0);
-  assert_int_equal(waitpid(child, NULL, 0), child);
-  keel__chaos_survivors_sample(&run);
-  close(in);
-  keel__chaos_survivors_sample(&run);
-  const keel__chaos_process *survivor = &run.processes[0];
+  linked_pair pair = linked_pair_make(true);
+  keel__chaos_survivors_sample(pair.run);
+  assert_int_equal(kill(pair.child, SIGKILL), 0);
+  assert_int_equal(waitpid(pair.child, NULL, 0), pair.child);
+  keel__chaos_survivors_sample(pair.run);
+  close(pair.in);
+  keel__chaos_survivors_sample(pair.run);
+  close(pair.listener);
+  const keel__chaos_process *survivor = &pair.run->processes[0];
   assert_int_equal(survivor->samples, 3);
-  assert_int_equal(run.processes[1].samples, 1);
+  assert_int_equal(pair.run->processes[1].samples, 1);
   /* The link to the dead child counts; closed, the count is back where the link to the live
    * child left it: that link was not counted. */
   assert_int_equal(survivor->fds[1], survivor->fds[0] + 1);
   assert_int_equal(survivor->fds[2], survivor->fds[0]);
-  keel__chaos_run_clear(&run);
-  close(listener);
+  keel__chaos_run_clear(pair.run);
+}
+
+/* A link that closes between the read of the live processes' connections and a survivor's
+ * own sample is neither counted nor taken off (finding 55: the survivor's links were taken
+ * from the earlier read and its fds from the later, so links closed meanwhile, a world's
+ * worth in a recovery, read as a dip of its count, and the floor after it as a rise). */
+static void test_a_link_closed_during_the_sample_is_not_taken_off(void **state) {
+  (void)state;
+  linked_pair pair = linked_pair_make(false);
+  keel__chaos_survivors_sample(pair.run);
+  keel__chaos_live_links *live = keel__chaos_live_links_read(pair.run);
+  bool read = live != NULL;
+  close(pair.in); /* after the live processes' connections were read, before this one's sample */
+  keel__chaos_process_sample(&pair.run->processes[0], live);
+  keel__chaos_live_links_free(live);
+  /* The child goes first, so that a failed check leaves no process behind. */
+  int killed = kill(pair.child, SIGKILL);
+  pid_t reaped = waitpid(pair.child, NULL, 0);
+  close(pair.listener);
+  const keel__chaos_process *survivor = &pair.run->processes[0];
+  assert_int_equal(killed, 0);
+  assert_int_equal(reaped, pair.child);
+  assert_true(read);
+  assert_int_equal(survivor->samples, 2);
+  assert_int_equal(survivor->fds[1], survivor->fds[0]);
+  keel__chaos_run_clear(pair.run);
 }
 
 /* Where two runs' traces part: the first step, then rank, whose last line differs (a step
@@ -576,6 +622,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fds_by_kind),
       cmocka_unit_test(test_links_to_live_processes_are_not_counted),
+      cmocka_unit_test(test_a_link_closed_during_the_sample_is_not_taken_off),
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_after_a_healed_silence_is_unexplained, setup,

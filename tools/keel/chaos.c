@@ -1372,6 +1372,20 @@ static long fds_slack(const chaos_job *job) {
   return job->etcd != NULL ? slack + keel__etcd_cluster_members(job->etcd) : slack;
 }
 
+/* values as "13 12 8 ...", the first ones that fit, then how many more. */
+static void series_format(const long *values, size_t count, char *text, size_t capacity) {
+  size_t at = 0;
+  text[0] = '\0';
+  for (size_t i = 0; i < count; i++) {
+    int wrote = snprintf(text + at, capacity - at, "%s%ld", i ? " " : "", values[i]);
+    if (wrote < 0 || (size_t)wrote >= capacity - at - 16) {
+      snprintf(text + at, capacity - at, " and %zu more", count - i);
+      return;
+    }
+    at += (size_t)wrote;
+  }
+}
+
 /* The survivors' fds, threads and memory, and the store's keys, after each recovery: what
  * grows with the number of recoveries is a leak. Memory is reported, not judged: the
  * allocator keeps what it was given. */
@@ -1402,12 +1416,17 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
           longest->threads[n - 1], (double)longest->rss_kib[0] / 1024,
           (double)longest->rss_kib[n - 1] / 1024, floor_rise(longest->fds, n),
           floor_rise(longest->threads, n), n < MIN_PROCESS_SERIES ? " (too few to judge)" : "");
-    /* What the rise is made of: which peers its links lead to, first and last. */
-    if (!flat)
+    /* What the rise is made of: the series, and which peers its links lead to, first and
+     * last. */
+    if (!flat) {
+      char series[512];
+      series_format(longest->fds, n, series, sizeof series);
       printf(
-          "        uid %u's fds by kind at its first sample: %s\n"
+          "        uid %u's fds beyond links to live processes, sample by sample: %s\n"
+          "        its fds by kind at its first sample: %s\n"
           "        and at its last: %s\n",
-          (unsigned)longest->uid, longest->fds_first, longest->fds_last);
+          (unsigned)longest->uid, series, longest->fds_first, longest->fds_last);
+    }
   }
   size_t n = run->store_key_count;
   long rise = n ? floor_rise(run->store_keys, n) : 0;

@@ -178,6 +178,13 @@ bool keel__chaos_trace_parting(const char *reference_output, const char *run_out
 /* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
  * (while the next failure has not yet come). */
 void keel__chaos_survivors_sample(keel__chaos_run *run);
+/* What keel__chaos_survivors_sample does in two steps, apart for the tests: the connections
+ * of the job's live processes (NULL when memory ran out: every link then counts), then one
+ * process's sample, its fds less its links to them (its own read at the sample). */
+typedef struct keel__chaos_live_links keel__chaos_live_links;
+keel__chaos_live_links *keel__chaos_live_links_read(const keel__chaos_run *run);
+void keel__chaos_live_links_free(keel__chaos_live_links *live);
+void keel__chaos_process_sample(keel__chaos_process *p, const keel__chaos_live_links *live);
 /* Whether the process recorded as p still lives, as that process (a reused pid has another
  * start time). */
 bool keel__chaos_process_alive(const keel__chaos_process *p);

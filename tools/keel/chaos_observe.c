@@ -74,17 +74,6 @@ static bool fds_each(pid_t pid, fd_visit *visit, void *context) {
   return true;
 }
 
-static void fd_add(const char *target, void *context) {
-  (void)target;
-  (*(long *)context)++;
-}
-
-/* How many fds pid has open, or -1 when it is gone. */
-static long fd_count(pid_t pid) {
-  long count = 0;
-  return fds_each(pid, fd_add, &count) ? count : -1;
-}
-
 /* One kind of fd and how many: "to 198.18.0.3:41000", "from 198.18.0.2", "listen", "pipe". */
 typedef struct fd_kind {
   char name[48];
@@ -240,41 +229,42 @@ static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
 
 /* ---- links to the job's live processes (finding 45) */
 
-/* A connection of a live process of the job, read once per sample. */
-typedef struct live_link {
-  pid_t owner;
-  tcp_socket socket;
-} live_link;
-
-typedef struct live_links {
-  live_link *links;
+/* The connections of the job's live processes, read once per sample. */
+struct keel__chaos_live_links {
+  tcp_socket *links;
   size_t count, capacity;
-} live_links;
+};
+typedef keel__chaos_live_links live_links;
 
 #define MAX_PROCESS_SOCKETS 4096
 
-/* The inodes of a process's sockets, at most capacity. */
+/* A process's fds, counted, and the inodes of its sockets, at most capacity. */
 typedef struct socket_inodes {
   unsigned long *inodes;
   size_t count, capacity;
+  long fds;
 } socket_inodes;
 
 static void socket_inode_add(const char *target, void *context) {
   socket_inodes *sockets = context;
+  sockets->fds++;
   if (sockets->count < sockets->capacity &&
       sscanf(target, "socket:[%lu]", &sockets->inodes[sockets->count]) == 1)
     sockets->count++;
 }
 
 /* pid's own connected TCP sockets: the entries of its network namespace's table whose inode
- * is one of its fds (the table lists every process's of the namespace). */
-static size_t process_connections(pid_t pid, tcp_socket *out, size_t capacity) {
+ * is one of its fds (the table lists every process's of the namespace). With fds_p, also how
+ * many fds it has open, from the same walk (-1 when it is gone). */
+static size_t process_connections(pid_t pid, tcp_socket *out, size_t capacity, long *fds_p) {
   unsigned long *inodes = malloc(sizeof *inodes * MAX_PROCESS_SOCKETS);
   tcp_socket *table = malloc(sizeof *table * MAX_TCP_TABLE);
   size_t count = 0;
+  if (fds_p != NULL) *fds_p = -1;
   if (inodes == NULL || table == NULL) goto free_buffers;
   socket_inodes own = {.inodes = inodes, .capacity = MAX_PROCESS_SOCKETS};
   if (!fds_each(pid, socket_inode_add, &own)) goto free_buffers;
+  if (fds_p != NULL) *fds_p = own.fds;
   size_t table_count = tcp_sockets_read(pid, table, MAX_TCP_TABLE);
   for (size_t i = 0; i < table_count && count < capacity; i++) {
     if (table[i].state == TCP_LISTEN_STATE) continue;
@@ -292,35 +282,44 @@ free_buffers:
 
 /* The connections of every live process of the job (agents too): their local ends are where
  * a survivor's link to a live peer leads. */
-static void live_links_read(const keel__chaos_run *run, live_links *live) {
+live_links *keel__chaos_live_links_read(const keel__chaos_run *run) {
+  live_links *live = calloc(1, sizeof *live);
+  if (live == NULL) return NULL;
   tcp_socket *sockets = malloc(sizeof *sockets * MAX_PROCESS_SOCKETS);
-  if (sockets == NULL) return;
+  if (sockets == NULL) return live;
   for (size_t i = 0; i < run->process_count; i++) {
     const keel__chaos_process *p = &run->processes[i];
     if (p->exited || !keel__chaos_process_alive(p)) continue;
-    size_t count = process_connections(p->pid, sockets, MAX_PROCESS_SOCKETS);
+    size_t count = process_connections(p->pid, sockets, MAX_PROCESS_SOCKETS, NULL);
     if (live->count + count > live->capacity) {
       size_t capacity = 2 * (live->count + count);
-      live_link *more = realloc(live->links, capacity * sizeof *more);
+      tcp_socket *more = realloc(live->links, capacity * sizeof *more);
       if (more == NULL) break;
       live->links = more;
       live->capacity = capacity;
     }
-    for (size_t j = 0; j < count; j++)
-      live->links[live->count++] = (live_link){.owner = p->pid, .socket = sockets[j]};
+    if (count == 0) continue;
+    memcpy(live->links + live->count, sockets, count * sizeof *sockets);
+    live->count += count;
   }
   free(sockets);
+  return live;
 }
 
-/* How many of pid's connections lead to a live process of the job. */
-static long links_to_live(pid_t pid, const live_links *live) {
+void keel__chaos_live_links_free(live_links *live) {
+  if (live == NULL) return;
+  free(live->links);
+  free(live);
+}
+
+/* How many of a process's connections (own) lead to a live process of the job. */
+static long links_to_live(const tcp_socket *own, size_t count, const live_links *live) {
+  if (live == NULL) return 0;
   long linked = 0;
-  for (size_t i = 0; i < live->count; i++) {
-    const tcp_socket *own = &live->links[i].socket;
-    if (live->links[i].owner != pid) continue;
+  for (size_t i = 0; i < count; i++) {
     for (size_t j = 0; j < live->count; j++) {
-      const tcp_socket *peer = &live->links[j].socket;
-      if (peer->local_address == own->remote_address && peer->local_port == own->remote_port) {
+      const tcp_socket *peer = &live->links[j];
+      if (peer->local_address == own[i].remote_address && peer->local_port == own[i].remote_port) {
         linked++;
         break;
       }
@@ -335,13 +334,22 @@ static long links_to_live(pid_t pid, const live_links *live) {
  * place), which is no leak either, and a link that outlives its peer is still counted, so a
  * leaked link shows. (Counting one per live process instead, as until finding 45, read a
  * moment's lag of the links behind the membership as a rise.) */
-static void process_sample(keel__chaos_process *p, const live_links *live) {
+void keel__chaos_process_sample(keel__chaos_process *p, const live_links *live) {
   if (p->exited || !(p->holds_rank || p->server) || !keel__chaos_process_alive(p)) return;
   char state = 0;
   int parent = 0;
   /* A stopped process (an injected stop) is about to be fenced: not a survivor. */
   if (keel_process_stat(p->pid, &state, &parent) != KEEL_OK || state == 'T' || state == 't') return;
-  long fds = fd_count(p->pid), threads, rss;
+  /* Its fds and its own links from one walk: a link that closed after `live` was read is
+   * then neither counted nor taken off. (Counted from a walk of its own, a survivor whose
+   * links to its peers closed meanwhile read up to a world's worth low: finding 55.) The
+   * peers' ends in `live` are older, which at worst counts a link made since as not live. */
+  tcp_socket *own = malloc(sizeof *own * MAX_PROCESS_SOCKETS);
+  if (own == NULL) return;
+  long fds = -1, threads, rss;
+  size_t connections = process_connections(p->pid, own, MAX_PROCESS_SOCKETS, &fds);
+  long linked = links_to_live(own, connections, live);
+  free(own);
   if (fds < 0 || !status_read(p->pid, &threads, &rss)) return;
   /* Grown by doubling: a process lives through as many recoveries as the job has. */
   if ((p->samples & (p->samples - 1)) == 0) {
@@ -354,7 +362,7 @@ static void process_sample(keel__chaos_process *p, const live_links *live) {
     if (rss_more != NULL) p->rss_kib = rss_more;
     if (fds_more == NULL || threads_more == NULL || rss_more == NULL) return;
   }
-  p->fds[p->samples] = fds - links_to_live(p->pid, live);
+  p->fds[p->samples] = fds - linked;
   p->threads[p->samples] = threads;
   p->rss_kib[p->samples] = rss;
   /* Its fds by kind at its first sample and at its latest: what a rise is made of. */
@@ -546,10 +554,10 @@ static void recovery_read(keel__chaos_run *run, json_t *event, keel__chaos_failu
 }
 
 void keel__chaos_survivors_sample(keel__chaos_run *run) {
-  live_links live = {0};
-  live_links_read(run, &live);
-  for (size_t i = 0; i < run->process_count; i++) process_sample(&run->processes[i], &live);
-  free(live.links);
+  live_links *live = keel__chaos_live_links_read(run);
+  for (size_t i = 0; i < run->process_count; i++)
+    keel__chaos_process_sample(&run->processes[i], live);
+  keel__chaos_live_links_free(live);
   run->sampled_recoveries++;
 }
 
