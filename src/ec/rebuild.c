@@ -427,6 +427,7 @@ static void *rebuild_main(void *argument) {
   server->rebuild->status = status;
   if (status == KEEL_OK) {
     atomic_store(&server->rebuild->complete, true);
+    atomic_store(&server->blocks_complete, true);
     status = keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_REBUILT);
     KEEL_LOG_I(MODULE, "server %d rebuilt in %.1f ms: %llu rows, %llu parity blocks, %llu rounds",
                server->index, (double)(keel_now_ns() - started) / 1e6,

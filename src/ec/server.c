@@ -375,6 +375,10 @@ static keel_status pull_rows(keel_ec_server *server, const keel__ec_request *req
   keel__ec_shard *shard = &server->shard;
   keel__ec_view view;
   keel_status status = keel__ec_view_make(server, &view);
+  /* A replacement's own rows are the seed's until its rebuild is done. Its view said it was
+   * live until the rebuild read the directory back, and a worker whose pull to the server it
+   * replaces broke sends the pull again to its address: it read those rows (finding 54). */
+  if (status == KEEL_OK && !acting && !atomic_load(&server->blocks_complete)) status = KEEL_EAGAIN;
   /* By the step the worker routed it by: the view at that step is the worker's own. Any step
    * would do for a holder that acts for the rows in some view, but a view of a step the job is
    * past counts servers back since then as lost, and decoding without them may find a group
@@ -1400,7 +1404,8 @@ static keel_status push(keel_ec_server *server, const keel__ec_request *request,
     /* Refused at once, never kept: the step's other pushes go to the acting holders (the
      * other dense holder), and a push kept here would wait for them until the deadline (as a
      * chaos run found). */
-    if (lost_at(server, request->step)) return KEEL_EAGAIN;
+    if (!atomic_load(&server->blocks_complete) || lost_at(server, request->step))
+      return KEEL_EAGAIN;
     void *kept = *payload;
     *payload = NULL;
     return step_join(server, request, kept, acting);
@@ -1623,6 +1628,8 @@ static keel_status replacement_check(const keel_ec_config *config, int index) {
 static keel_status replacement_begin(keel_ec_server *server) {
   keel_status status =
       keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_LOST);
+  /* Its view from then on says so too, before anyone can find its address. */
+  if (status == KEEL_OK) keel__ec_server_refresh(server);
   if (status == KEEL_OK)
     status = keel__ec_directory_publish(&server->directory, server->index,
                                         keel_listener_address(server->listener));
@@ -1669,6 +1676,7 @@ static keel_status server_launch(const keel_ec_config *config, int index,
   server->auth = *auth;
   atomic_init(&server->stopping, false);
   atomic_init(&server->next_update, 1);
+  atomic_init(&server->blocks_complete, !replacement);
   pthread_mutex_init(&server->decode_lock, NULL);
   pthread_mutex_init(&server->connections_lock, NULL);
   pthread_mutex_init(&server->lost_lock, NULL);

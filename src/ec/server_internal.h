@@ -92,6 +92,9 @@ struct keel_ec_server {
   uint64_t answered_update; /* the step and phase answered_count counts in */
   int64_t answered_count;
   keel__ec_rebuild *rebuild; /* a replacement's, until it is complete (rebuild.c) */
+  /* False for a replacement until its rebuild is complete: it serves none of its own rows
+   * before, whatever its view of the directory says (finding 54). */
+  atomic_bool blocks_complete;
   uint32_t rebuild_chunk_groups, rebuild_pause_ms; /* keel_ec_config's */
 };
 
