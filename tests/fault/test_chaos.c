@@ -543,6 +543,29 @@ static void test_chaos_netns_etcd(void **state) {
   chaos_result_free(&result);
 }
 
+/* The etcd failures of the chaos report but the last (which the job's end may undo): how
+ * many, and how many of them the next failure followed with no leader agreed on first
+ * (leader_ms -1; finding 56). */
+typedef struct etcd_waits {
+  int undone, without_leader;
+} etcd_waits;
+
+static etcd_waits etcd_waits_read(const char *json) {
+  etcd_waits waits = {0};
+  const char *last = NULL;
+  for (const char *at = strstr(json, "{\"kind\":\"etcd-"); at != NULL;
+       at = strstr(at + 1, "{\"kind\":\"etcd-"))
+    last = at;
+  for (const char *at = strstr(json, "{\"kind\":\"etcd-"); at != NULL && at != last;
+       at = strstr(at + 1, "{\"kind\":\"etcd-")) {
+    const char *leader = strstr(at, "\"leader_ms\":"), *end = strchr(at, '}');
+    if (leader == NULL || end == NULL || leader > end) continue;
+    waits.undone++;
+    waits.without_leader += strtod(leader + strlen("\"leader_ms\":"), NULL) < 0;
+  }
+  return waits;
+}
+
 /* The job's store is an etcd cluster that keel chaos starts (--etcd 3): members killed and
  * started again, stopped and resumed, while ranks are killed too. Nothing may die of the
  * store's failures, and the job ends bit-identical to its failure-free run. Skipped where
@@ -575,6 +598,11 @@ static void test_chaos_etcd(void **state) {
   assert_true(check_is(result.json, "etcd-members", true));
   assert_true(check_is(result.json, "no-false-death", true));
   assert_non_null(strstr(result.json, "bit-identical to the failure-free run"));
+  /* Each etcd failure undone before the next came waited for a leader (finding 56). */
+  etcd_waits waits = etcd_waits_read(result.json);
+  if (waits.undone < 2 || waits.without_leader > 0) show(&result);
+  assert_true(waits.undone >= 2);
+  assert_int_equal(waits.without_leader, 0);
   chaos_result_free(&result);
 }
 

@@ -62,6 +62,9 @@
 #define ETCD_AGENTS_HEARTBEAT_MIN_NS (4 * SECOND_NS)
 #define ETCD_START_MS 30000
 #define ETCD_RESTART_MS 20000
+/* After an etcd failure is undone, the members agree on a leader (within this) before the
+ * next failure may come (finding 56). */
+#define ETCD_LEADER_MS 20000
 #define DELAY_MAX_NS (20 * MS_NS)
 /* server-kill: the job's standing of its servers (ec/lost/<i>) is read this often while a
  * killed one is not back, and its configuration (ec/config) waited for this long. */
@@ -437,8 +440,8 @@ static void failure_draw(const chaos_options *options, uint64_t index,
   int64_t pick = (int64_t)keel_random_below(&random, (uint64_t)total);
   int kind = 0;
   while (pick >= options->weights[kind]) pick -= options->weights[kind++];
-  *failure =
-      (keel__chaos_failure){.kind = (keel__chaos_kind)kind, .detect_ns = -1, .recover_ns = -1};
+  *failure = (keel__chaos_failure){
+      .kind = (keel__chaos_kind)kind, .detect_ns = -1, .recover_ns = -1, .leader_ns = -1};
   failure->gap_ns = uniform_ns(&random, options->every_min_ns, options->every_max_ns);
   failure->target = (int64_t)keel_random_below(&random, (uint64_t)options->run.world);
   failure->hold_ns = uniform_ns(&random, LAUNCHER_STOP_MIN_NS, LAUNCHER_STOP_MAX_NS);
@@ -651,7 +654,7 @@ static keel_store *job_store(chaos_job *job) {
 
 /* A killed member started again (healthy within ETCD_RESTART_MS), a stopped one resumed.
  * One that fails leaves the cluster a member short: counted, and the etcd check fails. */
-static void etcd_failure_undo(chaos_job *job, const keel__chaos_failure *failure) {
+static void etcd_failure_undo(chaos_job *job, keel__chaos_failure *failure) {
   int member = (int)failure->node;
   bool undone = failure->kind == KEEL__CHAOS_ETCD_KILL
                     ? keel__etcd_cluster_restart(job->etcd, member, ETCD_RESTART_MS)
@@ -661,6 +664,21 @@ static void etcd_failure_undo(chaos_job *job, const keel__chaos_failure *failure
   if (!undone)
     fprintf(stderr, "keel chaos: etcd member %d could not be %s\n", member,
             failure->kind == KEEL__CHAOS_ETCD_KILL ? "started again" : "resumed");
+  /* A cluster whose leader is stopped or killed again before it has elected the next one
+   * serves no write until it has: stops of members 0, 2 and 1 each a second after the last
+   * left it without a leader for 2.5 s, and every node's agent fenced (its lease unconfirmed
+   * for 5/8 of a 4 s heartbeat), which keel promises for a store that long gone (finding
+   * 56). One member down at a time is what the job must survive; so each failure waits for
+   * the members to agree on a leader again, as a restarted member waits to be healthy. */
+  if (!undone) return;
+  int64_t asked_ns = keel_now_ns();
+  if (keel__etcd_cluster_leader(job->etcd, ETCD_LEADER_MS) < 0) {
+    job->etcd_undo_failed++;
+    fprintf(stderr, "keel chaos: the etcd members agreed on no leader within %d ms\n",
+            ETCD_LEADER_MS);
+    return;
+  }
+  failure->leader_ns = keel_now_ns() - asked_ns;
 }
 
 static void node_victims_note(chaos_job *job, keel__chaos_failure *failure, int64_t born_since_ns);
@@ -1605,10 +1623,10 @@ static void failures_json(const chaos_job *job, FILE *json) {
             "%s{\"kind\":\"%s\",\"target\":%" PRId64 ",\"node\":%" PRId64
             ",\"injected\":%s,\"t_ns\":%" PRId64
             ",\"hold_ms\":%.1f,\"detect_ms\":%.3f,"
-            "\"recover_ms\":%.3f,\"victims\":[",
+            "\"recover_ms\":%.3f,\"leader_ms\":%.3f,\"victims\":[",
             i > 0 ? "," : "", kind_names[f->kind], f->target, f->node,
             f->injected ? "true" : "false", f->injected_ns, (double)f->hold_ns / 1e6,
-            (double)f->detect_ns / 1e6, (double)f->recover_ns / 1e6);
+            (double)f->detect_ns / 1e6, (double)f->recover_ns / 1e6, (double)f->leader_ns / 1e6);
     for (size_t v = 0; v < f->victim_count; v++)
       fprintf(json, "%s%u", v > 0 ? "," : "", (unsigned)f->victims[v]);
     fprintf(json, "]}");

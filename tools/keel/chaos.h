@@ -55,6 +55,8 @@ typedef struct keel__chaos_failure {
   size_t victim_count;
   int64_t detect_ns;  /* injection to the recovery's detection; -1: not seen */
   int64_t recover_ns; /* injection to the recovery's end (a server's replacement) */
+  /* etcd kinds: from the undo until the members agreed on a leader again; -1: not waited */
+  int64_t leader_ns;
 } keel__chaos_failure;
 
 /* One process of the job as its spawn event named it. */
