@@ -1626,7 +1626,9 @@ static void failures_json(const chaos_job *job, FILE *json) {
             "\"recover_ms\":%.3f,\"leader_ms\":%.3f,\"victims\":[",
             i > 0 ? "," : "", kind_names[f->kind], f->target, f->node,
             f->injected ? "true" : "false", f->injected_ns, (double)f->hold_ns / 1e6,
-            (double)f->detect_ns / 1e6, (double)f->recover_ns / 1e6, (double)f->leader_ns / 1e6);
+            (double)f->detect_ns / 1e6, (double)f->recover_ns / 1e6,
+            /* -1 as -1, not as -0.000: a script tells "not waited" by its sign */
+            f->leader_ns < 0 ? -1.0 : (double)f->leader_ns / 1e6);
     for (size_t v = 0; v < f->victim_count; v++)
       fprintf(json, "%s%u", v > 0 ? "," : "", (unsigned)f->victims[v]);
     fprintf(json, "]}");
