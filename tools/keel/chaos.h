@@ -172,6 +172,8 @@ bool keel__chaos_reference_save_trace(const char *output_path, const char *path)
 /* A program may print lines `trace step S rank R WORD...` (what it read or computed at step S:
  * checksums, say). A redone step prints again; its last line counts. */
 #define KEEL__CHAOS_TRACE_PREFIX "trace step "
+/* Whether a line of a program's output starts as a trace line. */
+bool keel__chaos_is_trace_line(const char *text);
 /* Into where: the first step and rank (in that order) whose trace lines differ between the
  * two outputs, with the first word that differs, or that they agree wherever both printed
  * one. False when either file cannot be read or has no trace line. */

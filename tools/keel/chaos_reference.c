@@ -107,14 +107,10 @@ static bool lines_keep(const char *source, const char *path, bool (*wanted)(cons
 
 static bool finish_line(const char *line) { return strstr(line, "\"event\":\"finish\"") != NULL; }
 
-static bool trace_line(const char *line) {
-  return strncmp(line, KEEL__CHAOS_TRACE_PREFIX, strlen(KEEL__CHAOS_TRACE_PREFIX)) == 0;
-}
-
 bool keel__chaos_reference_save(const char *events_path, const char *path) {
   return lines_keep(events_path, path, finish_line, true);
 }
 
 bool keel__chaos_reference_save_trace(const char *output_path, const char *path) {
-  return lines_keep(output_path, path, trace_line, false);
+  return lines_keep(output_path, path, keel__chaos_is_trace_line, false);
 }

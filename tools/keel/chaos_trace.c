@@ -27,9 +27,13 @@ static void trace_lines_free(trace_lines *lines) {
   memset(lines, 0, sizeof *lines);
 }
 
+bool keel__chaos_is_trace_line(const char *text) {
+  return strncmp(text, KEEL__CHAOS_TRACE_PREFIX, strlen(KEEL__CHAOS_TRACE_PREFIX)) == 0;
+}
+
 /* One line into lines when it is a trace line; false only when memory ran out. */
 static bool trace_line_add(trace_lines *lines, const char *text) {
-  if (strncmp(text, KEEL__CHAOS_TRACE_PREFIX, strlen(KEEL__CHAOS_TRACE_PREFIX)) != 0) return true;
+  if (!keel__chaos_is_trace_line(text)) return true;
   unsigned long long step;
   long long rank;
   int consumed = 0;
@@ -52,10 +56,18 @@ static bool trace_line_add(trace_lines *lines, const char *text) {
   return true;
 }
 
-static int trace_line_compare(const void *a, const void *b) {
-  const trace_line *x = a, *y = b;
+/* By step, then rank: the order in which two runs' lines are compared. */
+static int key_compare(const trace_line *x, const trace_line *y) {
   if (x->step != y->step) return x->step < y->step ? -1 : 1;
   if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+  return 0;
+}
+
+/* By key, then place in the file: the last line of each key ends its run of equals. */
+static int trace_line_compare(const void *a, const void *b) {
+  const trace_line *x = a, *y = b;
+  int order = key_compare(x, y);
+  if (order != 0) return order;
   return x->order < y->order ? -1 : (x->order > y->order ? 1 : 0);
 }
 
@@ -79,8 +91,7 @@ static bool trace_lines_read(const char *path, trace_lines *lines) {
   qsort(lines->lines, lines->count, sizeof *lines->lines, trace_line_compare);
   size_t kept = 0;
   for (size_t i = 0; i < lines->count; i++) {
-    bool last = i + 1 == lines->count || lines->lines[i + 1].step != lines->lines[i].step ||
-                lines->lines[i + 1].rank != lines->lines[i].rank;
+    bool last = i + 1 == lines->count || key_compare(&lines->lines[i + 1], &lines->lines[i]) != 0;
     if (last)
       lines->lines[kept++] = lines->lines[i];
     else
@@ -97,16 +108,16 @@ static void word_copy(char *to, size_t capacity, const char *word, size_t length
     snprintf(to, capacity, "%.*s", (int)length, word);
 }
 
-/* The first word where a and b differ (its index), or -1 when they are the same. */
-static int word_parting(const char *a, const char *b, char *got, char *want, size_t capacity) {
-  for (int index = 0;; index++) {
+/* Whether a and b differ, the first word where they do into got and want. */
+static bool word_parting(const char *a, const char *b, char *got, char *want, size_t capacity) {
+  for (;;) {
     size_t a_length = strcspn(a, " "), b_length = strcspn(b, " ");
     if (a_length != b_length || strncmp(a, b, a_length) != 0) {
       word_copy(got, capacity, a, a_length);
       word_copy(want, capacity, b, b_length);
-      return index;
+      return true;
     }
-    if (a[a_length] == '\0' && b[b_length] == '\0') return -1;
+    if (a[a_length] == '\0' && b[b_length] == '\0') return false;
     a += a_length + (a[a_length] == ' ');
     b += b_length + (b[b_length] == ' ');
   }
@@ -124,15 +135,13 @@ bool keel__chaos_trace_parting(const char *reference_output, const char *run_out
   if (found) snprintf(where, capacity, "the traces agree at every step both printed");
   size_t i = 0, j = 0;
   while (found && i < reference.count && j < run.count) {
-    int order =
-        trace_line_compare(&(trace_line){reference.lines[i].step, reference.lines[i].rank, 0, NULL},
-                           &(trace_line){run.lines[j].step, run.lines[j].rank, 0, NULL});
+    int order = key_compare(&reference.lines[i], &run.lines[j]);
     if (order != 0) {
       order < 0 ? i++ : j++;
       continue;
     }
     char got[64], want[64];
-    if (word_parting(run.lines[j].words, reference.lines[i].words, got, want, sizeof got) >= 0) {
+    if (word_parting(run.lines[j].words, reference.lines[i].words, got, want, sizeof got)) {
       snprintf(where, capacity,
                "the traces part at step %" PRIu64 " rank %" PRId64 ": %s, failure-free %s",
                run.lines[j].step, run.lines[j].rank, got, want);
