@@ -229,9 +229,15 @@ static bool status_read(pid_t pid, long *threads_p, long *rss_kib_p) {
 
 /* ---- links to the job's live processes (finding 45) */
 
-/* The connections of the job's live processes, read once per sample. */
+/* One end of a TCP connection, address and port as the kernel prints them. */
+typedef struct link_end {
+  unsigned address, port;
+} link_end;
+
+/* The local ends of the job's live processes' connections, read once per sample: where a
+ * survivor's link to a live peer leads. */
 struct keel__chaos_live_links {
-  tcp_socket *links;
+  link_end *ends;
   size_t count, capacity;
 };
 typedef keel__chaos_live_links live_links;
@@ -293,14 +299,14 @@ live_links *keel__chaos_live_links_read(const keel__chaos_run *run) {
     size_t count = process_connections(p->pid, sockets, MAX_PROCESS_SOCKETS, NULL);
     if (live->count + count > live->capacity) {
       size_t capacity = 2 * (live->count + count);
-      tcp_socket *more = realloc(live->links, capacity * sizeof *more);
+      link_end *more = realloc(live->ends, capacity * sizeof *more);
       if (more == NULL) break;
-      live->links = more;
+      live->ends = more;
       live->capacity = capacity;
     }
-    if (count == 0) continue;
-    memcpy(live->links + live->count, sockets, count * sizeof *sockets);
-    live->count += count;
+    for (size_t j = 0; j < count; j++)
+      live->ends[live->count++] =
+          (link_end){.address = sockets[j].local_address, .port = sockets[j].local_port};
   }
   free(sockets);
   return live;
@@ -308,7 +314,7 @@ live_links *keel__chaos_live_links_read(const keel__chaos_run *run) {
 
 void keel__chaos_live_links_free(live_links *live) {
   if (live == NULL) return;
-  free(live->links);
+  free(live->ends);
   free(live);
 }
 
@@ -318,8 +324,8 @@ static long links_to_live(const tcp_socket *own, size_t count, const live_links 
   long linked = 0;
   for (size_t i = 0; i < count; i++) {
     for (size_t j = 0; j < live->count; j++) {
-      const tcp_socket *peer = &live->links[j];
-      if (peer->local_address == own[i].remote_address && peer->local_port == own[i].remote_port) {
+      if (live->ends[j].address == own[i].remote_address &&
+          live->ends[j].port == own[i].remote_port) {
         linked++;
         break;
       }
