@@ -219,7 +219,9 @@ typedef struct keel__agent_state {
   bool leaderless_said;    /* the store_leaderless event of this outage is out */
   bool fenced;
   bool ranks_seen; /* some process of the job showed a rank: the job has begun */
-  bool rejoined;   /* fenced, healed and started again as a spare node (KEEL_AGENT_REJOIN) */
+  bool rejoined;   /* a later life of its node: a spare node (KEEL_AGENT_REJOIN, or found in
+                     the store: rejoin_by_store) */
+  bool rejoin_by_store; /* started again by the user or a scheduler (earlier_life_check) */
   /* The node's last event but progress, for keel status: sent to event/node/<i> (on the
    * agent's lease) after a keepalive the store answered, never on the fence's path. */
   char last_event[40];

@@ -31,20 +31,27 @@
 static int64_t request_timeout_ns(const keel__agent_state *agent) { return agent->ttl_ns / 8; }
 static int64_t fence_after_ns(const keel__agent_state *agent) { return agent->ttl_ns * 5 / 8; }
 
-/* An agent started again after its fence (keel__agent_rejoin_exec): a spare node now, whose
- * spares take the node's uids that its first life left unused. */
-static void agent_rejoin_init(keel__launcher *launcher) {
+/* A spare node's part, in a later life of a node: spares only, which take the node's own
+ * uids that its earlier lives left unused. */
+static void agent_become_spare_node(keel__launcher *launcher, int64_t used) {
   keel__agent_state *agent = &launcher->agent;
-  const char *text = getenv(KEEL__AGENT_REJOIN_VARIABLE);
-  int64_t used;
-  if (text == NULL || keel_parse_int(text, 0, agent->uid_stride, &used) != KEEL_OK) return;
-  unsetenv(KEEL__AGENT_REJOIN_VARIABLE); /* not for its children */
   int64_t wanted = launcher->options.nproc_per_node + launcher->options.spares;
   int64_t room = (int64_t)agent->uid_stride - used;
   agent->rejoined = true;
   agent->extras_started = used;
   agent->workers = agent->joiners = 0;
   agent->spares = wanted < room ? wanted : room;
+}
+
+/* An agent started again by its own launcher (KEEL_AGENT_REJOIN, set by
+ * keel__agent_rejoin_exec after a fence, or by the supervisor of a killed node on one host). */
+static void agent_rejoin_init(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  const char *text = getenv(KEEL__AGENT_REJOIN_VARIABLE);
+  int64_t used;
+  if (text == NULL || keel_parse_int(text, 0, agent->uid_stride, &used) != KEEL_OK) return;
+  unsetenv(KEEL__AGENT_REJOIN_VARIABLE); /* not for its children */
+  agent_become_spare_node(launcher, used);
 }
 
 void keel__agent_init(keel__launcher *launcher) {
@@ -105,15 +112,22 @@ void keel__agent_uids_note(keel_store *store, int64_t node, int64_t used) {
                keel_strerror(status));
 }
 
-int64_t keel__agent_uids_used(keel_store *store, int64_t node) {
+/* How many of node's own uids its lives used; KEEL_ENOTFOUND when it has had none. */
+static keel_status node_uids_read(keel_store *store, int64_t node, int64_t *used_p) {
   char key[48];
   snprintf(key, sizeof key, "uids/node/%lld", (long long)node);
   keel_store_entry *entry = NULL;
-  int64_t used = 0;
-  if (keel_store_get(store, key, &entry) == KEEL_OK &&
-      keel_parse_int((const char *)entry->value, 0, INT64_MAX, &used) != KEEL_OK)
-    used = 0;
+  keel_status status = keel_store_get(store, key, &entry);
+  if (status == KEEL_OK &&
+      keel_parse_int((const char *)entry->value, 0, INT64_MAX, used_p) != KEEL_OK)
+    *used_p = 0;
   keel_store_entry_free(entry);
+  return status;
+}
+
+int64_t keel__agent_uids_used(keel_store *store, int64_t node) {
+  int64_t used = 0;
+  if (node_uids_read(store, node, &used) != KEEL_OK) used = 0;
   return used;
 }
 
@@ -151,6 +165,106 @@ static keel_status token_agree(keel__launcher *launcher) {
   return status;
 }
 
+/* A SIGINT or SIGTERM that came while waiting: the supervisor or the user stops the node. */
+static bool stop_signal_pending(const keel__launcher *launcher) {
+  struct signalfd_siginfo info;
+  bool stop = false;
+  while (read(launcher->signal_fd, &info, sizeof info) == (ssize_t)sizeof info)
+    stop |= info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM;
+  return stop;
+}
+
+/* A node that lived before in this job (uids/node/<i>, which every life of it writes when it
+ * registers) and whose agent starts again without its launcher saying so: a host rebooted or
+ * replaced, whose scheduler runs the same `keel run --node-rank I` again. Its ranks were
+ * given to spares or shrunk away meanwhile, so it comes back as a spare node, as a killed
+ * node on one host does (run_nodes.c). It waits first until the store shows nothing of its
+ * earlier life (the node's key and its processes' proc/ keys end with their leases, within
+ * --heartbeat of the host's death), so that the root decides on the lost node before the
+ * new life's key appears, and a second agent for a node that is alive is refused. */
+static bool uid_of_node(const keel__launcher *launcher, uint32_t uid) {
+  const keel__run_options *options = &launcher->options;
+  int64_t node = launcher->agent.node;
+  int64_t first_rank_uid = node * options->nproc_per_node;
+  if (node < options->nnodes && uid >= first_rank_uid &&
+      uid < first_rank_uid + options->nproc_per_node)
+    return true;
+  uint32_t first = first_extra_uid(options, node);
+  return uid >= first && uid < first + launcher->agent.uid_stride;
+}
+
+/* Whether the store still holds the node's key or a proc/ key of one of its uids; a store
+ * that does not answer counts as holding them. */
+static bool earlier_life_present(keel__launcher *launcher) {
+  char key[32];
+  snprintf(key, sizeof key, "node/%lld", (long long)launcher->agent.node);
+  keel_store_entry *entry = NULL;
+  keel_status status = keel_store_get(launcher->store, key, &entry);
+  keel_store_entry_free(entry);
+  if (status != KEEL_ENOTFOUND) return true;
+  keel_store_entry *entries = NULL;
+  size_t count = 0;
+  if (keel_store_list(launcher->store, "proc/", &entries, &count, NULL) != KEEL_OK) return true;
+  bool present = false;
+  for (size_t i = 0; i < count && !present; i++) {
+    uint32_t uid;
+    present =
+        keel__uid_from_key(entries[i].key, "proc/", &uid) == KEEL_OK && uid_of_node(launcher, uid);
+  }
+  keel_store_entries_free(entries, count);
+  return present;
+}
+
+static keel_status earlier_life_wait(keel__launcher *launcher) {
+  const keel__agent_state *agent = &launcher->agent;
+  int64_t wait_ns = 2 * agent->ttl_ns + SECOND_NS;
+  int64_t deadline = keel_deadline_after_ns(wait_ns);
+  KEEL_LOG_I("agent", "node %lld lived before in this job: it comes back as a spare node",
+             (long long)agent->node);
+  while (earlier_life_present(launcher)) {
+    if (keel_now_ns() >= deadline) {
+      KEEL_LOG_E("agent",
+                 "node %lld: the store still holds its earlier life (its agent's key or a "
+                 "process of it), or does not answer, after %.1f s: an agent of this node "
+                 "is alive; start no second one",
+                 (long long)agent->node, (double)wait_ns / 1e9);
+      return KEEL_EEXIST;
+    }
+    struct pollfd poller = {.fd = launcher->signal_fd, .events = POLLIN};
+    int64_t next = keel_now_ns() + agent->ttl_ns / 8;
+    poll(&poller, 1, keel_poll_timeout_ms(next < deadline ? next : deadline));
+    if (stop_signal_pending(launcher)) return KEEL_ESTOPPED;
+  }
+  return KEEL_OK;
+}
+
+static keel_status earlier_life_check(keel__launcher *launcher) {
+  keel__agent_state *agent = &launcher->agent;
+  int64_t used = 0;
+  if (agent->rejoined) return KEEL_OK;
+  keel_status status = node_uids_read(launcher->store, agent->node, &used);
+  if (status == KEEL_ENOTFOUND) return KEEL_OK;
+  if (status == KEEL_OK) status = earlier_life_wait(launcher);
+  /* Read again: the earlier life may have given more of its uids while it ended. */
+  if (status == KEEL_OK) status = node_uids_read(launcher->store, agent->node, &used);
+  if (status != KEEL_OK) {
+    if (status != KEEL_EEXIST && status != KEEL_ESTOPPED)
+      KEEL_LOG_E("agent", "node %lld: cannot read its earlier lives from the store: %s",
+                 (long long)agent->node, keel_strerror(status));
+    return status;
+  }
+  if (used >= (int64_t)agent->uid_stride) {
+    KEEL_LOG_E("agent",
+               "node %lld: its earlier lives used every uid it has (--max-restarts "
+               "sizes them): it cannot come back",
+               (long long)agent->node);
+    return KEEL_ERANGE;
+  }
+  agent_become_spare_node(launcher, used);
+  agent->rejoin_by_store = true;
+  return KEEL_OK;
+}
+
 keel_status keel__agent_store_open(keel__launcher *launcher) {
   const keel__run_options *options = &launcher->options;
   keel_status status;
@@ -179,8 +293,10 @@ keel_status keel__agent_store_open(keel__launcher *launcher) {
   if (!launcher->agent.supervised) status = token_agree(launcher);
   if (status == KEEL_OK)
     status = keel_store_set_timeout(launcher->store, request_timeout_ns(&launcher->agent));
+  if (status != KEEL_OK)
+    KEEL_LOG_E("agent", "cannot agree on the job's token: %s", keel_strerror(status));
+  if (status == KEEL_OK) status = earlier_life_check(launcher);
   if (status == KEEL_OK) return KEEL_OK;
-  KEEL_LOG_E("agent", "cannot agree on the job's token: %s", keel_strerror(status));
   keel_store_close(launcher->store);
   launcher->store = NULL;
   return status;
@@ -212,11 +328,14 @@ keel_status keel__agent_register(keel__launcher *launcher) {
   }
   agent->lease_confirmed_ns = sent_ns;
   agent->next_keepalive_ns = sent_ns + request_timeout_ns(agent);
+  /* The node's mark that it has lived, for a later life (earlier_life_check). */
+  keel__agent_uids_note(launcher->store, agent->node, agent->extras_started);
   keel__event_emit(launcher, "agent_start", "\"node\":%lld,\"pid\":%ld,\"role\":\"%s\"",
                    (long long)agent->node, (long)getpid(), agent_role(agent));
   if (agent->rejoined)
-    keel__event_emit(launcher, "agent_rejoin", "\"node\":%lld,\"spares\":%lld",
-                     (long long)agent->node, (long long)agent->spares);
+    keel__event_emit(launcher, "agent_rejoin", "\"node\":%lld,\"spares\":%lld,\"by\":\"%s\"",
+                     (long long)agent->node, (long long)agent->spares,
+                     agent->rejoin_by_store ? "store" : "launcher");
   return KEEL_OK;
 }
 
@@ -446,15 +565,6 @@ void keel__agent_check_end(keel__launcher *launcher) {
   /* A node whose rank holders all failed, replaced on other nodes that finished (RELIABILITY.md,
    * finding 12): the job's outcome is theirs. */
   if (over) keel__launcher_begin_ending(launcher, keel__children_verdict(launcher, finished));
-}
-
-/* A SIGINT or SIGTERM that came while waiting: the supervisor or the user stops the node. */
-static bool stop_signal_pending(const keel__launcher *launcher) {
-  struct signalfd_siginfo info;
-  bool stop = false;
-  while (read(launcher->signal_fd, &info, sizeof info) == (ssize_t)sizeof info)
-    stop |= info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM;
-  return stop;
 }
 
 bool keel__agent_rejoin_wait(keel__launcher *launcher) {
