@@ -577,6 +577,7 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
     /* No look this time, or the store did not answer: pace the loop on the links instead. */
     if (news != KEEL_OK && news != KEEL_ETIMEDOUT) keel__progress(endpoint, wake);
   }
+  keel_wait_ended(KEEL_WAIT_AGREEMENT, deadline);
   agreement_free(&round);
   return status;
 }

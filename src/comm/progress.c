@@ -554,9 +554,10 @@ keel_status keel__comm_health(keel_comm *comm) {
  * core each: with more ranks than cores, spinning (even yielding between polls) halved the
  * 4 KiB time of 4 ranks on 2 cores but starved everything else on the machine (BENCHMARKS.md,
  * issue 10). */
-keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
-                        void *state) {
+static keel_status drive_until(keel_comm *comm, keel__op *op, int64_t *deadline_p,
+                               keel__ready_fn ready, void *state) {
   keel_endpoint *endpoint = comm->endpoint;
+  int64_t deadline_ns = *deadline_p;
   int64_t spin_ns = endpoint->cores >= comm->ranks_on_this_machine ? endpoint->spin_ns : 0;
   int64_t spin_until = spin_ns > 0 ? keel_now_ns() + spin_ns : 0;
   for (;;) {
@@ -574,6 +575,7 @@ keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel
                  comm->op_seq, comm->epoch);
       status = KEEL_ETIMEDOUT;
     }
+    *deadline_p = deadline_ns; /* a member's declared section may have moved it */
     if (status != KEEL_OK) {
       keel__op_abandon(op);
       return status;
@@ -582,6 +584,13 @@ keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel
     keel_status progressed = keel__progress(endpoint, spinning ? 0 : deadline_ns);
     if (progressed == KEEL_OK && spin_ns > 0) spin_until = keel_now_ns() + spin_ns;
   }
+}
+
+keel_status keel__drive(keel_comm *comm, keel__op *op, int64_t deadline_ns, keel__ready_fn ready,
+                        void *state) {
+  keel_status status = drive_until(comm, op, &deadline_ns, ready, state);
+  keel_wait_ended(KEEL_WAIT_COLLECTIVE, deadline_ns);
+  return status;
 }
 
 keel_status keel__flush(keel_endpoint *endpoint, int64_t deadline_ns) {

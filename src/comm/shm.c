@@ -216,8 +216,8 @@ static void background_progress(keel_comm *comm) {
   if (comm->endpoint->operations != NULL) keel__progress(comm->endpoint, 0);
 }
 
-static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *counters,
-                            uint64_t target, int64_t deadline_ns) {
+static keel_status wait_all_until(keel_comm *comm, shm_group *group, shm_counter *counters,
+                                  uint64_t target, int64_t *deadline_p) {
   for (int spin = 0; spin < group->spin_limit; spin++) {
     if (all_reached(group, counters, target)) return KEEL_OK;
     __builtin_ia32_pause();
@@ -238,7 +238,7 @@ static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *coun
     keel_status health = keel__comm_health(comm);
     if (health == KEEL_OK) health = keel__interrupted(endpoint);
     if (health != KEEL_OK) return health;
-    if (keel__deadline_passed(comm, &deadline_ns)) return KEEL_ETIMEDOUT;
+    if (keel__deadline_passed(comm, deadline_p)) return KEEL_ETIMEDOUT;
     atomic_fetch_add_explicit(&group->header->sleepers, 1, memory_order_acq_rel);
     if (!all_reached(group, counters, target)) {
       struct timespec slice = {0, FUTEX_SLICE_NS};
@@ -246,6 +246,15 @@ static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *coun
     }
     atomic_fetch_sub_explicit(&group->header->sleepers, 1, memory_order_acq_rel);
   }
+}
+
+/* The wait for the others' counters, measured against its deadline as a member's declared
+ * section left it (keel_wait_ended). */
+static keel_status wait_all(keel_comm *comm, shm_group *group, shm_counter *counters,
+                            uint64_t target, int64_t deadline_ns) {
+  keel_status status = wait_all_until(comm, group, counters, target, &deadline_ns);
+  keel_wait_ended(KEEL_WAIT_COLLECTIVE, deadline_ns);
+  return status;
 }
 
 /* ---- the allreduce */

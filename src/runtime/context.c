@@ -369,6 +369,18 @@ void keel__commit_note(keel_ctx *ctx, uint64_t step) {
   if (keel_now_ns() - run->reported_ns >= COMMITS_INTERVAL_NS) commits_report(ctx);
 }
 
+/* Waits of this process that ended past their deadline since the last look (none, while the
+ * library keeps its deadlines): one `wait_late` line, which keel chaos counts against the
+ * job (deadlines-kept), and a warning. */
+void keel__waits_late_report(keel_ctx *ctx) {
+  keel_waits_late late;
+  if (!keel_waits_late_take(&late)) return;
+  char fields[192];
+  keel_waits_late_format(&late, fields, sizeof fields);
+  KEEL_LOG_W(MODULE, "waits ended past their deadline: %s", fields);
+  keel__report_line(ctx, "wait_late", fields);
+}
+
 /* A state this process received in a recovery (from a peer or a tier) says that the step
  * before its version was committed, by processes that may all die before their next
  * `commits` line (finding 43: a partitioned node's ranks committed a step alone, handed it
@@ -413,6 +425,7 @@ void keel_finalize(keel_ctx *ctx) {
   bool orderly = !ctx->abandon && interruption != KEEL_EORPHANED;
   if (orderly) {
     commits_report(ctx);
+    keel__waits_late_report(ctx);
     finish_event(ctx);
   }
   keel__session_detach(ctx->session);

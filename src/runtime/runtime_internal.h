@@ -336,6 +336,8 @@ void keel__finish_note(keel_ctx *ctx, uint64_t version);
 int keel__refill_world(const keel_ctx *ctx);
 /* context.c: an event line with this process's uid, rank and epoch. */
 void keel__report_line(keel_ctx *ctx, const char *event, const char *fields);
+/* A `wait_late` line if some wait of the process ended past its deadline since the last. */
+void keel__waits_late_report(keel_ctx *ctx);
 /* The world's status when it must stop: KEEL_OK or the session's interruption. */
 keel_status keel__interruption(keel_ctx *ctx);
 /* Says the process must leave (stop or launcher gone): one line on stderr, once. */

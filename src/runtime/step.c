@@ -359,6 +359,7 @@ keel_status keel_step_commit(keel_ctx *ctx) {
   step->version = step->step + 1;
   step->has_state = true;
   keel__commit_note(ctx, step->step);
+  keel__waits_late_report(ctx);
   keel__finish_note(ctx, step->version);
   keel__resume_committed(ctx, step->step);
   return commit_grow(ctx);

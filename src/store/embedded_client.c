@@ -180,6 +180,7 @@ static keel_status round_trip(embedded_client *client, keel__store_request *requ
   *response_p = response;
 unlock:
   pthread_mutex_unlock(&client->lock);
+  keel_wait_ended(KEEL_WAIT_STORE, deadline_ns);
   return status;
 }
 

@@ -172,8 +172,8 @@ static void member_failed(etcd_client *client, const char *why) {
 /* Sends body to path and leaves a gateway reply (HTTP 200, or an error reply the codec
  * reads) in client->reply. Moves on to the next member when one cannot be reached (or,
  * for a read, does not answer in time or has no leader), until deadline_ns. */
-static keel_status etcd_request(etcd_client *client, const char *path, const char *body,
-                                request_kind kind, int64_t deadline_ns) {
+static keel_status request_run(etcd_client *client, const char *path, const char *body,
+                               request_kind kind, int64_t deadline_ns) {
   size_t failures_in_a_row = 0;
   /* A read gives each member its share of the time, so that a stopped member (which still
    * accepts connections: the kernel does) leaves time to ask the others. */
@@ -202,6 +202,13 @@ static keel_status etcd_request(etcd_client *client, const char *path, const cha
       pause_before(ETCD_ROUND_PAUSE_NS, deadline_ns);
     if (keel_now_ns() >= deadline_ns) return KEEL_ETIMEDOUT;
   }
+}
+
+static keel_status etcd_request(etcd_client *client, const char *path, const char *body,
+                                request_kind kind, int64_t deadline_ns) {
+  keel_status status = request_run(client, path, body, kind, deadline_ns);
+  keel_wait_ended(KEEL_WAIT_STORE, deadline_ns);
+  return status;
 }
 
 static int64_t request_deadline(etcd_client *client) {
@@ -496,6 +503,7 @@ static keel_status watch_slice(etcd_client *client, const char *body, uint64_t s
   member_prepare(client, client->current, "/v3/watch", body, hard_deadline_ns, watch_collect,
                  &watch);
   CURLcode code = watch_run(client, &watch, slice_deadline_ns, hard_deadline_ns);
+  keel_wait_ended(KEEL_WAIT_STORE, hard_deadline_ns);
   keel_status status;
   if (watch.answered) {
     status = watch.status;

@@ -270,25 +270,48 @@ static void test_chaos_catches_a_death_it_did_not_cause(void **state) {
   chaos_result_free(&result);
 }
 
-/* A job that stands still with no failure to explain it, for longer than its deadlines allow
- * (collective deadline 1 s + heartbeat 2 s + 10 s of recovery): every rank sleeps 18 s at step
- * 300 (KEEL_FAULT delay), as all would behind a wait past its deadline. The launcher stop
- * that chaos injects comes about step 15 and is undone 2.1 s later at most, so at least
- * 15.9 s of the stillness follow it. Every other invariant holds. */
-static void test_chaos_catches_a_standstill(void **state) {
-  (void)state;
-  chaos_result result;
+/* Two ranks with a 1 s collective deadline, 400 steps, whose only failure from chaos is one
+ * launcher stop (about step 15, undone 2.1 s later at most), under the KEEL_FAULT rule given:
+ * the deadlines-kept check must fail, every invariant the rule does not touch hold. */
+static void late_job_run(const char *fault, chaos_result *result) {
   chaos_run((const char *const[]){"--failures", "1", "--every", "100ms", "--mix", "launcher-stop=1",
                                   "--no-reference", NULL},
             (const char *const[]){"-n", "2", "--collective-timeout", "1s", NULL},
-            (const char *const[]){"--steps", "400", "--compute-ms", "2", NULL},
-            "delay@step=300,ms=18000", CHAOS_TIMEOUT_MS, &result);
-  if (result.code != 1 || result.json == NULL) show(&result);
-  assert_int_equal(result.code, 1);
-  assert_non_null(result.json);
-  assert_true(check_is(result.json, "deadlines-kept", false));
-  assert_true(check_is(result.json, "job-exit", true));
-  assert_true(check_is(result.json, "no-false-death", true));
+            (const char *const[]){"--steps", "400", "--compute-ms", "2", NULL}, fault,
+            CHAOS_TIMEOUT_MS, result);
+  if (result->code != 1 || result->json == NULL) show(result);
+  assert_int_equal(result->code, 1);
+  assert_non_null(result->json);
+  assert_true(check_is(result->json, "deadlines-kept", false));
+  assert_true(check_is(result->json, "job-exit", true));
+  assert_true(check_is(result->json, "no-false-death", true));
+}
+
+/* A job that stands still with no failure to explain it, for longer than its deadlines allow
+ * (collective deadline 1 s + heartbeat 2 s + 10 s of recovery): every rank sleeps 18 s at step
+ * 300 (KEEL_FAULT delay), as all would behind a wait past its deadline; at least 15.9 s of
+ * the stillness follow the launcher stop's undo. */
+static void test_chaos_catches_a_standstill(void **state) {
+  (void)state;
+  chaos_result result;
+  late_job_run("delay@step=300,ms=18000", &result);
+  chaos_result_free(&result);
+}
+
+/* A wait past its deadline that the job does not stand still long for: both ranks sleep 3 s
+ * inside one allreduce at step 300 (KEEL_FAULT delay at point allreduce), whose deadline is
+ * 1 s, so each one's wait for the other ends 2 s past it. The standstill (3 s) is within
+ * what the deadlines allow (13 s); only the processes' own count of late waits (`wait_late`
+ * lines) can say so. */
+static void test_chaos_catches_a_late_wait(void **state) {
+  (void)state;
+  chaos_result result;
+  late_job_run("delay@point=allreduce,step=300,ms=3000", &result);
+  assert_non_null(strstr(result.output, "within 13000 ms"));
+  /* Each rank's wait, and more if one timed out first and the job recovered. */
+  assert_non_null(strstr(result.output, " waits of its processes ended over 500 ms past"));
+  assert_null(strstr(result.output, "(collectives 0,"));
+  assert_true(check_is(result.json, "final-state", true));
   chaos_result_free(&result);
 }
 
@@ -789,6 +812,7 @@ int main(void) {
       cmocka_unit_test(test_chaos_catches_a_different_result),
       cmocka_unit_test(test_chaos_catches_a_death_it_did_not_cause),
       cmocka_unit_test(test_chaos_catches_a_standstill),
+      cmocka_unit_test(test_chaos_catches_a_late_wait),
       cmocka_unit_test(test_chaos_catches_a_skipped_step),
       cmocka_unit_test(test_chaos_catches_a_leak),
       cmocka_unit_test(test_chaos_reuses_a_kept_reference),

@@ -224,6 +224,29 @@ static void test_stillness_is_counted_from_the_last_failure(void **state) {
   assert_int_equal(o->run->still_end_ns, 14000 * MS);
 }
 
+/* `wait_late` lines as a worker and the launcher write them (keel_waits_late_format): the
+ * counts add up by kind, and the worst of all is kept with its kind. */
+static void test_late_waits_add_up(void **state) {
+  observed *o = *state;
+  keel_waits_late late = {.count = {[KEEL_WAIT_COLLECTIVE] = 2},
+                          .worst_ns = {[KEEL_WAIT_COLLECTIVE] = 2000 * MS}};
+  char fields[192], line[320];
+  keel_waits_late_format(&late, fields, sizeof fields);
+  snprintf(line, sizeof line, "{\"event\":\"wait_late\",\"uid\":1,\"t_ns\":1,%s}\n", fields);
+  events_read(o, line);
+  late = (keel_waits_late){
+      .count = {[KEEL_WAIT_STORE] = 1, [KEEL_WAIT_AGREEMENT] = 3},
+      .worst_ns = {[KEEL_WAIT_STORE] = 9000 * MS, [KEEL_WAIT_AGREEMENT] = 700 * MS}};
+  keel_waits_late_format(&late, fields, sizeof fields);
+  snprintf(line, sizeof line, "{\"event\":\"wait_late\",\"t_ns\":2,%s}\n", fields);
+  events_read(o, line);
+  assert_int_equal(o->run->waits_late[KEEL_WAIT_COLLECTIVE], 2);
+  assert_int_equal(o->run->waits_late[KEEL_WAIT_AGREEMENT], 3);
+  assert_int_equal(o->run->waits_late[KEEL_WAIT_STORE], 1);
+  assert_int_equal(o->run->wait_late_worst_ns, 9000 * MS);
+  assert_string_equal(o->run->wait_late_worst_kind, "store");
+}
+
 /* Reads one `commits` line: uid's run number `run`, steps from..to committed in epoch. */
 static void commits_line(observed *o, unsigned uid, unsigned run, int epoch, int from, int to) {
   char line[256];
@@ -635,6 +658,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_stillness_is_counted_from_the_last_failure, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_late_waits_add_up, setup, teardown),
       cmocka_unit_test_setup_teardown(test_steps_of_a_replace_are_committed_once, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_step_no_process_committed_is_found, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_step_said_by_its_receiver_is_committed, setup,

@@ -417,6 +417,35 @@ static void test_clock(void **state) {
   assert_int_equal(keel_poll_timeout_ms(keel_now_ns() + 200000), 1); /* rounds up, never spins */
 }
 
+/* Waits that end within KEEL_WAIT_LATE_NS of their deadline, or have none, are not counted;
+ * later ones are, by kind, with the worst; a take clears the counts. */
+static void test_waits_late(void **state) {
+  (void)state;
+  keel_waits_late late;
+  keel_waits_late_take(&late); /* whatever came before */
+  int64_t now = keel_now_ns();
+  keel_wait_ended(KEEL_WAIT_COLLECTIVE, now + 1000000000);
+  keel_wait_ended(KEEL_WAIT_STORE, now - KEEL_WAIT_LATE_NS / 2);
+  keel_wait_ended(KEEL_WAIT_AGREEMENT, KEEL_NO_DEADLINE);
+  assert_false(keel_waits_late_take(&late));
+  assert_int_equal(late.count[KEEL_WAIT_STORE], 0);
+  keel_wait_ended(KEEL_WAIT_STORE, now - 2 * KEEL_WAIT_LATE_NS);
+  keel_wait_ended(KEEL_WAIT_STORE, now - 3 * KEEL_WAIT_LATE_NS);
+  keel_wait_ended(KEEL_WAIT_AGREEMENT, now - 2 * KEEL_WAIT_LATE_NS);
+  keel_wait_ended(KEEL_WAIT_KIND_COUNT, now - 4 * KEEL_WAIT_LATE_NS); /* no such kind */
+  assert_true(keel_waits_late_take(&late));
+  assert_int_equal(late.count[KEEL_WAIT_COLLECTIVE], 0);
+  assert_int_equal(late.count[KEEL_WAIT_AGREEMENT], 1);
+  assert_int_equal(late.count[KEEL_WAIT_STORE], 2);
+  assert_true(late.worst_ns[KEEL_WAIT_STORE] >= 3 * KEEL_WAIT_LATE_NS);
+  char text[192];
+  keel_waits_late_format(&late, text, sizeof text);
+  assert_non_null(strstr(text, "\"collective\":0,\"agreement\":1,\"store\":2,\"worst_ms\":"));
+  assert_non_null(strstr(text, "\"worst_kind\":\"store\""));
+  assert_false(keel_waits_late_take(&late));
+  assert_string_equal(keel_wait_kind_name(KEEL_WAIT_KIND_COUNT), "unknown");
+}
+
 /* mkdir -p: nested folders are made with the mode asked for, existing ones are fine, and a
  * file in the way or an empty path is an error, not a crash. */
 static void test_directory_make(void **state) {
@@ -456,6 +485,7 @@ int main(void) {
       cmocka_unit_test(test_random_determinism),
       cmocka_unit_test(test_status_names),
       cmocka_unit_test(test_clock),
+      cmocka_unit_test(test_waits_late),
       cmocka_unit_test(test_directory_make),
   };
   return keel_test_finish(cmocka_run_group_tests(tests, NULL, NULL));

@@ -1484,10 +1484,12 @@ static void etcd_check(const chaos_job *job, chaos_verdict *verdict) {
  * started when the pool ran dry (a Python one imports torch for seconds on 2 busy cores). */
 #define RECOVERY_SLACK_NS (10 * SECOND_NS)
 
-/* No wait past its deadline, seen from outside: every wait that can stop a job has one (the
+/* No wait past its deadline. Seen from outside: every wait that can stop a job has one (the
  * collective's, the lease's time to live), so the job never stands still for longer than the
- * longest of them and a recovery after the last failure or its undo. One that does has waited
- * past a deadline somewhere (or waited without one). */
+ * longest of them and a recovery after the last failure or its undo; one that does has waited
+ * past a deadline somewhere (or waited without one). And one process's late wait that the job
+ * did not stand still for: each process counts its own waits that ended past their deadline
+ * and says so in `wait_late` lines. */
 static void deadline_check(const chaos_job *job, chaos_verdict *verdict) {
   const keel__chaos_run *run = job->run;
   const keel__run_options *options = &job->options->run;
@@ -1496,13 +1498,23 @@ static void deadline_check(const chaos_job *job, chaos_verdict *verdict) {
     collective_ns = run->collective_deadline_ns;
   int64_t allowed_ns = collective_ns + options->heartbeat_ns + RECOVERY_SLACK_NS;
   bool within = run->still_longest_ns <= allowed_ns;
-  check(verdict, within, "deadlines-kept",
+  int64_t late = 0;
+  for (int kind = 0; kind < KEEL_WAIT_KIND_COUNT; kind++) late += run->waits_late[kind];
+  char worst[96] = "";
+  if (late > 0)
+    snprintf(worst, sizeof worst, "; the worst, a %s wait, %.0f ms past", run->wait_late_worst_kind,
+             (double)run->wait_late_worst_ns / 1e6);
+  check(verdict, within && late == 0, "deadlines-kept",
         "the job stood still %.0f ms at most after its last failure (ending %.1f s into the "
         "run), %s %.0f ms: collective deadline %.0f ms + heartbeat %.0f ms + %.0f ms of "
-        "recovery",
+        "recovery; %" PRId64
+        " waits of its processes ended over %.0f ms past their deadline "
+        "(collectives %" PRId64 ", agreements %" PRId64 ", store requests %" PRId64 ")%s",
         (double)run->still_longest_ns / 1e6, (double)(run->still_end_ns - job->started_ns) / 1e9,
         within ? "within" : "past", (double)allowed_ns / 1e6, (double)collective_ns / 1e6,
-        (double)options->heartbeat_ns / 1e6, (double)RECOVERY_SLACK_NS / 1e6);
+        (double)options->heartbeat_ns / 1e6, (double)RECOVERY_SLACK_NS / 1e6, late,
+        (double)KEEL_WAIT_LATE_NS / 1e6, run->waits_late[KEEL_WAIT_COLLECTIVE],
+        run->waits_late[KEEL_WAIT_AGREEMENT], run->waits_late[KEEL_WAIT_STORE], worst);
 }
 
 /* Every step from the first to the last committed by the job, in the history its processes

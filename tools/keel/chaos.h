@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "keel/core.h"
+
 typedef enum keel__chaos_kind {
   KEEL__CHAOS_KILL,          /* SIGKILL to a rank's process (keel inject kill) */
   KEEL__CHAOS_STOP,          /* SIGSTOP to a rank's process, never continued: a hang */
@@ -132,6 +134,11 @@ typedef struct keel__chaos_run {
   int64_t progress_last_ns;
   int64_t still_longest_ns, still_end_ns;
   int64_t collective_deadline_ns; /* the longest a `collective_timeout` line set (auto) */
+  /* `wait_late` lines: waits that ended past their deadline, as the processes counted them
+   * (KEEL_WAIT_LATE_NS past it), by kind (keel_wait_kind), and the worst. */
+  int64_t waits_late[KEEL_WAIT_KIND_COUNT];
+  int64_t wait_late_worst_ns;
+  char wait_late_worst_kind[16];
   int64_t section_end_ns;         /* the last `section_end` line's time */
   long store_keys[KEEL__CHAOS_MAX_SAMPLES];
   size_t store_key_count;

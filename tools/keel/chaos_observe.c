@@ -665,6 +665,17 @@ static void collective_timeout_read(keel__chaos_run *run, json_t *event) {
   if (ns > run->collective_deadline_ns) run->collective_deadline_ns = ns;
 }
 
+static void wait_late_read(keel__chaos_run *run, json_t *event) {
+  for (int kind = 0; kind < KEEL_WAIT_KIND_COUNT; kind++)
+    run->waits_late[kind] += keel__json_int_or(event, keel_wait_kind_name((keel_wait_kind)kind), 0);
+  int64_t worst_ns = json_ms_to_ns(event, "worst_ms");
+  if (worst_ns <= run->wait_late_worst_ns) return;
+  run->wait_late_worst_ns = worst_ns;
+  if (!keel__json_string(event, "worst_kind", run->wait_late_worst_kind,
+                         sizeof run->wait_late_worst_kind))
+    run->wait_late_worst_kind[0] = '\0';
+}
+
 static void finish_read(keel__chaos_run *run, json_t *event) {
   if (run->finish_count == KEEL__CHAOS_MAX_FINISHES) return;
   keel__chaos_finish *f = &run->finishes[run->finish_count++];
@@ -704,6 +715,8 @@ static void event_read(keel__chaos_run *run, json_t *event, keel__chaos_failure 
     received_commit_read(run, event);
   } else if (strcmp(name, "collective_timeout") == 0) {
     collective_timeout_read(run, event);
+  } else if (strcmp(name, "wait_late") == 0) {
+    wait_late_read(run, event);
   } else if (strcmp(name, "section_end") == 0) {
     run->section_end_ns = keel__json_int_or(event, "t_ns", 0);
   } else if (strcmp(name, "spawn") == 0) {

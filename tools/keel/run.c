@@ -488,6 +488,17 @@ static bool launcher_finished(const keel__launcher *launcher) {
          keel__servers_unreaped(launcher) == 0;
 }
 
+/* Waits of the launcher's own (its store requests, the agent's keepalives) that ended past
+ * their deadline: a `wait_late` event, as a worker's (keel__waits_late_report). */
+static void launcher_waits_late_note(keel__launcher *launcher) {
+  keel_waits_late late;
+  if (!keel_waits_late_take(&late)) return;
+  char fields[192];
+  keel_waits_late_format(&late, fields, sizeof fields);
+  KEEL_LOG_W("launcher", "waits ended past their deadline: %s", fields);
+  keel__event_emit(launcher, "wait_late", "%s", fields);
+}
+
 static void launcher_loop(keel__launcher *launcher) {
   while (!launcher_finished(launcher)) {
     struct pollfd fds[3] = {
@@ -504,6 +515,7 @@ static void launcher_loop(keel__launcher *launcher) {
     if (ready > 0 && fds[1].revents != 0) keel__status_drain(launcher);
     if (ready > 0 && fds[2].revents != 0) launcher_handle_reports(launcher);
     launcher_handle_deadlines(launcher, keel_now_ns());
+    launcher_waits_late_note(launcher);
   }
 }
 
