@@ -103,7 +103,7 @@ int keel_poll_timeout_ms(int64_t deadline_ns);
  * delay: a wait that ignored its deadline) is counted, by kind, for the whole process. The
  * runtime and keel run report the counts in `wait_late` events, which keel chaos's
  * deadlines-kept check reads (docs/CHAOS.md). */
-#define KEEL_WAIT_LATE_NS (500 * 1000 * 1000)
+#define KEEL_WAIT_LATE_NS ((int64_t)1000 * 1000 * 1000)
 typedef enum keel_wait_kind {
   KEEL_WAIT_COLLECTIVE,
   KEEL_WAIT_AGREEMENT,
