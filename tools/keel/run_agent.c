@@ -174,6 +174,16 @@ static bool stop_signal_pending(const keel__launcher *launcher) {
   return stop;
 }
 
+/* One pause of an agent's wait on the store: pause_ns, or until deadline_ns if sooner, cut
+ * short by a signal; true if it was a stop. */
+static bool pause_until_stopped(const keel__launcher *launcher, int64_t pause_ns,
+                                int64_t deadline_ns) {
+  struct pollfd poller = {.fd = launcher->signal_fd, .events = POLLIN};
+  int64_t next = keel_now_ns() + pause_ns;
+  poll(&poller, 1, keel_poll_timeout_ms(next < deadline_ns ? next : deadline_ns));
+  return stop_signal_pending(launcher);
+}
+
 /* A node that lived before in this job (uids/node/<i>, which every life of it writes when it
  * registers) and whose agent starts again without its launcher saying so: a host rebooted or
  * replaced, whose scheduler runs the same `keel run --node-rank I` again. Its ranks were
@@ -230,10 +240,7 @@ static keel_status earlier_life_wait(keel__launcher *launcher) {
                  (long long)agent->node, (double)wait_ns / 1e9);
       return KEEL_EEXIST;
     }
-    struct pollfd poller = {.fd = launcher->signal_fd, .events = POLLIN};
-    int64_t next = keel_now_ns() + agent->ttl_ns / 8;
-    poll(&poller, 1, keel_poll_timeout_ms(next < deadline ? next : deadline));
-    if (stop_signal_pending(launcher)) return KEEL_ESTOPPED;
+    if (pause_until_stopped(launcher, agent->ttl_ns / 8, deadline)) return KEEL_ESTOPPED;
   }
   return KEEL_OK;
 }
@@ -594,10 +601,7 @@ bool keel__agent_rejoin_wait(keel__launcher *launcher) {
       return true;
     }
     if (status == KEEL_OK) return false;
-    struct pollfd poller = {.fd = launcher->signal_fd, .events = POLLIN};
-    int64_t next = keel_now_ns() + agent->ttl_ns / 4;
-    poll(&poller, 1, keel_poll_timeout_ms(next < deadline ? next : deadline));
-    if (stop_signal_pending(launcher)) return false;
+    if (pause_until_stopped(launcher, agent->ttl_ns / 4, deadline)) return false;
   }
   KEEL_LOG_W("agent", "node %lld: the store did not answer within --rejoin-wait",
              (long long)agent->node);
