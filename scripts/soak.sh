@@ -81,11 +81,13 @@ failed=0
 ec_steps=$(( servers * 135 + 1000 ))
 if wanted servers; then
   echo "soak: servers: ec_train --steps $ec_steps"
-  # Its failure-free run (9 minutes) is kept and reused by a soak of the same build.
+  # Its failure-free run (9 minutes) is kept and reused by a soak of the same build. The
+  # workers trace what they pulled every 200 steps, so that a model other than the
+  # failure-free run's says at which step the two parted (RELIABILITY.md, finding 58).
   mkdir -p "$out/references"
   chaos servers "$servers" 500ms..1s server-kill=1 --reference-dir "$out/references" \
     -- --servers 5 --ec k=3,r=2 --ec-sync -n 2 \
-    -- "$ec_train" --steps "$ec_steps" --step-ms 5 || failed=1
+    -- "$ec_train" --steps "$ec_steps" --step-ms 5 --trace-every 200 || failed=1
 fi
 
 # Hangs need gaps past their detection (a deadline of 1 s, then the agreement's). On a quiet
