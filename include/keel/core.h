@@ -98,7 +98,8 @@ int64_t keel_deadline_after_ns(int64_t duration_ns);
 int keel_poll_timeout_ms(int64_t deadline_ns);
 
 /* ---- waits that ended past their deadline. Each bounded wait that can hold up a job (a
- * collective, an agreement round, a store request) says when it ends, with the deadline it
+ * collective, an agreement round, a store request, a call to a parameter server) says when it
+ * ends, with the deadline it
  * kept to; one that ended more than KEEL_WAIT_LATE_NS after it (far more than a wake-up's
  * delay: a wait that ignored its deadline) is counted, by kind, for the whole process. The
  * runtime and keel run report the counts in `wait_late` events, which keel chaos's
@@ -108,20 +109,22 @@ typedef enum keel_wait_kind {
   KEEL_WAIT_COLLECTIVE,
   KEEL_WAIT_AGREEMENT,
   KEEL_WAIT_STORE,
+  KEEL_WAIT_SERVER,
   KEEL_WAIT_KIND_COUNT
 } keel_wait_kind;
 typedef struct keel_waits_late {
   uint64_t count[KEEL_WAIT_KIND_COUNT];
   int64_t worst_ns[KEEL_WAIT_KIND_COUNT]; /* the longest past its deadline, of those counted */
 } keel_waits_late;
-/* "collective", "agreement", "store". */
+/* "collective", "agreement", "store", "server". */
 const char *keel_wait_kind_name(keel_wait_kind kind);
 /* Called as a wait ends; counts it if it is late. */
 void keel_wait_ended(keel_wait_kind kind, int64_t deadline_ns);
 /* Moves the counts since the last take into *late; false (and *late zero) if there were none.
  * Cheap when there were none: one atomic load. */
 bool keel_waits_late_take(keel_waits_late *late);
-/* The counts as JSON fields for an event line ("collective":N,...,"worst_ms":W,"worst_kind":K);
+/* The counts as JSON fields for an event line ("collective":N,...,"server":N,"worst_ms":W,
+ * "worst_kind":K);
  * the text is cut to capacity. */
 void keel_waits_late_format(const keel_waits_late *late, char *text, size_t capacity);
 

@@ -274,7 +274,12 @@ keel_status keel_reporter_open(keel_reporter **reporter_p);
  * keel_report_event (the same checks of event and json_fields). Never blocks. */
 void keel_reporter_event(keel_reporter *reporter, int rank, const char *event,
                          const char *json_fields);
-/* NULL is allowed. */
+/* A `wait_late` line (docs/RUNTIME.md) if some wait of this process (a call to a parameter
+ * server, a store request) ended past its deadline since the last such line, as
+ * keel_step_commit sends one for a context: one atomic load when none did, so a training loop
+ * may call it every step. Never blocks. */
+void keel_reporter_waits_late(keel_reporter *reporter, int rank);
+/* Sends the last wait_late line if one is due. NULL is allowed. */
 void keel_reporter_close(keel_reporter *reporter);
 
 #ifdef __cplusplus

@@ -44,7 +44,8 @@ static _Atomic int64_t late_worst_ns[KEEL_WAIT_KIND_COUNT];
 static atomic_bool late_any;
 
 const char *keel_wait_kind_name(keel_wait_kind kind) {
-  static const char *const names[KEEL_WAIT_KIND_COUNT] = {"collective", "agreement", "store"};
+  static const char *const names[KEEL_WAIT_KIND_COUNT] = {"collective", "agreement", "store",
+                                                          "server"};
   return kind >= 0 && kind < KEEL_WAIT_KIND_COUNT ? names[kind] : "unknown";
 }
 
@@ -78,8 +79,8 @@ void keel_waits_late_format(const keel_waits_late *late, char *text, size_t capa
     if (late->worst_ns[kind] > late->worst_ns[worst]) worst = kind;
   snprintf(text, capacity,
            "\"collective\":%" PRIu64 ",\"agreement\":%" PRIu64 ",\"store\":%" PRIu64
-           ",\"worst_ms\":%.1f,\"worst_kind\":\"%s\"",
+           ",\"server\":%" PRIu64 ",\"worst_ms\":%.1f,\"worst_kind\":\"%s\"",
            late->count[KEEL_WAIT_COLLECTIVE], late->count[KEEL_WAIT_AGREEMENT],
-           late->count[KEEL_WAIT_STORE], (double)late->worst_ns[worst] / 1e6,
-           keel_wait_kind_name((keel_wait_kind)worst));
+           late->count[KEEL_WAIT_STORE], late->count[KEEL_WAIT_SERVER],
+           (double)late->worst_ns[worst] / 1e6, keel_wait_kind_name((keel_wait_kind)worst));
 }

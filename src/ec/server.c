@@ -1374,6 +1374,7 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     }
     step_wait(server);
   }
+  keel_wait_ended(KEEL_WAIT_SERVER, deadline);
   keel_status result = slot->applied ? slot->result : KEEL_ETIMEDOUT;
   slot->left++;
   if (slot->applied && slot->left == slot->arrived) step_free(server, slot);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ec/ec_internal.h"
 #include "ec/service.h"
@@ -156,13 +157,28 @@ static void peer_drop_after(keel__ec_peer *peer, keel_status status) {
     peer_drop(peer);
 }
 
-/* Connects if need be and sends the request; the peer's lock is held from here to
- * pending_end. */
+/* Takes the peer's lock by deadline_ns. Another thread's call holds it for as long as its
+ * own deadline allows, which can be later than this one's: a server's threads forward to the
+ * same parity holder, and a call that took the lock unbounded ended as late as the other call
+ * did (RELIABILITY.md, finding 57). */
+static bool peer_lock(keel__ec_peer *peer, int64_t deadline_ns) {
+  if (deadline_ns == KEEL_NO_DEADLINE) return pthread_mutex_lock(&peer->lock) == 0;
+  struct timespec until = {.tv_sec = (time_t)(deadline_ns / 1000000000),
+                           .tv_nsec = (long)(deadline_ns % 1000000000)};
+  return pthread_mutex_clocklock(&peer->lock, CLOCK_MONOTONIC, &until) == 0;
+}
+
+/* Connects if need be and sends the request; the peer's lock, once taken, is held from here
+ * to pending_end. */
 static void pending_begin(keel__ec_pending *pending, keel__ec_peer *peer,
                           keel__ec_directory *directory, const keel_auth *auth,
                           int64_t deadline_ns) {
-  pthread_mutex_lock(&peer->lock);
   pending->peer = peer;
+  pending->locked = peer_lock(peer, deadline_ns);
+  if (!pending->locked) {
+    pending->status = KEEL_ETIMEDOUT;
+    return;
+  }
   pending->reused = peer->link != NULL;
   memcpy(pending->address_before, peer->address, sizeof pending->address_before);
   pending->status = peer_connect(peer, directory, auth, deadline_ns);
@@ -186,9 +202,9 @@ static bool pending_resend(const keel__ec_pending *pending, keel__ec_directory *
 }
 
 /* Receives the reply (or sends the request once more, to a replacement, and receives that
- * reply), releases the peer's lock and frees what pending owns. */
-static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *directory,
-                               const keel_auth *auth, void *body, int64_t deadline_ns) {
+ * reply); the caller holds the peer's lock. */
+static keel_status pending_exchange_end(keel__ec_pending *pending, keel__ec_directory *directory,
+                                        const keel_auth *auth, void *body, int64_t deadline_ns) {
   keel__ec_peer *peer = pending->peer;
   keel_status status = pending->status;
   if (status == KEEL_OK)
@@ -203,9 +219,21 @@ static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *di
           peer_receive(peer, pending->tag, pending->op, pending->body_bytes, body, deadline_ns);
     peer_drop_after(peer, status);
   }
-  pthread_mutex_unlock(&peer->lock);
+  return status;
+}
+
+/* Ends the exchange if the lock was taken, releases the lock and frees what pending owns.
+ * The call's wait counts against its deadline (keel_wait_ended). */
+static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *directory,
+                               const keel_auth *auth, void *body, int64_t deadline_ns) {
+  keel_status status = pending->status;
+  if (pending->locked) {
+    status = pending_exchange_end(pending, directory, auth, body, deadline_ns);
+    pthread_mutex_unlock(&pending->peer->lock);
+  }
   free(pending->owned);
   pending->owned = NULL;
+  keel_wait_ended(KEEL_WAIT_SERVER, deadline_ns);
   return status;
 }
 

@@ -27,7 +27,8 @@ void keel__ec_directory_init(keel__ec_directory *directory, keel_store *store);
 void keel__ec_directory_destroy(keel__ec_directory *directory);
 
 /* One server as seen by a caller: its link (opened on first use, dropped after a failure so
- * that the next call reconnects) under a lock, so that threads take turns. */
+ * that the next call reconnects) under a lock, so that threads take turns; a call that cannot
+ * have its turn by its deadline ends with KEEL_ETIMEDOUT, as one the server did not answer. */
 typedef struct keel__ec_peer {
   pthread_mutex_t lock;
   int index;
@@ -63,6 +64,7 @@ typedef struct keel__ec_pending {
   size_t length, body_bytes;
   uint16_t op;
   uint64_t tag;
+  bool locked; /* the peer's lock was taken by the deadline (else status is KEEL_ETIMEDOUT) */
   bool reused; /* the link was open before this call */
   char address_before[64];
   keel_status status; /* of the sending */

@@ -109,21 +109,6 @@ void keel_report(keel_ctx *ctx, uint64_t step, double loss, double samples_per_s
   keel__report_line(ctx, "progress", fields);
 }
 
-static bool event_name_valid(const char *event) {
-  size_t length = strlen(event);
-  if (length == 0 || length > 31) return false;
-  for (size_t i = 0; i < length; i++) {
-    char c = event[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
-  }
-  return true;
-}
-
-bool keel__event_acceptable(const char *event, const char *json_fields) {
-  if (event == NULL || !event_name_valid(event)) return false;
-  return json_fields == NULL || strlen(json_fields) <= 3072;
-}
-
 void keel_report_event(keel_ctx *ctx, const char *event, const char *json_fields) {
   if (keel__event_acceptable(event, json_fields)) keel__report_line(ctx, event, json_fields);
 }
@@ -373,12 +358,8 @@ void keel__commit_note(keel_ctx *ctx, uint64_t step) {
  * library keeps its deadlines): one `wait_late` line, which keel chaos counts against the
  * job (deadlines-kept), and a warning. */
 void keel__waits_late_report(keel_ctx *ctx) {
-  keel_waits_late late;
-  if (!keel_waits_late_take(&late)) return;
-  char fields[192];
-  keel_waits_late_format(&late, fields, sizeof fields);
-  KEEL_LOG_W(MODULE, "waits ended past their deadline: %s", fields);
-  keel__report_line(ctx, "wait_late", fields);
+  char fields[224];
+  if (keel__waits_late_fields(fields, sizeof fields)) keel__report_line(ctx, "wait_late", fields);
 }
 
 /* A state this process received in a recovery (from a peer or a tier) says that the step

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include "runtime/runtime_internal.h"
@@ -66,11 +67,35 @@ void keel__events_line(keel__events *events, uint32_t uid, int rank, uint64_t ep
                events->fd);
 }
 
+static bool event_name_valid(const char *event) {
+  size_t length = strlen(event);
+  if (length == 0 || length > 31) return false;
+  for (size_t i = 0; i < length; i++) {
+    char c = event[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+bool keel__event_acceptable(const char *event, const char *json_fields) {
+  if (event == NULL || !event_name_valid(event)) return false;
+  return json_fields == NULL || strlen(json_fields) <= 3072;
+}
+
+bool keel__waits_late_fields(char *fields, size_t capacity) {
+  keel_waits_late late;
+  if (!keel_waits_late_take(&late)) return false;
+  keel_waits_late_format(&late, fields, capacity);
+  KEEL_LOG_W(MODULE, "waits ended past their deadline: %s", fields);
+  return true;
+}
+
 /* ---- keel_reporter: the same lines from a process without a context */
 
 struct keel_reporter {
   keel__events *events;
   uint32_t uid;
+  int rank; /* the last one a line was sent with, for the close's wait_late line */
 };
 
 keel_status keel_reporter_open(keel_reporter **reporter_p) {
@@ -87,6 +112,7 @@ keel_status keel_reporter_open(keel_reporter **reporter_p) {
     return status;
   }
   reporter->uid = (uint32_t)uid;
+  reporter->rank = -1;
   *reporter_p = reporter;
   return KEEL_OK;
 }
@@ -94,11 +120,21 @@ keel_status keel_reporter_open(keel_reporter **reporter_p) {
 void keel_reporter_event(keel_reporter *reporter, int rank, const char *event,
                          const char *json_fields) {
   if (reporter == NULL || !keel__event_acceptable(event, json_fields)) return;
+  reporter->rank = rank;
   keel__events_line(reporter->events, reporter->uid, rank, 0, event, json_fields);
+}
+
+void keel_reporter_waits_late(keel_reporter *reporter, int rank) {
+  if (reporter == NULL) return;
+  reporter->rank = rank;
+  char fields[224];
+  if (keel__waits_late_fields(fields, sizeof fields))
+    keel__events_line(reporter->events, reporter->uid, rank, 0, "wait_late", fields);
 }
 
 void keel_reporter_close(keel_reporter *reporter) {
   if (reporter == NULL) return;
+  keel_reporter_waits_late(reporter, reporter->rank);
   keel__events_destroy(reporter->events);
   free(reporter);
 }

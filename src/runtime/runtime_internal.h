@@ -69,6 +69,10 @@ void keel__events_line(keel__events *events, uint32_t uid, int rank, uint64_t ep
 /* Whether an application's event (keel_report_event, keel_reporter_event) may be sent: a
  * name of 1..31 characters of [a-z0-9_], fields under 3 KiB. */
 bool keel__event_acceptable(const char *event, const char *json_fields);
+/* The fields of a `wait_late` line (keel_waits_late_format) if some wait of this process
+ * ended past its deadline since the last take, with a warning in the log; false if none did
+ * (one atomic load). */
+bool keel__waits_late_fields(char *fields, size_t capacity);
 
 /* ---- detector.c */
 typedef struct keel__detector keel__detector;

@@ -242,6 +242,7 @@ static int train(worker *self) {
     printf("progress step %lld rank %lld\n", (long long)step, (long long)self->rank);
     fflush(stdout);
     report(self, "progress", step + 1, 0); /* no crc: only finish carries one */
+    keel_reporter_waits_late(self->reporter, (int)self->rank);
     if (self->options.step_ms > 0) pause_ms(self->options.step_ms);
   }
   uint32_t crc = 0;

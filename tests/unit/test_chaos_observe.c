@@ -230,12 +230,12 @@ static void test_late_waits_add_up(void **state) {
   observed *o = *state;
   keel_waits_late late = {.count = {[KEEL_WAIT_COLLECTIVE] = 2},
                           .worst_ns = {[KEEL_WAIT_COLLECTIVE] = 2000 * MS}};
-  char fields[192], line[320];
+  char fields[224], line[320];
   keel_waits_late_format(&late, fields, sizeof fields);
   snprintf(line, sizeof line, "{\"event\":\"wait_late\",\"uid\":1,\"t_ns\":1,%s}\n", fields);
   events_read(o, line);
   late = (keel_waits_late){
-      .count = {[KEEL_WAIT_STORE] = 1, [KEEL_WAIT_AGREEMENT] = 3},
+      .count = {[KEEL_WAIT_STORE] = 1, [KEEL_WAIT_AGREEMENT] = 3, [KEEL_WAIT_SERVER] = 4},
       .worst_ns = {[KEEL_WAIT_STORE] = 9000 * MS, [KEEL_WAIT_AGREEMENT] = 700 * MS}};
   keel_waits_late_format(&late, fields, sizeof fields);
   snprintf(line, sizeof line, "{\"event\":\"wait_late\",\"t_ns\":2,%s}\n", fields);
@@ -243,6 +243,7 @@ static void test_late_waits_add_up(void **state) {
   assert_int_equal(o->run->waits_late[KEEL_WAIT_COLLECTIVE], 2);
   assert_int_equal(o->run->waits_late[KEEL_WAIT_AGREEMENT], 3);
   assert_int_equal(o->run->waits_late[KEEL_WAIT_STORE], 1);
+  assert_int_equal(o->run->waits_late[KEEL_WAIT_SERVER], 4);
   assert_int_equal(o->run->wait_late_worst_ns, 9000 * MS);
   assert_string_equal(o->run->wait_late_worst_kind, "store");
 }

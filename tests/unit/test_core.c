@@ -432,15 +432,18 @@ static void test_waits_late(void **state) {
   keel_wait_ended(KEEL_WAIT_STORE, now - 2 * KEEL_WAIT_LATE_NS);
   keel_wait_ended(KEEL_WAIT_STORE, now - 3 * KEEL_WAIT_LATE_NS);
   keel_wait_ended(KEEL_WAIT_AGREEMENT, now - 2 * KEEL_WAIT_LATE_NS);
+  keel_wait_ended(KEEL_WAIT_SERVER, now - 2 * KEEL_WAIT_LATE_NS);
   keel_wait_ended(KEEL_WAIT_KIND_COUNT, now - 4 * KEEL_WAIT_LATE_NS); /* no such kind */
   assert_true(keel_waits_late_take(&late));
   assert_int_equal(late.count[KEEL_WAIT_COLLECTIVE], 0);
   assert_int_equal(late.count[KEEL_WAIT_AGREEMENT], 1);
   assert_int_equal(late.count[KEEL_WAIT_STORE], 2);
+  assert_int_equal(late.count[KEEL_WAIT_SERVER], 1);
   assert_true(late.worst_ns[KEEL_WAIT_STORE] >= 3 * KEEL_WAIT_LATE_NS);
-  char text[192];
+  char text[224];
   keel_waits_late_format(&late, text, sizeof text);
-  assert_non_null(strstr(text, "\"collective\":0,\"agreement\":1,\"store\":2,\"worst_ms\":"));
+  assert_non_null(
+      strstr(text, "\"collective\":0,\"agreement\":1,\"store\":2,\"server\":1,\"worst_ms\":"));
   assert_non_null(strstr(text, "\"worst_kind\":\"store\""));
   assert_false(keel_waits_late_take(&late));
   assert_string_equal(keel_wait_kind_name(KEEL_WAIT_KIND_COUNT), "unknown");

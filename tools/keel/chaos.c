@@ -1509,12 +1509,14 @@ static void deadline_check(const chaos_job *job, chaos_verdict *verdict) {
         "run), %s %.0f ms: collective deadline %.0f ms + heartbeat %.0f ms + %.0f ms of "
         "recovery; %" PRId64
         " waits of its processes ended over %.0f ms past their deadline "
-        "(collectives %" PRId64 ", agreements %" PRId64 ", store requests %" PRId64 ")%s",
+        "(collectives %" PRId64 ", agreements %" PRId64 ", store requests %" PRId64
+        ", parameter-server calls %" PRId64 ")%s",
         (double)run->still_longest_ns / 1e6, (double)(run->still_end_ns - job->started_ns) / 1e9,
         within ? "within" : "past", (double)allowed_ns / 1e6, (double)collective_ns / 1e6,
         (double)options->heartbeat_ns / 1e6, (double)RECOVERY_SLACK_NS / 1e6, late,
         (double)KEEL_WAIT_LATE_NS / 1e6, run->waits_late[KEEL_WAIT_COLLECTIVE],
-        run->waits_late[KEEL_WAIT_AGREEMENT], run->waits_late[KEEL_WAIT_STORE], worst);
+        run->waits_late[KEEL_WAIT_AGREEMENT], run->waits_late[KEEL_WAIT_STORE],
+        run->waits_late[KEEL_WAIT_SERVER], worst);
 }
 
 /* Every step from the first to the last committed by the job, in the history its processes

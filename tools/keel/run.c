@@ -493,7 +493,7 @@ static bool launcher_finished(const keel__launcher *launcher) {
 static void launcher_waits_late_note(keel__launcher *launcher) {
   keel_waits_late late;
   if (!keel_waits_late_take(&late)) return;
-  char fields[192];
+  char fields[224];
   keel_waits_late_format(&late, fields, sizeof fields);
   KEEL_LOG_W("launcher", "waits ended past their deadline: %s", fields);
   keel__event_emit(launcher, "wait_late", "%s", fields);

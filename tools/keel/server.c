@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "keel/ec.h"
+#include "keel/runtime.h"
 #include "tool.h"
 
 #define STORE_CONNECT_TIMEOUT_NS (30 * INT64_C(1000000000))
@@ -193,6 +194,18 @@ static keel_status config_wait_unless_stopped(keel_store *store, const sigset_t 
   }
 }
 
+/* Waits for a signal of stop, and says every second whether some wait of the server's (its
+ * calls to other servers, its waits for a step's pushes) ended past its deadline: `wait_late`
+ * lines, which keel chaos counts against the job (deadlines-kept). */
+static void waits_late_report_until(const sigset_t *stop) {
+  keel_reporter *reporter = NULL;
+  if (keel_reporter_open(&reporter) != KEEL_OK)
+    fprintf(stderr, "keel server: KEEL_STATUS_FD or KEEL_UID is malformed: no event lines\n");
+  const struct timespec second = {1, 0};
+  while (sigtimedwait(stop, NULL, &second) < 0) keel_reporter_waits_late(reporter, -1);
+  keel_reporter_close(reporter);
+}
+
 /* Serves until SIGTERM or SIGINT: this process is the tool's, so it may take the signals. */
 static int serve_until_signalled(server_arguments *arguments, keel_store *store,
                                  const keel_auth *auth) {
@@ -224,8 +237,7 @@ static int serve_until_signalled(server_arguments *arguments, keel_store *store,
   }
   printf("keel server %d listening on %s\n", (int)arguments->index, keel_ec_server_address(server));
   fflush(stdout);
-  int signal_number = 0;
-  sigwait(&stop, &signal_number);
+  waits_late_report_until(&stop);
   keel_ec_server_stop(server);
   return 0;
 }
