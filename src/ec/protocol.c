@@ -63,7 +63,8 @@ static const struct op_rule {
                                     .update = true,
                                     .count = COUNT_ITEMS,
                                     .arrays = ARRAY_REFS | ARRAY_BLOCKS},
-    [KEEL__EC_OP_PARITY_COMMIT] = {.flags = KEEL__EC_FLAG_ABORT | KEEL__EC_FLAG_QUERY,
+    [KEEL__EC_OP_PARITY_COMMIT] = {.flags = KEEL__EC_FLAG_ABORT | KEEL__EC_FLAG_QUERY |
+                                            KEEL__EC_FLAG_VERDICT,
                                    .update = true},
     [KEEL__EC_OP_PULL_DENSE] = {.dense = true, .count = COUNT_FLOATS, .lead = LEAD_OFFSET},
     [KEEL__EC_OP_PUSH_DENSE] = {.update = true,

@@ -103,6 +103,10 @@ typedef enum keel__ec_op {
  * KEEL_OK committed, KEEL_EAGAIN prepared, KEEL_ENOTFOUND nothing (or aborted). What a
  * parity holder asks the others before it decides an update whose server was lost. */
 #define KEEL__EC_FLAG_QUERY 2u
+/* PARITY_COMMIT: a decider's verdict on an update whose server was lost, which a holder takes
+ * even after it answered a QUERY; the origin's own commit (no VERDICT) it refuses then with
+ * KEEL_ECANCELED, since a decider may have aborted the update meanwhile (finding 58). */
+#define KEEL__EC_FLAG_VERDICT 4u
 /* PUSH_ROWS with ACTING: a second round of a synchronous step's phase 2, which names the
  * servers whose loss in the round before sent it (again_lost): a holder answers it at once
  * when each of them had applied that round (RELIABILITY.md, findings 47 and 48). */

@@ -923,16 +923,39 @@ static bool committed_recently(const keel_ec_server *server, uint64_t id) {
 }
 
 /* What this holder has of update id: KEEL_OK committed, KEEL_EAGAIN prepared, KEEL_ENOTFOUND
- * nothing. Caller holds prepared_lock. */
-static keel_status update_state(const keel_ec_server *server, uint64_t id) {
-  for (const prepared_update *item = server->prepared; item != NULL; item = item->next)
-    if (item->id == id) return KEEL_EAGAIN;
+ * nothing. A decider asks (asking): the parts prepared here are then its to decide. Caller
+ * holds prepared_lock. */
+static keel_status update_state(keel_ec_server *server, uint64_t id, bool asking) {
+  bool prepared = false;
+  for (prepared_update *item = server->prepared; item != NULL; item = item->next) {
+    if (item->id != id) continue;
+    item->asked |= asking;
+    prepared = true;
+  }
+  if (prepared) return KEEL_EAGAIN;
   return committed_recently(server, id) ? KEEL_OK : KEEL_ENOTFOUND;
 }
 
-/* Commits (folds) or aborts (drops) the prepared parts of update id. */
-static keel_status update_finish(keel_ec_server *server, uint64_t id, bool commit) {
+/* Whether some part of update id prepared here was asked about by a decider. Caller holds
+ * prepared_lock. */
+static bool update_asked(const keel_ec_server *server, uint64_t id) {
+  for (const prepared_update *item = server->prepared; item != NULL; item = item->next)
+    if (item->id == id && item->asked) return true;
+  return false;
+}
+
+/* Commits (folds) or aborts (drops) the prepared parts of update id. An origin's own commit
+ * (not a verdict) of an update that a decider already asked about is refused: the origin's
+ * commit may reach this holder after the origin died, in its socket, while a decider that found
+ * the update prepared everywhere aborts it (finding 58: the two holders' parities disagreed). */
+static keel_status update_finish(keel_ec_server *server, uint64_t id, bool commit, bool verdict) {
   pthread_mutex_lock(&server->prepared_lock);
+  if (!verdict && update_asked(server, id)) {
+    pthread_mutex_unlock(&server->prepared_lock);
+    KEEL_LOG_I(MODULE, "server %d: the commit of update %llx came after a decider asked: refused",
+               server->index, (unsigned long long)id);
+    return KEEL_ECANCELED;
+  }
   prepared_update *taken = prepared_take(server, id);
   if (taken != NULL && commit) {
     server->committed[server->committed_next] = id;
@@ -954,11 +977,12 @@ static keel_status update_finish(keel_ec_server *server, uint64_t id, bool commi
 static keel_status parity_commit(keel_ec_server *server, const keel__ec_request *request) {
   if (request->flags & KEEL__EC_FLAG_QUERY) {
     pthread_mutex_lock(&server->prepared_lock);
-    keel_status state = update_state(server, request->id);
+    keel_status state = update_state(server, request->id, true);
     pthread_mutex_unlock(&server->prepared_lock);
     return state;
   }
-  return update_finish(server, request->id, (request->flags & KEEL__EC_FLAG_ABORT) == 0);
+  return update_finish(server, request->id, (request->flags & KEEL__EC_FLAG_ABORT) == 0,
+                       (request->flags & KEEL__EC_FLAG_VERDICT) != 0);
 }
 
 /* Decides one update whose origin no longer serves, the same way wherever it is decided:
@@ -984,11 +1008,11 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
   }
   KEEL_LOG_I(MODULE, "server %d: update %llx of lost server %d %s", server->index,
              (unsigned long long)id, update_origin(id), any_committed ? "committed" : "aborted");
-  keel_status status = update_finish(server, id, any_committed);
+  keel_status status = update_finish(server, id, any_committed, true);
   if (status == KEEL_ENOTFOUND) status = KEEL_OK; /* another thread decided it meanwhile */
+  uint16_t verdict = KEEL__EC_FLAG_VERDICT | (any_committed ? 0 : KEEL__EC_FLAG_ABORT);
   for (int other = 0; other < server->servers && status == KEEL_OK; other++)
-    if (states[other] == KEEL_EAGAIN)
-      status = send_commit(server, other, id, any_committed ? 0 : KEEL__EC_FLAG_ABORT);
+    if (states[other] == KEEL_EAGAIN) status = send_commit(server, other, id, verdict);
   free(states);
   return status;
 }
@@ -1013,6 +1037,9 @@ static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_v
     pthread_mutex_lock(&server->prepared_lock);
     prepared_update *item = server->prepared;
     while (item != NULL && origin_serves(server, view, item->id)) item = item->next;
+    /* Its own parts first: the origin's commit, late in this holder's socket, must not fold
+     * them while the others are asked (update_finish). */
+    if (item != NULL) (void)update_state(server, item->id, true);
     prepared_update copy = item != NULL ? *item : (prepared_update){0};
     if (item != NULL) {
       /* Borrow its refs: a copy, since the list may change while the others are asked. */

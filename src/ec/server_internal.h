@@ -43,6 +43,9 @@ typedef struct prepared_update {
   size_t count;
   keel__ec_ref *refs;
   uint8_t *deltas;
+  /* A decider was told it is prepared here (or this holder decides it): from then on only a
+   * verdict (KEEL__EC_FLAG_VERDICT) ends it, never a late commit of its origin (finding 58). */
+  bool asked;
 } prepared_update;
 
 /* Committed update ids remembered for the other holders' questions. */

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "ec/service.h"
 #include "keel/ec.h"
 #include "test_support.h"
 
@@ -944,6 +945,84 @@ static void test_prepared_everywhere_then_a_holder_replaced(void **state) {
   job_stop(&job);
 }
 
+/* Finding 58 (a chaos run at r = 2 ended with other rows): a server's first commit of its
+ * update was still in a holder's socket when the server died; a decider asked that holder,
+ * found the update prepared everywhere, and aborted it; then the holder read the late commit
+ * and folded the update, and the parities disagreed. Here the test plays the dead origin
+ * (server 4: an update of its row in group 2, prepared at both parity holders, servers 0 and
+ * 1) and the decider (it asks server 0, then the origin's commit reaches server 0, then the
+ * verdict goes to both). A holder that a decider asked takes the verdict only: both end
+ * aborted and every parity block is the code of its rows. */
+static void test_commit_late_after_a_decider_asked(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_SGD);
+  job.config.two_phase_commit = true;
+  servers_start(&job);
+  keel__ec_directory directory;
+  keel__ec_directory_init(&directory, job.stores[job.config.servers]);
+  keel__ec_peer peers[2];
+  keel__ec_config wire;
+  keel__ec_limits limits;
+  for (int i = 0; i < 2; i++) keel__ec_peer_init(&peers[i], i);
+  int64_t deadline = keel_deadline_after_ns(10000000000);
+  assert_int_equal(keel__ec_peer_info(&peers[0], &directory, &job.auth, &wire, deadline), KEEL_OK);
+  assert_int_equal(keel__ec_config_limits(&wire, KEEL__EC_MAX_COUNT, &limits), KEEL_OK);
+  /* Server 4's update of step 5 (synchronous ids: origin << 48 | (step + 1) << 1). */
+  uint64_t id = ((uint64_t)4 << 48) | ((uint64_t)(5 + 1) << 1);
+  uint8_t *delta = malloc(limits.block_bytes);
+  assert_non_null(delta);
+  memset(delta, 0x5A, limits.block_bytes);
+  for (int holder = 0; holder < 2; holder++) {
+    /* Group 2's member m is on server (2 + m) mod 5: row member 2 on server 4, parity members
+     * 3 and 4 on servers 0 and 1. */
+    keel__ec_ref ref = {.group = 2, .member = 2, .other = (uint32_t)(3 + holder)};
+    keel__ec_request prepare = {
+        .op = KEEL__EC_OP_PARITY_PREPARE, .count = 1, .id = id, .refs = &ref, .blocks = delta};
+    assert_int_equal(keel__ec_peer_call(&peers[holder], &directory, &job.auth, &prepare, &limits,
+                                        NULL, deadline),
+                     KEEL_OK);
+  }
+  keel__ec_request query = {
+      .op = KEEL__EC_OP_PARITY_COMMIT, .flags = KEEL__EC_FLAG_QUERY, .id = id};
+  assert_int_equal(
+      keel__ec_peer_call(&peers[0], &directory, &job.auth, &query, &limits, NULL, deadline),
+      KEEL_EAGAIN);
+  keel__ec_request late_commit = {.op = KEEL__EC_OP_PARITY_COMMIT, .id = id};
+  keel_status late =
+      keel__ec_peer_call(&peers[0], &directory, &job.auth, &late_commit, &limits, NULL, deadline);
+  keel__ec_request abort_verdict = {.op = KEEL__EC_OP_PARITY_COMMIT,
+                                    .flags = KEEL__EC_FLAG_VERDICT | KEEL__EC_FLAG_ABORT,
+                                    .id = id};
+  keel_status verdicts[2], states[2];
+  for (int holder = 0; holder < 2; holder++) {
+    verdicts[holder] = keel__ec_peer_call(&peers[holder], &directory, &job.auth, &abort_verdict,
+                                          &limits, NULL, deadline);
+    states[holder] =
+        keel__ec_peer_call(&peers[holder], &directory, &job.auth, &query, &limits, NULL, deadline);
+  }
+  /* Aborted at both: nothing of it left, and not remembered as committed (before the fix the
+   * late commit was taken, server 0 answered "committed" and server 1 "nothing"). */
+  if (states[0] != KEEL_ENOTFOUND || states[1] != KEEL_ENOTFOUND)
+    fail_msg("the holders disagree on the update: server 0 %s, server 1 %s (the late commit: %s)",
+             keel_status_name(states[0]), keel_status_name(states[1]), keel_status_name(late));
+  assert_int_equal(late, KEEL_ECANCELED);
+  assert_int_equal(verdicts[0], KEEL_OK);
+  assert_int_equal(verdicts[1], KEEL_OK);
+  free(delta);
+  for (int i = 0; i < 2; i++) keel__ec_peer_destroy(&peers[i]);
+  keel__ec_directory_destroy(&directory);
+  /* No step ran: the rows are the seed's, and so must every parity block be. */
+  keel_ec_client *client = NULL;
+  assert_int_equal(keel_ec_client_open(job.stores[job.config.servers], &job.auth, 0, NULL, &client),
+                   KEEL_OK);
+  uint64_t inconsistent = UINT64_MAX;
+  assert_int_equal(keel_ec_client_verify(client, &inconsistent), KEEL_OK);
+  assert_int_equal(inconsistent, 0);
+  keel_ec_client_close(client);
+  job_stop(&job);
+}
+
 /* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
  * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
  * boundary and serves them; every row ends exact and every parity block consistent, the
@@ -1055,6 +1134,7 @@ int main(void) {
       cmocka_unit_test(test_rebuild_read_refused_by_a_replacement),
       cmocka_unit_test(test_committed_at_one_holder_then_replaced),
       cmocka_unit_test(test_prepared_everywhere_then_a_holder_replaced),
+      cmocka_unit_test(test_commit_late_after_a_decider_asked),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
