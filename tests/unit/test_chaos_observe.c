@@ -583,6 +583,24 @@ static void test_a_link_closed_during_the_sample_is_not_taken_off(void **state) 
   keel__chaos_run_clear(pair.run);
 }
 
+/* A series' floor is the median of a quarter, so one low sample is not a floor (a server's
+ * links to two servers killed at once, closed before their replacements' are made), while a
+ * count that grows with the recoveries still rises. */
+static void test_a_floor_is_not_one_low_sample(void **state) {
+  (void)state;
+  const long dip[] = {10, 8, 8, 6, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+  assert_int_equal(keel__chaos_floor_rise(dip, sizeof dip / sizeof dip[0]), 0);
+  long leak[16], spikes[100];
+  for (size_t i = 0; i < 16; i++) leak[i] = 20 + (long)i;
+  assert_true(keel__chaos_floor_rise(leak, 16) >= 8);
+  /* Counts that move with each recovery and come back: flat, however long. */
+  for (size_t i = 0; i < 100; i++) spikes[i] = 8 + (i % 3 == 0 ? 2 : 0) - (i % 7 == 0 ? 2 : 0);
+  assert_int_equal(keel__chaos_floor_rise(spikes, 100), 0);
+  for (size_t i = 0; i < 100; i++) spikes[i] += (long)i / 10; /* a leak under the noise */
+  assert_true(keel__chaos_floor_rise(spikes, 100) >= 4);
+  assert_int_equal(keel__chaos_floor_rise(NULL, 0), 0);
+}
+
 /* Where two runs' traces part: the first step, then rank, whose last line differs (a step
  * printed twice, redone, counts by its last line; a step one run did not print is passed
  * over), and the first word that differs. Lines that only look like trace lines are not
@@ -647,6 +665,7 @@ int main(void) {
       cmocka_unit_test(test_fds_by_kind),
       cmocka_unit_test(test_links_to_live_processes_are_not_counted),
       cmocka_unit_test(test_a_link_closed_during_the_sample_is_not_taken_off),
+      cmocka_unit_test(test_a_floor_is_not_one_low_sample),
       cmocka_unit_test_setup_teardown(test_fence_just_after_heal_is_the_partitions, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_fence_after_a_healed_silence_is_unexplained, setup,

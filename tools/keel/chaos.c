@@ -1348,20 +1348,27 @@ static void final_state_check(const chaos_job *job, const keel__chaos_run *refer
         reference->finish_count, reference->finishes[0].step, reference->finishes[0].crc);
 }
 
-/* How far a series' floor rose: the least value of its last quarter less that of its
- * second. Counts that move with each recovery (a link closed, another opened, a key written
- * and cleaned up a lease later) come back to their floor; a leak raises it. The first
- * quarter is the warm-up: a job's first failures leave keys whose leases have not yet run
- * out, so the store's count climbs to a plateau that repeated failures keep it at. */
-static long floor_rise(const long *values, size_t count) {
+/* The median of length values (the lower one of an even count), or LONG_MAX for none. */
+static long window_median(const long *values, size_t length) {
+  long sorted[64];
+  if (length == 0) return LONG_MAX;
+  /* A longer window is sampled evenly: a floor needs no more. */
+  size_t taken = length < 64 ? length : 64;
+  for (size_t i = 0; i < taken; i++) {
+    long value = values[i * length / taken];
+    size_t at = i;
+    for (; at > 0 && sorted[at - 1] > value; at--) sorted[at] = sorted[at - 1];
+    sorted[at] = value;
+  }
+  return sorted[(taken - 1) / 2];
+}
+
+long keel__chaos_floor_rise(const long *values, size_t count) {
+  if (count == 0) return 0;
   size_t quarter = count / 4 ? count / 4 : 1;
   size_t early_start = count >= 4 ? quarter : 0;
-  long early = LONG_MAX, late = LONG_MAX;
-  for (size_t i = 0; i < quarter; i++) {
-    if (values[early_start + i] < early) early = values[early_start + i];
-    if (values[count - 1 - i] < late) late = values[count - 1 - i];
-  }
-  return late - early;
+  return window_median(values + count - quarter, quarter) -
+         window_median(values + early_start, quarter);
 }
 
 /* A series of count samples leaks when its floor rose by more than one per 8 samples;
@@ -1421,9 +1428,10 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
     const keel__chaos_process *p = &run->processes[i];
     if (p->samples == 0) continue;
     if (longest == NULL || p->samples > longest->samples) longest = p;
-    bool flat = series_flat(floor_rise(p->fds, p->samples), p->samples, MIN_PROCESS_SERIES,
-                            fds_slack(job)) &&
-                series_flat(floor_rise(p->threads, p->samples), p->samples, MIN_PROCESS_SERIES, 0);
+    bool flat = series_flat(keel__chaos_floor_rise(p->fds, p->samples), p->samples,
+                            MIN_PROCESS_SERIES, fds_slack(job)) &&
+                series_flat(keel__chaos_floor_rise(p->threads, p->samples), p->samples,
+                            MIN_PROCESS_SERIES, 0);
     if (!flat && rising == NULL) rising = p;
   }
   /* The one that rose is shown, else the one sampled longest. */
@@ -1439,8 +1447,9 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
           " %.1f MiB (floors: fds %+ld, threads %+ld)%s",
           (unsigned)longest->uid, n, longest->fds[0], longest->fds[n - 1], longest->threads[0],
           longest->threads[n - 1], (double)longest->rss_kib[0] / 1024,
-          (double)longest->rss_kib[n - 1] / 1024, floor_rise(longest->fds, n),
-          floor_rise(longest->threads, n), n < MIN_PROCESS_SERIES ? " (too few to judge)" : "");
+          (double)longest->rss_kib[n - 1] / 1024, keel__chaos_floor_rise(longest->fds, n),
+          keel__chaos_floor_rise(longest->threads, n),
+          n < MIN_PROCESS_SERIES ? " (too few to judge)" : "");
     /* What the rise is made of: the series, and which peers its links lead to, first and
      * last. */
     if (!flat) {
@@ -1454,7 +1463,7 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
     }
   }
   size_t n = run->store_key_count;
-  long rise = n ? floor_rise(run->store_keys, n) : 0;
+  long rise = n ? keel__chaos_floor_rise(run->store_keys, n) : 0;
   bool on_servers = job->options->run.servers > 0;
   check(
       verdict, series_flat(rise, n, MIN_STORE_SERIES, STORE_SLACK_KEYS), "store-flat",

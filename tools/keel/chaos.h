@@ -186,6 +186,15 @@ bool keel__chaos_is_trace_line(const char *text);
  * one. False when either file cannot be read or has no trace line. */
 bool keel__chaos_trace_parting(const char *reference_output, const char *run_output, char *where,
                                size_t capacity);
+/* How far a series' floor rose: the median of its last quarter less that of its second.
+ * Counts that move with each recovery (a link closed, another opened, a key written and
+ * cleaned up a lease later) come back to their floor; a leak raises it. The first quarter is
+ * the warm-up: a job's first failures leave keys whose leases have not yet run out, so the
+ * store's count climbs to a plateau that repeated failures keep it at. A median, not the
+ * least value: a server's links to two servers killed at once are closed a moment before
+ * their replacements' are made, and one sample taken then read as a floor two lower (a hunt
+ * for finding 58: 10 8 8 6 8 8 8 ..., a "rise" of 2 with nothing leaked). */
+long keel__chaos_floor_rise(const long *values, size_t count);
 /* Samples the fds, threads and RSS of the live rank holders and servers, after a recovery
  * (while the next failure has not yet come). */
 void keel__chaos_survivors_sample(keel__chaos_run *run);
