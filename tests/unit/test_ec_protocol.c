@@ -371,7 +371,7 @@ static void test_op_flags_and_id(void **state) {
   }
   char what[80];
   for (uint16_t op = FIRST_OP; op <= LAST_OP; op++) {
-    int first_undefined = op == KEEL__EC_OP_PARITY_COMMIT ? 2 : op_has_flag(op) ? 1 : 0;
+    int first_undefined = op == KEEL__EC_OP_PARITY_COMMIT ? 3 : op_has_flag(op) ? 1 : 0;
     for (int bit = first_undefined; bit < 16; bit++) {
       sample_make(&s, op, 2);
       s.request.flags = (uint16_t)(1u << bit);
@@ -388,6 +388,8 @@ static void test_op_flags_and_id(void **state) {
     if (op == KEEL__EC_OP_PARITY_COMMIT) {
       s.request.flags = KEEL__EC_FLAG_QUERY;
       expect_accepted("parity commit's query", &s.request, &limits);
+      s.request.flags = KEEL__EC_FLAG_VERDICT | KEEL__EC_FLAG_ABORT;
+      expect_accepted("parity commit's verdict", &s.request, &limits);
     }
   }
 }
