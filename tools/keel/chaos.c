@@ -1348,10 +1348,9 @@ static void final_state_check(const chaos_job *job, const keel__chaos_run *refer
         reference->finish_count, reference->finishes[0].step, reference->finishes[0].crc);
 }
 
-/* The median of length values (the lower one of an even count), or LONG_MAX for none. */
+/* The median of length (at least 1) values, the lower one of an even count. */
 static long window_median(const long *values, size_t length) {
   long sorted[64];
-  if (length == 0) return LONG_MAX;
   /* A longer window is sampled evenly: a floor needs no more. */
   size_t taken = length < 64 ? length : 64;
   for (size_t i = 0; i < taken; i++) {
@@ -1463,7 +1462,7 @@ static void flat_check(const chaos_job *job, chaos_verdict *verdict) {
     }
   }
   size_t n = run->store_key_count;
-  long rise = n ? keel__chaos_floor_rise(run->store_keys, n) : 0;
+  long rise = keel__chaos_floor_rise(run->store_keys, n);
   bool on_servers = job->options->run.servers > 0;
   check(
       verdict, series_flat(rise, n, MIN_STORE_SERIES, STORE_SLACK_KEYS), "store-flat",
