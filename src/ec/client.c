@@ -50,12 +50,15 @@ static void refresh_lost(keel_ec_client *client) {
   keel__ec_lost_view(client->standing, client->servers, client->next_step, client->lost);
 }
 
-/* A server that could not be reached is lost: declared so for everyone, routed around here. */
-static keel_status note_unreachable(keel_ec_client *client, int server, keel_status status) {
+/* A server that could not be reached (at failed_address) is lost: declared so for everyone,
+ * routed around here. Where a replacement has taken its place the declaration is dropped, and
+ * this step still routes around it, as the directory says of a replacement not back yet. */
+static keel_status note_unreachable(keel_ec_client *client, int server, keel_status status,
+                                    const char *failed_address) {
   if (!keel__ec_unreachable(status)) return status;
   KEEL_LOG_W(MODULE, "worker %d: server %d is lost (%s)", client->worker, server,
              keel_strerror(status));
-  keel__ec_directory_declare_lost(&client->directory, server);
+  keel__ec_directory_declare_lost(&client->directory, server, failed_address);
   client->standing[server] = KEEL__EC_LOST;
   client->lost[server] = true;
   return status;
@@ -63,9 +66,11 @@ static keel_status note_unreachable(keel_ec_client *client, int server, keel_sta
 
 static keel_status call(keel_ec_client *client, int server, const keel__ec_request *request,
                         void *body) {
-  keel_status status = keel__ec_peer_call(&client->peers[server], &client->directory, &client->auth,
-                                          request, &client->limits, body, call_deadline());
-  return note_unreachable(client, server, status);
+  char failed_address[KEEL__EC_ADDRESS_BYTES];
+  keel_status status =
+      keel__ec_peer_call(&client->peers[server], &client->directory, &client->auth, request,
+                         &client->limits, body, call_deadline(), failed_address);
+  return note_unreachable(client, server, status, failed_address);
 }
 
 /* client->requests[s] to every server s with client->sending[s], all sent before any reply
@@ -76,7 +81,9 @@ static void call_each(keel_ec_client *client, void *const *bodies) {
                            &client->limits, client->sending, client->requests, bodies,
                            client->pending, client->statuses);
   for (int server = 0; server < client->servers; server++)
-    if (client->sending[server]) note_unreachable(client, server, client->statuses[server]);
+    if (client->sending[server])
+      note_unreachable(client, server, client->statuses[server],
+                       client->pending[server].failed_address);
 }
 
 /* Whether a failed attempt is worth another after reading the lost servers anew. */

@@ -83,9 +83,10 @@ static bool gets_changes(const keel__ec_view *view, int server) {
   return view->standing[server] != KEEL__EC_LOST;
 }
 
-static void declare_lost(keel_ec_server *server, int index, keel_status why) {
+static void declare_lost(keel_ec_server *server, int index, keel_status why,
+                         const char *failed_address) {
   KEEL_LOG_W(MODULE, "server %d: server %d is lost (%s)", server->index, index, keel_strerror(why));
-  keel__ec_directory_declare_lost(&server->directory, index);
+  keel__ec_directory_declare_lost(&server->directory, index, failed_address);
   /* What the directory now says (a replacement being rebuilt stays so). */
   keel__ec_server_refresh(server);
 }
@@ -93,10 +94,11 @@ static void declare_lost(keel_ec_server *server, int index, keel_status why) {
 /* A call to another server; its loss is declared here, so every caller routes around it. */
 keel_status keel__ec_server_call(keel_ec_server *server, int index, const keel__ec_request *request,
                                  void *body) {
-  keel_status status =
-      keel__ec_peer_call(&server->peers[index], &server->directory, &server->auth, request,
-                         &server->limits, body, keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS));
-  if (keel__ec_unreachable(status)) declare_lost(server, index, status);
+  char failed_address[KEEL__EC_ADDRESS_BYTES];
+  keel_status status = keel__ec_peer_call(
+      &server->peers[index], &server->directory, &server->auth, request, &server->limits, body,
+      keel_deadline_after_ns(KEEL__EC_CALL_TIMEOUT_NS), failed_address);
+  if (keel__ec_unreachable(status)) declare_lost(server, index, status, failed_address);
   return status;
 }
 
@@ -108,7 +110,8 @@ keel_status keel__ec_server_call_each(keel_ec_server *server, const bool *target
   keel__ec_peers_call_each(server->peers, server->servers, &server->directory, &server->auth,
                            &server->limits, targets, requests, bodies, pending, statuses);
   for (int i = 0; i < server->servers; i++)
-    if (targets[i] && keel__ec_unreachable(statuses[i])) declare_lost(server, i, statuses[i]);
+    if (targets[i] && keel__ec_unreachable(statuses[i]))
+      declare_lost(server, i, statuses[i], pending[i].failed_address);
   free(pending);
   return KEEL_OK;
 }
@@ -1317,6 +1320,35 @@ static bool redo_void(const keel_ec_server *server, const keel__ec_request *requ
   return true;
 }
 
+/* Whether a phase-2 push is void, and why (*round and *applied, for the log): every other
+ * server marked its step, or it is a second round that the marks make void. Caller holds
+ * step_lock. */
+static bool push_void(const keel_ec_server *server, const keel__ec_request *request,
+                      const char **round, const char **applied) {
+  *round = "second phase", *applied = "the step";
+  if (step_marked_by_all(server, request->step)) return true;
+  *round = "second round", *applied = "its second phase";
+  return redo_void(server, request);
+}
+
+/* Whether a phase-2 slot still waiting for pushes is void now: each push it holds is. A mark
+ * can come after a push it makes void: a server that died while it marked the others left
+ * its mark in flight, one worker's second round came before the mark and joined a slot, the
+ * other's after and was answered at once, and the first waited for the second until the
+ * deadline (a chaos run, RELIABILITY.md finding 59). Caller holds step_lock. */
+static bool slot_void(const keel_ec_server *server, const step_slot *slot, const char **round,
+                      const char **applied) {
+  if (!slot->acting || slot->applying) return false;
+  bool any = false;
+  for (uint32_t worker = 0; worker < server->wire.workers; worker++) {
+    const step_push *push = &slot->pushes[worker];
+    if (push->payload == NULL) continue;
+    if (!push_void(server, &push->request, round, applied)) return false;
+    any = true;
+  }
+  return any;
+}
+
 /* The workers whose pushes an applied phase-2 slot held: a push of its step again from one of
  * them is a second round. Caller holds step_lock. */
 static void acting_applied_note(keel_ec_server *server, const step_slot *slot) {
@@ -1351,11 +1383,7 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
   }
   pthread_mutex_lock(&server->step_lock);
   const char *round = NULL, *applied = NULL; /* when the push is void */
-  if (acting && step_marked_by_all(server, request->step))
-    round = "second phase", applied = "the step";
-  else if (acting && redo_void(server, request))
-    round = "second round", applied = "its second phase";
-  if (round != NULL) {
+  if (acting && push_void(server, request, &round, &applied)) {
     pthread_mutex_unlock(&server->step_lock);
     KEEL_LOG_I(MODULE, "server %d: worker %u's %s of step %llu is void: every server applied %s",
                server->index, request->worker, round, (unsigned long long)request->step, applied);
@@ -1389,11 +1417,9 @@ static keel_status step_join(keel_ec_server *server, const keel__ec_request *req
     pthread_cond_broadcast(&server->step_done);
   }
   while (!slot->applied && !atomic_load(&server->stopping) && keel_now_ns() < deadline) {
-    if (slot->acting && !slot->applying && step_marked_by_all(server, slot->step)) {
-      KEEL_LOG_I(MODULE,
-                 "server %d: the second phase of step %llu is void: every server "
-                 "applied the step",
-                 server->index, (unsigned long long)slot->step);
+    if (slot_void(server, slot, &round, &applied)) {
+      KEEL_LOG_I(MODULE, "server %d: the %s of step %llu is void: every server applied %s",
+                 server->index, round, (unsigned long long)slot->step, applied);
       slot->result = KEEL_OK;
       slot->applied = true;
       pthread_cond_broadcast(&server->step_done);

@@ -11,6 +11,7 @@
 #include "ec/ec_internal.h"
 #include "ec/service.h"
 
+#define MODULE KEEL__EC_MODULE
 #define DIRECTORY_POLL_NS ((int64_t)20 * 1000 * 1000)
 
 void keel__ec_peer_init(keel__ec_peer *peer, int index) {
@@ -73,7 +74,7 @@ typedef struct connect_context {
 static bool connect_keep_trying(void *context) {
   const connect_context *target = context;
   if (directory_says_lost(target->directory, target->index)) return false;
-  char address_now[sizeof((keel__ec_peer *)NULL)->address];
+  char address_now[KEEL__EC_ADDRESS_BYTES];
   return keel__ec_directory_lookup(target->directory, target->index, address_now,
                                    sizeof address_now, keel_now_ns()) != KEEL_OK ||
          strcmp(address_now, target->address) == 0;
@@ -229,6 +230,8 @@ static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *di
   keel_status status = pending->status;
   if (pending->locked) {
     status = pending_exchange_end(pending, directory, auth, body, deadline_ns);
+    if (keel__ec_unreachable(status))
+      memcpy(pending->failed_address, pending->peer->address, sizeof pending->failed_address);
     pthread_mutex_unlock(&pending->peer->lock);
   }
   free(pending->owned);
@@ -240,11 +243,14 @@ static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *di
 static keel_status peer_call_encoded(keel__ec_peer *peer, keel__ec_directory *directory,
                                      const keel_auth *auth, const uint8_t *payload, size_t length,
                                      uint16_t op, size_t body_bytes, void *body,
-                                     int64_t deadline_ns) {
+                                     int64_t deadline_ns, char *failed_address) {
   keel__ec_pending pending = {
       .payload = payload, .length = length, .op = op, .body_bytes = body_bytes};
   pending_begin(&pending, peer, directory, auth, deadline_ns);
-  return pending_end(&pending, directory, auth, body, deadline_ns);
+  keel_status status = pending_end(&pending, directory, auth, body, deadline_ns);
+  if (failed_address != NULL)
+    memcpy(failed_address, pending.failed_address, sizeof pending.failed_address);
+  return status;
 }
 
 keel_status keel__ec_peer_start(keel__ec_peer *peer, keel__ec_directory *directory,
@@ -296,12 +302,16 @@ void keel__ec_peers_call_each(keel__ec_peer *peers, int count, keel__ec_director
 
 keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
                                const keel_auth *auth, const keel__ec_request *request,
-                               const keel__ec_limits *limits, void *body, int64_t deadline_ns) {
+                               const keel__ec_limits *limits, void *body, int64_t deadline_ns,
+                               char *failed_address) {
   keel__ec_pending pending;
   keel_status status =
       keel__ec_peer_start(peer, directory, auth, request, limits, deadline_ns, &pending);
   if (status != KEEL_OK) return status;
-  return keel__ec_peer_finish(&pending, directory, auth, body, deadline_ns);
+  status = keel__ec_peer_finish(&pending, directory, auth, body, deadline_ns);
+  if (failed_address != NULL)
+    memcpy(failed_address, pending.failed_address, sizeof pending.failed_address);
+  return status;
 }
 
 keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *directory,
@@ -311,7 +321,7 @@ keel_status keel__ec_peer_info(keel__ec_peer *peer, keel__ec_directory *director
   uint8_t payload[KEEL__EC_REQUEST_HEADER_BYTES] = {KEEL__EC_OP_INFO};
   uint8_t body[KEEL__EC_CONFIG_BYTES];
   keel_status status = peer_call_encoded(peer, directory, auth, payload, sizeof payload,
-                                         KEEL__EC_OP_INFO, sizeof body, body, deadline_ns);
+                                         KEEL__EC_OP_INFO, sizeof body, body, deadline_ns, NULL);
   if (status != KEEL_OK) return status;
   return keel__ec_config_decode(body, sizeof body, config_p);
 }
@@ -382,14 +392,34 @@ keel_status keel__ec_directory_set_standing(keel__ec_directory *directory, int i
   return status == KEEL_ENOTFOUND ? KEEL_OK : status;
 }
 
-keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index) {
+/* Whether the directory says server index listens somewhere else than at address: a
+ * replacement has published its own. Unknown ("" or nothing readable) is not elsewhere. The
+ * caller holds the directory's lock. */
+static bool listens_elsewhere(keel__ec_directory *directory, int index, const char *address) {
+  if (address[0] == '\0') return false;
+  char key[64];
+  server_key(key, sizeof key, "server", index);
+  keel_store_entry *entry = NULL;
+  if (keel_store_get(directory->store, key, &entry) != KEEL_OK) return false;
+  bool elsewhere = strcmp((const char *)entry->value, address) != 0;
+  keel_store_entry_free(entry);
+  return elsewhere;
+}
+
+keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index,
+                                            const char *failed_address) {
   char key[64];
   server_key(key, sizeof key, "lost", index);
   /* A replacement being rebuilt is left as it is: a caller that failed on the server it
    * replaces must not undo it, and while it is rebuilt nobody reads from it. One that is back
-   * (or coming back) serves rows, so its failure counts.
+   * (or coming back) serves rows, so its failure counts, unless the link that failed was to
+   * the server it replaced: that one's failure can be seen late, after the replacement is
+   * back or live (finding 60).
    * The write compares on what was read, since a replacement may mark itself in between
-   * (from another process); on a conflict the standing is read again. */
+   * (from another process); on a conflict the standing is read again. The standing is read
+   * before the address: a replacement publishes its address between marking itself lost and
+   * rebuilding, so an address read as the failed one means the write's comparison fails if
+   * the replacement marked itself since. */
   pthread_mutex_lock(&directory->lock);
   keel_status status = KEEL_ECONFLICT;
   for (int attempt = 0; attempt < 8 && status == KEEL_ECONFLICT; attempt++) {
@@ -399,6 +429,12 @@ keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int i
                        (status == KEEL_OK && strncmp((char *)entry->value, "back", 4) == 0);
     uint64_t revision = status == KEEL_OK ? entry->revision : 0;
     if (status == KEEL_OK) keel_store_entry_free(entry);
+    if (replaceable && listens_elsewhere(directory, index, failed_address)) {
+      KEEL_LOG_W(MODULE, "server %d at %s was replaced already: its replacement is not lost", index,
+                 failed_address);
+      replaceable = false;
+      status = KEEL_OK;
+    }
     if (replaceable) status = keel_store_cas(directory->store, key, revision, "lost", 4, 0, NULL);
   }
   pthread_mutex_unlock(&directory->lock);

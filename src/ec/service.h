@@ -15,6 +15,8 @@
 #define KEEL__EC_CONNECT_TIMEOUT_NS ((int64_t)1000 * 1000 * 1000)
 /* Most rows or refs in one request: keeps a frame far under the link's payload bound. */
 #define KEEL__EC_MAX_COUNT 65536u
+/* Room for a server's address ("host:port") and its terminating NUL. */
+#define KEEL__EC_ADDRESS_BYTES 64
 
 /* The job's store as the directory of servers, shared by a process's threads: the store
  * handle serves one thread at a time, so every use takes the lock. */
@@ -33,7 +35,7 @@ typedef struct keel__ec_peer {
   pthread_mutex_t lock;
   int index;
   keel_link *link;
-  char address[64];
+  char address[KEEL__EC_ADDRESS_BYTES];
   uint64_t next_tag;
 } keel__ec_peer;
 
@@ -46,10 +48,13 @@ void keel__ec_peer_destroy(keel__ec_peer *peer);
  * refreshing the lost servers; KEEL_EPEERLOST: a server it called on while serving was lost,
  * likewise), or KEEL_ECLOSED / KEEL_ECONNREFUSED / KEEL_ETIMEDOUT when the server itself could
  * not be reached (the link is dropped): a reply never says that, so a server's failure to reach
- * another is never taken for its own. KEEL_EPROTO for a malformed reply. */
+ * another is never taken for its own. KEEL_EPROTO for a malformed reply. When the server could
+ * not be reached, failed_address (KEEL__EC_ADDRESS_BYTES, or NULL) gets the address tried, for
+ * keel__ec_directory_declare_lost. */
 keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *directory,
                                const keel_auth *auth, const keel__ec_request *request,
-                               const keel__ec_limits *limits, void *body, int64_t deadline_ns);
+                               const keel__ec_limits *limits, void *body, int64_t deadline_ns,
+                               char *failed_address);
 
 /* A call in two halves, for a caller that talks to several servers at once: start sends the
  * request (connecting first if need be) and holds the peer until finish, which receives the
@@ -66,7 +71,10 @@ typedef struct keel__ec_pending {
   uint64_t tag;
   bool locked; /* the peer's lock was taken by the deadline (else status is KEEL_ETIMEDOUT) */
   bool reused; /* the link was open before this call */
-  char address_before[64];
+  char address_before[KEEL__EC_ADDRESS_BYTES];
+  /* When the call ends unreachable: the address whose link failed ("" when the peer's lock
+   * was not taken), for keel__ec_directory_declare_lost. */
+  char failed_address[KEEL__EC_ADDRESS_BYTES];
   keel_status status; /* of the sending */
 } keel__ec_pending;
 
@@ -81,7 +89,7 @@ keel_status keel__ec_peer_finish(keel__ec_pending *pending, keel__ec_directory *
  * awaited (one round trip for all), peers taken in ascending order (every caller takes them
  * so: no two wait on each other). statuses[i] gets each one's answer, bodies[i] its reply's
  * body (bodies may be NULL when no reply has one); pending has room for count. The caller
- * declares the unreachable ones lost. */
+ * declares the unreachable ones lost (each one's address in pending[i].failed_address). */
 void keel__ec_peers_call_each(keel__ec_peer *peers, int count, keel__ec_directory *directory,
                               const keel_auth *auth, const keel__ec_limits *limits,
                               const bool *targets, const keel__ec_request *requests,
@@ -122,9 +130,14 @@ keel_status keel__ec_directory_publish(keel__ec_directory *directory, int index,
 /* Where server index listens, waiting for it to say so until deadline_ns. */
 keel_status keel__ec_directory_lookup(keel__ec_directory *directory, int index, char *address,
                                       size_t capacity, int64_t deadline_ns);
-/* Declares server index lost: from then on every caller routes around it. A replacement
- * being rebuilt is left as it is (it serves nothing yet); one back or coming back is lost. */
-keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index);
+/* Declares server index lost after a link to it at failed_address broke: from then on every
+ * caller routes around it. A replacement being rebuilt is left as it is (it serves nothing
+ * yet); one back or coming back is lost. When the directory holds another address, the server
+ * that failed was replaced already and nothing is written: a late failure on a link to it
+ * must not take its replacement out (RELIABILITY.md, finding 60). failed_address "" declares
+ * whatever listens now. */
+keel_status keel__ec_directory_declare_lost(keel__ec_directory *directory, int index,
+                                            const char *failed_address);
 /* Sets server index's standing (LIVE deletes the mark). */
 keel_status keel__ec_directory_set_standing(keel__ec_directory *directory, int index,
                                             uint64_t standing);

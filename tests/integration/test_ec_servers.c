@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "ec/server_internal.h"
 #include "ec/service.h"
 #include "keel/ec.h"
 #include "test_support.h"
@@ -945,6 +946,24 @@ static void test_prepared_everywhere_then_a_holder_replaced(void **state) {
   job_stop(&job);
 }
 
+/* Five servers in process (k = 3, r = 2, two-phase commit) for a test that sends them requests
+ * itself, through *directory, with the limits of their configuration. */
+static void requests_job_start(ec_job *job, keel__ec_directory *directory,
+                               keel__ec_limits *limits) {
+  job_start(job, 5, 3, 2, KEEL_EC_SGD);
+  job->config.two_phase_commit = true;
+  servers_start(job);
+  keel__ec_directory_init(directory, job->stores[job->config.servers]);
+  keel__ec_peer peer;
+  keel__ec_peer_init(&peer, 0);
+  keel__ec_config wire;
+  assert_int_equal(
+      keel__ec_peer_info(&peer, directory, &job->auth, &wire, keel_deadline_after_ns(10000000000)),
+      KEEL_OK);
+  assert_int_equal(keel__ec_config_limits(&wire, KEEL__EC_MAX_COUNT, limits), KEEL_OK);
+  keel__ec_peer_destroy(&peer);
+}
+
 /* Finding 58 (a chaos run at r = 2 ended with other rows): a server's first commit of its
  * update was still in a holder's socket when the server died; a decider asked that holder,
  * found the update prepared everywhere, and aborted it; then the holder read the late commit
@@ -956,18 +975,12 @@ static void test_prepared_everywhere_then_a_holder_replaced(void **state) {
 static void test_commit_late_after_a_decider_asked(void **state) {
   (void)state;
   ec_job job;
-  job_start(&job, 5, 3, 2, KEEL_EC_SGD);
-  job.config.two_phase_commit = true;
-  servers_start(&job);
   keel__ec_directory directory;
-  keel__ec_directory_init(&directory, job.stores[job.config.servers]);
-  keel__ec_peer peers[2];
-  keel__ec_config wire;
   keel__ec_limits limits;
+  requests_job_start(&job, &directory, &limits);
+  keel__ec_peer peers[2];
   for (int i = 0; i < 2; i++) keel__ec_peer_init(&peers[i], i);
   int64_t deadline = keel_deadline_after_ns(10000000000);
-  assert_int_equal(keel__ec_peer_info(&peers[0], &directory, &job.auth, &wire, deadline), KEEL_OK);
-  assert_int_equal(keel__ec_config_limits(&wire, KEEL__EC_MAX_COUNT, &limits), KEEL_OK);
   /* Server 4's update of step 5 (synchronous ids: origin << 48 | (step + 1) << 1). */
   uint64_t id = ((uint64_t)4 << 48) | ((uint64_t)(5 + 1) << 1);
   uint8_t *delta = malloc(limits.block_bytes);
@@ -980,26 +993,26 @@ static void test_commit_late_after_a_decider_asked(void **state) {
     keel__ec_request prepare = {
         .op = KEEL__EC_OP_PARITY_PREPARE, .count = 1, .id = id, .refs = &ref, .blocks = delta};
     assert_int_equal(keel__ec_peer_call(&peers[holder], &directory, &job.auth, &prepare, &limits,
-                                        NULL, deadline),
+                                        NULL, deadline, NULL),
                      KEEL_OK);
   }
   keel__ec_request query = {
       .op = KEEL__EC_OP_PARITY_COMMIT, .flags = KEEL__EC_FLAG_QUERY, .id = id};
   assert_int_equal(
-      keel__ec_peer_call(&peers[0], &directory, &job.auth, &query, &limits, NULL, deadline),
+      keel__ec_peer_call(&peers[0], &directory, &job.auth, &query, &limits, NULL, deadline, NULL),
       KEEL_EAGAIN);
   keel__ec_request late_commit = {.op = KEEL__EC_OP_PARITY_COMMIT, .id = id};
-  keel_status late =
-      keel__ec_peer_call(&peers[0], &directory, &job.auth, &late_commit, &limits, NULL, deadline);
+  keel_status late = keel__ec_peer_call(&peers[0], &directory, &job.auth, &late_commit, &limits,
+                                        NULL, deadline, NULL);
   keel__ec_request abort_verdict = {.op = KEEL__EC_OP_PARITY_COMMIT,
                                     .flags = KEEL__EC_FLAG_VERDICT | KEEL__EC_FLAG_ABORT,
                                     .id = id};
   keel_status verdicts[2], states[2];
   for (int holder = 0; holder < 2; holder++) {
     verdicts[holder] = keel__ec_peer_call(&peers[holder], &directory, &job.auth, &abort_verdict,
-                                          &limits, NULL, deadline);
-    states[holder] =
-        keel__ec_peer_call(&peers[holder], &directory, &job.auth, &query, &limits, NULL, deadline);
+                                          &limits, NULL, deadline, NULL);
+    states[holder] = keel__ec_peer_call(&peers[holder], &directory, &job.auth, &query, &limits,
+                                        NULL, deadline, NULL);
   }
   /* Aborted at both: nothing of it left, and not remembered as committed (before the fix the
    * late commit was taken, server 0 answered "committed" and server 1 "nothing"). */
@@ -1020,6 +1033,92 @@ static void test_commit_late_after_a_decider_asked(void **state) {
   assert_int_equal(keel_ec_client_verify(client, &inconsistent), KEEL_OK);
   assert_int_equal(inconsistent, 0);
   keel_ec_client_close(client);
+  job_stop(&job);
+}
+
+/* Whether in-process server holds worker's phase-2 push of step in a slot that waits for
+ * the other workers' (white-box: the test reads the server's slots under its lock). */
+static bool push_waiting(keel_ec_server *server, uint64_t step, uint32_t worker) {
+  bool waiting = false;
+  pthread_mutex_lock(&server->step_lock);
+  for (step_slot *slot = server->steps; slot != NULL; slot = slot->next)
+    waiting |= slot->acting && slot->step == step && !slot->applied &&
+               slot->pushes[worker].payload != NULL;
+  pthread_mutex_unlock(&server->step_lock);
+  return waiting;
+}
+
+/* A phase-2 push of `step` by `worker` to server 0 over peer, started (round 0, or the second
+ * round naming server 4), finished by the caller. */
+static void acting_push_start(ec_job *job, keel__ec_directory *directory, keel__ec_peer *peer,
+                              const keel__ec_limits *limits, uint64_t step, uint32_t worker,
+                              bool again, keel__ec_pending *pending) {
+  static const uint32_t lost_in_round_0[2] = {4, KEEL__EC_NO_SERVER};
+  keel__ec_request push = {
+      .op = KEEL__EC_OP_PUSH_ROWS,
+      .flags = again ? KEEL__EC_FLAG_ACTING | KEEL__EC_FLAG_AGAIN : KEEL__EC_FLAG_ACTING,
+      .id = step + 1,
+      .step = step,
+      .worker = worker,
+      .workers = WORKERS,
+      .again_lost = lost_in_round_0};
+  assert_int_equal(keel__ec_peer_start(peer, directory, &job->auth, &push, limits,
+                                       keel_deadline_after_ns(3000000000), pending),
+                   KEEL_OK);
+}
+
+/* Finding 59 (a chaos run at r = 2; the job failed): server 4, acting in step 5's second
+ * phase, died while it marked the other servers, its mark to server 0 still in flight. Both
+ * workers pushed a second round naming it; worker 0's reached server 0 before the mark and
+ * waited there for worker 1's, which came after the mark and was answered at once as void:
+ * worker 0 waited until the deadline. The test plays the workers and server 4's mark; server
+ * 0 answers worker 0's waiting round once the mark comes. */
+static void test_second_round_before_the_mark(void **state) {
+  (void)state;
+  ec_job job;
+  keel__ec_directory directory;
+  keel__ec_limits limits;
+  requests_job_start(&job, &directory, &limits);
+  keel__ec_peer peers[WORKERS]; /* each worker's link to server 0 */
+  keel__ec_pending pending[WORKERS];
+  for (int w = 0; w < WORKERS; w++) keel__ec_peer_init(&peers[w], 0);
+  int64_t deadline = keel_deadline_after_ns(10000000000);
+  uint64_t step = 5;
+  /* Round 0 of the second phase: both workers' pushes applied (no rows: only the round). */
+  for (uint32_t w = 0; w < WORKERS; w++)
+    acting_push_start(&job, &directory, &peers[w], &limits, step, w, false, &pending[w]);
+  for (int w = 0; w < WORKERS; w++)
+    assert_int_equal(keel__ec_peer_finish(&pending[w], &directory, &job.auth, NULL,
+                                          keel_deadline_after_ns(3000000000)),
+                     KEEL_OK);
+  /* Worker 0's second round, held at server 0 until the mark comes. */
+  acting_push_start(&job, &directory, &peers[0], &limits, step, 0, true, &pending[0]);
+  int64_t give_up = keel_deadline_after_ns(2000000000);
+  while (!push_waiting(job.servers[0], step, 0) && keel_now_ns() < give_up) usleep(1000);
+  assert_true(push_waiting(job.servers[0], step, 0));
+  /* Server 4's mark of its second phase of the step (synchronous ids: origin << 48 |
+   * (step + 1) << 1 | acting). */
+  keel__ec_peer from_server_4;
+  keel__ec_peer_init(&from_server_4, 0);
+  keel__ec_request mark = {.op = KEEL__EC_OP_PARITY_PREPARE,
+                           .flags = KEEL__EC_FLAG_APPLY_NOW,
+                           .id = ((uint64_t)4 << 48) | ((step + 1) << 1) | 1u};
+  assert_int_equal(keel__ec_peer_call(&from_server_4, &directory, &job.auth, &mark, &limits, NULL,
+                                      deadline, NULL),
+                   KEEL_OK);
+  /* Worker 1's second round: void at once. */
+  acting_push_start(&job, &directory, &peers[1], &limits, step, 1, true, &pending[1]);
+  assert_int_equal(keel__ec_peer_finish(&pending[1], &directory, &job.auth, NULL,
+                                        keel_deadline_after_ns(3000000000)),
+                   KEEL_OK);
+  /* Worker 0's too, by its 3 s deadline (before the fix: KEEL_ETIMEDOUT, the server's wait
+   * lasting 60 s). */
+  assert_int_equal(keel__ec_peer_finish(&pending[0], &directory, &job.auth, NULL,
+                                        keel_deadline_after_ns(3000000000)),
+                   KEEL_OK);
+  keel__ec_peer_destroy(&from_server_4);
+  for (int w = 0; w < WORKERS; w++) keel__ec_peer_destroy(&peers[w]);
+  keel__ec_directory_destroy(&directory);
   job_stop(&job);
 }
 
@@ -1135,6 +1234,7 @@ int main(void) {
       cmocka_unit_test(test_committed_at_one_holder_then_replaced),
       cmocka_unit_test(test_prepared_everywhere_then_a_holder_replaced),
       cmocka_unit_test(test_commit_late_after_a_decider_asked),
+      cmocka_unit_test(test_second_round_before_the_mark),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));

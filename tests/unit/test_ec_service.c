@@ -1,7 +1,8 @@
 /* Unit tests of the calls that parameter servers and their clients share (src/ec/service.c),
  * against a server that hangs: a listener whose connections complete in the kernel and are
  * never answered. Each call keeps its deadline, also while another thread's call holds the
- * same server, and a call that ends past its deadline is counted (keel_wait_ended). */
+ * same server, and a call that ends past its deadline is counted (keel_wait_ended); a late
+ * failure on a link to a replaced server does not declare its replacement lost. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -139,12 +140,63 @@ static void test_a_call_ended_past_its_deadline_is_counted(void **state) {
   assert_false(keel_waits_late_take(&late));
 }
 
+static uint64_t standing_of_server_0(hung_server *hung) {
+  uint64_t standing[1];
+  assert_int_equal(keel__ec_directory_standing(&hung->directory, 1, standing), KEEL_OK);
+  return standing[0];
+}
+
+/* Finding 60 (RELIABILITY.md): a worker's call to a server failed only after a replacement had
+ * taken the server's place and was back, and its declaration made the live replacement lost
+ * for good. The call names the address it failed on; declared with it, a replacement at
+ * another address, back or live, stays so; its own failure, or one that names no address,
+ * still counts. */
+static void test_a_late_failure_spares_the_replacement(void **state) {
+  hung_server *hung = *state;
+  char published[KEEL__EC_ADDRESS_BYTES];
+  assert_int_equal(keel__ec_directory_lookup(&hung->directory, 0, published, sizeof published,
+                                             keel_deadline_after_ns(1000 * MS)),
+                   KEEL_OK);
+  keel__ec_request info = {.op = KEEL__EC_OP_INFO};
+  keel__ec_limits limits = {.dim = 1,
+                            .block_bytes = 8,
+                            .total_rows = 1,
+                            .groups = 1,
+                            .data_blocks = 1,
+                            .parity_blocks = 1,
+                            .max_count = 1};
+  uint8_t body[KEEL__EC_CONFIG_BYTES];
+  char failed[KEEL__EC_ADDRESS_BYTES] = "unset";
+  assert_int_equal(keel__ec_peer_call(&hung->peer, &hung->directory, &hung->auth, &info, &limits,
+                                      body, keel_deadline_after_ns(100 * MS), failed),
+                   KEEL_ETIMEDOUT);
+  assert_string_equal(failed, published);
+
+  /* The replacement: another address, back from step 7. */
+  assert_int_equal(keel__ec_directory_publish(&hung->directory, 0, "127.0.0.1:9"), KEEL_OK);
+  assert_int_equal(keel__ec_directory_set_standing(&hung->directory, 0, 7), KEEL_OK);
+  assert_int_equal(keel__ec_directory_declare_lost(&hung->directory, 0, failed), KEEL_OK);
+  assert_int_equal(standing_of_server_0(hung), 7);
+  /* Live (its mark gone), likewise. */
+  assert_int_equal(keel__ec_directory_set_standing(&hung->directory, 0, KEEL__EC_LIVE), KEEL_OK);
+  assert_int_equal(keel__ec_directory_declare_lost(&hung->directory, 0, failed), KEEL_OK);
+  assert_int_equal(standing_of_server_0(hung), KEEL__EC_LIVE);
+  /* A failure with no address known, then one on the replacement's own link: lost. */
+  assert_int_equal(keel__ec_directory_declare_lost(&hung->directory, 0, ""), KEEL_OK);
+  assert_int_equal(standing_of_server_0(hung), KEEL__EC_LOST);
+  assert_int_equal(keel__ec_directory_set_standing(&hung->directory, 0, 9), KEEL_OK);
+  assert_int_equal(keel__ec_directory_declare_lost(&hung->directory, 0, "127.0.0.1:9"), KEEL_OK);
+  assert_int_equal(standing_of_server_0(hung), KEEL__EC_LOST);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_a_call_behind_another_keeps_its_deadline,
                                       hung_server_setup, hung_server_teardown),
       cmocka_unit_test_setup_teardown(test_a_call_ended_past_its_deadline_is_counted,
                                       hung_server_setup, hung_server_teardown),
+      cmocka_unit_test_setup_teardown(test_a_late_failure_spares_the_replacement, hung_server_setup,
+                                      hung_server_teardown),
   };
   return cmocka_run_group_tests_name("test_ec_service", tests, NULL, NULL);
 }
