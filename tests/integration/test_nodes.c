@@ -790,6 +790,24 @@ static void late_node_joins_at_a_step_boundary(void **state) {
   keel_test_events_free(&log);
 }
 
+/* A later life of a node (KEEL_AGENT_REJOIN: a fenced node's agent started again) that
+ * cannot reach the store leaves its node lost (exit 78, as the fence did), not the job failed:
+ * the job's outcome is the other nodes'. Before, it ended with 1, and a job whose every rank
+ * finished bit-identical exited 1 (test_chaos_netns_etcd under ASan, RELIABILITY.md). The
+ * store here is an etcd endpoint nobody listens on. */
+static void later_life_without_the_store_leaves_the_node_lost(void **state) {
+  (void)state;
+  char endpoint[32], output[4096];
+  snprintf(endpoint, sizeof endpoint, "etcd://127.0.0.1:%d", free_port());
+  char *env[] = {"KEEL_AGENT_REJOIN=0", NULL};
+  const char *const args[] = {
+      "run",    "--node-rank", "1",    "--nnodes", "2",    "--rdzv-endpoint",
+      endpoint, "--rdzv-id",   "life", "--",       "true", NULL};
+  int code = keel_output(args, env, output, sizeof output);
+  if (code != 78) fail_msg("exit %d, not 78:\n%s", code, output);
+  assert_non_null(strstr(output, "cannot connect to the store"));
+}
+
 /* Under srun, the node count, this node's rank, the store (etcd on the first node of the
  * step) and the job's name come from Slurm. The host does not exist here: the agent says it
  * cannot reach that store, which shows that it read them all. */
@@ -811,6 +829,7 @@ static void slurm_environment_shapes_the_job(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(node_flags_are_checked),
+      cmocka_unit_test(later_life_without_the_store_leaves_the_node_lost),
       cmocka_unit_test(slurm_environment_shapes_the_job),
       cmocka_unit_test(kill_node_shrinks_by_the_whole_node),
       cmocka_unit_test(kill_node_replaced_by_a_spare_node_is_exact),

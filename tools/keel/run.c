@@ -894,7 +894,12 @@ int keel__command_run(int argc, char **argv) {
   }
   exit_code = KEEL__EXIT_FAILURE;
   if (!ckpt_dir_make(launcher) || !resume_dir_check(launcher)) goto free_launcher;
-  if (launcher_open(launcher) != KEEL_OK) goto free_launcher;
+  if (launcher_open(launcher) != KEEL_OK) {
+    /* A later life of a node that cannot start leaves the node lost, as its fence did; the
+     * job's outcome is the other nodes'. */
+    if (launcher->agent.rejoined) exit_code = KEEL__EXIT_FENCED;
+    goto free_launcher;
+  }
   if (!launcher->agent.active) keel__launcher_metrics_start(launcher);
   if (!launcher->agent.supervised) keel__launcher_emit_start(launcher);
   launcher_spawn_all(launcher);
