@@ -1026,36 +1026,72 @@ static keel_status resolve_update(keel_ec_server *server, const prepared_update 
  * server's. A server replaced before anyone declared it lost was never lost in any view,
  * and its updates stayed prepared at some holders and committed at others for good: the
  * parities disagreed, and with r = 2 a decoding from both gave wrong rows (finding 50). */
-static bool origin_serves(const keel_ec_server *server, const keel__ec_view *view, uint64_t id) {
-  uint64_t standing = view->standing[update_origin(id)];
+static bool origin_serves(const keel_ec_server *server, const uint64_t *standings, uint64_t id) {
+  uint64_t standing = standings[update_origin(id)];
   uint64_t stamp = update_stamp(server, id);
   if (stamp == 0) return standing == KEEL__EC_LIVE; /* asynchronous: no step to judge by */
   return !keel__ec_lost_at(standing, stamp - 1);
 }
 
-/* Decides every update prepared here whose origin no longer serves: before any decoding, so
- * that the parity read is all in or all out. */
-static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_view *view) {
-  for (;;) {
-    pthread_mutex_lock(&server->prepared_lock);
-    prepared_update *item = server->prepared;
-    while (item != NULL && origin_serves(server, view, item->id)) item = item->next;
-    /* Its own parts first: the origin's commit, late in this holder's socket, must not fold
-     * them while the others are asked (update_finish). */
-    if (item != NULL) (void)update_state(server, item->id, true);
-    prepared_update copy = item != NULL ? *item : (prepared_update){0};
-    if (item != NULL) {
-      /* Borrow its refs: a copy, since the list may change while the others are asked. */
-      copy.refs = malloc(sizeof *copy.refs * (item->count > 0 ? item->count : 1));
-      if (copy.refs != NULL) memcpy(copy.refs, item->refs, sizeof *copy.refs * item->count);
-    }
+/* The first update prepared here whose origin does not serve by standings (NULL when none).
+ * Caller holds prepared_lock. */
+static prepared_update *update_of_lost_origin(keel_ec_server *server, const uint64_t *standings) {
+  prepared_update *item = server->prepared;
+  while (item != NULL && origin_serves(server, standings, item->id)) item = item->next;
+  return item;
+}
+
+static bool any_update_of_lost_origin(keel_ec_server *server, const uint64_t *standings) {
+  pthread_mutex_lock(&server->prepared_lock);
+  bool any = update_of_lost_origin(server, standings) != NULL;
+  pthread_mutex_unlock(&server->prepared_lock);
+  return any;
+}
+
+/* Decides the first update prepared here whose origin does not serve by standings; *none_p
+ * when there is none. */
+static keel_status resolve_first_lost(keel_ec_server *server, const uint64_t *standings,
+                                      bool *none_p) {
+  pthread_mutex_lock(&server->prepared_lock);
+  prepared_update *item = update_of_lost_origin(server, standings);
+  *none_p = item == NULL;
+  if (item == NULL) {
     pthread_mutex_unlock(&server->prepared_lock);
-    if (item == NULL) return KEEL_OK;
-    if (copy.refs == NULL) return KEEL_ENOMEM;
-    keel_status status = resolve_update(server, &copy);
-    free(copy.refs);
-    if (status != KEEL_OK) return status;
+    return KEEL_OK;
   }
+  /* Its own parts first: the origin's commit, late in this holder's socket, must not fold
+   * them while the others are asked (update_finish). */
+  (void)update_state(server, item->id, true);
+  /* Borrow its refs: a copy, since the list may change while the others are asked. */
+  prepared_update copy = *item;
+  copy.refs = malloc(sizeof *copy.refs * (item->count > 0 ? item->count : 1));
+  if (copy.refs != NULL) memcpy(copy.refs, item->refs, sizeof *copy.refs * item->count);
+  pthread_mutex_unlock(&server->prepared_lock);
+  if (copy.refs == NULL) return KEEL_ENOMEM;
+  keel_status status = resolve_update(server, &copy);
+  free(copy.refs);
+  return status;
+}
+
+/* Decides every update prepared here whose origin no longer serves: before any decoding, so
+ * that the parity read is all in or all out. The view may be older than the directory: one
+ * made before a replacement came back (rebuilt, or back from a later step) takes it for lost
+ * while it serves, and deciding the update it was committing made a holder refuse its commit
+ * (finding 58's rule) and its step fail (the twelfth soak, finding 61). So an origin is
+ * decided only when the directory, read anew, says it does not serve. */
+static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_view *view) {
+  if (!any_update_of_lost_origin(server, view->standing)) return KEEL_OK;
+  keel__ec_server_refresh(server);
+  uint64_t *standings = malloc(sizeof *standings * (size_t)server->servers);
+  if (standings == NULL) return KEEL_ENOMEM;
+  pthread_mutex_lock(&server->lost_lock);
+  memcpy(standings, server->standing, sizeof *standings * (size_t)server->servers);
+  pthread_mutex_unlock(&server->lost_lock);
+  keel_status status = KEEL_OK;
+  bool none = false;
+  while (status == KEEL_OK && !none) status = resolve_first_lost(server, standings, &none);
+  free(standings);
+  return status;
 }
 
 /* ---- the dense block */

@@ -1122,6 +1122,70 @@ static void test_second_round_before_the_mark(void **state) {
   job_stop(&job);
 }
 
+/* Finding 61 (the twelfth soak; the job failed): a holder decided an update whose origin, a
+ * replacement back and serving, was committing it. The holder decoded a lost server's row by
+ * a view of the servers older than the directory (the origin rebuilt, not yet back), took the
+ * origin for lost and asked about its update, and the next holder then refused the origin's
+ * commit (finding 58's rule): the step failed with KEEL_ECANCELED. Here server 0's view says
+ * server 4 is rebuilt while the directory says it is live; server 4 (the test plays it) has an
+ * update prepared at server 0 (a change of nothing, so that the parity stays the code of its
+ * rows); a worker reads row 7 of server 3, lost, which server 0 decodes. Server 0 reads the
+ * directory before it decides anything, leaves the update to its origin, and takes the
+ * origin's commit. */
+static void test_a_stale_view_decides_no_live_origin(void **state) {
+  (void)state;
+  ec_job job;
+  keel__ec_directory directory;
+  keel__ec_limits limits;
+  requests_job_start(&job, &directory, &limits);
+  keel_ec_server *holder = job.servers[0];
+  keel_ec_location at;
+  keel_ec_layout_locate_row(&holder->shard.layout, 7, &at);
+  assert_int_equal(at.server, 3); /* group 2's member 1; the group's parity on servers 0 and 1 */
+  assert_int_equal(keel__ec_directory_set_standing(&directory, 3, KEEL__EC_LOST), KEEL_OK);
+  pthread_mutex_lock(&holder->lost_lock);
+  holder->standing[3] = KEEL__EC_LOST;
+  holder->standing[4] = KEEL__EC_REBUILT;
+  pthread_mutex_unlock(&holder->lost_lock);
+
+  keel__ec_peer peer;
+  keel__ec_peer_init(&peer, 0);
+  int64_t deadline = keel_deadline_after_ns(10000000000);
+  /* Server 4's update of step 5: its row in group 2 (member 2), parity member 3 on server 0. */
+  uint64_t id = ((uint64_t)4 << 48) | ((uint64_t)(5 + 1) << 1);
+  uint8_t *delta = calloc(1, limits.block_bytes);
+  assert_non_null(delta);
+  keel__ec_ref ref = {.group = 2, .member = 2, .other = 3};
+  keel__ec_request prepare = {
+      .op = KEEL__EC_OP_PARITY_PREPARE, .count = 1, .id = id, .refs = &ref, .blocks = delta};
+  assert_int_equal(
+      keel__ec_peer_call(&peer, &directory, &job.auth, &prepare, &limits, NULL, deadline, NULL),
+      KEEL_OK);
+
+  keel_ec_client *client = NULL;
+  assert_int_equal(keel_ec_client_open(job.stores[job.config.servers], &job.auth, 0, NULL, &client),
+                   KEEL_OK);
+  uint64_t row = 7;
+  float *values = malloc(sizeof *values * job.config.dim);
+  assert_non_null(values);
+  assert_int_equal(keel_ec_client_pull_rows(client, &row, 1, values), KEEL_OK);
+
+  /* The origin's commit is taken (before the fix: KEEL_ENOTFOUND, decided away). */
+  keel__ec_request commit = {.op = KEEL__EC_OP_PARITY_COMMIT, .id = id};
+  assert_int_equal(
+      keel__ec_peer_call(&peer, &directory, &job.auth, &commit, &limits, NULL, deadline, NULL),
+      KEEL_OK);
+  uint64_t inconsistent = UINT64_MAX;
+  assert_int_equal(keel_ec_client_verify(client, &inconsistent), KEEL_OK);
+  assert_int_equal(inconsistent, 0);
+  keel_ec_client_close(client);
+  free(values);
+  free(delta);
+  keel__ec_peer_destroy(&peer);
+  keel__ec_directory_destroy(&directory);
+  job_stop(&job);
+}
+
 /* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
  * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
  * boundary and serves them; every row ends exact and every parity block consistent, the
@@ -1235,6 +1299,7 @@ int main(void) {
       cmocka_unit_test(test_prepared_everywhere_then_a_holder_replaced),
       cmocka_unit_test(test_commit_late_after_a_decider_asked),
       cmocka_unit_test(test_second_round_before_the_mark),
+      cmocka_unit_test(test_a_stale_view_decides_no_live_origin),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
