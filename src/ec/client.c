@@ -637,10 +637,20 @@ static keel_status dense_call(keel_ec_client *client, keel__ec_request *request,
     keel_status status = KEEL_EIO;
     int first = keel__ec_dense_server(client->servers, replicated, lost);
     if (first >= 0) status = call(client, first, request, body);
-    /* Updates go to both replicas, in the same order from every worker. */
+    /* Updates go to both replicas, in the same order from every worker. Once the first has
+     * it, the request is never sent again, whatever the second answers: a second replica
+     * lost (unreachable), or replaced by one not serving yet (KEEL_EAGAIN; it gets the block
+     * from the first after each step), is left out, as every worker leaves it out. Sent again
+     * to the first, a synchronous push was a new push of its step there: applied twice, or
+     * waiting for the workers that went on (finding 62). */
     if (status == KEEL_OK && every_replica && replicated && first == 0 && !lost[1]) {
       status = call(client, 1, request, NULL);
-      if (keel__ec_unreachable(status)) status = KEEL_OK;
+      if (keel__ec_unreachable(status) || status == KEEL_EAGAIN) status = KEEL_OK;
+      if (status != KEEL_OK)
+        KEEL_LOG_W(MODULE, "worker %d: dense op %u of step %llu failed at server 1: %s",
+                   client->worker, (unsigned)request->op, (unsigned long long)step,
+                   keel_strerror(status));
+      return status;
     }
     if (status == KEEL_OK) return status;
     if (!retry_after(client, status, attempt)) {

@@ -1186,6 +1186,83 @@ static void test_a_stale_view_decides_no_live_origin(void **state) {
   job_stop(&job);
 }
 
+/* A worker of test_dense_replica_replaced_between_its_calls: worker 0 opens its client and
+ * initialises the dense block (links to both replicas open) before server 1 is replaced,
+ * worker 1 after; then each pushes step 0 and pulls. */
+typedef struct dense_worker {
+  ec_job *job;
+  int worker;
+  pthread_barrier_t *ready, *go;
+  keel_status status;
+  float values[DENSE];
+} dense_worker;
+
+static void *dense_worker_main(void *argument) {
+  dense_worker *self = argument;
+  ec_job *job = self->job;
+  keel_ec_client *client = NULL;
+  float dense[DENSE];
+  dense_initial(dense);
+  for (int phase = 0; phase < 2; phase++) {
+    if (phase == 1) {
+      pthread_barrier_wait(self->ready);
+      pthread_barrier_wait(self->go);
+    }
+    if (phase != self->worker) continue;
+    self->status = keel_ec_client_open(job->stores[job->config.servers + self->worker], &job->auth,
+                                       self->worker, NULL, &client);
+    if (self->status == KEEL_OK) self->status = keel_ec_client_init_dense(client, dense);
+  }
+  step_dense(self->worker, 0, dense);
+  if (self->status == KEEL_OK) self->status = keel_ec_client_push_dense(client, 0, dense);
+  if (self->status == KEEL_OK) self->status = keel_ec_client_pull_dense(client, self->values);
+  keel_ec_client_close(client);
+  return NULL;
+}
+
+/* Finding 62 (a chaos run at r = 2; the job failed): a dense push reached server 0, and its
+ * copy to server 1, the other replica, found the link broken; sent again to server 1's
+ * replacement, not serving yet, it was refused (KEEL_EAGAIN), and the worker sent the whole
+ * push again, to server 0, which took it for a new push of the step: it waited there for the
+ * other worker, which had found server 1 lost and gone on. Here worker 0's link to server 1
+ * leads to a server stopped since, whose replacement is rebuilt slowly; worker 1 opens its
+ * client after the replacement marked itself rebuilding, so it sends server 1 nothing. Both
+ * push step 0: before the fix worker 0's push waited at server 0 until its deadline; now both
+ * end at once, the block updated once, as the reference's. */
+static void test_dense_replica_replaced_between_its_calls(void **state) {
+  (void)state;
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_SGD);
+  job.config.rebuild_chunk_groups = 1;
+  job.config.two_phase_commit = true;
+  job.config.rebuild_pause_ms = 1000; /* the replacement stays rebuilding through the step */
+  servers_start(&job);
+  pthread_barrier_t ready, go;
+  pthread_barrier_init(&ready, NULL, WORKERS + 1);
+  pthread_barrier_init(&go, NULL, WORKERS + 1);
+  dense_worker workers[WORKERS];
+  pthread_t threads[WORKERS];
+  for (int w = 0; w < WORKERS; w++) {
+    workers[w] = (dense_worker){.job = &job, .worker = w, .ready = &ready, .go = &go};
+    assert_int_equal(pthread_create(&threads[w], NULL, dense_worker_main, &workers[w]), 0);
+  }
+  pthread_barrier_wait(&ready);
+  server_lose(&job, 1);
+  server_replace(&job, 1);
+  standing_wait_past(&job, 1, "lost");
+  assert_string_equal(standing_read(&job, 1), "rebuilding");
+  pthread_barrier_wait(&go);
+  for (int w = 0; w < WORKERS; w++) pthread_join(threads[w], NULL);
+  pthread_barrier_destroy(&ready);
+  pthread_barrier_destroy(&go);
+  reference_step(&job, 0);
+  for (int w = 0; w < WORKERS; w++) {
+    assert_int_equal(workers[w].status, KEEL_OK);
+    assert_memory_equal(workers[w].values, job.dense, sizeof workers[w].values);
+  }
+  job_stop(&job);
+}
+
 /* Server `lose` lost, then replaced while training goes on: the replacement rebuilds its rows,
  * parity blocks and replica of the dense block (servers 0 and 1), comes back at a step
  * boundary and serves them; every row ends exact and every parity block consistent, the
@@ -1300,6 +1377,7 @@ int main(void) {
       cmocka_unit_test(test_commit_late_after_a_decider_asked),
       cmocka_unit_test(test_second_round_before_the_mark),
       cmocka_unit_test(test_a_stale_view_decides_no_live_origin),
+      cmocka_unit_test(test_dense_replica_replaced_between_its_calls),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
