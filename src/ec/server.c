@@ -1082,15 +1082,12 @@ static keel_status resolve_first_lost(keel_ec_server *server, const uint64_t *st
 static keel_status resolve_lost_updates(keel_ec_server *server, const keel__ec_view *view) {
   if (!any_update_of_lost_origin(server, view->standing)) return KEEL_OK;
   keel__ec_server_refresh(server);
-  uint64_t *standings = malloc(sizeof *standings * (size_t)server->servers);
-  if (standings == NULL) return KEEL_ENOMEM;
-  pthread_mutex_lock(&server->lost_lock);
-  memcpy(standings, server->standing, sizeof *standings * (size_t)server->servers);
-  pthread_mutex_unlock(&server->lost_lock);
-  keel_status status = KEEL_OK;
+  keel__ec_view fresh;
+  keel_status status = keel__ec_view_make(server, &fresh);
+  if (status == KEEL_OK) keel__ec_view_at(server, 0, &fresh);
   bool none = false;
-  while (status == KEEL_OK && !none) status = resolve_first_lost(server, standings, &none);
-  free(standings);
+  while (status == KEEL_OK && !none) status = resolve_first_lost(server, fresh.standing, &none);
+  keel__ec_view_free(&fresh);
   return status;
 }
 

@@ -240,6 +240,12 @@ static keel_status pending_end(keel__ec_pending *pending, keel__ec_directory *di
   return status;
 }
 
+/* Gives the caller the address a call failed on (failed_address may be NULL). */
+static void failed_address_give(const keel__ec_pending *pending, char *failed_address) {
+  if (failed_address != NULL)
+    memcpy(failed_address, pending->failed_address, sizeof pending->failed_address);
+}
+
 static keel_status peer_call_encoded(keel__ec_peer *peer, keel__ec_directory *directory,
                                      const keel_auth *auth, const uint8_t *payload, size_t length,
                                      uint16_t op, size_t body_bytes, void *body,
@@ -248,8 +254,7 @@ static keel_status peer_call_encoded(keel__ec_peer *peer, keel__ec_directory *di
       .payload = payload, .length = length, .op = op, .body_bytes = body_bytes};
   pending_begin(&pending, peer, directory, auth, deadline_ns);
   keel_status status = pending_end(&pending, directory, auth, body, deadline_ns);
-  if (failed_address != NULL)
-    memcpy(failed_address, pending.failed_address, sizeof pending.failed_address);
+  failed_address_give(&pending, failed_address);
   return status;
 }
 
@@ -304,13 +309,12 @@ keel_status keel__ec_peer_call(keel__ec_peer *peer, keel__ec_directory *director
                                const keel_auth *auth, const keel__ec_request *request,
                                const keel__ec_limits *limits, void *body, int64_t deadline_ns,
                                char *failed_address) {
-  keel__ec_pending pending;
+  keel__ec_pending pending = {0}; /* no address failed when the start sends nothing */
   keel_status status =
       keel__ec_peer_start(peer, directory, auth, request, limits, deadline_ns, &pending);
-  if (status != KEEL_OK) return status;
-  status = keel__ec_peer_finish(&pending, directory, auth, body, deadline_ns);
-  if (failed_address != NULL)
-    memcpy(failed_address, pending.failed_address, sizeof pending.failed_address);
+  if (status == KEEL_OK)
+    status = keel__ec_peer_finish(&pending, directory, auth, body, deadline_ns);
+  failed_address_give(&pending, failed_address);
   return status;
 }
 

@@ -964,6 +964,29 @@ static void requests_job_start(ec_job *job, keel__ec_directory *directory,
   keel__ec_peer_destroy(&peer);
 }
 
+/* The id of origin's update of step in a synchronous job: origin << 48 | (step + 1) << 1,
+ * and 1 for its second phase (acting). */
+static uint64_t update_id(uint64_t origin, uint64_t step, bool acting) {
+  return origin << 48 | (step + 1) << 1 | (acting ? 1u : 0u);
+}
+
+/* Server 4's update of step 5 prepared at the holder of group 2's parity member
+ * parity_member (3: server 0, 4: server 1), changing the group's member 2 (server 4's row) by
+ * delta. Group 2's member m is on server (2 + m) mod 5. */
+static void prepare_of_server_4(ec_job *job, keel__ec_directory *directory, keel__ec_peer *peer,
+                                const keel__ec_limits *limits, uint32_t parity_member,
+                                const uint8_t *delta) {
+  keel__ec_ref ref = {.group = 2, .member = 2, .other = parity_member};
+  keel__ec_request prepare = {.op = KEEL__EC_OP_PARITY_PREPARE,
+                              .count = 1,
+                              .id = update_id(4, 5, false),
+                              .refs = &ref,
+                              .blocks = delta};
+  assert_int_equal(keel__ec_peer_call(peer, directory, &job->auth, &prepare, limits, NULL,
+                                      keel_deadline_after_ns(10000000000), NULL),
+                   KEEL_OK);
+}
+
 /* Finding 58 (a chaos run at r = 2 ended with other rows): a server's first commit of its
  * update was still in a holder's socket when the server died; a decider asked that holder,
  * found the update prepared everywhere, and aborted it; then the holder read the late commit
@@ -981,21 +1004,12 @@ static void test_commit_late_after_a_decider_asked(void **state) {
   keel__ec_peer peers[2];
   for (int i = 0; i < 2; i++) keel__ec_peer_init(&peers[i], i);
   int64_t deadline = keel_deadline_after_ns(10000000000);
-  /* Server 4's update of step 5 (synchronous ids: origin << 48 | (step + 1) << 1). */
-  uint64_t id = ((uint64_t)4 << 48) | ((uint64_t)(5 + 1) << 1);
+  uint64_t id = update_id(4, 5, false);
   uint8_t *delta = malloc(limits.block_bytes);
   assert_non_null(delta);
   memset(delta, 0x5A, limits.block_bytes);
-  for (int holder = 0; holder < 2; holder++) {
-    /* Group 2's member m is on server (2 + m) mod 5: row member 2 on server 4, parity members
-     * 3 and 4 on servers 0 and 1. */
-    keel__ec_ref ref = {.group = 2, .member = 2, .other = (uint32_t)(3 + holder)};
-    keel__ec_request prepare = {
-        .op = KEEL__EC_OP_PARITY_PREPARE, .count = 1, .id = id, .refs = &ref, .blocks = delta};
-    assert_int_equal(keel__ec_peer_call(&peers[holder], &directory, &job.auth, &prepare, &limits,
-                                        NULL, deadline, NULL),
-                     KEEL_OK);
-  }
+  for (int holder = 0; holder < 2; holder++)
+    prepare_of_server_4(&job, &directory, &peers[holder], &limits, (uint32_t)(3 + holder), delta);
   keel__ec_request query = {
       .op = KEEL__EC_OP_PARITY_COMMIT, .flags = KEEL__EC_FLAG_QUERY, .id = id};
   assert_int_equal(
@@ -1096,13 +1110,12 @@ static void test_second_round_before_the_mark(void **state) {
   int64_t give_up = keel_deadline_after_ns(2000000000);
   while (!push_waiting(job.servers[0], step, 0) && keel_now_ns() < give_up) usleep(1000);
   assert_true(push_waiting(job.servers[0], step, 0));
-  /* Server 4's mark of its second phase of the step (synchronous ids: origin << 48 |
-   * (step + 1) << 1 | acting). */
+  /* Server 4's mark of its second phase of the step. */
   keel__ec_peer from_server_4;
   keel__ec_peer_init(&from_server_4, 0);
   keel__ec_request mark = {.op = KEEL__EC_OP_PARITY_PREPARE,
                            .flags = KEEL__EC_FLAG_APPLY_NOW,
-                           .id = ((uint64_t)4 << 48) | ((step + 1) << 1) | 1u};
+                           .id = update_id(4, step, true)};
   assert_int_equal(keel__ec_peer_call(&from_server_4, &directory, &job.auth, &mark, &limits, NULL,
                                       deadline, NULL),
                    KEEL_OK);
@@ -1151,16 +1164,11 @@ static void test_a_stale_view_decides_no_live_origin(void **state) {
   keel__ec_peer peer;
   keel__ec_peer_init(&peer, 0);
   int64_t deadline = keel_deadline_after_ns(10000000000);
-  /* Server 4's update of step 5: its row in group 2 (member 2), parity member 3 on server 0. */
-  uint64_t id = ((uint64_t)4 << 48) | ((uint64_t)(5 + 1) << 1);
+  /* Server 4's update of step 5, its parity member 3 on server 0. */
+  uint64_t id = update_id(4, 5, false);
   uint8_t *delta = calloc(1, limits.block_bytes);
   assert_non_null(delta);
-  keel__ec_ref ref = {.group = 2, .member = 2, .other = 3};
-  keel__ec_request prepare = {
-      .op = KEEL__EC_OP_PARITY_PREPARE, .count = 1, .id = id, .refs = &ref, .blocks = delta};
-  assert_int_equal(
-      keel__ec_peer_call(&peer, &directory, &job.auth, &prepare, &limits, NULL, deadline, NULL),
-      KEEL_OK);
+  prepare_of_server_4(&job, &directory, &peer, &limits, 3, delta);
 
   keel_ec_client *client = NULL;
   assert_int_equal(keel_ec_client_open(job.stores[job.config.servers], &job.auth, 0, NULL, &client),
