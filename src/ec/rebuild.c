@@ -32,6 +32,7 @@ typedef struct kept_change {
 
 struct keel__ec_rebuild {
   pthread_t thread;
+  bool started; /* the thread runs (keel__ec_rebuild_start) */
   atomic_bool stop, complete;
   uint8_t *ready;     /* per group; under the group's stripe lock */
   /* Per group, newest first, under the group's stripe lock. One list per group, not per
@@ -441,7 +442,7 @@ static void *rebuild_main(void *argument) {
   return NULL;
 }
 
-keel_status keel__ec_rebuild_start(keel_ec_server *server) {
+keel_status keel__ec_rebuild_prepare(keel_ec_server *server) {
   keel__ec_rebuild *rebuild = calloc(1, sizeof *rebuild);
   if (rebuild == NULL) return KEEL_ENOMEM;
   atomic_init(&rebuild->stop, false);
@@ -456,13 +457,13 @@ keel_status keel__ec_rebuild_start(keel_ec_server *server) {
     return KEEL_ENOMEM;
   }
   server->rebuild = rebuild;
-  if (pthread_create(&rebuild->thread, NULL, rebuild_main, server) != 0) {
-    server->rebuild = NULL;
-    free(rebuild->ready);
-    free(rebuild->kept);
-    free(rebuild);
-    return KEEL_ENOMEM;
-  }
+  return KEEL_OK;
+}
+
+keel_status keel__ec_rebuild_start(keel_ec_server *server) {
+  keel__ec_rebuild *rebuild = server->rebuild;
+  if (pthread_create(&rebuild->thread, NULL, rebuild_main, server) != 0) return KEEL_ENOMEM;
+  rebuild->started = true;
   return KEEL_OK;
 }
 
@@ -470,7 +471,7 @@ void keel__ec_rebuild_stop(keel_ec_server *server) {
   keel__ec_rebuild *rebuild = server->rebuild;
   if (rebuild == NULL) return;
   atomic_store(&rebuild->stop, true);
-  pthread_join(rebuild->thread, NULL);
+  if (rebuild->started) pthread_join(rebuild->thread, NULL);
   for (uint64_t group = 0; group < server->shard.groups; group++) {
     while (rebuild->kept[group] != NULL) {
       kept_change *change = rebuild->kept[group];

@@ -28,11 +28,17 @@ static void prepared_free(prepared_update *item) {
 
 static uint64_t update_stamp(const keel_ec_server *server, uint64_t id);
 
+/* The one point a replacement fires rules at: its address published and itself marked
+ * REBUILDING, its rebuild not started. The other points' rules name the index's first life,
+ * as a spare that takes a rank has a uid of its own. */
+#define REPLACEMENT_POINT "ec_rebuild_begin"
+
 /* Fires the fault rules at point in the update's step (a kill between or inside the phases
  * of a commit, or between two answers), counter the point's own count (0: none). */
 static void server_fault(keel_ec_server *server, const char *point, uint64_t update_id,
                          int64_t counter) {
   if (server->faults == NULL) return;
+  if (server->replacement && strcmp(point, REPLACEMENT_POINT) != 0) return;
   pthread_mutex_lock(&server->fault_lock);
   uint64_t stamp = update_stamp(server, update_id);
   if (stamp > 0) keel_fault_plan_set_step(server->faults, stamp - 1);
@@ -1533,8 +1539,8 @@ static keel_status serve(keel_ec_server *server, const keel__ec_request *request
  * findings 19 and 47). Without rules they go out as they come. */
 static bool answer_counted(const keel_ec_server *server, const keel__ec_request *request,
                            keel_status status) {
-  return server->faults != NULL && server->wire.workers > 0 && status == KEEL_OK &&
-         request->op == KEEL__EC_OP_PUSH_ROWS;
+  return server->faults != NULL && !server->replacement && server->wire.workers > 0 &&
+         status == KEEL_OK && request->op == KEEL__EC_OP_PUSH_ROWS;
 }
 
 /* After one counted answer went out, its count in the step's phase: ec_answered for the
@@ -1723,6 +1729,7 @@ static keel_status replacement_begin(keel_ec_server *server) {
   if (status == KEEL_OK)
     status =
         keel__ec_directory_set_standing(&server->directory, server->index, KEEL__EC_REBUILDING);
+  if (status == KEEL_OK) server_fault(server, REPLACEMENT_POINT, 0, 0);
   if (status == KEEL_OK) status = keel__ec_rebuild_start(server);
   return status;
 }
@@ -1783,10 +1790,15 @@ static keel_status server_launch(const keel_ec_config *config, int index,
   pthread_cond_init(&server->step_done, &attributes);
   pthread_condattr_destroy(&attributes);
   keel__ec_directory_init(&server->directory, directory);
+  server->replacement = replacement;
   keel_status status = server_prepare(server, config, index);
-  /* The rules name the server they were written for by its index: a replacement (the next
-   * life of that index) takes none, as a spare that takes a rank has a uid of its own. */
-  const char *faults = replacement ? NULL : getenv("KEEL_FAULT");
+  /* Before it can take any request: a replacement serves no block and keeps every change
+   * until its rebuild is complete. Made only when the rebuild started, a read that reached it
+   * as soon as its address was out (sent again after the link to the server it replaces broke)
+   * was served the blocks as the seed made them, and the holder decoded wrong rows from them
+   * for a worker's pull (RELIABILITY.md, finding 63). */
+  if (status == KEEL_OK && replacement) status = keel__ec_rebuild_prepare(server);
+  const char *faults = getenv("KEEL_FAULT");
   if (status == KEEL_OK && faults != NULL && faults[0] != '\0')
     status = keel_fault_plan_create(faults, (uint32_t)index, &server->faults);
   if (status == KEEL_OK) status = keel_listener_open(listen_address, &server->listener);

@@ -90,6 +90,7 @@ struct keel_ec_server {
   size_t committed_next;
   pthread_mutex_t fault_lock;
   keel_fault_plan *faults; /* KEEL_FAULT: points ec_prepared, ec_committing, ec_answered */
+  bool replacement;        /* started with --replace: its rules fire at REPLACEMENT_POINT only */
   /* With fault rules only: a step's answers go out one at a time, counted (answer()). */
   pthread_mutex_t answer_lock;
   uint64_t answered_update; /* the step and phase answered_count counts in */
@@ -130,10 +131,14 @@ int keel__ec_dense_replica(const keel_ec_server *server);
 
 /* ---- a replacement's rebuild (rebuild.c) */
 
-/* Starts rebuilding this server's blocks from the others in a thread of its own: the server
- * already listens and is marked REBUILDING. */
+/* A replacement's rebuild state, made before it takes any request: from then on it serves no
+ * block and keeps the changes it gets for after its groups are rebuilt (keel__ec_rebuild_running
+ * is true), though the rebuild itself has not started. */
+keel_status keel__ec_rebuild_prepare(keel_ec_server *server);
+/* Starts rebuilding this server's blocks from the others in a thread of its own: the state is
+ * prepared, and the server listens and is marked REBUILDING. */
 keel_status keel__ec_rebuild_start(keel_ec_server *server);
-/* Stops the rebuild thread (if any) and frees its state. */
+/* Stops the rebuild thread (if started) and frees its state (if prepared). */
 void keel__ec_rebuild_stop(keel_ec_server *server);
 /* Whether this server is a replacement whose blocks are not all rebuilt yet. */
 bool keel__ec_rebuild_running(const keel_ec_server *server);

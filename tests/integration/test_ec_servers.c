@@ -946,13 +946,9 @@ static void test_prepared_everywhere_then_a_holder_replaced(void **state) {
   job_stop(&job);
 }
 
-/* Five servers in process (k = 3, r = 2, two-phase commit) for a test that sends them requests
- * itself, through *directory, with the limits of their configuration. */
-static void requests_job_start(ec_job *job, keel__ec_directory *directory,
-                               keel__ec_limits *limits) {
-  job_start(job, 5, 3, 2, KEEL_EC_SGD);
-  job->config.two_phase_commit = true;
-  servers_start(job);
+/* The limits of the servers' configuration (asked of server 0), and *directory to reach them,
+ * for a test that sends them requests itself. */
+static void requests_prepare(ec_job *job, keel__ec_directory *directory, keel__ec_limits *limits) {
   keel__ec_directory_init(directory, job->stores[job->config.servers]);
   keel__ec_peer peer;
   keel__ec_peer_init(&peer, 0);
@@ -962,6 +958,16 @@ static void requests_job_start(ec_job *job, keel__ec_directory *directory,
       KEEL_OK);
   assert_int_equal(keel__ec_config_limits(&wire, KEEL__EC_MAX_COUNT, limits), KEEL_OK);
   keel__ec_peer_destroy(&peer);
+}
+
+/* Five servers in process (k = 3, r = 2, two-phase commit) for a test that sends them requests
+ * itself (requests_prepare). */
+static void requests_job_start(ec_job *job, keel__ec_directory *directory,
+                               keel__ec_limits *limits) {
+  job_start(job, 5, 3, 2, KEEL_EC_SGD);
+  job->config.two_phase_commit = true;
+  servers_start(job);
+  requests_prepare(job, directory, limits);
 }
 
 /* The id of origin's update of step in a synchronous job: origin << 48 | (step + 1) << 1,
@@ -1354,6 +1360,51 @@ static void test_dense_holder_replaced_after_kill(void **state) {
   check_replacement(5, 3, 2, true, 0);
 }
 
+/* Finding 63 (a hunt at r = 2 ended with other rows, parity consistent): servers 1 and 2 were
+ * killed within a step; the holder that decoded a worker's pull of their rows read from server
+ * 2, the link broke, and the read went again to the address server 2's replacement had just
+ * published, before its rebuild started: it served its blocks as the seed made them, and the
+ * worker trained on the rows decoded from them. Here server 2's replacement waits (a fault
+ * rule) between marking itself rebuilding and starting its rebuild; a read of its blocks then
+ * is refused, the rebuild ends, and every row is exact. */
+static void test_replacement_serves_no_blocks_before_its_rebuild(void **state) {
+  (void)state;
+  enum { WAIT_MS = 4000 };
+  ec_job job;
+  job_start(&job, 5, 3, 2, KEEL_EC_ADAM);
+  job.config.two_phase_commit = true;
+  processes_start(&job, keel_test_tempdir("keel-ec-early-read"), NULL);
+  job.lose_at = -1;
+  run_job(&job); /* trained: no block is the seed's any more */
+  server_lose(&job, 2);
+  snprintf(job.fault, sizeof job.fault, "delay@uid=2,point=ec_rebuild_begin,ms=%d", WAIT_MS);
+  int64_t spawned = keel_now_ns();
+  process_spawn(&job, 2, true);
+  replacement_marked_wait(&job, 2);
+  keel__ec_directory directory;
+  keel__ec_limits limits;
+  requests_prepare(&job, &directory, &limits);
+  keel__ec_peer peer;
+  keel__ec_peer_init(&peer, 2);
+  keel__ec_ref ref = {.group = 2, .member = 0}; /* group 2's first row: server 2's */
+  keel__ec_request read = {.op = KEEL__EC_OP_READ_BLOCKS, .count = 1, .refs = &ref};
+  uint8_t *block = malloc(limits.block_bytes);
+  assert_non_null(block);
+  keel_status status = keel__ec_peer_call(&peer, &directory, &job.auth, &read, &limits, block,
+                                          keel_deadline_after_ns(10000000000), NULL);
+  /* Inside the wait, or the case tested nothing. */
+  assert_true(keel_now_ns() - spawned < (int64_t)WAIT_MS * 1000000);
+  assert_string_equal(standing_read(&job, 2), "rebuilding");
+  assert_int_equal(status, KEEL_EAGAIN);
+  free(block);
+  keel__ec_peer_destroy(&peer);
+  keel__ec_directory_destroy(&directory);
+  standing_wait_past(&job, 2, "rebuilding");
+  assert_true(servers_said(&job, "injected fault: delay at ec_rebuild_begin"));
+  check_job(&job, strcmp(standing_read(&job, 2), "live") != 0 ? 1u << 2 : 0);
+  job_stop(&job);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_failure),
@@ -1386,6 +1437,7 @@ int main(void) {
       cmocka_unit_test(test_second_round_before_the_mark),
       cmocka_unit_test(test_a_stale_view_decides_no_live_origin),
       cmocka_unit_test(test_dense_replica_replaced_between_its_calls),
+      cmocka_unit_test(test_replacement_serves_no_blocks_before_its_rebuild),
   };
   /* KEEL_TEST_FILTER=test_replacement* runs only the cases it names. */
   if (getenv("KEEL_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("KEEL_TEST_FILTER"));
