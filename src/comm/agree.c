@@ -23,6 +23,9 @@
  * long for its decision before they settle it too (the cas keeps one winner either way).
  * Every member writing the decision at once only queues them all at the store. */
 #define DECIDER_GRACE_NS (20 * (int64_t)1000000)
+/* The most that store outages may lengthen one agreement (see deadline_after_store_call): a store
+ * that still does not answer after it is as good as gone, and silence counts again. */
+#define STORE_OUTAGE_ALLOWANCE_NS (10 * (int64_t)1000000000)
 
 void keel__epoch_key(char *key, size_t capacity, const char *prefix, uint64_t epoch, uint32_t round,
                      const char *suffix) {
@@ -520,6 +523,25 @@ static keel_status agreement_look(agreement *round, const keel_rebuild_vote *vot
   return try_decide(round, waited, eager, decision, done_p);
 }
 
+/* Silence counts only over time in which the store could take votes: nobody votes through a
+ * store that does not answer (a stopped launcher, an etcd election), and a member's client may
+ * have to reconnect after it. So after a store call that failed, or that returned a quarter of
+ * the deadline later than due_ns (the store answers in well under a millisecond), every member
+ * has a whole deadline again from now, never past limit_ns. The deadline, moved or not. */
+static int64_t deadline_after_store_call(const keel_comm *comm, int64_t deadline, int64_t due_ns,
+                                         bool answered, int64_t limit_ns) {
+  int64_t now = keel_now_ns();
+  if (answered && now - due_ns < comm->timeout_ns / 4) return deadline;
+  int64_t renewed = now + comm->timeout_ns;
+  if (renewed > limit_ns) renewed = limit_ns;
+  if (renewed <= deadline) return deadline;
+  KEEL_LOG_I(MODULE,
+             "the store %s (%" PRId64 " ms late) in the agreement of epoch %" PRIu64
+             ": every member has a whole deadline again",
+             answered ? "answered late" : "did not answer", (now - due_ns) / 1000000, comm->epoch);
+  return renewed;
+}
+
 /* One round of agreement on comm's epoch: vote, then settle or adopt the decision. */
 static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
                                keel_decision *decision) {
@@ -528,16 +550,19 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
   keel_status status = agreement_alloc(&round, comm);
   int64_t started = keel_now_ns();
   int64_t deadline = started + comm->timeout_ns;
+  int64_t outage_limit = deadline + STORE_OUTAGE_ALLOWANCE_NS;
   bool suspected = false, voted = false, done = false, store_warned = false;
   while (status == KEEL_OK) {
-    bool waited = keel_now_ns() - started >= endpoint->config.spare_wait_ns;
-    bool eager = keel_now_ns() - started >= DECIDER_GRACE_NS;
+    int64_t look_began = keel_now_ns();
+    bool waited = look_began - started >= endpoint->config.spare_wait_ns;
+    bool eager = look_began - started >= DECIDER_GRACE_NS;
     keel_status look = agreement_look(&round, vote, &voted, waited, eager, decision, &done);
     if (look == KEEL_OK && done) break;
     if (look != KEEL_OK && !store_transient(look)) {
       status = look;
       break;
     }
+    deadline = deadline_after_store_call(comm, deadline, look_began, look == KEEL_OK, outage_limit);
     if (look != KEEL_OK && !store_warned) {
       KEEL_LOG_W(MODULE, "the store does not answer (%s): the agreement keeps trying",
                  keel_strerror(look));
@@ -575,7 +600,12 @@ static keel_status agree_round(keel_comm *comm, const keel_rebuild_vote *vote,
                            : keel_store_wait(endpoint->config.store, patient ? "decide/" : "",
                                              round.revision, wake, NULL);
     /* No look this time, or the store did not answer: pace the loop on the links instead. */
-    if (news != KEEL_OK && news != KEEL_ETIMEDOUT) keel__progress(endpoint, wake);
+    bool answered = news == KEEL_OK || news == KEEL_ETIMEDOUT;
+    if (!answered) keel__progress(endpoint, wake);
+    /* A wait that the store held past its wake (the embedded client's request runs on until
+     * the store answers or its own timeout) spans an outage too. */
+    if (round.revision != 0)
+      deadline = deadline_after_store_call(comm, deadline, wake, answered, outage_limit);
   }
   keel_wait_ended(KEEL_WAIT_AGREEMENT, deadline);
   agreement_free(&round);

@@ -539,14 +539,23 @@ static ulfm_case ulfm_cases[] = {
 /* src/comm/agree.c's DECIDER_GRACE_NS: how long the others wait for the first member. */
 #define DECIDER_GRACE_MS 20
 #define SETUP_TIMEOUT_MS 20000
+/* The late case's store outage: longer than the deadline, so that the members that voted
+ * find it passed by wall time when the store answers again; the late member votes this long
+ * after (time in which their first looks find its vote missing). */
+#define STORE_OUTAGE_MS 1500
+#define LATE_VOTE_MS 200
 
 typedef struct deadline_case {
   const char *name;
   long silent;  /* the uid that never calls agree; -1: every member does */
   long stalled; /* the uid that stops (SIGSTOP) right after its vote is written; -1: none */
+  /* The uid that calls agree only after the others voted and the store was stopped for
+   * STORE_OUTAGE_MS; -1: none, and the store server runs in this process. */
+  long late;
   /* What to clean up on every path (the teardown does it after a failed assertion). */
   pid_t pids[DEADLINE_MEMBERS];
   keel_store_server *server;
+  pid_t store_pid; /* the late case's store process */
 } deadline_case;
 
 /* The membership a member gives its endpoint: addresses from the store, nobody ever dead,
@@ -625,21 +634,26 @@ static size_t reporting_voters(const deadline_case *check) {
   return DEADLINE_MEMBERS - (check->silent >= 0) - (check->stalled >= 0);
 }
 
-/* Waits, bounded, until every reporting voter said it is done (a done/<uid> key each). */
-static keel_status wait_for_voters(keel_store *store, const deadline_case *check,
-                                   int64_t deadline_ns) {
-  size_t voters = reporting_voters(check);
+/* Waits, bounded, until the store holds at least wanted keys under prefix. */
+static keel_status wait_for_keys(keel_store *store, const char *prefix, size_t wanted,
+                                 int64_t deadline_ns) {
   for (;;) {
     keel_store_entry *entries = NULL;
     size_t count = 0;
     uint64_t revision = 0;
-    keel_status status = keel_store_list(store, "done/", &entries, &count, &revision);
+    keel_status status = keel_store_list(store, prefix, &entries, &count, &revision);
     if (status != KEEL_OK) return status;
     keel_store_entries_free(entries, count);
-    if (count >= voters) return KEEL_OK;
-    status = keel_store_wait(store, "done/", revision, deadline_ns, NULL);
+    if (count >= wanted) return KEEL_OK;
+    status = keel_store_wait(store, prefix, revision, deadline_ns, NULL);
     if (status != KEEL_OK) return status;
   }
+}
+
+/* Waits, bounded, until every reporting voter said it is done (a done/<uid> key each). */
+static keel_status wait_for_voters(keel_store *store, const deadline_case *check,
+                                   int64_t deadline_ns) {
+  return wait_for_keys(store, "done/", reporting_voters(check), deadline_ns);
 }
 
 /* One member, in a forked child: joins the communicator of every member over the store whose
@@ -702,6 +716,11 @@ static void member_main(uint32_t uid, const deadline_case *check, const keel_aut
     snprintf(line, sizeof line, "member uid=%" PRIu32 " silent=%s\n", uid,
              keel_status_name(status));
   } else {
+    /* The late member votes after the store's outage, when the others' looks have found
+     * its vote missing past their deadline by wall time. */
+    if ((long)uid == check->late &&
+        wait_for_keys(member.store, "resumed", 1, setup_deadline()) == KEEL_OK)
+      usleep(LATE_VOTE_MS * 1000);
     keel_comm_set_timeout(comm, (int64_t)DEADLINE_TIMEOUT_MS * 1000000);
     uint32_t flags = ~(UINT32_C(1) << uid), failed[DEADLINE_MEMBERS];
     size_t failed_count = 0;
@@ -741,6 +760,11 @@ static void deadline_cleanup(deadline_case *check) {
   }
   keel_store_server_stop(check->server);
   check->server = NULL;
+  if (check->store_pid > 0) {
+    kill(check->store_pid, SIGKILL);
+    waitpid(check->store_pid, NULL, 0);
+    check->store_pid = 0;
+  }
 }
 
 static int deadline_teardown(void **state) {
@@ -788,6 +812,83 @@ static const char *report_of(char reports[][256], int count, uint32_t uid) {
   return NULL;
 }
 
+/* The late case's store, in a process of its own so that the test can stop it: writes its
+ * address (or an empty line) to address_fd, then serves until hold_fd reads end of file.
+ * Never returns. */
+static void store_main(const keel_auth *auth, int address_fd, int hold_fd) {
+  keel_store_server *server = NULL;
+  char address[160] = "\n";
+  if (keel_store_server_start("127.0.0.1:0", auth, &server) == KEEL_OK)
+    snprintf(address, sizeof address, "%s\n", keel_store_server_address(server));
+  ssize_t ignored = write(address_fd, address, strlen(address));
+  (void)ignored;
+  char byte;
+  while (server != NULL && read(hold_fd, &byte, 1) < 0 && errno == EINTR) continue;
+  keel_store_server_stop(server);
+  _exit(0);
+}
+
+/* Starts the job's store, in this process or (the late case) in a forked one, and writes its
+ * address into address ("" when it did not start). */
+static keel_status deadline_store_start(deadline_case *check, const keel_auth *auth, char *address,
+                                        size_t capacity) {
+  address[0] = '\0';
+  if (check->late < 0) {
+    keel_status status = keel_store_server_start("127.0.0.1:0", auth, &check->server);
+    if (status == KEEL_OK)
+      snprintf(address, capacity, "%s", keel_store_server_address(check->server));
+    return status;
+  }
+  int address_pipe[2], hold_pipe[2];
+  if (pipe(address_pipe) != 0) return KEEL_EIO;
+  if (pipe(hold_pipe) != 0) goto fail_close_address_pipe;
+  fflush(NULL);
+  check->store_pid = fork();
+  if (check->store_pid == 0) {
+    close(address_pipe[0]);
+    close(hold_pipe[1]);
+    store_main(auth, address_pipe[1], hold_pipe[0]);
+  }
+  /* The hold pipe's write end stays open in this process until it exits: the store's
+   * process serves until then, or until the cleanup kills it. */
+  close(hold_pipe[0]);
+  bool got = check->store_pid > 0 &&
+             pipe_read_line(address_pipe[0], address, capacity, setup_deadline()) &&
+             address[0] != '\0';
+  close(address_pipe[0]);
+  close(address_pipe[1]);
+  return got ? KEEL_OK : KEEL_EIO;
+
+fail_close_address_pipe:
+  close(address_pipe[0]);
+  close(address_pipe[1]);
+  return KEEL_EIO;
+}
+
+/* The late case's outage: once every member but the late one has voted, stops the store's
+ * process for STORE_OUTAGE_MS, continues it and writes "resumed" (the late member's cue).
+ * The process's state seen while it was stopped goes to *state_p ('T': the stop hit). */
+static keel_status store_outage(const deadline_case *check, const keel_auth *job_auth,
+                                const char *address, char *state_p) {
+  keel_auth auth = *job_auth;
+  auth.local_id = DEADLINE_MEMBERS;
+  keel_store *store = NULL;
+  keel_status status = keel_store_connect(address, &auth, setup_deadline(), &store);
+  if (status == KEEL_OK)
+    status = wait_for_keys(store, "agree/", DEADLINE_MEMBERS - 1, setup_deadline());
+  if (status == KEEL_OK && kill(check->store_pid, SIGSTOP) != 0) status = KEEL_EIO;
+  if (status == KEEL_OK) {
+    int64_t stopped_by = keel_deadline_after_ns(1000000000);
+    while ((*state_p = process_state_of(check->store_pid)) != 'T' && keel_now_ns() < stopped_by)
+      usleep(1000);
+    usleep(STORE_OUTAGE_MS * 1000);
+    kill(check->store_pid, SIGCONT);
+    status = keel_store_put(store, "resumed", "", 0, 0, NULL);
+  }
+  keel_store_close(store);
+  return status;
+}
+
 static void test_agree_deadline(void **state) {
   deadline_case *check = *state;
   keel_auth auth;
@@ -812,16 +913,21 @@ static void test_agree_deadline(void **state) {
   }
   close(report_pipe[1]);
   for (int i = 0; i < DEADLINE_MEMBERS; i++) close(address_pipes[i][0]);
-  keel_status started = keel_store_server_start("127.0.0.1:0", &auth, &check->server);
-  char address[160] = "";
-  if (started == KEEL_OK)
-    snprintf(address, sizeof address, "%s\n", keel_store_server_address(check->server));
+  char address[160];
+  keel_status started = deadline_store_start(check, &auth, address, sizeof address);
   for (int i = 0; i < DEADLINE_MEMBERS; i++) {
-    /* An empty write (no server) leaves the members without an address: they report it. */
-    ssize_t ignored = write(address_pipes[i][1], address, strlen(address));
-    (void)ignored;
+    /* No line (no server) leaves the members without an address: they report it. */
+    if (started == KEEL_OK) {
+      ssize_t ignored = write(address_pipes[i][1], address, strlen(address));
+      ignored = write(address_pipes[i][1], "\n", 1);
+      (void)ignored;
+    }
     close(address_pipes[i][1]);
   }
+  char store_state = 0;
+  keel_status outage = check->late >= 0 && started == KEEL_OK
+                           ? store_outage(check, &auth, address, &store_state)
+                           : KEEL_OK;
   /* The members must all be done within: the setup, two deadlines and a wide margin. */
   int64_t deadline = keel_deadline_after_ns(
       ((int64_t)SETUP_TIMEOUT_MS * keel_test_slowdown() + 4 * DEADLINE_TIMEOUT_MS) * 1000000);
@@ -835,6 +941,9 @@ static void test_agree_deadline(void **state) {
   assert_int_equal(started, KEEL_OK);
   for (int i = 0; i < count; i++) fprintf(stderr, "  %s\n", reports[i]);
   if (count != expected) fail_msg("%d of %d members reported", count, expected);
+  assert_int_equal(outage, KEEL_OK);
+  if (check->late >= 0 && store_state != 'T')
+    fail_msg("the store's process was in state '%c', not stopped", store_state);
   if (check->stalled >= 0 && stalled_state != 'T')
     fail_msg("uid %ld is in state '%c', not stopped after its vote", check->stalled, stalled_state);
 
@@ -871,6 +980,18 @@ static void test_agree_deadline(void **state) {
       if (elapsed_ms > slowest_ms) slowest_ms = elapsed_ms;
       continue;
     }
+    if (check->late >= 0) {
+      /* Nobody could vote while the store was stopped: silence counts only over the time it
+       * answered, so the late member is suspected by nobody. Those that voted before the
+       * outage waited through it, past their deadline by wall time. */
+      assert_string_equal(status, "KEEL_OK");
+      assert_string_equal(suspected, "none");
+      assert_non_null(strstr(report, "flags=0xfffffff8"));
+      if ((long)uid != check->late && elapsed_ms < STORE_OUTAGE_MS)
+        fail_msg("agreed in %lld ms, within the store's outage of %d ms: %s", elapsed_ms,
+                 STORE_OUTAGE_MS, report);
+      continue;
+    }
     if (check->silent < 0) {
       /* The control: the same setup agrees at once when nobody is silent. */
       assert_string_equal(status, "KEEL_OK");
@@ -896,9 +1017,10 @@ static void test_agree_deadline(void **state) {
 }
 
 static deadline_case deadline_cases[] = {
-    {"agree_deadline_silent_member", 2, -1, {0}, NULL},
-    {"agree_deadline_control", -1, -1, {0}, NULL},
-    {"agree_decider_stalls_after_its_vote", -1, 0, {0}, NULL},
+    {"agree_deadline_silent_member", 2, -1, -1, {0}, NULL, 0},
+    {"agree_deadline_control", -1, -1, -1, {0}, NULL, 0},
+    {"agree_decider_stalls_after_its_vote", -1, 0, -1, {0}, NULL, 0},
+    {"agree_store_stopped_before_a_vote", -1, -1, 1, {0}, NULL, 0},
 };
 
 #define CASE_COUNT(table) (sizeof table / sizeof table[0])
