@@ -555,7 +555,8 @@ typedef struct deadline_case {
   /* What to clean up on every path (the teardown does it after a failed assertion). */
   pid_t pids[DEADLINE_MEMBERS];
   keel_store_server *server;
-  pid_t store_pid; /* the late case's store process */
+  pid_t store_pid;   /* the late case's store process */
+  int store_hold_fd; /* its hold pipe's write end: closing it (or exiting) ends the process */
 } deadline_case;
 
 /* The membership a member gives its endpoint: addresses from the store, nobody ever dead,
@@ -765,6 +766,8 @@ static void deadline_cleanup(deadline_case *check) {
     waitpid(check->store_pid, NULL, 0);
     check->store_pid = 0;
   }
+  if (check->store_hold_fd > 0) close(check->store_hold_fd);
+  check->store_hold_fd = 0;
 }
 
 static int deadline_teardown(void **state) {
@@ -849,9 +852,10 @@ static keel_status deadline_store_start(deadline_case *check, const keel_auth *a
     close(hold_pipe[1]);
     store_main(auth, address_pipe[1], hold_pipe[0]);
   }
-  /* The hold pipe's write end stays open in this process until it exits: the store's
-   * process serves until then, or until the cleanup kills it. */
+  /* The hold pipe's write end stays open here until the cleanup: should this process die
+   * before it, the store's process reads end of file and ends too. */
   close(hold_pipe[0]);
+  check->store_hold_fd = hold_pipe[1];
   bool got = check->store_pid > 0 &&
              pipe_read_line(address_pipe[0], address, capacity, setup_deadline()) &&
              address[0] != '\0';
@@ -1017,10 +1021,10 @@ static void test_agree_deadline(void **state) {
 }
 
 static deadline_case deadline_cases[] = {
-    {"agree_deadline_silent_member", 2, -1, -1, {0}, NULL, 0},
-    {"agree_deadline_control", -1, -1, -1, {0}, NULL, 0},
-    {"agree_decider_stalls_after_its_vote", -1, 0, -1, {0}, NULL, 0},
-    {"agree_store_stopped_before_a_vote", -1, -1, 1, {0}, NULL, 0},
+    {"agree_deadline_silent_member", 2, -1, -1, {0}, NULL, 0, 0},
+    {"agree_deadline_control", -1, -1, -1, {0}, NULL, 0, 0},
+    {"agree_decider_stalls_after_its_vote", -1, 0, -1, {0}, NULL, 0, 0},
+    {"agree_store_stopped_before_a_vote", -1, -1, 1, {0}, NULL, 0, 0},
 };
 
 #define CASE_COUNT(table) (sizeof table / sizeof table[0])
