@@ -815,14 +815,23 @@ static const char *report_of(char reports[][256], int count, uint32_t uid) {
   return NULL;
 }
 
+/* Starts a store server on loopback and writes its address into address ("" if none). */
+static keel_status store_serve(const keel_auth *auth, keel_store_server **server_p, char *address,
+                               size_t capacity) {
+  address[0] = '\0';
+  keel_status status = keel_store_server_start("127.0.0.1:0", auth, server_p);
+  if (status == KEEL_OK) snprintf(address, capacity, "%s", keel_store_server_address(*server_p));
+  return status;
+}
+
 /* The late case's store, in a process of its own so that the test can stop it: writes its
  * address (or an empty line) to address_fd, then serves until hold_fd reads end of file.
  * Never returns. */
 static void store_main(const keel_auth *auth, int address_fd, int hold_fd) {
   keel_store_server *server = NULL;
-  char address[160] = "\n";
-  if (keel_store_server_start("127.0.0.1:0", auth, &server) == KEEL_OK)
-    snprintf(address, sizeof address, "%s\n", keel_store_server_address(server));
+  char address[160];
+  store_serve(auth, &server, address, sizeof address - 1);
+  strcat(address, "\n");
   ssize_t ignored = write(address_fd, address, strlen(address));
   (void)ignored;
   char byte;
@@ -836,12 +845,7 @@ static void store_main(const keel_auth *auth, int address_fd, int hold_fd) {
 static keel_status deadline_store_start(deadline_case *check, const keel_auth *auth, char *address,
                                         size_t capacity) {
   address[0] = '\0';
-  if (check->late < 0) {
-    keel_status status = keel_store_server_start("127.0.0.1:0", auth, &check->server);
-    if (status == KEEL_OK)
-      snprintf(address, capacity, "%s", keel_store_server_address(check->server));
-    return status;
-  }
+  if (check->late < 0) return store_serve(auth, &check->server, address, capacity);
   int address_pipe[2], hold_pipe[2];
   if (pipe(address_pipe) != 0) return KEEL_EIO;
   if (pipe(hold_pipe) != 0) goto fail_close_address_pipe;
