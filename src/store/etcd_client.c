@@ -34,6 +34,11 @@ typedef struct etcd_client {
   pthread_mutex_t lock; /* serialises requests on the one curl handle */
   CURL *curl;
   CURLM *multi; /* drives a watch, so it can end on keel's clock rather than curl's */
+  /* A renewal asked of members side by side (hedged_run): one handle and reply per member,
+   * made at its first use, driven by a multi of their own. */
+  CURLM *hedge_multi;
+  CURL *hedges[ETCD_MAX_MEMBERS];
+  keel_buffer hedge_replies[ETCD_MAX_MEMBERS];
   bool tls;
   char *members[ETCD_MAX_MEMBERS]; /* "host:port" */
   size_t member_count;
@@ -48,8 +53,9 @@ typedef struct etcd_client {
 
 /* What a request may do when a member does not answer. A write whose fate is unknown is
  * never sent again (store.h: a failed request may or may not have been applied); it moves
- * on only when nothing reached the member. Reads are safe to repeat anywhere. */
-typedef enum request_kind { REQUEST_READ, REQUEST_WRITE } request_kind;
+ * on only when nothing reached the member. Reads are safe to repeat anywhere; a hedged read
+ * also leaves a slow member asked while it asks the next (hedged_run). */
+typedef enum request_kind { REQUEST_READ, REQUEST_WRITE, REQUEST_HEDGED_READ } request_kind;
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_global_status = CURLE_FAILED_INIT;
@@ -96,11 +102,9 @@ static size_t reply_collect(char *data, size_t size, size_t count, void *user) {
  * and the multi's that drives watches) keeps one connection: a fail-over closes the one to
  * the member left behind instead of keeping it beside the new one, and a process's fds stay
  * flat over any number of fail-overs. */
-static keel_status curl_configure(etcd_client *client) {
-  CURL *curl = client->curl;
+static keel_status handle_configure(const etcd_client *client, CURL *curl) {
   bool ok =
       curl_easy_setopt(curl, CURLOPT_MAXCONNECTS, 1L) == CURLE_OK &&
-      curl_multi_setopt(client->multi, CURLMOPT_MAXCONNECTS, 1L) == CURLM_OK &&
       curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L) == CURLE_OK &&
       curl_easy_setopt(curl, CURLOPT_POST, 1L) == CURLE_OK &&
       curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L) == CURLE_OK &&
@@ -117,10 +121,16 @@ static keel_status curl_configure(etcd_client *client) {
   return ok ? KEEL_OK : KEEL_ENOTSUP;
 }
 
-/* Sets up one POST of body to path on member, to end by deadline_ns; the reply goes to
- * client->reply unless on_data takes it. */
-static void member_prepare(etcd_client *client, size_t member, const char *path, const char *body,
-                           int64_t deadline_ns, curl_write_callback on_data, void *data_user) {
+static keel_status curl_configure(etcd_client *client) {
+  if (curl_multi_setopt(client->multi, CURLMOPT_MAXCONNECTS, 1L) != CURLM_OK) return KEEL_ENOTSUP;
+  return handle_configure(client, client->curl);
+}
+
+/* Sets up one POST of body to path on member through curl, to end by deadline_ns; the reply
+ * goes to reply unless on_data takes it. */
+static void transfer_prepare(const etcd_client *client, CURL *curl, keel_buffer *reply,
+                             size_t member, const char *path, const char *body, int64_t deadline_ns,
+                             curl_write_callback on_data, void *data_user) {
   char url[512];
   snprintf(url, sizeof url, "%s://%s%s", client->tls ? "https" : "http", client->members[member],
            path);
@@ -128,14 +138,20 @@ static void member_prepare(etcd_client *client, size_t member, const char *path,
   if (remaining_ns < MS) remaining_ns = MS;
   int64_t connect_ns =
       remaining_ns < ETCD_CONNECT_TIMEOUT_NS ? remaining_ns : ETCD_CONNECT_TIMEOUT_NS;
-  keel_buffer_reset(&client->reply);
-  CURL *curl = client->curl;
+  keel_buffer_reset(reply);
   curl_easy_setopt(curl, CURLOPT_URL, url);
   curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body);
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)(remaining_ns / MS));
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long)(connect_ns / MS));
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data != NULL ? on_data : reply_collect);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, on_data != NULL ? data_user : (void *)&client->reply);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, on_data != NULL ? data_user : (void *)reply);
+}
+
+/* transfer_prepare on the client's own handle and reply. */
+static void member_prepare(etcd_client *client, size_t member, const char *path, const char *body,
+                           int64_t deadline_ns, curl_write_callback on_data, void *data_user) {
+  transfer_prepare(client, client->curl, &client->reply, member, path, body, deadline_ns, on_data,
+                   data_user);
 }
 
 /* One POST of body (a GET when body is NULL), its reply in client->reply and its HTTP code
@@ -204,9 +220,148 @@ static keel_status request_run(etcd_client *client, const char *path, const char
   }
 }
 
+/* ---- a read asked of members side by side */
+
+/* The member's hedge handle, made and configured at its first use; NULL without memory. */
+static CURL *hedge_handle(etcd_client *client, size_t member) {
+  if (client->hedge_multi == NULL) {
+    client->hedge_multi = curl_multi_init();
+    /* One idle connection kept, to the member that answered last, as the client's own
+     * handle keeps one: a process's fds stay flat over any number of hedged reads. */
+    if (client->hedge_multi == NULL ||
+        curl_multi_setopt(client->hedge_multi, CURLMOPT_MAXCONNECTS, 1L) != CURLM_OK)
+      return NULL;
+  }
+  if (client->hedges[member] != NULL) return client->hedges[member];
+  CURL *curl = curl_easy_init();
+  if (curl == NULL) return NULL;
+  if (handle_configure(client, curl) != KEEL_OK) {
+    curl_easy_cleanup(curl);
+    return NULL;
+  }
+  keel_buffer_init(&client->hedge_replies[member], ETCD_MAX_REPLY);
+  client->hedges[member] = curl;
+  return curl;
+}
+
+static bool hedge_start(etcd_client *client, size_t member, const char *path, const char *body,
+                        int64_t deadline_ns) {
+  CURL *curl = hedge_handle(client, member);
+  if (curl == NULL) return false;
+  transfer_prepare(client, curl, &client->hedge_replies[member], member, path, body, deadline_ns,
+                   NULL, NULL);
+  return curl_multi_add_handle(client->hedge_multi, curl) == CURLM_OK;
+}
+
+static size_t hedge_member(const etcd_client *client, const CURL *curl) {
+  for (size_t member = 0; member < client->member_count; member++)
+    if (client->hedges[member] == curl) return member;
+  return client->member_count;
+}
+
+/* A hedged read in flight: which members are asked, and how it has gone. */
+typedef struct hedge_round {
+  bool asked[ETCD_MAX_MEMBERS];
+  size_t in_flight;
+  size_t asked_count; /* members asked since the round began */
+  size_t winner;      /* the member that answered; member_count until one has */
+  CURLcode last_failure;
+} hedge_round;
+
+/* Takes the transfers that ended: the first answer wins; a member that failed (no
+ * connection, no leader) counts as failed at once, so the next one is asked without
+ * waiting out its share. Returns whether one did fail. */
+static bool hedge_collect(etcd_client *client, hedge_round *round) {
+  bool failed = false;
+  int left = 0;
+  CURLMsg *message;
+  while (round->winner == client->member_count &&
+         (message = curl_multi_info_read(client->hedge_multi, &left)) != NULL) {
+    if (message->msg != CURLMSG_DONE) continue;
+    CURL *curl = message->easy_handle;
+    CURLcode code = message->data.result;
+    size_t member = hedge_member(client, curl);
+    long http = 0;
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
+    curl_multi_remove_handle(client->hedge_multi, curl);
+    if (member == client->member_count) continue;
+    round->asked[member] = false;
+    round->in_flight--;
+    if (code == CURLE_OK && http != 503) {
+      round->winner = member;
+      break;
+    }
+    if (code != CURLE_OK) round->last_failure = code;
+    if (!client->failing)
+      KEEL_LOG_W(MODULE, "etcd member %s: %s; asking the next member as well",
+                 client->members[member],
+                 code == CURLE_OK ? "no leader (HTTP 503)" : curl_easy_strerror(code));
+    client->failing = true;
+    failed = true;
+  }
+  return failed;
+}
+
+/* Finding 65: a keepalive gave each member a third of its 500 ms in turn and dropped one
+ * that had not answered by then; members that forward renewals to a busy leader may all
+ * answer later than that, and a node then failed to renew a lease that every member would
+ * have renewed, and fenced itself. Here the member the client uses is asked first; one that
+ * has not answered within its share stays asked while the next is asked too, and the first
+ * answer wins. A stopped member still costs only its share. */
+static keel_status hedged_run(etcd_client *client, const char *path, const char *body,
+                              int64_t deadline_ns) {
+  size_t count = client->member_count;
+  int64_t share_ns = (deadline_ns - keel_now_ns()) / (int64_t)count;
+  if (share_ns < ETCD_MIN_ATTEMPT_NS) share_ns = ETCD_MIN_ATTEMPT_NS;
+  hedge_round round = {.winner = count, .last_failure = CURLE_OPERATION_TIMEDOUT};
+  int64_t next_ask_ns = keel_now_ns();
+  while (round.winner == count && keel_now_ns() < deadline_ns) {
+    if (round.asked_count == count && round.in_flight == 0) {
+      /* Each member failed once: let an election or a restart progress first. */
+      pause_before(ETCD_ROUND_PAUSE_NS, deadline_ns);
+      round.asked_count = 0;
+      next_ask_ns = keel_now_ns();
+      continue;
+    }
+    if (round.asked_count < count && keel_now_ns() >= next_ask_ns) {
+      size_t member = (client->current + round.asked_count++) % count;
+      next_ask_ns = keel_now_ns() + share_ns;
+      if (hedge_start(client, member, path, body, deadline_ns)) {
+        round.asked[member] = true;
+        round.in_flight++;
+      }
+      continue;
+    }
+    int running = 0;
+    curl_multi_perform(client->hedge_multi, &running);
+    if (hedge_collect(client, &round)) next_ask_ns = keel_now_ns();
+    if (round.winner != count) break;
+    int64_t wake =
+        round.asked_count < count && next_ask_ns < deadline_ns ? next_ask_ns : deadline_ns;
+    curl_multi_poll(client->hedge_multi, NULL, 0, keel_poll_timeout_ms(wake), NULL);
+  }
+  /* The members still asked are left: their transfers end, their connections close. */
+  for (size_t member = 0; member < count; member++)
+    if (round.asked[member]) curl_multi_remove_handle(client->hedge_multi, client->hedges[member]);
+  if (round.winner == count) {
+    client->failing = true;
+    client->current = (client->current + 1) % count;
+    return curl_status(round.last_failure);
+  }
+  /* The answer becomes the client's reply, where the codec reads it. */
+  keel_buffer answer = client->hedge_replies[round.winner];
+  client->hedge_replies[round.winner] = client->reply;
+  client->reply = answer;
+  client->current = round.winner;
+  request_succeeded(client);
+  return KEEL_OK;
+}
+
 static keel_status etcd_request(etcd_client *client, const char *path, const char *body,
                                 request_kind kind, int64_t deadline_ns) {
-  keel_status status = request_run(client, path, body, kind, deadline_ns);
+  keel_status status = kind == REQUEST_HEDGED_READ
+                           ? hedged_run(client, path, body, deadline_ns)
+                           : request_run(client, path, body, kind, deadline_ns);
   keel_wait_ended(KEEL_WAIT_STORE, deadline_ns);
   return status;
 }
@@ -661,9 +816,10 @@ static keel_status etcd_lease_grant(void *backend, int64_t ttl_ns, int64_t *leas
 
 static keel_status etcd_lease_keepalive(void *backend, int64_t lease) {
   lease_out result = {.keepalive = true};
-  /* A keepalive only extends a lease: sending it twice is harmless, so it is a read here. */
-  return etcd_call(backend, "/v3/lease/keepalive", keel__etcd_lease_id_request(lease), REQUEST_READ,
-                   read_lease, &result, "a lease keepalive");
+  /* A keepalive only extends a lease: sending it twice, even to two members at once, is
+   * harmless, so it is a hedged read here. */
+  return etcd_call(backend, "/v3/lease/keepalive", keel__etcd_lease_id_request(lease),
+                   REQUEST_HEDGED_READ, read_lease, &result, "a lease keepalive");
 }
 
 static keel_status etcd_lease_ttl(void *backend, int64_t lease, int64_t *left_ns_p,
@@ -757,6 +913,12 @@ static void etcd_close(void *backend) {
   for (size_t i = 0; i < client->member_count; i++) free(client->members[i]);
   if (client->curl != NULL) curl_easy_cleanup(client->curl);
   if (client->multi != NULL) curl_multi_cleanup(client->multi);
+  for (size_t i = 0; i < client->member_count; i++) {
+    if (client->hedges[i] == NULL) continue;
+    curl_easy_cleanup(client->hedges[i]);
+    keel_buffer_free(&client->hedge_replies[i]);
+  }
+  if (client->hedge_multi != NULL) curl_multi_cleanup(client->hedge_multi);
   keel_buffer_free(&client->reply);
   pthread_mutex_destroy(&client->lock);
   free(client);

@@ -1,12 +1,15 @@
 /* The store's etcd backend against a real three-member etcd cluster (Debian's etcd-server):
  * the store suite every backend passes, then what only etcd has: members that die or stop
- * under a client, and endpoints that are down, wrong or answer garbage. Exits 77 (skipped,
- * with the reason) when etcd is not installed. */
+ * under a client, members slower than their share of a request, and endpoints that are down,
+ * wrong or answer garbage. Exits 77 (skipped, with the reason) when etcd is not installed. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,16 +287,22 @@ static void *fake_main(void *argument) {
   }
 }
 
-static void fake_start(fake_server *fake, const char *status_line, const char *body) {
-  *fake = (fake_server){.status_line = status_line, .body = body};
-  fake->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+/* A listening socket on a free loopback port (*port_p). */
+static int loopback_listen(int *port_p) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in address = {.sin_family = AF_INET};
   inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-  assert_int_equal(bind(fake->listen_fd, (struct sockaddr *)&address, sizeof address), 0);
-  assert_int_equal(listen(fake->listen_fd, 8), 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&address, sizeof address), 0);
+  assert_int_equal(listen(fd, 16), 0);
   socklen_t length = sizeof address;
-  getsockname(fake->listen_fd, (struct sockaddr *)&address, &length);
-  fake->port = ntohs(address.sin_port);
+  getsockname(fd, (struct sockaddr *)&address, &length);
+  *port_p = ntohs(address.sin_port);
+  return fd;
+}
+
+static void fake_start(fake_server *fake, const char *status_line, const char *body) {
+  *fake = (fake_server){.status_line = status_line, .body = body};
+  fake->listen_fd = loopback_listen(&fake->port);
   assert_int_equal(pthread_create(&fake->thread, NULL, fake_main, fake), 0);
 }
 
@@ -345,6 +354,173 @@ static void test_first_endpoint_down(void **unused) {
   keel_store_close(store);
 }
 
+/* ---- a member slower than its share of a request's time */
+
+/* A relay on loopback in front of one member that holds each piece of the member's reply
+ * for delay_ms before passing it on, as a member does that forwards a renewal to a busy
+ * leader; its connections each have a thread, all joined by slow_proxy_stop. */
+#define SLOW_PROXY_RELAYS 64
+typedef struct slow_proxy {
+  int listen_fd;
+  int port;
+  struct sockaddr_in member;
+  int delay_ms;
+  atomic_bool stopping;
+  atomic_int replies_held; /* pieces of reply held and passed on */
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_t relays[SLOW_PROXY_RELAYS];
+  size_t relay_count;
+} slow_proxy;
+
+typedef struct slow_relay {
+  slow_proxy *proxy;
+  int client_fd;
+  int member_fd;
+} slow_relay;
+
+/* Copies what one side has to the other; false when that side closed. Held, a reply comes
+ * delay_ms after its first byte, with whatever of it came meanwhile. */
+static bool relay_piece(slow_proxy *proxy, int from, int to, bool hold) {
+  char piece[16384];
+  ssize_t got = read(from, piece, sizeof piece);
+  if (got <= 0) return false;
+  if (hold) {
+    usleep((useconds_t)proxy->delay_ms * 1000);
+    atomic_fetch_add(&proxy->replies_held, 1);
+  }
+  do {
+    if (send(to, piece, (size_t)got, MSG_NOSIGNAL) != got) return false; /* gone: no SIGPIPE */
+  } while (hold && (got = recv(from, piece, sizeof piece, MSG_DONTWAIT)) > 0);
+  return true;
+}
+
+static void *slow_relay_main(void *argument) {
+  slow_relay *relay = argument;
+  slow_proxy *proxy = relay->proxy;
+  struct pollfd fds[2] = {{.fd = relay->client_fd, .events = POLLIN},
+                          {.fd = relay->member_fd, .events = POLLIN}};
+  while (!atomic_load(&proxy->stopping)) {
+    if (poll(fds, 2, 50) < 0) break;
+    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) &&
+        !relay_piece(proxy, relay->client_fd, relay->member_fd, false))
+      break;
+    if ((fds[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+        !relay_piece(proxy, relay->member_fd, relay->client_fd, true))
+      break;
+  }
+  close(relay->client_fd);
+  close(relay->member_fd);
+  free(relay);
+  return NULL;
+}
+
+static void *slow_proxy_main(void *argument) {
+  slow_proxy *proxy = argument;
+  for (;;) {
+    int client_fd = accept(proxy->listen_fd, NULL, NULL);
+    if (client_fd < 0) return NULL;
+    slow_relay *relay = malloc(sizeof *relay);
+    int member_fd = socket(AF_INET, SOCK_STREAM, 0);
+    pthread_mutex_lock(&proxy->lock);
+    bool room = proxy->relay_count < SLOW_PROXY_RELAYS;
+    if (relay != NULL && room &&
+        connect(member_fd, (struct sockaddr *)&proxy->member, sizeof proxy->member) == 0) {
+      *relay = (slow_relay){.proxy = proxy, .client_fd = client_fd, .member_fd = member_fd};
+      if (pthread_create(&proxy->relays[proxy->relay_count], NULL, slow_relay_main, relay) == 0) {
+        proxy->relay_count++;
+        pthread_mutex_unlock(&proxy->lock);
+        continue;
+      }
+    }
+    pthread_mutex_unlock(&proxy->lock);
+    free(relay);
+    close(member_fd);
+    close(client_fd);
+  }
+}
+
+static void slow_proxy_start(slow_proxy *proxy, const char *member_address, int delay_ms) {
+  *proxy = (slow_proxy){.delay_ms = delay_ms};
+  pthread_mutex_init(&proxy->lock, NULL);
+  char host[64];
+  int member_port = 0;
+  assert_int_equal(sscanf(member_address, "%63[^:]:%d", host, &member_port), 2);
+  proxy->member = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(member_port)};
+  assert_int_equal(inet_pton(AF_INET, host, &proxy->member.sin_addr), 1);
+  proxy->listen_fd = loopback_listen(&proxy->port);
+  assert_int_equal(pthread_create(&proxy->thread, NULL, slow_proxy_main, proxy), 0);
+}
+
+static void slow_proxy_stop(slow_proxy *proxy) {
+  atomic_store(&proxy->stopping, true);
+  shutdown(proxy->listen_fd, SHUT_RDWR);
+  close(proxy->listen_fd);
+  pthread_join(proxy->thread, NULL);
+  for (size_t i = 0; i < proxy->relay_count; i++) pthread_join(proxy->relays[i], NULL);
+  pthread_mutex_destroy(&proxy->lock);
+}
+
+static int replies_held(slow_proxy *proxies) {
+  int held = 0;
+  for (int i = 0; i < MEMBERS; i++) held += atomic_load(&proxies[i].replies_held);
+  return held;
+}
+
+/* One keepalive, which must renew within the client's timeout and take at least least_ms
+ * (the members' slowness really hit); how long it took. */
+static int64_t keepalive_within(keel_store *store, int64_t lease, int least_ms) {
+  int64_t sent = keel_now_ns();
+  assert_int_equal(keel_store_lease_keepalive(store, lease), KEEL_OK);
+  int64_t took = keel_now_ns() - sent;
+  assert_true(took >= least_ms * MS);
+  return took;
+}
+
+/* Finding 65: every member answers a renewal, but later than its share of the request's
+ * time (each member gets a third, so that a stopped one leaves time for the others). A
+ * keepalive must still renew the lease within the request's time: a node whose store
+ * answers in 400 ms of its 1,000 must not fence itself for want of an answer. And with the
+ * member the client uses stopped as well, the next one must still be asked in time. The
+ * client's first member is a follower, so that stopping it starts no election. */
+static void test_keepalive_through_slow_members(void **unused) {
+  (void)unused;
+  enum { DELAY_MS = 400, TIMEOUT_MS = 1000, SHARE_MS = TIMEOUT_MS / MEMBERS, KEEPALIVES = 5 };
+  int leader = keel__etcd_cluster_leader(cluster, 10000);
+  assert_true(leader >= 0);
+  int first = (leader + 1) % MEMBERS;
+  slow_proxy proxies[MEMBERS];
+  char endpoint[256] = "etcd://";
+  for (int i = 0; i < MEMBERS; i++) {
+    int member = (first + i) % MEMBERS;
+    slow_proxy_start(&proxies[i], keel__etcd_cluster_member_address(cluster, member), DELAY_MS);
+    size_t used = strlen(endpoint);
+    snprintf(endpoint + used, sizeof endpoint - used, "%s127.0.0.1:%d", i ? "," : "",
+             proxies[i].port);
+  }
+  keel_auth auth;
+  assert_int_equal(keel_auth_generate(&auth), KEEL_OK);
+  keel_store *store = NULL;
+  assert_int_equal(keel_store_connect(endpoint, &auth, keel_deadline_after_ns(5000 * MS), &store),
+                   KEEL_OK);
+  keel_store_set_timeout(store, TIMEOUT_MS * MS);
+  int64_t lease = 0;
+  assert_int_equal(keel_store_lease_grant(store, 4000 * MS, &lease), KEEL_OK);
+  int held = replies_held(proxies);
+  for (int i = 0; i < KEEPALIVES; i++) keepalive_within(store, lease, DELAY_MS);
+  assert_true(replies_held(proxies) - held >= KEEPALIVES);
+
+  assert_true(keel__etcd_cluster_stop(cluster, first));
+  int64_t took = keepalive_within(store, lease, SHARE_MS + DELAY_MS);
+  assert_int_equal(keel__etcd_cluster_state(cluster, first), 'T'); /* stopped throughout */
+  assert_true(keel__etcd_cluster_resume(cluster, first));
+  print_message("a keepalive through members %d ms slow took %.0f ms with the first stopped\n",
+                DELAY_MS, (double)took / 1e6);
+  assert_int_equal(keel_store_lease_revoke(store, lease), KEEL_OK);
+  keel_store_close(store);
+  for (int i = 0; i < MEMBERS; i++) slow_proxy_stop(&proxies[i]);
+}
+
 int main(void) {
   char reason[256];
   cluster = keel_test_etcd_start(MEMBERS, 30000, reason, sizeof reason);
@@ -364,6 +540,7 @@ int main(void) {
       cmocka_unit_test(test_endpoint_down),
       cmocka_unit_test(test_endpoint_answers_garbage),
       cmocka_unit_test(test_first_endpoint_down),
+      cmocka_unit_test(test_keepalive_through_slow_members),
       cmocka_unit_test_setup_teardown(test_member_and_leader_killed, client_setup, client_teardown),
       cmocka_unit_test_setup_teardown(test_leader_stopped, client_setup, client_teardown),
       cmocka_unit_test_setup_teardown(test_quorum_read, client_setup, client_teardown),
