@@ -185,16 +185,20 @@ static void member_failed(etcd_client *client, const char *why) {
   client->current = (client->current + 1) % client->member_count;
 }
 
+/* A read gives each member its share of the time to deadline_ns, so that a stopped member
+ * (which still accepts connections: the kernel does) leaves time to ask the others. */
+static int64_t member_share_ns(const etcd_client *client, int64_t deadline_ns) {
+  int64_t share_ns = (deadline_ns - keel_now_ns()) / (int64_t)client->member_count;
+  return share_ns < ETCD_MIN_ATTEMPT_NS ? ETCD_MIN_ATTEMPT_NS : share_ns;
+}
+
 /* Sends body to path and leaves a gateway reply (HTTP 200, or an error reply the codec
  * reads) in client->reply. Moves on to the next member when one cannot be reached (or,
  * for a read, does not answer in time or has no leader), until deadline_ns. */
 static keel_status request_run(etcd_client *client, const char *path, const char *body,
                                request_kind kind, int64_t deadline_ns) {
   size_t failures_in_a_row = 0;
-  /* A read gives each member its share of the time, so that a stopped member (which still
-   * accepts connections: the kernel does) leaves time to ask the others. */
-  int64_t share_ns = (deadline_ns - keel_now_ns()) / (int64_t)client->member_count;
-  if (share_ns < ETCD_MIN_ATTEMPT_NS) share_ns = ETCD_MIN_ATTEMPT_NS;
+  int64_t share_ns = member_share_ns(client, deadline_ns);
   for (;;) {
     long http = 0;
     int64_t attempt_ns = deadline_ns;
@@ -311,8 +315,7 @@ static bool hedge_collect(etcd_client *client, hedge_round *round) {
 static keel_status hedged_run(etcd_client *client, const char *path, const char *body,
                               int64_t deadline_ns) {
   size_t count = client->member_count;
-  int64_t share_ns = (deadline_ns - keel_now_ns()) / (int64_t)count;
-  if (share_ns < ETCD_MIN_ATTEMPT_NS) share_ns = ETCD_MIN_ATTEMPT_NS;
+  int64_t share_ns = member_share_ns(client, deadline_ns);
   hedge_round round = {.winner = count, .last_failure = CURLE_OPERATION_TIMEDOUT};
   int64_t next_ask_ns = keel_now_ns();
   while (round.winner == count && keel_now_ns() < deadline_ns) {
